@@ -1,0 +1,135 @@
+"""Runtime switches: amax clamps, PDL, SM count, token alignment, host sf layout.
+
+Values are process-wide (``config.set(...)``) and can be overridden for a block of code,
+per thread and per asyncio task, with ``config.override(...)`` or the narrower context
+managers below. Reading the configuration in force is :func:`current`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tileplug.core.errors import ContractError
+from tileplug.core.quant.layouts import CUDA_LAYOUT, LAYOUTS, LayoutTraits
+from tileplug.core.quant.sf_math import DEFAULT_CLAMP_MIN
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """The runtime switches in force.
+
+    - ``amax_clamps``: amax lower clamp per ``(fmt, sf stored as e4m3)`` (SPEC §2).
+    - ``pdl``: launch kernels with programmatic dependent launch where the backend can.
+    - ``sm_count``: number of SMs / cores a backend may use (None: all of the device's).
+    - ``token_alignment_bytes``: column length alignment of column-major sf in bytes
+      (None: the device family's own, 16 on CUDA, unpadded on Ascend).
+    - ``host_layout``: the device family whose sf layout host devices (cpu, meta) produce,
+      so that CUDA and Ascend layouts can both be made and checked on a CPU.
+    - ``ascend_vector_cores``: Ascend vector-core count override (None: from the device).
+    """
+
+    amax_clamps: Mapping[tuple[str, bool], float] = field(default_factory=lambda: dict(DEFAULT_CLAMP_MIN))
+    pdl: bool = False
+    sm_count: int | None = None
+    token_alignment_bytes: int | None = None
+    host_layout: LayoutTraits = CUDA_LAYOUT
+    ascend_vector_cores: int | None = None
+
+    def clamp_min(self, fmt: str, use_e4m3_sf: bool) -> float:
+        """The amax lower clamp for ``fmt`` with or without e4m3-stored sf."""
+        return self.amax_clamps[(fmt, use_e4m3_sf)]
+
+
+_process_config = RuntimeConfig()
+_override: contextvars.ContextVar[RuntimeConfig | None] = contextvars.ContextVar("tileplug_config", default=None)
+
+
+def current() -> RuntimeConfig:
+    """The configuration in force in this thread / task."""
+    return _override.get() or _process_config
+
+
+def _validated(base: RuntimeConfig, changes: dict[str, Any]) -> RuntimeConfig:
+    op = "config"
+    known = {f.name for f in dataclasses.fields(RuntimeConfig)}
+    for name, value in changes.items():
+        if name not in known:
+            raise ContractError(op, name, f"one of {sorted(known)}", name)
+    if "amax_clamps" in changes:
+        merged = dict(base.amax_clamps)
+        for key, value in dict(changes["amax_clamps"]).items():
+            if key not in DEFAULT_CLAMP_MIN:
+                raise ContractError(op, "amax_clamps", f"keys in {sorted(DEFAULT_CLAMP_MIN)}", key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+                raise ContractError(op, "amax_clamps", "finite positive clamps", value)
+            merged[key] = float(value)
+        changes["amax_clamps"] = merged
+    if "pdl" in changes and not isinstance(changes["pdl"], bool):
+        raise ContractError(op, "pdl", "a bool", changes["pdl"])
+    for name in ("sm_count", "token_alignment_bytes", "ascend_vector_cores"):
+        value = changes.get(name)
+        if value is not None and (type(value) is not int or value <= 0):
+            raise ContractError(op, name, "a positive int or None", value)
+    if "host_layout" in changes:
+        layout = changes["host_layout"]
+        if isinstance(layout, str):
+            if layout not in LAYOUTS:
+                raise ContractError(op, "host_layout", f"one of {sorted(LAYOUTS)}", layout)
+            changes["host_layout"] = LAYOUTS[layout]
+        elif not isinstance(layout, LayoutTraits):
+            raise ContractError(op, "host_layout", "a LayoutTraits or a family name", layout)
+    return dataclasses.replace(base, **changes)
+
+
+def set(**changes: Any) -> RuntimeConfig:  # noqa: A001 - config.set reads naturally
+    """Change process-wide defaults, e.g. ``config.set(pdl=True)``; returns the new config."""
+    global _process_config
+    _process_config = _validated(_process_config, changes)
+    return _process_config
+
+
+def reset() -> None:
+    """Restore every process-wide default."""
+    global _process_config
+    _process_config = RuntimeConfig()
+
+
+@contextlib.contextmanager
+def override(**changes: Any) -> Iterator[RuntimeConfig]:
+    """Apply ``changes`` inside a ``with`` block (this thread / task only)."""
+    token = _override.set(_validated(current(), changes))
+    try:
+        yield current()
+    finally:
+        _override.reset(token)
+
+
+def amax_clamps(clamps: Mapping[tuple[str, bool], float]) -> contextlib.AbstractContextManager[RuntimeConfig]:
+    """Override amax clamps, e.g. ``with config.amax_clamps({("e4m3", False): 1e-6}):``."""
+    return override(amax_clamps=clamps)
+
+
+def pdl(enabled: bool = True) -> contextlib.AbstractContextManager[RuntimeConfig]:
+    """Enable (or disable) programmatic dependent launch inside a block."""
+    return override(pdl=enabled)
+
+
+def sm_count(count: int | None) -> contextlib.AbstractContextManager[RuntimeConfig]:
+    """Limit the SMs / cores backends may use inside a block."""
+    return override(sm_count=count)
+
+
+def token_alignment(alignment_bytes: int | None) -> contextlib.AbstractContextManager[RuntimeConfig]:
+    """Pad column-major sf columns to ``alignment_bytes`` inside a block."""
+    return override(token_alignment_bytes=alignment_bytes)
+
+
+def host_layout(family: str | LayoutTraits) -> contextlib.AbstractContextManager[RuntimeConfig]:
+    """Make host devices (cpu, meta) produce ``family``'s sf layout ("cuda" or "ascend")."""
+    return override(host_layout=family)

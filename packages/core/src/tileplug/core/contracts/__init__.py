@@ -1,0 +1,1 @@
+"""Per-op contracts: frozen call descriptions with every check of SPEC.md."""

@@ -1,0 +1,380 @@
+"""Contracts of the quantization ops (SPEC.md §0-3).
+
+Each builder checks every argument (raising ContractError that names it) and returns a
+:class:`QuantCall`, the frozen description of the call, plus the tensors to pass to the
+kernel. A QuantCall compares and hashes on everything but the token count and the
+device index: it is the selection cache key and the kernel specialisation at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from tileplug.core import config
+from tileplug.core.contracts.checks import (
+    check_block,
+    check_bool,
+    check_choice,
+    check_matrix,
+    check_same_device,
+    check_tensor,
+    describe,
+)
+from tileplug.core.errors import ContractError
+from tileplug.core.quant import layouts
+from tileplug.core.quant.configs import CastConfig, GivenScales, QuantizedInput
+from tileplug.core.quant.formats import OUTPUT_DTYPES, QUANT_FORMATS, format_of_storage_dtype
+from tileplug.core.quant.layouts import LayoutTraits
+from tileplug.core.quant.sf_math import ceil_div
+
+FLOAT_INPUT_DTYPES = (torch.bfloat16, torch.float32)
+QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.int8)
+SF_DTYPES = (torch.float32, torch.float8_e4m3fn, torch.int32, torch.int16)
+PER_TOKEN_GROUPS = (16, 32, 64, 128)
+PER_BLOCK_SIDES = (16, 32, 64, 128)
+PER_CHANNEL_GROUPS = (32, 128)
+INPUT_BLOCK_SIDES = (1, 16, 32, 64, 128)
+
+MODE_CAST = "cast"
+MODE_SF_ONLY = "sf_only"
+MODE_PRECOMPUTED_SF = "precomputed_sf"
+MODE_CAST_BACK = "cast_back"
+
+
+class QuantInputs(NamedTuple):
+    """Tensors a quant kernel reads: ``x`` [T, H] (or quantized ``xq``), the input's own
+    scales ``input_sf`` when ``x`` is quantized, and the caller's ``given_sf`` in cast-only mode."""
+
+    x: torch.Tensor
+    input_sf: torch.Tensor | None = None
+    given_sf: torch.Tensor | None = None
+
+
+class QuantOutputs(NamedTuple):
+    """Tensors a quant kernel writes: ``q`` (quantized data, or the ``cast_back`` result)
+    and ``sf`` (in the layout the call and the backend's traits fix)."""
+
+    q: torch.Tensor | None
+    sf: torch.Tensor | None
+
+
+class Ledger(NamedTuple):
+    """Bytes an op must move (and flops it must do): the denominator of effective GB/s."""
+
+    bytes_read: int
+    bytes_written: int
+    flops: int
+
+    @property
+    def bytes_total(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass(frozen=True, slots=True)
+class QuantCall:
+    """Frozen description of one quant-family call.
+
+    ``op`` is the public family name, ``mode`` one of cast / sf_only / precomputed_sf /
+    cast_back. ``hidden`` is the logical H. ``cast`` describes the output quantization
+    (None for cast_back), ``quantized_input`` a quantized ``(xq, sf)`` input, ``given_sf`` the
+    caller's sf in cast-only mode, ``output_dtype`` the cast_back result dtype.
+    ``tokens`` and ``device`` do not take part in equality or hashing.
+    """
+
+    op: str
+    mode: str
+    device_type: str
+    hidden: int
+    input_dtype: torch.dtype
+    cast: CastConfig | None = None
+    quantized_input: QuantizedInput | None = None
+    given_sf: GivenScales | None = None
+    output_dtype: torch.dtype | None = None
+    tokens: int = field(default=0, compare=False)
+    device: torch.device | None = field(default=None, compare=False)
+
+    # ------------------------------------------------------------------ outputs
+    def sf_rows_cols(self) -> tuple[int, int]:
+        """Group grid ``(ceil(T/bm), ceil(H/bn))`` of the output cast."""
+        assert self.cast is not None, "cast_back has no output scales"
+        bm, bn = self.cast.block
+        return ceil_div(self.tokens, bm), ceil_div(self.hidden, bn)
+
+    def q_shape(self) -> tuple[int, int]:
+        assert self.cast is not None, "cast_back has no quantized output"
+        return self.tokens, self.hidden // self.cast.fmt.values_per_byte
+
+    def allocate(self, traits: LayoutTraits) -> QuantOutputs:
+        """Fresh output tensors for a backend whose layout traits are ``traits``."""
+        device = self.device
+        if self.mode == MODE_CAST_BACK:
+            return QuantOutputs(torch.empty((self.tokens, self.hidden), dtype=self.output_dtype, device=device), None)
+        cast = self.cast
+        q = None
+        sf = None
+        if self.mode != MODE_SF_ONLY:
+            q = torch.empty(self.q_shape(), dtype=cast.fmt.storage_dtype, device=device)
+        if self.mode != MODE_PRECOMPUTED_SF:
+            rows, cols = self.sf_rows_cols()
+            alignment = config.current().token_alignment_bytes or traits.col_major_sf_alignment_bytes
+            sf = layouts.allocate(
+                cast.sf_encoding(traits), cast.pack_axis, rows, cols, cast.col_major_sf, alignment, device
+            )
+        return QuantOutputs(q, sf)
+
+    def check_out(self, out: Any, traits: LayoutTraits) -> QuantOutputs:
+        """Validate a caller's ``out=`` against the layout this call produces on ``traits``."""
+        expected = _replace_device(self, torch.device("meta")).allocate(traits)
+        wanted = [t for t in expected if t is not None]
+        given = list(out) if isinstance(out, (tuple, list)) else [out]
+        if len(given) != len(wanted):
+            raise ContractError(self.op, "out", f"{len(wanted)} tensor(s)", describe(out))
+        for have, want in zip(given, wanted):
+            check_tensor(self.op, "out", have)
+            if (
+                have.shape != want.shape
+                or have.dtype != want.dtype
+                or have.stride() != want.stride()
+                or have.device != self.device
+            ):
+                raise ContractError(
+                    self.op,
+                    "out",
+                    f"tensor(shape={tuple(want.shape)}, dtype={want.dtype}, stride={tuple(want.stride())}, "
+                    f"device={self.device.type})",
+                    describe(have),
+                )
+        slots = iter(given)
+        return QuantOutputs(*(None if t is None else next(slots) for t in expected))
+
+    def result(self, outputs: QuantOutputs) -> Any:
+        """What the public op returns: ``(q, sf)``, ``sf``, ``q`` or the cast_back tensor."""
+        if self.mode == MODE_CAST:
+            return outputs.q, outputs.sf
+        if self.mode == MODE_SF_ONLY:
+            return outputs.sf
+        return outputs.q
+
+    # ------------------------------------------------------------------ ledger
+    def ledger(self, traits: LayoutTraits) -> Ledger:
+        """Bytes that must move for this call (the sf counted without layout padding)."""
+        tokens, hidden = self.tokens, self.hidden
+        if self.quantized_input is not None:
+            qin = self.quantized_input
+            bytes_read = tokens * hidden // qin.fmt.values_per_byte
+            rows, cols = ceil_div(tokens, qin.block[0]), ceil_div(hidden, qin.block[1])
+            shape = layouts.storage_shape(qin.sf_encoding, qin.pack_axis, rows, cols)
+            bytes_read += shape[0] * shape[1] * _itemsize(qin.sf_encoding.dtype)
+        else:
+            bytes_read = tokens * hidden * _itemsize(self.input_dtype)
+        if self.mode == MODE_CAST_BACK:
+            return Ledger(bytes_read, tokens * hidden * _itemsize(self.output_dtype), 2 * tokens * hidden)
+        cast = self.cast
+        bytes_written = 0
+        rows, cols = self.sf_rows_cols()
+        if self.mode != MODE_SF_ONLY:
+            bytes_written += tokens * hidden // cast.fmt.values_per_byte
+        sf_bytes = 0
+        if self.mode == MODE_PRECOMPUTED_SF:
+            shape = layouts.storage_shape(self.given_sf.encoding, cast.pack_axis, rows, cols)
+            bytes_read += shape[0] * shape[1] * _itemsize(self.given_sf.encoding.dtype)
+        else:
+            encoding = cast.sf_encoding(traits)
+            shape = layouts.storage_shape(encoding, cast.pack_axis, rows, cols)
+            sf_bytes = shape[0] * shape[1] * _itemsize(encoding.dtype)
+        return Ledger(bytes_read, bytes_written + sf_bytes, 3 * tokens * hidden)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _replace_device(call: QuantCall, device: torch.device) -> QuantCall:
+    return QuantCall(
+        call.op, call.mode, call.device_type, call.hidden, call.input_dtype, call.cast,
+        call.quantized_input, call.given_sf, call.output_dtype, call.tokens, device,
+    )
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _sf_is_col_major(sf: torch.Tensor) -> bool | None:
+    """True for column-major, False for row-major, None for neither (strides read off)."""
+    rows, cols = sf.shape
+    if cols <= 1 or sf.stride(1) == 1:
+        if rows <= 1 or sf.stride(0) >= cols:
+            return False
+    if rows <= 1 or sf.stride(0) == 1:
+        if cols <= 1 or sf.stride(1) >= rows:
+            return True
+    return None
+
+
+def _check_sf_tensor(
+    op: str, name: str, sf: Any, device: torch.device, block: tuple[int, int], tokens: int, hidden: int
+) -> tuple[layouts.SfEncoding, bool]:
+    """An sf tensor for ``block`` groups of a [tokens, hidden] tensor; layout read off dtype and strides."""
+    sf = check_tensor(op, name, sf)
+    if sf.dim() != 2:
+        raise ContractError(op, name, "a 2-D scale tensor", describe(sf))
+    encoding = layouts.encoding_of_dtype(sf.dtype)
+    if encoding is None:
+        raise ContractError(op, name, "scales of dtype float32, float8_e4m3fn, int32 or int16", describe(sf))
+    check_same_device(op, name, sf, device)
+    rows, cols = ceil_div(tokens, block[0]), ceil_div(hidden, block[1])
+    shape = layouts.storage_shape(encoding, layouts.pack_axis_of_block(block), rows, cols)
+    if tuple(sf.shape) != shape:
+        raise ContractError(
+            op, name, f"scales of shape {shape} for {block[0]}x{block[1]} groups of [{tokens}, {hidden}]", describe(sf)
+        )
+    col_major = _sf_is_col_major(sf)
+    if col_major is None:
+        raise ContractError(op, name, "row-major or column-major scale strides", describe(sf))
+    return encoding, col_major
+
+
+def _check_fmt(op: str, fmt: Any):
+    return QUANT_FORMATS[check_choice(op, "fmt", fmt, tuple(QUANT_FORMATS))]
+
+
+def _check_sf_flags(op: str, round_sf: Any, use_packed_ue8m0: Any, use_e4m3_sf: Any) -> None:
+    check_bool(op, "round_sf", round_sf)
+    check_bool(op, "use_packed_ue8m0", use_packed_ue8m0)
+    check_bool(op, "use_e4m3_sf", use_e4m3_sf)
+    if round_sf and use_e4m3_sf:
+        raise ContractError(op, "use_e4m3_sf", "False when round_sf=True (they exclude each other)", use_e4m3_sf)
+    if use_packed_ue8m0 and not round_sf:
+        raise ContractError(op, "use_packed_ue8m0", "False unless round_sf=True (UE8M0 needs power-of-two sf)", True)
+
+
+def _read_input(
+    op: str, x: Any, input_block: Any, block_argument: str, quantized_allowed: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None, int, QuantizedInput | None]:
+    """``x`` as a float tensor or a quantized ``(xq, sf)`` tuple → (data, sf, H, description)."""
+    if isinstance(x, (tuple, list)):
+        if not quantized_allowed:
+            raise ContractError(op, "x", "a bf16/fp32 tensor", describe(x))
+        if len(x) != 2:
+            raise ContractError(op, "x", "a tensor or a pair (xq, sf) of a quantized tensor and its scales", describe(x))
+        xq = check_matrix(op, "x", x[0], QUANTIZED_DTYPES, "quantized (float8_e4m3fn or e2m1-in-int8)")
+        fmt = format_of_storage_dtype(xq.dtype)
+        if input_block is None:
+            raise ContractError(op, block_argument, "the input's group shape when x is a quantized (xq, sf) pair", None)
+        if block_argument == "num_per_channels":
+            block = (1, check_choice(op, block_argument, input_block, PER_TOKEN_GROUPS))
+        else:
+            block = check_block(op, block_argument, input_block, INPUT_BLOCK_SIDES, INPUT_BLOCK_SIDES)
+        hidden = xq.shape[1] * fmt.values_per_byte
+        encoding, col_major = _check_sf_tensor(op, "x", x[1], xq.device, block, xq.shape[0], hidden)
+        return xq, x[1], hidden, QuantizedInput(fmt, block, encoding, col_major)
+    tensor = check_matrix(op, "x", x, FLOAT_INPUT_DTYPES, "bf16/fp32")
+    if input_block is not None:
+        raise ContractError(op, block_argument, "None when x is a plain (unquantized) tensor", describe(input_block))
+    return tensor, None, tensor.shape[1], None
+
+
+def _cast_call(
+    op: str,
+    mode: str,
+    x: Any,
+    fmt: Any,
+    block: tuple[int, int],
+    input_block: Any,
+    input_block_argument: str,
+    col_major_sf: Any,
+    round_sf: Any,
+    use_packed_ue8m0: Any,
+    use_e4m3_sf: Any,
+    sf: Any = None,
+) -> tuple[QuantCall, QuantInputs]:
+    quant_format = _check_fmt(op, fmt)
+    check_bool(op, "use_tma_aligned_col_major_sf", col_major_sf)
+    _check_sf_flags(op, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    data, input_sf, hidden, quantized_input = _read_input(op, x, input_block, input_block_argument)
+    if quant_format.values_per_byte == 2 and hidden % 2:
+        raise ContractError(op, "x", "an even hidden size for fmt='e2m1' (two values per byte)", describe(data))
+    tokens = data.shape[0]
+    given = None
+    if mode == MODE_PRECOMPUTED_SF:
+        encoding, sf_col_major = _check_sf_tensor(op, "sf", sf, data.device, block, tokens, hidden)
+        given = GivenScales(encoding, sf_col_major)
+    clamp_min = config.current().clamp_min(quant_format.name, use_e4m3_sf)
+    cast = CastConfig(quant_format, block, round_sf, use_packed_ue8m0, use_e4m3_sf, col_major_sf, clamp_min)
+    call = QuantCall(
+        op, mode, data.device.type, hidden, data.dtype, cast, quantized_input, given, None, tokens, data.device
+    )
+    return call, QuantInputs(data, input_sf, sf if mode == MODE_PRECOMPUTED_SF else None)
+
+
+# ---------------------------------------------------------------------- the four ops
+
+
+def per_token_cast(
+    x: Any,
+    fmt: Any,
+    num_per_channels: Any,
+    x_block_size: Any,
+    use_tma_aligned_col_major_sf: Any,
+    round_sf: Any,
+    use_packed_ue8m0: Any,
+    use_e4m3_sf: Any,
+    mode: str = MODE_CAST,
+    sf: Any = None,
+) -> tuple[QuantCall, QuantInputs]:
+    """Contract of ``per_token_cast`` and its variants: groups ``1 × num_per_channels``."""
+    op = "per_token_cast"
+    group = check_choice(op, "num_per_channels", num_per_channels, PER_TOKEN_GROUPS)
+    return _cast_call(
+        op, mode, x, fmt, (1, group), x_block_size, "x_block_size",
+        use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, sf,
+    )
+
+
+def per_block_cast(
+    x: Any,
+    fmt: Any,
+    block_size: Any,
+    x_block_size: Any,
+    use_tma_aligned_col_major_sf: Any,
+    round_sf: Any,
+    use_packed_ue8m0: Any,
+    mode: str = MODE_CAST,
+    sf: Any = None,
+) -> tuple[QuantCall, QuantInputs]:
+    """Contract of ``per_block_cast`` and its variants: groups ``bm × bn``."""
+    op = "per_block_cast"
+    block = check_block(op, "block_size", block_size, PER_BLOCK_SIDES, PER_BLOCK_SIDES)
+    return _cast_call(
+        op, mode, x, fmt, block, x_block_size, "x_block_size",
+        use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, False, sf,
+    )
+
+
+def per_channel_cast(
+    x: Any, fmt: Any, num_per_tokens: Any, round_sf: Any, num_per_channels: Any, use_packed_ue8m0: Any
+) -> tuple[QuantCall, QuantInputs]:
+    """Contract of ``per_channel_cast``: groups ``num_per_tokens × 1``, sf packed along tokens."""
+    op = "per_channel_cast"
+    group = check_choice(op, "num_per_tokens", num_per_tokens, PER_CHANNEL_GROUPS)
+    return _cast_call(
+        op, MODE_CAST, x, fmt, (group, 1), num_per_channels, "num_per_channels",
+        False, round_sf, use_packed_ue8m0, False,
+    )
+
+
+def cast_back(x: Any, fmt: Any, x_block_size: Any) -> tuple[QuantCall, QuantInputs]:
+    """Contract of ``cast_back``: ``(q, sf)`` of any layout §3 produces → bf16/fp32 [T, H]."""
+    op = "cast_back"
+    output_dtype = OUTPUT_DTYPES[check_choice(op, "fmt", fmt, tuple(OUTPUT_DTYPES))]
+    if not isinstance(x, (tuple, list)):
+        raise ContractError(op, "x", "a pair (q, sf) of quantized data and its scales", describe(x))
+    data, input_sf, hidden, quantized_input = _read_input(op, x, x_block_size, "x_block_size")
+    call = QuantCall(
+        op, MODE_CAST_BACK, data.device.type, hidden, data.dtype, None, quantized_input, None, output_dtype,
+        data.shape[0], data.device,
+    )
+    return call, QuantInputs(data, input_sf, None)

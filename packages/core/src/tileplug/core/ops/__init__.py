@@ -1,0 +1,23 @@
+"""The public ops: ``core.ops.per_token_cast(x)`` runs on the backend installed for ``x.device``."""
+
+from tileplug.core.ops.quant import (
+    cast_back,
+    per_block_cast,
+    per_block_cast_with_precomputed_sf,
+    per_block_cast_with_sf_only,
+    per_channel_cast,
+    per_token_cast,
+    per_token_cast_with_precomputed_sf,
+    per_token_cast_with_sf_only,
+)
+
+__all__ = [
+    "cast_back",
+    "per_block_cast",
+    "per_block_cast_with_precomputed_sf",
+    "per_block_cast_with_sf_only",
+    "per_channel_cast",
+    "per_token_cast",
+    "per_token_cast_with_precomputed_sf",
+    "per_token_cast_with_sf_only",
+]

@@ -1,0 +1,110 @@
+"""Scale-factor math of SPEC.md §2 in plain PyTorch: the numeric authority for scales.
+
+Shapes: ``values`` is fp32 ``[T, H]``; a group is ``block = (bm, bn)`` input values;
+group tensors are ``[ceil(T/bm), ceil(H/bn)]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tileplug.core.quant.formats import QuantFormat, saturate_e4m3
+
+NONFINITE_EXPONENT = 128
+"""Exponent given to a group whose scale is not finite: byte 0xFF, fp32 sf = +inf, inv = 0."""
+
+DEFAULT_CLAMP_MIN: dict[tuple[str, bool], float] = {
+    ("e4m3", False): 1e-4,
+    ("e4m3", True): 448.0 * 2.0**-9,
+    ("e2m1", False): 6.0 * 2.0**-126,
+    ("e2m1", True): 6.0 * 2.0**-9,
+}
+"""amax lower clamp keyed by (fmt, sf stored as e4m3) (SPEC §2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupScales:
+    """Scales of every group, ``[rows, cols]`` each.
+
+    ``value`` is the scale as fp32 (what ``cast_back`` multiplies by), ``inverse`` the fp32
+    factor the data is multiplied by, ``exponent`` the int32 power of two when ``round_sf``,
+    ``e4m3`` the stored e4m3 scale when the sf is stored as e4m3.
+    """
+
+    value: torch.Tensor
+    inverse: torch.Tensor
+    exponent: torch.Tensor | None = None
+    e4m3: torch.Tensor | None = None
+
+
+def ceil_div(a: int, b: int) -> int:
+    """Ceiling division of non-negative ints."""
+    return -(-a // b)
+
+
+def align(a: int, b: int) -> int:
+    """``a`` rounded up to a multiple of ``b``."""
+    return ceil_div(a, b) * b
+
+
+def group_amax(values: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """max |x| over each ``bm × bn`` group of fp32 ``values`` [T, H] → [ceil(T/bm), ceil(H/bn)].
+
+    Partial last groups cover only valid elements (padding with zeros cannot raise a max of
+    absolute values; NaN propagates).
+    """
+    bm, bn = block
+    tokens, hidden = values.shape
+    rows, cols = ceil_div(tokens, bm), ceil_div(hidden, bn)
+    magnitude = values.abs()
+    padded = torch.nn.functional.pad(magnitude, (0, cols * bn - hidden, 0, rows * bm - tokens))
+    return padded.reshape(rows, bm, cols, bn).amax(dim=(1, 3))
+
+
+def expand_groups(groups: torch.Tensor, block: tuple[int, int], tokens: int, hidden: int) -> torch.Tensor:
+    """[rows, cols] per-group values → [T, H], each group's value over its elements."""
+    bm, bn = block
+    expanded = groups.repeat_interleave(bm, dim=0).repeat_interleave(bn, dim=1)
+    return expanded[:tokens, :hidden]
+
+
+def power_of_two_exponent(scale: torch.Tensor) -> torch.Tensor:
+    """``ceil(log2(s))`` from the bits of fp32 ``s`` ≥ 0: ``((bits(s) - 1) >> 23) + 1 - 127``.
+
+    Non-finite ``s`` gets :data:`NONFINITE_EXPONENT`.
+    """
+    bits = scale.contiguous().view(torch.int32)
+    exponent = ((bits - 1) >> 23) + 1 - 127
+    return torch.where(torch.isfinite(scale), exponent, torch.full_like(exponent, NONFINITE_EXPONENT))
+
+
+def exp2_int(exponent: torch.Tensor) -> torch.Tensor:
+    """Exact fp32 ``2^e`` of int32 exponents (``e = 128`` gives +inf)."""
+    one = torch.ones(exponent.shape, dtype=torch.float32, device=exponent.device)
+    return torch.ldexp(one, exponent.to(torch.float32))
+
+
+def compute_scales(
+    amax: torch.Tensor, fmt: QuantFormat, clamp_min: float, round_sf: bool, use_e4m3_sf: bool
+) -> GroupScales:
+    """Scales and inverse scales of fp32 group maxima ``amax`` [rows, cols] (SPEC §2)."""
+    fmt_max = torch.tensor(fmt.max_value, dtype=torch.float32, device=amax.device)
+    clamped = torch.maximum(amax, torch.tensor(clamp_min, dtype=torch.float32, device=amax.device))
+    if round_sf:
+        reciprocal = torch.tensor(1.0, dtype=torch.float32, device=amax.device) / fmt_max
+        exponent = power_of_two_exponent(clamped * reciprocal)
+        finite = exponent != NONFINITE_EXPONENT
+        inverse = torch.where(finite, exp2_int(-exponent), torch.zeros_like(clamped))
+        return GroupScales(exp2_int(exponent), inverse, exponent=exponent)
+    if use_e4m3_sf:
+        stored = saturate_e4m3(clamped / fmt_max)
+        value = stored.float()
+        return GroupScales(value, torch.ones_like(value) / value, e4m3=stored)
+    return GroupScales(clamped / fmt_max, fmt_max / clamped)
+
+
+def inverse_of_given(scale_values: torch.Tensor) -> torch.Tensor:
+    """Cast-only mode: ``inv = 1 / sf`` in fp32."""
+    return torch.ones_like(scale_values) / scale_values

@@ -1,0 +1,246 @@
+"""Backend discovery through entry points, and backend selection per call.
+
+Discovery loads each entry point of the group ``tileplug.backends`` on its own: a plugin
+that fails to import or whose hook raises is recorded with its error and harms no other.
+Selection walks the backends serving the call's device type in priority order (or the
+ones forced with ``TILEPLUG_BACKEND`` / :func:`use_backend`, in the order given) and
+takes the first that is available here and whose kernel accepts the call. The answer is
+cached per call signature, so the hot path is one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib.metadata
+import os
+import threading
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tileplug.core.backend import Backend, Kernel
+from tileplug.core.errors import NoBackendError
+from tileplug.core.plugins import ENTRY_POINT_GROUP, new_plugin_manager
+
+BACKEND_ENV_VARIABLE = "TILEPLUG_BACKEND"
+
+_forced: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("tileplug_forced", default=None)
+
+
+@dataclass
+class PluginRecord:
+    """One entry point of the group and what came of loading it."""
+
+    name: str
+    value: str
+    distribution: str
+    version: str
+    backends: list[Backend] = field(default_factory=list)
+    error: str | None = None
+
+
+def _parse_names(text: str | None) -> tuple[str, ...] | None:
+    if not text:
+        return None
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    return names or None
+
+
+class Registry:
+    """Installed backends and the selection cache."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._loaded = False
+        self._records: list[PluginRecord] = []
+        self._backends: dict[str, Backend] = {}
+        self._cache: dict[tuple[Any, tuple[str, ...] | None], tuple[Backend, Kernel]] = {}
+        self._env_forced: tuple[str, ...] | None = None
+
+    # ------------------------------------------------------------------ discovery
+    def load(self) -> None:
+        """Discover plugins once (thread-safe); later calls do nothing."""
+        if self._loaded:
+            return
+        with self._lock:
+            if self._loaded:
+                return
+            self._env_forced = _parse_names(os.environ.get(BACKEND_ENV_VARIABLE))
+            for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                self._records.append(self._load_entry_point(entry_point))
+            self._loaded = True
+
+    def reload(self) -> None:
+        """Forget everything and discover again (re-reads ``TILEPLUG_BACKEND``)."""
+        with self._lock:
+            self._loaded = False
+            self._records = []
+            self._backends = {}
+            self._cache = {}
+            importlib.invalidate_caches()
+            self.load()
+
+    def _load_entry_point(self, entry_point: importlib.metadata.EntryPoint) -> PluginRecord:
+        dist = getattr(entry_point, "dist", None)
+        record = PluginRecord(
+            entry_point.name,
+            entry_point.value,
+            dist.name if dist is not None else "?",
+            dist.version if dist is not None else "?",
+        )
+        try:
+            plugin = entry_point.load()
+            manager = new_plugin_manager()
+            manager.register(plugin, name=entry_point.name)
+            if not manager.hook.tileplug_backends.get_hookimpls():
+                raise TypeError(f"{entry_point.value} implements no tileplug_backends() hook")
+            provided = [backend for group in manager.hook.tileplug_backends() for backend in group]
+        except BaseException as error:  # noqa: BLE001 - a plugin must never break discovery
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            last = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
+            where = f" (at {last[0].filename}:{last[0].lineno})" if last else ""
+            record.error = f"{type(error).__name__}: {error}{where}"
+            return record
+        for backend in provided:
+            if not isinstance(backend, Backend):
+                record.error = f"tileplug_backends() returned {type(backend).__name__}, not a tileplug.core.Backend"
+                continue
+            if backend.name in self._backends:
+                record.error = f"backend name '{backend.name}' is already taken by another plugin"
+                continue
+            backend.distribution = record.distribution
+            backend.version = record.version
+            self._backends[backend.name] = backend
+            record.backends.append(backend)
+        return record
+
+    def register(self, backend: Backend) -> None:
+        """Add a backend from code (no entry point): for embedding and experiments."""
+        self.load()
+        with self._lock:
+            if backend.name in self._backends:
+                raise ValueError(f"backend name '{backend.name}' is already registered")
+            backend.distribution = backend.distribution or "(registered in-process)"
+            self._backends[backend.name] = backend
+            self._cache = {}
+
+    def unregister(self, name: str) -> None:
+        """Remove a backend registered with :meth:`register`."""
+        with self._lock:
+            self._backends.pop(name, None)
+            self._cache = {}
+
+    @property
+    def records(self) -> list[PluginRecord]:
+        """Every entry point found, with its backends or its load error."""
+        self.load()
+        return list(self._records)
+
+    @property
+    def backends(self) -> list[Backend]:
+        """Every loaded backend, highest priority first."""
+        self.load()
+        return sorted(self._backends.values(), key=lambda b: (-b.priority, b.name))
+
+    def get(self, name: str) -> Backend | None:
+        """The backend called ``name``, or None."""
+        self.load()
+        return self._backends.get(name)
+
+    def forced(self) -> tuple[str, ...] | None:
+        """Backend names forced by :func:`use_backend` or ``TILEPLUG_BACKEND`` (None: free choice)."""
+        self.load()
+        return _forced.get() or self._env_forced
+
+    # ------------------------------------------------------------------ selection
+    def select(self, op: str, call: Any) -> tuple[Backend, Kernel]:
+        """The backend and kernel that run ``call`` (cached on the call's signature)."""
+        key = (call, _forced.get())
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        return self._select_uncached(op, call, key)
+
+    def _select_uncached(self, op: str, call: Any, key: tuple) -> tuple[Backend, Kernel]:
+        self.load()
+        with self._lock:
+            choice, reasons = self._walk(op, call, stop_at_first=True)
+            if choice is None:
+                raise NoBackendError(op, call.device_type, reasons)
+            self._cache[key] = choice
+            return choice
+
+    def explain(self, op: str, call: Any) -> dict[str, str | None]:
+        """For every candidate, None if it would accept ``call``, else why not."""
+        self.load()
+        _, reasons = self._walk(op, call, stop_at_first=False)
+        return reasons
+
+    def candidates(self, device_type: str) -> list[Backend]:
+        """Backends considered for ``device_type``, in the order they are tried."""
+        forced = self.forced()
+        if forced is not None:
+            return [self._backends[n] for n in forced if n in self._backends]
+        return [b for b in self.backends if b.serves(device_type)]
+
+    def _walk(self, op: str, call: Any, stop_at_first: bool):
+        device_type = call.device_type
+        forced = self.forced()
+        reasons: dict[str, str | None] = {}
+        for backend in self.candidates(device_type):
+            why = self.reason_against(backend, op, call)
+            reasons[backend.name] = why
+            if why is None and stop_at_first:
+                return (backend, backend.kernels[op]), reasons
+        if forced is not None:
+            for name in forced:
+                if name not in self._backends:
+                    reasons[name] = f"is not installed ({BACKEND_ENV_VARIABLE} or use_backend asked for it)"
+            skipped = [b.name for b in self.backends if b.serves(device_type) and b.name not in forced]
+            for name in skipped:
+                reasons[name] = f"not tried: only {', '.join(forced)} allowed ({BACKEND_ENV_VARIABLE} / use_backend)"
+        for record in self._records:
+            if record.error is not None and not record.backends:
+                reasons[f"plugin '{record.name}' ({record.distribution})"] = f"failed to load: {record.error}"
+        return None, reasons
+
+    @staticmethod
+    def reason_against(backend: Backend, op: str, call: Any) -> str | None:
+        """Why ``backend`` cannot run ``call`` (None if it can)."""
+        if not backend.serves(call.device_type):
+            return f"does not serve device type '{call.device_type}'"
+        why = backend.unavailable_reason()
+        if why is not None:
+            return f"unavailable: {why}"
+        kernel = backend.kernels.get(op)
+        if kernel is None:
+            return f"has no {op} kernel"
+        try:
+            return kernel.supports(call)
+        except Exception as error:  # noqa: BLE001 - a faulty supports() declines, never crashes
+            return f"supports() raised {type(error).__name__}: {error}"
+
+
+registry = Registry()
+"""The process-wide registry."""
+
+
+@contextlib.contextmanager
+def use_backend(*names: str) -> Iterator[None]:
+    """Run only the named backends (tried in the order given) inside a ``with`` block.
+
+    ``with core.use_backend("reference"): ...`` — same effect as ``TILEPLUG_BACKEND``,
+    for this thread / task only; it takes precedence over the variable.
+    """
+    if not names or not all(isinstance(n, str) and n for n in names):
+        from tileplug.core.errors import ContractError
+
+        raise ContractError("use_backend", "names", "one or more backend names", names)
+    token = _forced.set(tuple(names))
+    try:
+        yield
+    finally:
+        _forced.reset(token)

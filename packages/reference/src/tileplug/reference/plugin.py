@@ -1,0 +1,58 @@
+"""Entry point of tileplug-reference: one backend serving every device type, lowest priority."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tileplug.core import ANY_DEVICE, ASCEND_LAYOUT, CUDA_LAYOUT, Backend, LayoutTraits, config, hookimpl
+from tileplug.reference.quant.cast_back import cast_back
+from tileplug.reference.quant.per_block_cast import per_block_cast
+from tileplug.reference.quant.per_channel_cast import per_channel_cast
+from tileplug.reference.quant.per_token_cast import per_token_cast
+
+PRIORITY = -1000
+"""Lowest: every other backend for a device type is tried first."""
+
+DEVICE_LAYOUTS: dict[str, LayoutTraits] = {"cuda": CUDA_LAYOUT, "npu": ASCEND_LAYOUT}
+
+
+@dataclass(frozen=True)
+class ReferenceKernel:
+    """A reference kernel: accepts every call the contract accepts."""
+
+    run: Callable[[Any, Any, Any], None]
+
+    def supports(self, call: Any) -> str | None:
+        return None
+
+    def __call__(self, call: Any, inputs: Any, outputs: Any) -> None:
+        self.run(call, inputs, outputs)
+
+
+def layout_for(device_type: str) -> LayoutTraits:
+    """The device family's layout on cuda and npu; ``config.host_layout`` on host devices."""
+    return DEVICE_LAYOUTS.get(device_type) or config.current().host_layout
+
+
+def make_backend() -> Backend:
+    """The reference backend object."""
+    return Backend(
+        name="reference",
+        device_types=(ANY_DEVICE,),
+        priority=PRIORITY,
+        traits=CUDA_LAYOUT,
+        kernels={
+            "per_token_cast": ReferenceKernel(per_token_cast),
+            "per_block_cast": ReferenceKernel(per_block_cast),
+            "per_channel_cast": ReferenceKernel(per_channel_cast),
+            "cast_back": ReferenceKernel(cast_back),
+        },
+        layout_for=layout_for,
+        description="exact PyTorch model of SPEC.md, any device, slow",
+    )
+
+
+@hookimpl
+def tileplug_backends() -> list[Backend]:
+    return [make_backend()]

@@ -1,0 +1,1 @@
+"""Reference kernels of the quantization family."""
