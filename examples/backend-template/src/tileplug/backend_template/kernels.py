@@ -1,0 +1,86 @@
+"""The template backend's kernels: each one delegates to the reference kernel of its op.
+
+A kernel is any object with two methods (the ``tileplug.core.Kernel`` protocol):
+
+- ``supports(call) -> str | None``: None to accept the call, else a short reason. The
+  registry asks once per call *signature* and caches the answer, so decide only from the
+  call's compared fields (everything in the QuantCall but ``tokens`` and ``device``).
+  A declined call falls through to the next backend serving the device (in the end the
+  reference), and the reason shows in ``core.registry.explain`` and ``NoBackendError``.
+- ``__call__(call, inputs, outputs)``: write ``outputs`` in place, return nothing. It is
+  never called with zero tokens; outputs are already allocated in the layout of the
+  backend's traits.
+
+VENDOR: replace ``DelegatingToReferenceKernel`` with your kernels (typically one module
+per op, each a JIT factory specialised on the call's compile-time constants), and the
+``supports`` rules with what your kernels really cannot do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tileplug.core import QuantCall, QuantInputs, QuantOutputs
+
+# VENDOR: these imports go away with the delegation; a real backend imports its own kernels.
+from tileplug.reference.quant.cast_back import cast_back as reference_cast_back
+from tileplug.reference.quant.per_block_cast import per_block_cast as reference_per_block_cast
+from tileplug.reference.quant.per_channel_cast import per_channel_cast as reference_per_channel_cast
+from tileplug.reference.quant.per_token_cast import per_token_cast as reference_per_token_cast
+
+E2M1_REASON = "fmt 'e2m1' is not implemented by the template backend (it declines, the next backend runs it)"
+"""Why the template declines e2m1 calls: the demonstration of a kernel declining."""
+
+
+def _formats_in(call: QuantCall) -> set[str]:
+    """Names of the quantized formats a call reads or writes."""
+    names = set()
+    if call.cast is not None:  # the output of a cast (None for cast_back)
+        names.add(call.cast.fmt.name)
+    if call.quantized_input is not None:  # an (xq, sf) input: re-quantization or cast_back
+        names.add(call.quantized_input.fmt.name)
+    return names
+
+
+@dataclass(frozen=True)
+class DelegatingToReferenceKernel:
+    """A kernel that does no work of its own: it runs the reference kernel of ``op``.
+
+    It only exists so that this template is a complete, installable, working backend.
+    VENDOR: replace it with a real kernel.
+    """
+
+    op: str
+    run: Callable[[QuantCall, QuantInputs, QuantOutputs], None]
+
+    def supports(self, call: QuantCall) -> str | None:
+        # Decline what the kernel cannot do, with a reason a user can act on. Read only
+        # compared fields (op, mode, device_type, hidden, input_dtype, cast,
+        # quantized_input, given_sf, output_dtype); never call.tokens or call.device,
+        # never the tensors' values: the answer is cached per call signature.
+        #
+        # Typical rules of a real backend (VENDOR: replace the one below with yours):
+        #   if call.hidden % 16:                 return "hidden size must be a multiple of 16"
+        #   if call.input_dtype != torch.bfloat16: return "only bf16 input"
+        #   if call.mode == "precomputed_sf":    return "cast with given sf not implemented"
+        #   if call.cast.use_packed_ue8m0 and call.cast.col_major_sf: return "..."
+        if "e2m1" in _formats_in(call):
+            return E2M1_REASON
+        return None
+
+    def __call__(self, call: QuantCall, inputs: QuantInputs, outputs: QuantOutputs) -> None:
+        # inputs.x is [T, H] (T > 0 here); outputs.q / outputs.sf are preallocated in the
+        # layout this backend's traits fix. Write them in place; do not reallocate, do not
+        # return anything, do not synchronize with the host.
+        self.run(call, inputs, outputs)
+
+
+KERNELS: dict[str, DelegatingToReferenceKernel] = {
+    "per_token_cast": DelegatingToReferenceKernel("per_token_cast", reference_per_token_cast),
+    "per_block_cast": DelegatingToReferenceKernel("per_block_cast", reference_per_block_cast),
+    "per_channel_cast": DelegatingToReferenceKernel("per_channel_cast", reference_per_channel_cast),
+    "cast_back": DelegatingToReferenceKernel("cast_back", reference_cast_back),
+}
+"""Op name → kernel. One kernel serves an op and its variants (``call.mode``: cast,
+sf_only, precomputed_sf). An op left out here falls through to the next backend."""

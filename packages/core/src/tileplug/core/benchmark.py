@@ -1,0 +1,260 @@
+"""Benchmark machinery behind ``tileplug bench`` and ``tileplug demo``.
+
+Effective bandwidth is the op's ledger bytes (what must move) over the median time. The
+device copy (``dst.copy_(src)``) measured in the same process is the ceiling, and
+``torch.compile`` of the reference is the peer, where it compiles.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from tileplug.core.contracts.quant import QuantCall
+from tileplug.core.lowering import describe_call
+from tileplug.core.registry import registry, use_backend
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One benchmarked op configuration: ``make_args(x)`` → (args, kwargs) for ``op``."""
+
+    name: str
+    op: Callable[..., Any]
+    make_args: Callable[[torch.Tensor], tuple[tuple, dict]]
+
+
+def _quantized_input(x: torch.Tensor) -> tuple[tuple, dict]:
+    from tileplug.core import ops
+
+    with use_backend("reference"):
+        pair = ops.per_token_cast(x)
+    return (pair,), {"fmt": "bf16", "x_block_size": (1, 128)}
+
+
+def bench_cases() -> dict[str, BenchCase]:
+    """The default op configurations (SPEC defaults, DeepGEMM-style UE8M0 variant included)."""
+    from tileplug.core import ops
+
+    cases = [
+        BenchCase("per_token_cast", ops.per_token_cast, lambda x: ((x,), {})),
+        BenchCase(
+            "per_token_cast[ue8m0,col]",
+            ops.per_token_cast,
+            lambda x: ((x,), {"round_sf": True, "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}),
+        ),
+        BenchCase("per_token_cast[e2m1,g16]", ops.per_token_cast, lambda x: ((x,), {"fmt": "e2m1", "num_per_channels": 16})),
+        BenchCase("per_block_cast", ops.per_block_cast, lambda x: ((x,), {"block_size": (128, 128)})),
+        BenchCase("per_channel_cast", ops.per_channel_cast, lambda x: ((x,), {"num_per_tokens": 128})),
+        BenchCase("cast_back", ops.cast_back, _quantized_input),
+    ]
+    return {case.name: case for case in cases}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "npu":  # pragma: no cover - needs torch_npu
+        torch.npu.synchronize()
+
+
+def median_seconds(fn: Callable[[], Any], device: torch.device, min_time: float = 0.2, max_repeat: int = 200) -> float:
+    """Median wall time of ``fn`` (device-synchronised; CUDA uses events and flushes L2)."""
+    if device.type == "cuda":
+        try:
+            from triton.testing import do_bench
+
+            return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
+        except ImportError:
+            pass
+    fn()
+    synchronize(device)
+    samples: list[float] = []
+    started = time.perf_counter()
+    while len(samples) < max_repeat and (len(samples) < 5 or time.perf_counter() - started < min_time):
+        begin = time.perf_counter()
+        fn()
+        synchronize(device)
+        samples.append(time.perf_counter() - begin)
+    return statistics.median(samples)
+
+
+def host_seconds_per_call(fn: Callable[[], Any], device: torch.device, calls: int = 2000) -> float:
+    """Host time per call: issue ``calls`` calls back to back, no sync in between."""
+    for _ in range(20):
+        fn()
+    synchronize(device)
+    begin = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - begin
+    synchronize(device)
+    return elapsed / calls
+
+
+def copy_bandwidth(device: torch.device, nbytes: int | None = None) -> float:
+    """Device copy bandwidth in GB/s (read + write bytes / median time), the ceiling."""
+    if nbytes is None:
+        nbytes = 2 << 30 if device.type in ("cuda", "npu") else 256 << 20
+    source = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
+    target = torch.empty_like(source)
+    seconds = median_seconds(lambda: target.copy_(source), device, min_time=0.5, max_repeat=50)
+    return 2 * nbytes / seconds / 1e9
+
+
+def compiled_reference(call: QuantCall) -> Callable[[Any], Any]:
+    """``torch.compile`` of the reference kernel for ``call``'s signature (dynamic T)."""
+    backend = registry.get("reference")
+    if backend is None:
+        raise RuntimeError("tileplug-reference is not installed")
+    kernel = backend.kernels[call.op]
+    traits = backend.traits_for(call.device_type)
+
+    def run(inputs: Any) -> Any:
+        outputs = call.allocate(traits)
+        kernel(call, inputs, outputs)
+        return outputs
+
+    return torch.compile(run, dynamic=True)
+
+
+@dataclass
+class BenchRow:
+    """One measurement of one op configuration at one size on one backend (or peer)."""
+
+    case: str
+    tokens: int
+    hidden: int
+    dtype: str
+    device: str
+    runner: str
+    median_us: float | None = None
+    gbps: float | None = None
+    ledger_bytes: int = 0
+    pct_of_copy: float | None = None
+    host_us: float | None = None
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class BenchReport:
+    """Everything one ``tileplug bench`` run measured."""
+
+    device: str
+    device_name: str
+    copy_gbps: float
+    torch_version: str
+    rows: list[BenchRow] = field(default_factory=list)
+    dispatch: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["rows"] = [row.as_dict() for row in self.rows]
+        return data
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        import platform
+
+        return platform.processor() or platform.machine()
+    return device.type
+
+
+def measure_case(
+    case: BenchCase,
+    tokens: int,
+    hidden: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    backends: list[str],
+    copy_gbps: float,
+    with_compile: bool,
+    with_host_time: bool,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[BenchRow]:
+    """Time ``case`` at [tokens, hidden] on each backend in ``backends`` (+ the compile peer)."""
+    from tileplug.reference.testing import activation
+
+    x = activation(tokens, hidden, dtype=dtype, device=device, seed=tokens)
+    args, kwargs = case.make_args(x)
+    call, inputs = describe_call(case.op, *args, **kwargs)
+    rows = []
+    dtype_name = str(dtype).replace("torch.", "")
+
+    def row(runner: str) -> BenchRow:
+        return BenchRow(case.name, tokens, hidden, dtype_name, device.type, runner)
+
+    for name in backends:
+        entry = row(name)
+        backend = registry.get(name)
+        why = registry.reason_against(backend, call.op, call) if backend else "not installed"
+        if why is not None:
+            entry.note = why
+            rows.append(entry)
+            continue
+        ledger = call.ledger(backend.traits_for(call.device_type))
+        entry.ledger_bytes = ledger.bytes_total
+
+        def run_once(name: str = name) -> Any:
+            with use_backend(name):
+                return case.op(*args, **kwargs)
+
+        try:
+            seconds = median_seconds(run_once, device)
+            entry.median_us = seconds * 1e6
+            entry.gbps = ledger.bytes_total / seconds / 1e9
+            entry.pct_of_copy = 100.0 * entry.gbps / copy_gbps if copy_gbps else None
+            if with_host_time:
+                entry.host_us = host_seconds_per_call(run_once, device, calls=200 if device.type == "cpu" else 2000) * 1e6
+        except Exception as error:  # noqa: BLE001 - a failing backend is reported, not fatal
+            entry.note = f"{type(error).__name__}: {error}"
+        log(f"  {case.name} T={tokens} H={hidden} {name}: {entry.median_us or 0:.1f} us")
+        rows.append(entry)
+    if with_compile and registry.get("reference") is not None:
+        entry = row("torch.compile(reference)")
+        try:
+            compiled = compiled_reference(call)
+            seconds = median_seconds(lambda: compiled(inputs), device)
+            ledger = call.ledger(registry.get("reference").traits_for(call.device_type))
+            entry.ledger_bytes = ledger.bytes_total
+            entry.median_us = seconds * 1e6
+            entry.gbps = ledger.bytes_total / seconds / 1e9
+            entry.pct_of_copy = 100.0 * entry.gbps / copy_gbps if copy_gbps else None
+        except Exception as error:  # noqa: BLE001 - the peer may not compile here
+            entry.note = f"did not compile: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        rows.append(entry)
+    return rows
+
+
+def dispatch_cost(device: torch.device, hidden: int = 7168) -> dict[str, Any]:
+    """Host µs per call of ``core.ops.per_token_cast`` on a 1 × hidden tensor vs calling the
+    selected backend's kernel directly with preallocated outputs (the difference is the
+    cost of contract + selection + allocation)."""
+    from tileplug.core import ops
+    from tileplug.reference.testing import activation
+
+    x = activation(1, hidden, device=device)
+    call, inputs = describe_call(ops.per_token_cast, x)
+    backend, kernel = registry.select(call.op, call)
+    outputs = call.allocate(backend.traits_for(call.device_type))
+    through_core = host_seconds_per_call(lambda: ops.per_token_cast(x), device, calls=3000)
+    direct = host_seconds_per_call(lambda: kernel(call, inputs, outputs), device, calls=3000)
+    contract_only = host_seconds_per_call(lambda: describe_call(ops.per_token_cast, x), device, calls=3000)
+    return {
+        "backend": backend.name,
+        "core_call_us": through_core * 1e6,
+        "direct_kernel_us": direct * 1e6,
+        "dispatch_overhead_us": (through_core - direct) * 1e6,
+        "contract_check_us": contract_only * 1e6,
+    }

@@ -1,0 +1,146 @@
+"""Test helpers for tileplug backends: bytewise comparison, relative error, and shape
+generators that favour the sizes kernels get wrong (non-aligned, partial groups).
+
+``assert_bytes_equal`` is the bit-exactness check of SPEC.md ("torch.equal on the raw
+bytes"); ``assert_sf_equal`` compares scale tensors on the bytes that hold groups only
+(padding of a partly filled UE8M0 integer and of a padded column is unspecified).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import torch
+
+from tileplug.core.quant import layouts
+from tileplug.core.quant.sf_math import ceil_div
+
+TOKEN_COUNTS = (0, 1, 3, 4001)
+"""Token counts every op is tested at (0: empty; odd sizes: tails)."""
+
+HIDDEN_SIZES = (576, 7168)
+"""Hidden sizes every op is tested at (576 leaves partial 128-groups)."""
+
+
+def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements as uint8, last dim widened by the item size (logical order)."""
+    contiguous = tensor.contiguous()
+    if contiguous.dim() == 0:
+        contiguous = contiguous.reshape(1)
+    return contiguous.view(torch.uint8)
+
+
+def first_difference(actual: torch.Tensor, expected: torch.Tensor) -> str:
+    """Where two same-shaped tensors first differ in their bytes ("" when they do not)."""
+    a, e = raw_bytes(actual).cpu(), raw_bytes(expected).cpu()
+    different = (a != e).nonzero()
+    if different.numel() == 0:
+        return ""
+    index = tuple(different[0].tolist())
+    element = list(index)
+    element[-1] //= max(1, actual.element_size())
+    element_index = tuple(element)
+    return (
+        f"{different.shape[0]} differing byte(s); first at element {element_index}: "
+        f"actual {actual.cpu()[element_index]!r} vs expected {expected.cpu()[element_index]!r}"
+    )
+
+
+def bytes_equal(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """True when dtype, shape and every byte match."""
+    if actual.dtype != expected.dtype or actual.shape != expected.shape:
+        return False
+    return bool(torch.equal(raw_bytes(actual).cpu(), raw_bytes(expected).cpu()))
+
+
+def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, what: str = "tensor", strides: bool = False) -> None:
+    """Assert bit-exact equality (dtype, shape, bytes; strides too when ``strides``)."""
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    if strides:
+        assert actual.stride() == expected.stride(), f"{what}: stride {actual.stride()} != {expected.stride()}"
+    assert bytes_equal(actual, expected), f"{what}: {first_difference(actual, expected)}"
+
+
+def sf_group_bytes(sf: torch.Tensor, block: tuple[int, int], tokens: int, hidden: int) -> torch.Tensor:
+    """The bytes of ``sf`` that hold groups, as uint8 [rows, cols, itemsize] (packed UE8M0 unpacked)."""
+    rows, cols = ceil_div(tokens, block[0]), ceil_div(hidden, block[1])
+    encoding = layouts.encoding_of_dtype(sf.dtype)
+    if encoding is not None and encoding.kind == "ue8m0":
+        unpacked = layouts.unpack_ue8m0(sf.cpu(), layouts.pack_axis_of_block(block), rows, cols)
+        return unpacked.reshape(rows, cols, 1)
+    logical = sf.cpu().contiguous()
+    return logical.view(torch.uint8).reshape(rows, cols, -1)
+
+
+def assert_sf_equal(
+    actual: torch.Tensor, expected: torch.Tensor, block: tuple[int, int], tokens: int, hidden: int, what: str = "sf"
+) -> None:
+    """Scales equal on every byte that holds a group; dtype, shape and strides equal too."""
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.stride() == expected.stride(), f"{what}: stride {actual.stride()} != {expected.stride()}"
+    a = sf_group_bytes(actual, block, tokens, hidden)
+    e = sf_group_bytes(expected, block, tokens, hidden)
+    different = (a != e).any(dim=-1).nonzero()
+    assert different.numel() == 0, (
+        f"{what}: {different.shape[0]} group(s) differ; first group {tuple(different[0].tolist())}: "
+        f"actual bytes {a[tuple(different[0].tolist())].tolist()} vs expected {e[tuple(different[0].tolist())].tolist()}"
+    )
+
+
+def relative_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
+    """``||actual - reference|| / ||reference||`` in fp64 over finite reference entries
+    (0.0 for an all-zero reference equal to ``actual``)."""
+    a = actual.detach().to(torch.float64).cpu()
+    r = reference.detach().to(torch.float64).cpu()
+    finite = torch.isfinite(r)
+    a, r = a[finite], r[finite]
+    denominator = r.norm().item()
+    numerator = (a - r).norm().item()
+    if denominator == 0.0:
+        return 0.0 if numerator == 0.0 else float("inf")
+    return numerator / denominator
+
+
+def hidden_sizes(multiple_of: int = 16, upper: int = 8192, count: int = 8, seed: int = 0) -> list[int]:
+    """Hidden sizes that are multiples of ``multiple_of``, mostly not of 128: the common
+    model sizes with a tail (576, 7168), then random non-aligned ones."""
+    rng = random.Random(seed)
+    sizes = [s for s in (576, 7168, multiple_of, 3 * multiple_of) if s % multiple_of == 0 and s <= upper]
+    while len(sizes) < count:
+        size = rng.randrange(1, upper // multiple_of + 1) * multiple_of
+        if size % 128 or rng.random() < 0.2:
+            sizes.append(size)
+    return sizes[:count]
+
+
+def token_counts(upper: int = 8192, count: int = 8, seed: int = 0) -> list[int]:
+    """Token counts with the edge cases first (0, 1, 3, 4001), then odd random ones."""
+    rng = random.Random(seed)
+    counts = [t for t in TOKEN_COUNTS if t <= upper]
+    while len(counts) < count:
+        counts.append(rng.randrange(1, upper + 1) | 1)
+    return counts[:count]
+
+
+def random_shapes(count: int, multiple_of: int = 2, upper_tokens: int = 300, upper_hidden: int = 1100,
+                  seed: int = 0) -> Iterator[tuple[int, int]]:
+    """``count`` (T, H) pairs favouring non-aligned sizes (H a multiple of ``multiple_of``)."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        tokens = rng.choice((0, 1, 3, rng.randrange(1, upper_tokens + 1)))
+        hidden = rng.randrange(1, upper_hidden // multiple_of + 1) * multiple_of
+        yield tokens, hidden
+
+
+def activation(tokens: int, hidden: int, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
+               seed: int = 0, outliers: bool = True) -> torch.Tensor:
+    """A realistic LLM activation [T, H]: normal values, a few outlier channels ×50."""
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randn(tokens, hidden, generator=generator)
+    if outliers and hidden >= 8:
+        channels = torch.randperm(hidden, generator=generator)[: max(1, hidden // 256)]
+        values[:, channels] *= 50.0
+    return values.to(dtype=dtype, device=device)
