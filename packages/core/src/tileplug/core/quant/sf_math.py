@@ -99,7 +99,9 @@ def compute_scales(
         inverse = torch.where(finite, exp2_int(-exponent), torch.zeros_like(clamped))
         return GroupScales(exp2_int(exponent), inverse, exponent=exponent)
     if use_e4m3_sf:
-        stored = saturate_e4m3(clamped / fmt_max)
+        ratio = clamped / fmt_max
+        # A non-finite scale is stored as e4m3 NaN (e4m3fn has no inf), so the group shows it.
+        stored = saturate_e4m3(torch.where(torch.isfinite(ratio), ratio, torch.full_like(ratio, float("nan"))))
         value = stored.float()
         return GroupScales(value, torch.ones_like(value) / value, e4m3=stored)
     return GroupScales(clamped / fmt_max, fmt_max / clamped)
