@@ -32,7 +32,7 @@ class NoBackendError(TileplugError, RuntimeError):
         if reasons:
             listing = "; ".join(f"{name}: {why}" for name, why in reasons.items())
         else:
-            listing = "no backend is installed (pip install tileplug-reference)"
+            listing = "no tileplug backend is installed (pip install tileplug-reference)"
         super().__init__(f"no backend can run {op} on device '{device_type}': {listing}")
 
 

@@ -195,6 +195,9 @@ class Registry:
             reasons[backend.name] = why
             if why is None and stop_at_first:
                 return (backend, backend.kernels[op]), reasons
+        for backend in self.backends:
+            if backend.name not in reasons and not backend.serves(device_type):
+                reasons[backend.name] = f"does not serve device type '{device_type}'"
         if forced is not None:
             for name in forced:
                 if name not in self._backends:

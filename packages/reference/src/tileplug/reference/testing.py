@@ -25,10 +25,12 @@ HIDDEN_SIZES = (576, 7168)
 
 def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's elements as uint8, last dim widened by the item size (logical order)."""
-    contiguous = tensor.contiguous()
-    if contiguous.dim() == 0:
-        contiguous = contiguous.reshape(1)
-    return contiguous.view(torch.uint8)
+    if tensor.dim() == 0:
+        tensor = tensor.reshape(1)
+    if tensor.numel() == 0:  # an empty tensor counts as contiguous whatever its strides
+        shape = (*tensor.shape[:-1], tensor.shape[-1] * tensor.element_size())
+        return torch.empty(shape, dtype=torch.uint8)
+    return layouts.standard_strides(tensor).view(torch.uint8)
 
 
 def first_difference(actual: torch.Tensor, expected: torch.Tensor) -> str:
@@ -70,8 +72,7 @@ def sf_group_bytes(sf: torch.Tensor, block: tuple[int, int], tokens: int, hidden
     if encoding is not None and encoding.kind == "ue8m0":
         unpacked = layouts.unpack_ue8m0(sf.cpu(), layouts.pack_axis_of_block(block), rows, cols)
         return unpacked.reshape(rows, cols, 1)
-    logical = sf.cpu().contiguous()
-    return logical.view(torch.uint8).reshape(rows, cols, -1)
+    return raw_bytes(sf.cpu()).reshape(rows, cols, sf.element_size())
 
 
 def assert_sf_equal(

@@ -112,20 +112,30 @@ def allocate(
     return torch.empty((shape[1], padded), dtype=dtype, device=device).t()[: shape[0]]
 
 
+def standard_strides(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy with row-major strides, size-1 dims included (``.contiguous()`` may keep odd
+    strides on size-1 dims, which ``.view(dtype)`` rejects)."""
+    if tensor.dim() and tensor.stride(-1) == 1 and tensor.is_contiguous():
+        return tensor
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device).copy_(tensor)
+
+
 def pack_ue8m0(exponent_bytes: torch.Tensor, pack_factor: int, pack_axis: int) -> torch.Tensor:
     """uint8 [rows, cols] → packed integers, little-endian along ``pack_axis``; pad bytes 0."""
     packed_dtype = UE8M0_PACK_DTYPES[pack_factor]
     data = exponent_bytes if pack_axis == 1 else exponent_bytes.t()
     count = data.shape[1]
-    padded = torch.nn.functional.pad(data, (0, align(count, pack_factor) - count)).contiguous()
+    padded = standard_strides(torch.nn.functional.pad(data, (0, align(count, pack_factor) - count)))
     packed = padded.view(packed_dtype)
     return packed if pack_axis == 1 else packed.t()
 
 
 def unpack_ue8m0(packed: torch.Tensor, pack_axis: int, rows: int, cols: int) -> torch.Tensor:
     """Packed integers (any strides) → uint8 [rows, cols] exponent bytes."""
+    if packed.numel() == 0:
+        return torch.empty((rows, cols), dtype=torch.uint8, device=packed.device)
     data = packed if pack_axis == 1 else packed.t()
-    raw = data.contiguous().view(torch.uint8)
+    raw = standard_strides(data).view(torch.uint8)
     return raw[:, :cols] if pack_axis == 1 else raw[:, :rows].t()
 
 
