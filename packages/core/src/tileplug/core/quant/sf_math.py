@@ -49,25 +49,47 @@ def align(a: int, b: int) -> int:
     return ceil_div(a, b) * b
 
 
+def grouped_view(values: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """[T, H] → [ceil(T/bm), bm, ceil(H/bn), bn], zero-padded where the last groups are partial."""
+    bm, bn = block
+    tokens, hidden = values.shape
+    rows, cols = ceil_div(tokens, bm), ceil_div(hidden, bn)
+    if rows * bm != tokens or cols * bn != hidden:
+        values = torch.nn.functional.pad(values, (0, cols * bn - hidden, 0, rows * bm - tokens))
+    return values.reshape(rows, bm, cols, bn)
+
+
+def ungrouped(grouped: torch.Tensor, tokens: int, hidden: int) -> torch.Tensor:
+    """Inverse of :func:`grouped_view`: [rows, bm, cols, bn] → [T, H] (padding dropped)."""
+    rows, bm, cols, bn = grouped.shape
+    flat = grouped.reshape(rows * bm, cols * bn)
+    if rows * bm == tokens and cols * bn == hidden:
+        return flat
+    return flat[:tokens, :hidden]
+
+
 def group_amax(values: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """max |x| over each ``bm × bn`` group of fp32 ``values`` [T, H] → [ceil(T/bm), ceil(H/bn)].
 
     Partial last groups cover only valid elements (padding with zeros cannot raise a max of
     absolute values; NaN propagates).
     """
-    bm, bn = block
+    return grouped_view(values.abs(), block).amax(dim=(1, 3))
+
+
+def scale_groups(values: torch.Tensor, factors: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """``values`` [T, H] times each group's factor from ``factors`` [rows, cols], in fp32."""
     tokens, hidden = values.shape
-    rows, cols = ceil_div(tokens, bm), ceil_div(hidden, bn)
-    magnitude = values.abs()
-    padded = torch.nn.functional.pad(magnitude, (0, cols * bn - hidden, 0, rows * bm - tokens))
-    return padded.reshape(rows, bm, cols, bn).amax(dim=(1, 3))
+    product = grouped_view(values, block) * factors[:, None, :, None]
+    return ungrouped(product, tokens, hidden)
 
 
 def expand_groups(groups: torch.Tensor, block: tuple[int, int], tokens: int, hidden: int) -> torch.Tensor:
     """[rows, cols] per-group values → [T, H], each group's value over its elements."""
     bm, bn = block
-    expanded = groups.repeat_interleave(bm, dim=0).repeat_interleave(bn, dim=1)
-    return expanded[:tokens, :hidden]
+    rows, cols = groups.shape
+    expanded = groups[:, None, :, None].expand(rows, bm, cols, bn)
+    return ungrouped(expanded, tokens, hidden)
 
 
 def power_of_two_exponent(scale: torch.Tensor) -> torch.Tensor:

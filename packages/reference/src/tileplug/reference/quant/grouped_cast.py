@@ -10,7 +10,14 @@ import torch
 
 from tileplug.core.contracts.quant import MODE_PRECOMPUTED_SF, MODE_SF_ONLY, QuantCall, QuantInputs, QuantOutputs
 from tileplug.core.quant import formats, layouts
-from tileplug.core.quant.sf_math import ceil_div, compute_scales, expand_groups, group_amax, inverse_of_given
+from tileplug.core.quant.sf_math import (
+    ceil_div,
+    compute_scales,
+    expand_groups,
+    group_amax,
+    inverse_of_given,
+    scale_groups,
+)
 
 
 def input_values(call: QuantCall, inputs: QuantInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -43,10 +50,11 @@ def grouped_cast(call: QuantCall, inputs: QuantInputs, outputs: QuantOutputs) ->
         if call.mode == MODE_SF_ONLY:
             return
         inverse = scales.inverse
-    factor = expand_groups(inverse, cast.block, tokens, hidden)
-    if input_scale is not None:
-        factor = input_scale * factor
-    outputs.q.copy_(formats.encode(data * factor, cast.fmt))
+    if input_scale is None:
+        scaled = scale_groups(data, inverse, cast.block)
+    else:
+        scaled = data * (input_scale * expand_groups(inverse, cast.block, tokens, hidden))
+    outputs.q.copy_(formats.encode(scaled, cast.fmt))
 
 
 def cast_back(call: QuantCall, inputs: QuantInputs, outputs: QuantOutputs) -> None:
