@@ -61,10 +61,13 @@ class DelegatingToReferenceKernel:
         # never the tensors' values: the answer is cached per call signature.
         #
         # Typical rules of a real backend (VENDOR: replace the one below with yours):
-        #   if call.hidden % 16:                 return "hidden size must be a multiple of 16"
+        #   if call.hidden % 16:                   return "hidden size must be a multiple of 16"
         #   if call.input_dtype != torch.bfloat16: return "only bf16 input"
-        #   if call.mode == "precomputed_sf":    return "cast with given sf not implemented"
-        #   if call.cast.use_packed_ue8m0 and call.cast.col_major_sf: return "..."
+        #   if call.mode == "precomputed_sf":      return "cast with given sf not implemented"
+        #   if call.quantized_input is not None:   return "re-quantization not implemented"
+        #   if call.cast is not None and call.cast.block[0] > 64: return "block rows > 64 not implemented"
+        # (call.cast is None for cast_back; call.quantized_input is None for a bf16/fp32 x.)
+        # Strides are not in the call: inputs.x may have any row stride, handle it.
         if "e2m1" in _formats_in(call):
             return E2M1_REASON
         return None

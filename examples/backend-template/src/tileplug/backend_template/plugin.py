@@ -32,8 +32,9 @@ DISABLE_VARIABLE = "TILEPLUG_TEMPLATE_DISABLE"
 def probe() -> str | None:
     """None when the backend can run on this machine, else why not.
 
-    Called once per process (the answer is cached), on the first selection that reaches
-    this backend. An unavailable backend is skipped and its reason is shown by
+    Called at most once per discovery (the answer is cached on the Backend object), the
+    first time selection, ``core.registry.explain`` or ``tileplug info`` reaches this
+    backend. An unavailable backend is skipped and its reason is shown by
     ``tileplug info`` and in ``NoBackendError``. It must not raise (if it does, tileplug
     records the exception as the reason), and should be cheap.
 

@@ -16,7 +16,7 @@ import importlib.metadata
 import os
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +96,14 @@ class Registry:
             manager.register(plugin, name=entry_point.name)
             if not manager.hook.tileplug_backends.get_hookimpls():
                 raise TypeError(f"{entry_point.value} implements no tileplug_backends() hook")
-            provided = [backend for group in manager.hook.tileplug_backends() for backend in group]
+            provided = []
+            for returned in manager.hook.tileplug_backends():
+                if isinstance(returned, Backend) or not isinstance(returned, Iterable):
+                    raise TypeError(
+                        f"{entry_point.value}.tileplug_backends() must return an iterable of "
+                        f"tileplug.core.Backend, not {type(returned).__name__}"
+                    )
+                provided.extend(returned)
         except BaseException as error:  # noqa: BLE001 - a plugin must never break discovery
             if isinstance(error, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -128,7 +135,8 @@ class Registry:
             self._cache = {}
 
     def unregister(self, name: str) -> None:
-        """Remove a backend registered with :meth:`register`."""
+        """Remove a backend (until the next :meth:`reload`)."""
+        self.load()
         with self._lock:
             self._backends.pop(name, None)
             self._cache = {}
@@ -206,8 +214,9 @@ class Registry:
             for name in skipped:
                 reasons[name] = f"not tried: only {', '.join(forced)} allowed ({BACKEND_ENV_VARIABLE} / use_backend)"
         for record in self._records:
-            if record.error is not None and not record.backends:
-                reasons[f"plugin '{record.name}' ({record.distribution})"] = f"failed to load: {record.error}"
+            if record.error is not None:
+                verb = "failed to load" if not record.backends else "partly failed to load"
+                reasons[f"plugin '{record.name}' ({record.distribution})"] = f"{verb}: {record.error}"
         return None, reasons
 
     @staticmethod

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from tileplug.core import config, ops
+from tileplug.core.lowering import describe_call
 from tileplug.core.registry import registry, use_backend
 from tileplug.reference.testing import activation, assert_bytes_equal, assert_sf_equal
 
@@ -127,13 +128,25 @@ def _outputs(result: Any) -> list[torch.Tensor]:
     return list(result) if isinstance(result, tuple) else [result]
 
 
+class CaseDeclined(Exception):
+    """The backend's kernel declines the case (its supports() reason is the message)."""
+
+
 def check_case(case: Case, backend: str, device: str | torch.device) -> None:
-    """Run ``case`` on ``backend`` and assert it equals the reference bytewise."""
+    """Run ``case`` on ``backend`` and assert it equals the reference bytewise.
+
+    Raises :class:`CaseDeclined` when the backend declines the call through ``supports()``
+    (a declined call falls through to another backend in normal use: not a failure).
+    """
     device = torch.device(device)
     chosen = registry.get(backend)
     assert chosen is not None, f"backend '{backend}' is not installed"
     args, kwargs = _arguments(case, device)
     op = getattr(ops, case.op)
+    call, _ = describe_call(op, *args, **kwargs)
+    why = registry.reason_against(chosen, call.op, call)
+    if why is not None:
+        raise CaseDeclined(f"{backend} declines {case.id}: {why}")
     with use_backend(backend):
         actual = _outputs(op(*args, **kwargs))
     cpu_args = tuple(tuple(t.cpu() for t in a) if isinstance(a, tuple) else a.cpu() for a in args)
@@ -170,4 +183,7 @@ def test_conformance(conformance_case: Case, request: Any) -> None:
     backend = request.config.getoption("--tileplug-backend", default=None)
     if backend is None:
         pytest.skip("pass --tileplug-backend=NAME to run the conformance suite")
-    check_case(conformance_case, backend, request.config.getoption("--tileplug-device"))
+    try:
+        check_case(conformance_case, backend, request.config.getoption("--tileplug-device"))
+    except CaseDeclined as declined:
+        pytest.skip(str(declined))

@@ -8,6 +8,7 @@ device index: it is the selection cache key and the kernel specialisation at onc
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -81,7 +82,10 @@ class QuantCall:
     cast_back. ``hidden`` is the logical H. ``cast`` describes the output quantization
     (None for cast_back), ``quantized_input`` a quantized ``(xq, sf)`` input, ``given_sf`` the
     caller's sf in cast-only mode, ``output_dtype`` the cast_back result dtype.
-    ``tokens`` and ``device`` do not take part in equality or hashing.
+    ``input_alignment`` is the byte alignment (1..16, a power of two) that both the data
+    pointer and the row stride of the input data share, so that a kernel can decline (or
+    specialise away from) 128-bit loads. ``tokens`` and ``device`` do not take part in
+    equality or hashing.
     """
 
     op: str
@@ -93,6 +97,7 @@ class QuantCall:
     quantized_input: QuantizedInput | None = None
     given_sf: GivenScales | None = None
     output_dtype: torch.dtype | None = None
+    input_alignment: int = 16
     tokens: int = field(default=0, compare=False)
     device: torch.device | None = field(default=None, compare=False)
 
@@ -188,15 +193,22 @@ class QuantCall:
         return Ledger(bytes_read, bytes_written + sf_bytes, 3 * tokens * hidden)
 
 
+def byte_alignment(tensor: torch.Tensor, limit: int = 16) -> int:
+    """Largest power of two ≤ ``limit`` dividing the data address and the row stride in bytes."""
+    bits = tensor.data_ptr()
+    if tensor.shape[0] > 1:
+        bits |= tensor.stride(0) * tensor.element_size()
+    if bits == 0:
+        return limit
+    return min(limit, bits & -bits)
+
+
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
 def _replace_device(call: QuantCall, device: torch.device) -> QuantCall:
-    return QuantCall(
-        call.op, call.mode, call.device_type, call.hidden, call.input_dtype, call.cast,
-        call.quantized_input, call.given_sf, call.output_dtype, call.tokens, device,
-    )
+    return dataclasses.replace(call, device=device)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -305,7 +317,8 @@ def _cast_call(
     clamp_min = config.current().clamp_min(quant_format.name, use_e4m3_sf)
     cast = CastConfig(quant_format, block, round_sf, use_packed_ue8m0, use_e4m3_sf, col_major_sf, clamp_min)
     call = QuantCall(
-        op, mode, data.device.type, hidden, data.dtype, cast, quantized_input, given, None, tokens, data.device
+        op, mode, data.device.type, hidden, data.dtype, cast, quantized_input, given, None, byte_alignment(data),
+        tokens, data.device,
     )
     return call, QuantInputs(data, input_sf, sf if mode == MODE_PRECOMPUTED_SF else None)
 
@@ -375,6 +388,6 @@ def cast_back(x: Any, fmt: Any, x_block_size: Any) -> tuple[QuantCall, QuantInpu
     data, input_sf, hidden, quantized_input = _read_input(op, x, x_block_size, "x_block_size")
     call = QuantCall(
         op, MODE_CAST_BACK, data.device.type, hidden, data.dtype, None, quantized_input, None, output_dtype,
-        data.shape[0], data.device,
+        byte_alignment(data), data.shape[0], data.device,
     )
     return call, QuantInputs(data, input_sf, None)

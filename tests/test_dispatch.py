@@ -1,0 +1,193 @@
+"""Dispatch: selection cache, zero-size calls, meta tensors, config, core.lower, threads."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from tileplug import core
+from tileplug.reference.testing import assert_bytes_equal
+
+
+class CountingKernel:
+    """Delegates to the reference and counts launches and supports() calls."""
+
+    def __init__(self, inner, decline: str | None = None):
+        self.inner = inner
+        self.decline = decline
+        self.launches = 0
+        self.supports_calls = 0
+
+    def supports(self, call):
+        self.supports_calls += 1
+        return self.decline
+
+    def __call__(self, call, inputs, outputs):
+        self.launches += 1
+        self.inner(call, inputs, outputs)
+
+
+@pytest.fixture
+def counting_backend():
+    reference = core.registry.get("reference")
+    kernel = CountingKernel(reference.kernels["per_token_cast"])
+    backend = core.Backend(
+        name="counting", device_types=("cpu",), priority=500, traits=core.ASCEND_LAYOUT,
+        kernels={"per_token_cast": kernel},
+    )
+    core.registry.register(backend)
+    yield kernel
+    core.registry.unregister("counting")
+
+
+def test_highest_priority_backend_runs_and_its_layout_is_used(counting_backend):
+    x = torch.randn(5, 256, dtype=torch.bfloat16)
+    q, sf = core.ops.per_token_cast(x, round_sf=True, use_packed_ue8m0=True)
+    assert counting_backend.launches == 1
+    assert sf.dtype == torch.int16 and sf.shape == (5, 1)  # Ascend traits: 2 UE8M0 bytes per int16
+
+
+def test_selection_is_cached_per_signature_not_per_token_count(counting_backend):
+    for tokens in (1, 2, 7, 33):
+        core.ops.per_token_cast(torch.randn(tokens, 256))
+    assert counting_backend.supports_calls == 1
+    core.ops.per_token_cast(torch.randn(3, 512))  # another hidden size: another signature
+    assert counting_backend.supports_calls == 2
+
+
+def test_zero_tokens_return_empty_outputs_without_launching(counting_backend):
+    q, sf = core.ops.per_token_cast(torch.empty(0, 576, dtype=torch.bfloat16), use_tma_aligned_col_major_sf=True)
+    assert counting_backend.launches == 0
+    assert q.shape == (0, 576) and q.dtype == torch.float8_e4m3fn
+    assert sf.shape == (0, 5) and sf.dtype == torch.float32
+
+
+def test_declining_kernel_falls_through_with_reason(counting_backend):
+    counting_backend.decline = "this kernel declines everything"
+    x = torch.randn(2, 128)
+    call, _ = core.describe_call(core.ops.per_token_cast, x)
+    assert core.registry.explain("per_token_cast", call)["counting"] == "this kernel declines everything"
+    backend, _ = core.registry.select("per_token_cast", call)
+    assert backend.name == "reference"
+
+
+def test_no_backend_error_lists_every_candidate_reason(counting_backend):
+    counting_backend.decline = "declined for the test"
+    with core.use_backend("counting"):
+        with pytest.raises(core.NoBackendError) as caught:
+            core.ops.per_token_cast(torch.randn(2, 128))
+    message = str(caught.value)
+    assert "counting: declined for the test" in message
+    assert "reference: not tried" in message
+    assert caught.value.reasons["counting"] == "declined for the test"
+
+
+def test_meta_tensors_run_through_the_reference_shapes_only():
+    x = torch.empty(4001, 7168, dtype=torch.bfloat16, device="meta")
+    q, sf = core.ops.per_block_cast(x, "e4m3", (128, 128), use_tma_aligned_col_major_sf=True)
+    assert q.device.type == "meta" and q.shape == (4001, 7168)
+    assert sf.shape == (32, 56) and sf.stride() == (1, 32)
+
+
+def test_config_clamp_override_changes_scales_and_is_scoped():
+    x = torch.zeros(1, 128)
+    with core.use_backend("reference"):
+        default = core.ops.per_token_cast_with_sf_only(x)
+        with core.config.amax_clamps({("e4m3", False): 448.0}):
+            clamped = core.ops.per_token_cast_with_sf_only(x)
+        after = core.ops.per_token_cast_with_sf_only(x)
+    assert default.item() == pytest.approx(1e-4 / 448, rel=1e-6)
+    assert clamped.item() == 1.0
+    assert after.item() == default.item()
+
+
+def test_config_context_managers_restore_values():
+    base = core.config.current()
+    with core.config.pdl(True), core.config.sm_count(66), core.config.token_alignment(64):
+        inner = core.config.current()
+        assert (inner.pdl, inner.sm_count, inner.token_alignment_bytes) == (True, 66, 64)
+    assert core.config.current() == base
+
+
+def test_token_alignment_pads_column_major_sf():
+    x = torch.randn(5, 256)
+    with core.use_backend("reference"), core.config.token_alignment(64):
+        _, sf = core.ops.per_token_cast(x, use_tma_aligned_col_major_sf=True)
+    assert sf.stride() == (1, 16)  # 64 bytes of fp32
+
+
+def test_config_is_per_thread():
+    seen = []
+    with core.config.pdl(True):
+        worker = threading.Thread(target=lambda: seen.append(core.config.current().pdl))
+        worker.start()
+        worker.join()
+    assert seen == [False]
+
+
+def test_lower_on_a_backend_without_codegen_says_so():
+    x = torch.empty(1, 7168, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(core.LoweringError, match="does not generate device code"):
+        core.lower(core.ops.per_token_cast, x, backend="reference")
+    with pytest.raises(core.LoweringError, match="not installed"):
+        core.lower(core.ops.per_token_cast, x, backend="no-such-backend")
+    with pytest.raises(core.ContractError, match="'num_per_channels'"):
+        core.lower(core.ops.per_token_cast, x, backend="reference", num_per_channels=48)
+
+
+def test_lower_uses_the_backend_lower_hook():
+    seen = []
+    reference = core.registry.get("reference")
+    backend = core.Backend(
+        name="lowering", device_types=("npu",), priority=0, traits=core.ASCEND_LAYOUT,
+        kernels={"per_token_cast": reference.kernels["per_token_cast"]},
+        lower=lambda call: seen.append(call) or f"// source for H={call.hidden} g={call.cast.block[1]}",
+    )
+    core.registry.register(backend)
+    try:
+        x = torch.empty(3, 576, dtype=torch.bfloat16, device="meta")
+        source = core.lower(core.ops.per_token_cast, x, backend="lowering", num_per_channels=64)
+    finally:
+        core.registry.unregister("lowering")
+    assert source == "// source for H=576 g=64"
+    assert seen[0].tokens == 3 and seen[0].op == "per_token_cast"
+
+
+def test_concurrent_first_calls_agree():
+    x = torch.randn(64, 576, dtype=torch.bfloat16)
+    with core.use_backend("reference"):
+        expected = core.ops.per_token_cast(x, fmt="e2m1", num_per_channels=32)
+    core.registry.reload()
+    results, errors = [], []
+
+    def work():
+        try:
+            with core.use_backend("reference"):
+                results.append(core.ops.per_token_cast(x, fmt="e2m1", num_per_channels=32))
+        except Exception as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert len(results) == 8
+    for q, sf in results:
+        assert_bytes_equal(q, expected[0])
+        assert_bytes_equal(sf, expected[1])
+
+
+def test_out_argument_is_written_in_place():
+    x = torch.randn(3, 256)
+    with core.use_backend("reference"):
+        q_expected, sf_expected = core.ops.per_token_cast(x)
+        q = torch.empty(3, 256, dtype=torch.float8_e4m3fn)
+        sf = torch.empty(3, 2)
+        q_out, sf_out = core.ops.per_token_cast(x, out=(q, sf))
+    assert q_out is q and sf_out is sf
+    assert_bytes_equal(q, q_expected)
+    assert_bytes_equal(sf, sf_expected)
