@@ -39,7 +39,8 @@ def f32(value: float) -> torch.Tensor:
 
 def u8(tensor: torch.Tensor) -> list:
     """Raw bytes of a tensor (row-major logical order) as nested Python lists."""
-    return tensor.contiguous().view(torch.uint8).tolist()
+    standard = torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor)  # plain row-major strides
+    return standard.view(torch.uint8).tolist()
 
 
 def f32_bytes(values) -> list:
@@ -547,24 +548,30 @@ def test_non_finite_per_channel_stays_in_its_column():
     assert (b[:, 0] == 0x7E).all() and (b[:, 2] == 0x7E).all() and (b[:32, 1] == 0x7E).all()
 
 
-@pytest.mark.parametrize("bad", [NAN, INF])
+@pytest.mark.parametrize("bad", [NAN, INF, -INF])
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
 def test_non_finite_input_with_e4m3_sf_is_visible(bad, fmt):
     # SPEC §0: inside an affected group the written scale or values must be non-finite.
+    # e4m3fn has no inf, so a non-finite c / max is stored as sf8 = NaN (docs/numerics.md);
+    # a saturating cast would have stored a finite 448 and hidden the damage.
     x = torch.ones(2, 32)
     x[0, 3] = bad
     q, sf = core.ops.per_token_cast(x, fmt=fmt, num_per_channels=16, use_e4m3_sf=True)
-    visible = (not math.isfinite(sf.float()[0, 0].item())) or (
-        fmt == "e4m3" and not torch.isfinite(q.float()[0, :16]).all().item()
-    )
-    if bad == INF and not visible:
-        # KNOWN BUG (reference + SPEC §2 wording): with use_e4m3_sf=True, sf8 = e4m3(inf / max)
-        # goes through the *saturating* e4m3 cast, so an inf amax stores sf8 = 448 (finite),
-        # inv = 1/448, and the inf value itself saturates to 448 (e4m3) / code 7 (e2m1): the
-        # group comes out all finite, breaking SPEC §0's non-finite rule.
-        pytest.xfail("BUG: inf in a group with use_e4m3_sf=True gives a finite sf8 = 448 and finite q")
-    assert visible
-    assert u8(sf)[1] == u8(core.ops.per_token_cast(torch.ones(1, 32), fmt=fmt, num_per_channels=16, use_e4m3_sf=True)[1])[0]
+    assert math.isnan(sf.float()[0, 0].item())
+    if fmt == "e4m3":
+        assert torch.isnan(q.float()[0, :16]).all()  # inv = 1 / NaN = NaN
+    # the other group of row 0 and all of row 1 are untouched
+    _, sf_clean = core.ops.per_token_cast(torch.ones(1, 32), fmt=fmt, num_per_channels=16, use_e4m3_sf=True)
+    assert u8(sf)[1] == u8(sf_clean)[0] and u8(sf)[0][1] == u8(sf_clean)[0][1]
+
+
+def test_e4m3_stored_sf_finite_ratio_above_448_saturates():
+    # a finite ratio c / 448 > 448 (amax > 200704) saturates to sf8 = 448 (0x7E), inv = 1/448:
+    # 3e5 / 448 = 669.6 → clamp 448 → 0x7E; q = e4m3(3e5 / 448) = 669.6 → clamp → 448 → 0x7E.
+    x = torch.zeros(1, 128)
+    x[0, 0] = 3e5
+    q, sf = core.ops.per_token_cast(x, use_e4m3_sf=True)
+    assert u8(sf) == [[0x7E]] and u8(q)[0][0] == 0x7E
 
 
 # ====================================================================== column-major sf
@@ -667,6 +674,15 @@ def test_cast_back_packed_ue8m0_and_e2m1():
     assert sf.shape == (1, 1)
     y = core.ops.cast_back((q, sf), "fp32", (32, 1))
     assert y.tolist() == [[0.25], [0.25], [0.25]]
+
+
+def test_cast_back_ue8m0_byte_ff_reads_as_nan():
+    # UE8M0 reserves 0xFF for NaN: a group whose stored byte is 0xFF comes back NaN;
+    # the neighbouring group (byte 127 → 2^0 = 1) is untouched.
+    q = torch.full((1, 32), 0x38, dtype=torch.uint8).view(E4M3)  # all 1.0
+    sf = torch.tensor([[0xFF, 127, 0, 0]], dtype=torch.uint8).view(torch.int32)
+    y = core.ops.cast_back((q, sf), "fp32", (1, 16))
+    assert torch.isnan(y[0, :16]).all() and y[0, 16:].tolist() == [1.0] * 16
 
 
 def test_requantize_multiplies_scales_first():

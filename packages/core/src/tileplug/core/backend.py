@@ -46,6 +46,8 @@ class Backend:
     ``lower(call)`` returns the generated device source of the kernel for ``call``
     (TileLang backends); None when the backend does not generate code.
     ``layout_for`` may be given to vary layout traits by device type.
+    ``capabilities()`` may return a text ``tileplug info`` prints under the matrix (what
+    the backend's kernels accept, how they are checked).
     """
 
     name: str
@@ -56,6 +58,7 @@ class Backend:
     probe: Callable[[], str | None] = lambda: None
     lower: Callable[[Any], str] | None = None
     layout_for: Callable[[str], LayoutTraits] | None = None
+    capabilities: Callable[[], str] | None = None
     description: str = ""
     # Filled in by the registry from the plugin's distribution.
     distribution: str = field(default="", compare=False)

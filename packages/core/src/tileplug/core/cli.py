@@ -97,9 +97,12 @@ def command_info(args: argparse.Namespace) -> int:
         matrix.append(line)
     print(_table(("op",) + tuple(b.name for b in backends), matrix))
     for backend in backends:
-        describe = getattr(backend, "capabilities", None)
-        if callable(describe):
-            print(f"\n{backend.name}: {describe()}")
+        if backend.capabilities is not None:
+            try:
+                text = backend.capabilities()
+            except Exception as error:  # noqa: BLE001 - report, never crash info
+                text = f"capabilities() raised {type(error).__name__}: {error}"
+            print(f"\n{backend.name}: {text}")
     print("\n'-' = no kernel for the op; unavailable backends are shown with what they would accept.")
     return 0
 
