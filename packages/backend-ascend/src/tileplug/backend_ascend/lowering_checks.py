@@ -1,0 +1,161 @@
+"""Checks on a lowered Ascend kernel that can fail (used by tests/test_ascend_lowering.py).
+
+They inspect what TileLang's Ascend pipeline produced -- the lowered artifact, the traced
+prim_func and the Ascend C -- never an execution. Each returns ``(ok, detail)``.
+
+* :func:`check_ub` -- UB within the budget. Three numbers must agree and fit: the compiler's
+  merged UB size (device function attribute ``dyn_shared_memory_buf``), the prim_func's
+  ``alloc_shared`` buffers x annotated versions (32-byte aligned), and the backend's plan.
+* :func:`check_pipelined` -- every row loop ``for (int32_t it...)`` of the kernel rotates UB
+  slots by ``(it & N)`` / ``(it % N)`` with >= 2 versions, waits on rotating events, and the
+  prologue arms >= 2 event ids.
+* :func:`check_vector` -- the hot loop is SIMD: a ``__simd_vf__`` function with vector loads and
+  stores is called inside every row loop; the ``__global__`` function never dereferences UB as
+  a scalar; nothing is synchronised on the scalar pipe (``PIPE_S``).
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def _align(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+def compiler_ub_bytes(artifact) -> int:
+    for _, func in artifact.device_mod.functions.items():
+        if func.attrs is not None and "dyn_shared_memory_buf" in func.attrs:
+            return int(func.attrs["dyn_shared_memory_buf"])
+    return 0
+
+
+def primfunc_ub_bytes(prim_func) -> int:
+    import tvm
+    from tvm import tirx
+    from tvm.tirx import stmt_functor
+
+    total = [0]
+
+    def visit(node):
+        if isinstance(node, tirx.SBlock):
+            versions = {}
+            vmap = node.annotations.get("tl.buffer_versions_map") if node.annotations else None
+            if vmap is not None:
+                versions = {var: int(n) for var, n in vmap.items()}
+            for buf in node.alloc_buffers:
+                if buf.scope() not in ("shared.dyn", "shared"):
+                    continue
+                count = 1
+                for dim in buf.shape:
+                    count *= int(dim)
+                dtype = tvm.DataType(str(buf.dtype))
+                nbytes = count * dtype.bits * dtype.lanes // 8
+                total[0] += versions.get(buf.data, 1) * _align(nbytes, 32)
+
+    stmt_functor.post_order_visit(prim_func.body, visit)
+    return total[0]
+
+
+def check_ub(artifact, prim_func, plan_bytes: int, budget: int) -> tuple[bool, str]:
+    compiler = compiler_ub_bytes(artifact)
+    traced = primfunc_ub_bytes(prim_func)
+    numbers = f"compiler={compiler} prim_func={traced} plan={plan_bytes} budget={budget}"
+    if max(compiler, traced, plan_bytes) > budget:
+        return False, "UB over budget: " + numbers
+    if not compiler == traced == plan_bytes:
+        return False, "UB footprints disagree: " + numbers
+    return True, numbers
+
+
+def _functions(source: str) -> dict[str, str]:
+    funcs = {}
+    position = 0
+    for match in re.finditer(r"^(.*\)\s*)\{\s*$", source, re.M):
+        if match.start() < position:
+            continue
+        depth, j = 0, match.end() - 1
+        while j < len(source):
+            if source[j] == "{":
+                depth += 1
+            elif source[j] == "}":
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        funcs[match.group(1).strip()] = source[match.end():j]
+        position = j
+    return funcs
+
+
+def _row_loops(body: str) -> list[tuple[str, str, str]]:
+    """(loop variable, text before the loop, loop body) of each top-level ``for (int32_t it...``."""
+    loops = []
+    for match in re.finditer(r"^  for \(int32_t (it\w*) = 0; .*\) \{$", body, re.M):
+        depth, j = 0, match.end() - 1
+        while j < len(body):
+            if body[j] == "{":
+                depth += 1
+            elif body[j] == "}":
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        loops.append((match.group(1), body[:match.start()], body[match.end():j]))
+    return loops
+
+
+def _global(source: str) -> str | None:
+    for signature, body in _functions(source).items():
+        if "__global__" in signature:
+            return body
+    return None
+
+
+def check_pipelined(source: str) -> tuple[bool, str]:
+    body = _global(source)
+    if body is None:
+        return False, "no __global__ function"
+    loops = _row_loops(body)
+    if not loops:
+        return False, "no row loop `for (int32_t it ...)` in the kernel"
+    details = []
+    ok = True
+    for var, before, loop in loops:
+        versions = {int(n) + 1 for n in re.findall(rf"\({var} & (\d+)\)", loop)}
+        versions |= {int(n) for n in re.findall(rf"\({var} % (\d+)\)", loop)}
+        waits = re.findall(rf"asc_sync_wait\(PIPE_\w+, PIPE_\w+, static_cast<event_t>\(\(?{var} [&%]", loop)
+        armed = set(re.findall(r"asc_sync_notify\(PIPE_\w+, PIPE_MTE2, static_cast<event_t>\((\d+)\)\)", before))
+        rotates = re.search(rf"buf_dyn_shmem\)\[\(*\({var} [&%] \d+\)", loop) is not None
+        this_ok = bool(versions) and max(versions) >= 2 and rotates and bool(waits) and len(armed) >= 2
+        ok = ok and this_ok
+        details.append(
+            f"{var}: versions={sorted(versions) or [1]} ub_rotates={rotates} rotating_waits={len(waits)} "
+            f"armed={sorted(armed)}"
+        )
+    return ok, "; ".join(details)
+
+
+def check_vector(source: str) -> tuple[bool, str]:
+    funcs = _functions(source)
+    simd = {sig: body for sig, body in funcs.items() if "__simd_vf__" in sig}
+    body = _global(source)
+    why = []
+    vector_fns = [
+        re.search(r"void (\w+)\(", sig).group(1)
+        for sig, b in simd.items()
+        if "simd_inst::vlds" in b and "simd_inst::vsts" in b
+    ]
+    if not vector_fns:
+        why.append("no __simd_vf__ function with vector loads and stores")
+    loops = _row_loops(body or "")
+    if not loops or not all(any(name + "(" in loop for name in vector_fns) for _, _, loop in loops):
+        why.append("a row loop calls no SIMD vector function")
+    if body is not None:
+        scalar = [m.start() for m in re.finditer(r"\*\)buf_dyn_shmem\)\[", body) if body[max(0, m.start() - 40):m.start()].rfind("&(") < 0]
+        if scalar:
+            why.append(f"{len(scalar)} scalar UB dereference(s) in the __global__ function")
+    if "PIPE_S" in source:
+        why.append("PIPE_S synchronisation: data work on the scalar pipe")
+    count = sum(len(re.findall(r"simd_inst::\w+", b)) for b in simd.values())
+    return not why, "; ".join(why) if why else f"{count} simd_inst calls in {len(simd)} __simd_vf__ function(s)"

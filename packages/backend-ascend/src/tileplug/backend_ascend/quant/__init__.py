@@ -1,0 +1,10 @@
+"""Ascend quant kernels: one module per op over one shared, pipelined tile kernel."""
+
+from tileplug.backend_ascend.quant import cast_back, per_block_cast, per_channel_cast, per_token_cast
+
+KERNELS = {
+    "per_token_cast": per_token_cast.KERNEL,
+    "per_block_cast": per_block_cast.KERNEL,
+    "per_channel_cast": per_channel_cast.KERNEL,
+    "cast_back": cast_back.KERNEL,
+}

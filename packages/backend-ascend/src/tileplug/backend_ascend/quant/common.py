@@ -1,0 +1,214 @@
+"""Shared machinery of the Ascend quant kernels: call -> specialisation, declines, the
+per-specialisation kernel cache (thread-safe), lowering to Ascend C, and launching."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from tileplug.backend_ascend.device import (
+    UB_BYTES_SIMD,
+    UB_BYTES_SIMT,
+    DeviceTarget,
+    UBBudgetError,
+    dispatch_target,
+    lowering_target,
+)
+from tileplug.backend_ascend.quant.spec import TileSpec, Tiling
+
+KIND_OF_OP = {"per_token_cast": "token", "per_block_cast": "block", "per_channel_cast": "channel", "cast_back": "back"}
+DTYPE_NAMES = {
+    torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "float8_e4m3fn", torch.int8: "int8",
+}
+DENORMAL_SCALE_LIMIT = 2.0**-126
+ASCEND_SF_PACK = 2
+
+
+def _sf_kind(encoding) -> str | None:
+    """'fp32' / 'ue8m0' for the encodings these kernels read, None for others."""
+    if encoding.kind == "fp32":
+        return "fp32"
+    if encoding.kind == "ue8m0" and encoding.pack_factor == ASCEND_SF_PACK:
+        return "ue8m0"
+    return None
+
+
+def decline_reason(call) -> str | None:
+    """Why the Ascend kernels cannot serve ``call`` (None: they can). Compared fields only."""
+    kind = KIND_OF_OP.get(call.op)
+    if kind is None:
+        return f"no Ascend kernel for {call.op}"
+    if call.hidden % 16:
+        return f"hidden size must be a multiple of 16 (got {call.hidden})"
+    if call.input_dtype not in DTYPE_NAMES:
+        return f"input dtype {call.input_dtype} is not read by the Ascend kernels"
+    cast = call.cast
+    if cast is not None:
+        if cast.use_e4m3_sf:
+            return "e4m3-stored scale factors are not produced on Ascend (use round_sf / packed UE8M0 or fp32 sf)"
+        if cast.clamp_min < cast.fmt.max_value * DENORMAL_SCALE_LIMIT:
+            return (
+                f"clamp_min {cast.clamp_min!r} allows denormal scales (< {cast.fmt.name} max x 2^-126); the vector "
+                "divide and exponent-bit scale math here assume normal scales"
+            )
+    qin = call.quantized_input
+    if qin is not None and _sf_kind(qin.sf_encoding) is None:
+        return (
+            f"quantized input scales stored as {qin.sf_encoding.kind}"
+            f"{'x' + str(qin.sf_encoding.pack_factor) if qin.sf_encoding.kind == 'ue8m0' else ''} are not an Ascend "
+            "layout (fp32 or UE8M0 two per int16)"
+        )
+    if call.given_sf is not None and _sf_kind(call.given_sf.encoding) is None:
+        return "given scales must be fp32 or UE8M0 two per int16 (the Ascend layouts)"
+    try:
+        Tiling(spec_of(call))
+    except UBBudgetError as error:
+        return str(error)
+    return None
+
+
+def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
+    """The kernel specialisation of ``call`` on ``target`` (vector cores)."""
+    kind = KIND_OF_OP[call.op]
+    cores = (target or lowering_target()).vector_cores
+    qin = None
+    if call.quantized_input is not None:
+        q = call.quantized_input
+        qin = (q.fmt.name, q.block[0], q.block[1], _sf_kind(q.sf_encoding), bool(q.sf_col_major))
+    if kind == "back":
+        return TileSpec(
+            kind="back", hidden=call.hidden, block=qin[1:3], fmt=None, mode="cast_back",
+            in_dtype=DTYPE_NAMES[call.input_dtype], qin=qin, out_dtype=DTYPE_NAMES[call.output_dtype],
+            vector_cores=cores,
+        )
+    cast = call.cast
+    given = None
+    if call.given_sf is not None:
+        given = (_sf_kind(call.given_sf.encoding), bool(call.given_sf.col_major))
+    return TileSpec(
+        kind=kind, hidden=call.hidden, block=tuple(cast.block), fmt=cast.fmt.name, mode=call.mode,
+        in_dtype=DTYPE_NAMES[call.input_dtype], round_sf=cast.round_sf, packed=cast.use_packed_ue8m0,
+        col_major=cast.col_major_sf, clamp_min=cast.clamp_min, qin=qin, given=given, vector_cores=cores,
+    )
+
+
+# ---------------------------------------------------------------------- lowering
+
+
+def lower_spec(spec: TileSpec, variant: str | None = None, tiling: Tiling | None = None):
+    """Trace and lower ``spec`` through TileLang's Ascend pipeline: (artifact, prim_func, tiling)."""
+    import tilelang
+    from tilelang.backend.target import determine_target
+
+    from tileplug.backend_ascend.quant.tile_kernel import build
+
+    tiling = tiling or Tiling(spec)
+    if variant is None:
+        from tileplug.backend_ascend.device import check_budget
+
+        check_budget(tiling.footprint, tiling.budget, spec.describe())
+    prim_func = build(spec, tiling, variant)
+    target = determine_target("ascend", return_object=True)
+    with target:  # SIMT regions need the target context
+        artifact = tilelang.lower(prim_func, target=target)
+    return artifact, prim_func, tiling
+
+
+def header(spec: TileSpec, tiling: Tiling, target: DeviceTarget) -> str:
+    budget = UB_BYTES_SIMT if spec.uses_simt else UB_BYTES_SIMD
+    lines = [
+        "// tileplug-backend-ascend: LOWERED to Ascend C by TileLang's Ascend pipeline on a machine",
+        "// without an NPU. Not compiled with bisheng, never executed: lowered, not verified.",
+        f"// specialisation: {spec.describe()}",
+        f"// device constants: vector cores = {spec.vector_cores} ({target.source}); "
+        f"UB budget = {budget} bytes per vector core ({'SIMT regions present' if spec.uses_simt else 'pure SIMD'})",
+        f"// tile: {spec.rows} row(s) x {tiling.width} columns ({tiling.full} full tile(s) per row tile"
+        f"{f', last tile {tiling.tail} columns' if tiling.tail else ''}); UB plan {tiling.footprint} bytes, "
+        f"{spec.num_buffers} buffer versions",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def lower_call(call) -> str:
+    """``Backend.lower``: the Ascend C of ``call`` with the lowering stand-ins, header first."""
+    target = lowering_target()
+    spec = spec_of(call, target)
+    artifact, _, tiling = lower_spec(spec)
+    return header(spec, tiling, target) + artifact.kernel_source
+
+
+# ---------------------------------------------------------------------- running (NPU only)
+
+
+class _Compiled:
+    """Per-specialisation compiled kernels, built once each (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kernels: dict[TileSpec, Any] = {}
+        self._building: dict[TileSpec, threading.Lock] = {}
+
+    def get(self, spec: TileSpec):
+        kernel = self._kernels.get(spec)
+        if kernel is not None:
+            return kernel
+        with self._lock:
+            lock = self._building.setdefault(spec, threading.Lock())
+        with lock:
+            kernel = self._kernels.get(spec)
+            if kernel is None:
+                import tilelang
+
+                from tileplug.backend_ascend.quant.tile_kernel import build
+
+                tiling = Tiling(spec)
+                kernel = tilelang.compile(build(spec, tiling), target="ascend")
+                self._kernels[spec] = kernel
+        return kernel
+
+
+compiled = _Compiled()
+
+
+def _sf_arg(sf: torch.Tensor, col_major: bool) -> torch.Tensor:
+    # column-major scales are passed as their (cols, rows) transpose, unit last stride
+    return sf.t() if col_major else sf
+
+
+class GroupedKernel:
+    """A tileplug Kernel over the shared tile kernel (one per op, see the op modules)."""
+
+    op = ""
+
+    def supports(self, call) -> str | None:
+        if call.op != self.op:
+            return f"this kernel serves {self.op}, not {call.op}"
+        return decline_reason(call)
+
+    def spec_for_device(self, call) -> TileSpec:
+        return spec_of(call, dispatch_target(call.device))
+
+    def __call__(self, call, inputs, outputs) -> None:
+        spec = self.spec_for_device(call)
+        kernel = compiled.get(spec)
+        args = [inputs.x]
+        if spec.qin is not None:
+            args.append(_sf_arg(inputs.input_sf, spec.qin[4]))
+        if spec.given is not None:
+            args.append(_sf_arg(inputs.given_sf, spec.given[1]))
+        if spec.writes_q:
+            args.append(outputs.q)
+        if spec.writes_sf:
+            args.append(_sf_arg(outputs.sf, spec.col_major))
+        kernel(*args)
+
+    def lower(self, call) -> str:
+        return lower_call(call)
+
+
+def with_cores(spec: TileSpec, cores: int) -> TileSpec:
+    return replace(spec, vector_cores=cores)
