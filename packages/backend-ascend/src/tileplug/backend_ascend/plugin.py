@@ -41,7 +41,7 @@ def lower(call) -> str:
 def capabilities() -> str:
     """What ``tileplug info`` says about this backend: what lowered, never "verified"."""
     lines = [
-        "ascend: per_token_cast (groups 16/32/64/128), per_block_cast (sides 16/32/64/128), per_channel_cast",
+        "per_token_cast (groups 16/32/64/128), per_block_cast (sides 16/32/64/128), per_channel_cast",
         "  (32/128, UE8M0 packed along tokens), cast_back (bf16/fp32); e4m3/e2m1; plain, round_sf, packed UE8M0",
         "  (2 per int16), column-major sf; sf-only, precomputed sf, re-quantized (xq, sf) inputs; bf16/fp32 input;",
         "  dynamic T, any row stride, H a multiple of 16. Declined: e4m3-stored sf, non-Ascend sf layouts as input.",
