@@ -289,6 +289,10 @@ def _read_input(
     return tensor, None, tensor.shape[1], None
 
 
+_cast_configs: dict[tuple, CastConfig] = {}
+"""Validated cast configs by their (already checked) arguments: one object per configuration."""
+
+
 def _cast_call(
     op: str,
     mode: str,
@@ -315,7 +319,11 @@ def _cast_call(
         encoding, sf_col_major = _check_sf_tensor(op, "sf", sf, data.device, block, tokens, hidden)
         given = GivenScales(encoding, sf_col_major)
     clamp_min = config.current().clamp_min(quant_format.name, use_e4m3_sf)
-    cast = CastConfig(quant_format, block, round_sf, use_packed_ue8m0, use_e4m3_sf, col_major_sf, clamp_min)
+    cast_key = (quant_format.name, block, round_sf, use_packed_ue8m0, use_e4m3_sf, col_major_sf, clamp_min)
+    cast = _cast_configs.get(cast_key)
+    if cast is None:
+        cast = CastConfig(quant_format, block, round_sf, use_packed_ue8m0, use_e4m3_sf, col_major_sf, clamp_min)
+        _cast_configs[cast_key] = cast
     call = QuantCall(
         op, mode, data.device.type, hidden, data.dtype, cast, quantized_input, given, None, byte_alignment(data),
         tokens, data.device,
