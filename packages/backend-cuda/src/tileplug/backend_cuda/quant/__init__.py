@@ -1,0 +1,20 @@
+"""CUDA kernels of the quantization family (TileLang): one module per op, shared tile
+kernel (``grouped``), scale math macros (``sf_math``) and compilation (``jit``)."""
+
+from tileplug.backend_cuda.quant.cast_back import CastBack
+from tileplug.backend_cuda.quant.per_block_cast import PerBlockCast
+from tileplug.backend_cuda.quant.per_channel_cast import PerChannelCast
+from tileplug.backend_cuda.quant.per_token_cast import PerTokenCast
+
+
+def make_kernels() -> dict:
+    """op name → kernel object, fresh (each holds its own launcher cache)."""
+    return {
+        "per_token_cast": PerTokenCast(),
+        "per_block_cast": PerBlockCast(),
+        "per_channel_cast": PerChannelCast(),
+        "cast_back": CastBack(),
+    }
+
+
+__all__ = ["CastBack", "PerBlockCast", "PerChannelCast", "PerTokenCast", "make_kernels"]

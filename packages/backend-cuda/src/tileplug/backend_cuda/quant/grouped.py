@@ -1,0 +1,329 @@
+"""The tile kernel every CUDA quant op is an instance of (TileLang, SIMT style).
+
+Geometry. A CTA of ``warps`` warps owns a tile of ``warps × rows_per_thread`` rows and
+``32 × VEC`` columns; lane ``l`` owns the ``VEC`` consecutive columns ``c0 = (tile_col·32 +
+l)·VEC`` (one 128-bit load of a bf16/fp32 row, 16 values of a quantized row) of each of its
+rows ``tile_row·TM + i·warps + w``. All ``rows_per_thread`` loads of a thread are issued
+before any math (bytes in flight), data stays in registers between the amax pass and the
+quantize pass (one read of ``x`` from DRAM). Rows run along ``blockIdx.x`` (no 65535 limit).
+
+Groups ``bm × bn``:
+- per token (``bm == 1``): a group is ``bn / VEC`` adjacent lanes of one row, reduced with
+  xor-shuffles; the tile's rows are independent.
+- per block (``bm > 1``, ``bn >= VEC``): the tile is one group row (``TM == bm``): each
+  thread reduces its rows, lanes of a group shuffle, warps meet in shared memory.
+- per channel (``bn == 1``): each of a thread's ``VEC`` columns is its own group, reduced
+  over the thread's rows and then across warps in shared memory.
+
+Tails: a lane past ``H`` or a row past ``T`` loads nothing, contributes 0 to the amax and
+stores nothing, so a partial group covers only its valid elements and no neighbour row or
+clamped stand-in is ever read (SPEC §0). Offsets are 64-bit (TileLang's index math), so
+tensors past 2^31 elements are fine.
+
+Buffers (all shapes/strides dynamic except where a layout fixes them):
+``x [T, XW] (row stride S)`` · ``sf_in`` (quantized input's sf, any strides) · ``given``
+(caller's sf, any strides) · ``q [T, H/vpb]`` (or the cast_back result ``[T, H]``) ·
+``sf`` (fp32/e4m3 ``[R, C]`` any strides, or the bytes of packed UE8M0 int32 storage).
+
+No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
+"""
+
+import tilelang.language as T
+
+from tileplug.backend_cuda.quant import sf_math
+from tileplug.backend_cuda.quant.spec import KernelSpec
+
+FMT_MAX = {"e4m3": 448.0, "e2m1": 6.0}
+
+
+def build_kernel(spec: KernelSpec):
+    """The ``T.prim_func`` of ``spec`` (see the module docstring for its buffers)."""
+    VEC = spec.vec
+    XVEC = spec.x_vec
+    VPB_IN = spec.in_values_per_byte
+    NW = spec.warps
+    RPT = spec.rows_per_thread
+    TM = spec.tile_rows
+    TC = spec.tile_cols
+    NT = 32 * NW
+    MODE = spec.mode
+    CAST_BACK = MODE == "cast_back"
+    COMPUTE_SF = MODE in ("cast", "sf_only")
+    WRITE_Q = MODE in ("cast", "precomputed_sf", "cast_back")
+    QUANTIZED = spec.quantized_input
+    IN_DT = spec.in_dtype
+
+    if CAST_BACK:
+        BM, BN = 1, 16  # cast_back has no output groups; tile like a per-token op
+        QDT = spec.fmt
+        VPB_OUT = 1
+    else:
+        BM, BN = spec.block
+        QDT = "float8_e4m3fn" if spec.fmt == "e4m3" else "int8"
+        VPB_OUT = 1 if spec.fmt == "e4m3" else 2
+        FMAX = FMT_MAX[spec.fmt]
+        FRCP = sf_math.f32(1.0 / FMAX)
+    PER_TOKEN = BM == 1
+    PER_CHANNEL = BN == 1
+    if not PER_TOKEN:
+        assert TM == BM, "a block/channel tile is exactly one group row"
+    if not PER_CHANNEL:
+        assert BN % VEC == 0
+    LPG = 1 if PER_CHANNEL else BN // VEC  # lanes per group
+    SHUFFLES = [1 << k for k in range(LPG.bit_length() - 1)]
+    NSF = VEC if PER_CHANNEL else 1  # scales per thread-row
+    ROUND = spec.round_sf
+    E4M3_SF = spec.sf_kind == "e4m3"
+    PACKED = spec.sf_kind == "ue8m0"
+    SF_COL = spec.sf_col_major
+    CMIN_BITS = sf_math.f32_bits(spec.clamp_min) if COMPUTE_SF else 0
+    SFO_DT = {"fp32": "float32", "e4m3": "float8_e4m3fn", "ue8m0": "uint8", None: "float32"}[spec.sf_kind]
+
+    IN_SF = spec.in_sf
+    if IN_SF is not None:
+        IBM, IBN = IN_SF.block
+        assert IBN == 1 or IBN % VEC == 0
+    GIVEN = spec.given
+
+    M = T.dynamic("M")  # tokens
+    XW = T.dynamic("XW")  # storage width of x (H, or H/2 for e2m1 pairs)
+    S = T.dynamic("S")  # row stride of x in storage elements
+    H = XW * VPB_IN
+    QW = XW * VPB_IN // VPB_OUT
+    IR, IC, IS0, IS1 = T.dynamic("IR"), T.dynamic("IC"), T.dynamic("IS0"), T.dynamic("IS1")
+    GR, GC, GS0, GS1 = T.dynamic("GR"), T.dynamic("GC"), T.dynamic("GS0"), T.dynamic("GS1")
+    OR, OC, OS0, OS1 = T.dynamic("OR"), T.dynamic("OC"), T.dynamic("OS0"), T.dynamic("OS1")
+
+    # ------------------------------------------------------------ trace-time helpers
+    def read_sf(buf, read, gr, gc):
+        """fp32 scale of group (gr, gc) of an sf tensor described by ``read``."""
+        if read.kind == "fp32":
+            return buf[gr, gc]
+        if read.kind == "e4m3":
+            return T.cast(buf[gr, gc], "float32")
+        if read.pack_axis == 1:
+            word = T.cast(buf[gr, gc // read.pack], "int32")
+            byte = T.shift_right(word, (gc % read.pack) * 8) & 255
+        else:
+            word = T.cast(buf[gr // read.pack, gc], "int32")
+            byte = T.shift_right(word, (gr % read.pack) * 8) & 255
+        return sf_math.ue8m0_value(byte)
+
+    def decoded(xv, i, j):
+        """fp32 value of element j of the thread's row i (before any input scale)."""
+        if IN_DT == "int8":
+            byte = T.cast(xv[i * XVEC + j // 2], "int32")
+            return sf_math.e2m1_value(T.shift_right(byte, (j % 2) * 4) & 15)
+        return T.cast(xv[i * XVEC + j], "float32")
+
+    def input_scale(sin, i, j):
+        return sin[i * VEC + j] if IBN == 1 else sin[i]
+
+    def scaled(xv, sin, i, j):
+        """The value an element represents: float(x), or float(xq) * sf_in."""
+        if QUANTIZED:
+            return decoded(xv, i, j) * input_scale(sin, i, j)
+        return decoded(xv, i, j)
+
+    @T.macro
+    def build(x, sf_in, given, q, sf):
+        with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT) as (bx, by):
+            if spec.vectorize:
+                T.assume(S % XVEC == 0)
+            T.assume(XW % (16 // VPB_IN) == 0)
+            tx = T.get_thread_binding()
+            lane = tx % 32
+            w = tx // 32
+            c0 = (by * 32 + lane) * VEC
+            xv = T.alloc_local((RPT * XVEC,), IN_DT)
+            amax = T.alloc_local((RPT * NSF,), "int32")
+            inv = T.alloc_local((RPT * NSF,), "float32")
+            yv = T.alloc_local((VEC,), "float32")
+            sin = None
+            if QUANTIZED:
+                sin = T.alloc_local((RPT * (VEC if IBN == 1 else 1),), "float32")
+            if WRITE_Q:
+                qv = T.alloc_local((VEC // VPB_OUT,), QDT)
+            if not PER_TOKEN and COMPUTE_SF:
+                red = T.alloc_shared((NW * 32 * NSF,), "int32")
+
+            # ---- loads: every row of the thread first (bytes in flight) ----
+            for i in T.unroll(RPT):
+                r = bx * TM + i * NW + w
+                if r < M and c0 < H:
+                    if spec.vectorize:
+                        for j in T.vectorized(XVEC):
+                            xv[i * XVEC + j] = x[r, c0 // VPB_IN + j]
+                    else:
+                        for j in T.serial(XVEC):
+                            xv[i * XVEC + j] = x[r, c0 // VPB_IN + j]
+                    if QUANTIZED:
+                        if IBN == 1:
+                            for j in T.unroll(VEC):
+                                sin[i * VEC + j] = read_sf(sf_in, IN_SF, r // IBM, c0 + j)
+                        else:
+                            sin[i] = read_sf(sf_in, IN_SF, r // IBM, c0 // IBN)
+                else:
+                    for j in T.unroll(XVEC):
+                        xv[i * XVEC + j] = T.cast(0, IN_DT)
+                    if QUANTIZED:
+                        if IBN == 1:
+                            for j in T.unroll(VEC):
+                                sin[i * VEC + j] = T.float32(0.0)
+                        else:
+                            sin[i] = T.float32(0.0)
+
+            if CAST_BACK:
+                for i in T.unroll(RPT):
+                    r = bx * TM + i * NW + w
+                    for j in T.unroll(VEC):
+                        qv[j] = T.cast(decoded(xv, i, j) * input_scale(sin, i, j), QDT)
+                    if r < M and c0 < H:
+                        for j in T.vectorized(VEC):
+                            q[r, c0 + j] = qv[j]
+
+            if COMPUTE_SF:
+                # ---- amax of |value| on bits (NaN-propagating) ----
+                for i in T.unroll(RPT):
+                    for e in T.unroll(NSF):
+                        amax[i * NSF + e] = 0
+                    for j in T.unroll(VEC):
+                        value = scaled(xv, sin, i, j)
+                        if PER_CHANNEL:
+                            amax[i * NSF + j] = sf_math.abs_bits(value)
+                        else:
+                            amax[i * NSF] = T.max(amax[i * NSF], sf_math.abs_bits(value))
+                if PER_TOKEN:
+                    for i in T.unroll(RPT):
+                        for d in SHUFFLES:
+                            amax[i] = T.max(amax[i], T.shfl_xor(amax[i], d))
+                else:
+                    for i in T.unroll(RPT - 1):
+                        for e in T.unroll(NSF):
+                            amax[e] = T.max(amax[e], amax[(i + 1) * NSF + e])
+                    for d in SHUFFLES:
+                        amax[0] = T.max(amax[0], T.shfl_xor(amax[0], d))
+                    for e in T.unroll(NSF):
+                        red[(w * 32 + lane) * NSF + e] = amax[e]
+                    T.sync_threads()
+                    for e in T.unroll(NSF):
+                        amax[e] = red[lane * NSF + e]
+                        for v in T.unroll(NW - 1):
+                            amax[e] = T.max(amax[e], red[((v + 1) * 32 + lane) * NSF + e])
+                # ---- scales: store (first lane of a group / first warp of a block) and invert ----
+                NROWS = RPT if PER_TOKEN else 1
+                for i in T.unroll(NROWS):
+                    for e in T.unroll(NSF):
+                        inv[i * NSF + e] = sf_math.group_inverse(
+                            amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF
+                        )
+                    if PER_TOKEN:
+                        gr = bx * TM + i * NW + w
+                        ok = (gr < M) and (c0 < H) and (lane % LPG == 0)
+                    else:
+                        gr = bx
+                        ok = (w == 0) and (c0 < H) and (lane % LPG == 0)
+                    if ok:
+                        for e in T.unroll(NSF):
+                            gc = (c0 + e) if PER_CHANNEL else (c0 // BN)
+                            value = sf_math.group_scale(
+                                amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED
+                            )
+                            if not PACKED:
+                                sf[gr, gc] = value
+                            elif PER_CHANNEL:
+                                sf[gr // 4, gc * 4 + gr % 4] = value
+                            elif SF_COL:
+                                sf[gc // 4, gr * 4 + gc % 4] = value
+                            else:
+                                sf[gr, gc] = value
+
+            if MODE == "precomputed_sf":
+                NROWS = RPT if PER_TOKEN else 1
+                for i in T.unroll(NROWS):
+                    gr = (bx * TM + i * NW + w) if PER_TOKEN else bx
+                    if (gr < M or not PER_TOKEN) and c0 < H:
+                        for e in T.unroll(NSF):
+                            gc = (c0 + e) if PER_CHANNEL else (c0 // BN)
+                            inv[i * NSF + e] = T.ieee_fdiv(T.float32(1.0), read_sf(given, GIVEN, gr, gc))
+                    else:
+                        for e in T.unroll(NSF):
+                            inv[i * NSF + e] = T.float32(0.0)
+
+            if WRITE_Q and not CAST_BACK:
+                # ---- quantize from registers and store ----
+                for i in T.unroll(RPT):
+                    r = bx * TM + i * NW + w
+                    si = i if PER_TOKEN else 0
+                    for j in T.unroll(VEC):
+                        factor = inv[si * NSF + (j if PER_CHANNEL else 0)]
+                        if QUANTIZED:
+                            yv[j] = decoded(xv, i, j) * (input_scale(sin, i, j) * factor)
+                        else:
+                            yv[j] = decoded(xv, i, j) * factor
+                    if spec.fmt == "e4m3":
+                        for j in T.vectorized(VEC):
+                            qv[j] = T.cast(yv[j], "float8_e4m3fn")
+                    else:
+                        for j in T.unroll(VEC // 2):
+                            qv[j] = T.cast(
+                                sf_math.e2m1_code(yv[2 * j]) | T.shift_left(sf_math.e2m1_code(yv[2 * j + 1]), 4),
+                                "int8",
+                            )
+                    if r < M and c0 < H:
+                        for j in T.vectorized(VEC // VPB_OUT):
+                            q[r, c0 // VPB_OUT + j] = qv[j]
+
+    # ------------------------------------------------------------ signatures per mode
+    x_t = T.StridedTensor((M, XW), (S, 1), IN_DT)
+    sf_in_t = T.StridedTensor((IR, IC), (IS0, IS1), IN_SF.tl_dtype) if IN_SF is not None else None
+    given_t = T.StridedTensor((GR, GC), (GS0, GS1), GIVEN.tl_dtype) if GIVEN is not None else None
+    q_t = T.Tensor((M, H), QDT) if CAST_BACK else T.Tensor((M, QW), QDT)
+    sf_t = T.StridedTensor((OR, OC), (OS0, OS1), SFO_DT)
+
+    # One prim_func per buffer set (TileLang reads the signature off the annotations).
+    if IN_SF is None:
+        if MODE == "cast":
+
+            @T.prim_func
+            def kernel(x: x_t, q: q_t, sf: sf_t):
+                build(x, None, None, q, sf)
+
+        elif MODE == "sf_only":
+
+            @T.prim_func
+            def kernel(x: x_t, sf: sf_t):
+                build(x, None, None, None, sf)
+
+        else:
+
+            @T.prim_func
+            def kernel(x: x_t, given: given_t, q: q_t):
+                build(x, None, given, q, None)
+
+    else:
+        if MODE == "cast":
+
+            @T.prim_func
+            def kernel(x: x_t, sf_in: sf_in_t, q: q_t, sf: sf_t):
+                build(x, sf_in, None, q, sf)
+
+        elif MODE == "sf_only":
+
+            @T.prim_func
+            def kernel(x: x_t, sf_in: sf_in_t, sf: sf_t):
+                build(x, sf_in, None, None, sf)
+
+        elif MODE == "precomputed_sf":
+
+            @T.prim_func
+            def kernel(x: x_t, sf_in: sf_in_t, given: given_t, q: q_t):
+                build(x, sf_in, given, q, None)
+
+        else:
+
+            @T.prim_func
+            def kernel(x: x_t, sf_in: sf_in_t, q: q_t):
+                build(x, sf_in, None, q, None)
+
+    return kernel

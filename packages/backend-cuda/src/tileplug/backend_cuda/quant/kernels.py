@@ -1,0 +1,148 @@
+"""The kernel-protocol side shared by the four ops: supports, specs, cached launchers.
+
+A launcher is built once per call signature (a ``QuantCall`` compares on everything but
+the token count and the device): it holds the compiled kernel and the argument order, so
+a call costs one dict lookup, a few attribute reads and the tvm_ffi launch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tileplug.backend_cuda.quant import jit
+from tileplug.backend_cuda.quant.spec import KernelSpec, common_reason, make_spec
+from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
+
+Launcher = Callable[[QuantInputs, QuantOutputs], None]
+
+
+class QuantKernel:
+    """Base of the CUDA quant kernels: ``supports``, ``spec``, ``source`` and ``__call__``."""
+
+    op = ""  # public family name (QuantCall.op)
+    tile_op = ""  # KernelSpec.op
+
+    def __init__(self) -> None:
+        self._launchers: dict[QuantCall, Launcher] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ protocol
+    def supports(self, call: QuantCall) -> str | None:
+        if call.op != self.op:
+            return f"this kernel serves {self.op}, not {call.op}"
+        return common_reason(call) or self.reason(call)
+
+    def __call__(self, call: QuantCall, inputs: QuantInputs, outputs: QuantOutputs) -> None:
+        launch = self._launchers.get(call)
+        if launch is None:
+            launch = self._launcher(call)
+        launch(inputs, outputs)
+
+    # ------------------------------------------------------------------ per op
+    def reason(self, call: QuantCall) -> str | None:
+        """Op-specific declines (None: accepted)."""
+        return None
+
+    def geometry(self, call: QuantCall) -> tuple[int, int]:
+        """(warps per CTA, rows per thread) of the tile."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers
+    def spec(self, call: QuantCall) -> KernelSpec:
+        """The specialisation serving ``call``."""
+        return make_spec(call, self.tile_op, *self.geometry(call))
+
+    def source(self, call: QuantCall, arch: str = jit.DEFAULT_ARCH) -> str:
+        """Generated CUDA source of the kernel serving ``call`` (no GPU needed)."""
+        return jit.lower_source(self.spec(call), arch)
+
+    def _launcher(self, call: QuantCall) -> Launcher:
+        with self._lock:
+            launch = self._launchers.get(call)
+        if launch is None:
+            spec = self.spec(call)
+            launch = make_launcher(spec, jit.compiled(spec))
+            with self._lock:
+                launch = self._launchers.setdefault(call, launch)
+        return launch
+
+
+def _byte_view(spec: KernelSpec) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How the output sf tensor is handed to the kernel: as is, or as the bytes of its
+    packed UE8M0 integers (row-major ``[R, 4C]``, column-major transposed ``[C, 4R]``)."""
+    if spec.sf_kind != "ue8m0":
+        return lambda sf: sf
+    if spec.sf_col_major:
+        return lambda sf: sf.t().view(torch.uint8)
+    return lambda sf: sf.view(torch.uint8)
+
+
+def make_launcher(spec: KernelSpec, kernel: Any) -> Launcher:
+    """A closure running ``kernel`` (compiled ``spec``) on a call's inputs and outputs."""
+    vec = spec.x_vec if spec.vectorize else 1
+    sf_arg = _byte_view(spec)
+    quantized = spec.in_sf is not None
+    mode = spec.mode
+
+    def row_stride_fixed(x: torch.Tensor) -> torch.Tensor:
+        # A single row's stride is never used, but the kernel's runtime check reads it:
+        # give the row a stride the check accepts (the contract ignores it for one row).
+        if vec > 1 and x.stride(0) % vec and x.shape[0] == 1:
+            return x.as_strided(x.shape, (-(-x.shape[1] // vec) * vec, 1))
+        return x
+
+    def q_target(q: torch.Tensor) -> torch.Tensor | None:
+        # Outputs are stored 64/128 bits at a time: an ``out=`` view off a 16-byte
+        # boundary is written through an aligned temporary.
+        return None if q.data_ptr() % 16 == 0 else torch.empty_like(q)
+
+    if mode == "cast":
+
+        def launch(inputs: QuantInputs, outputs: QuantOutputs) -> None:
+            x = row_stride_fixed(inputs.x)
+            q = outputs.q
+            tmp = q_target(q)
+            if quantized:
+                kernel(x, inputs.input_sf, q if tmp is None else tmp, sf_arg(outputs.sf))
+            else:
+                kernel(x, q if tmp is None else tmp, sf_arg(outputs.sf))
+            if tmp is not None:
+                q.copy_(tmp)
+
+    elif mode == "sf_only":
+
+        def launch(inputs: QuantInputs, outputs: QuantOutputs) -> None:
+            x = row_stride_fixed(inputs.x)
+            if quantized:
+                kernel(x, inputs.input_sf, sf_arg(outputs.sf))
+            else:
+                kernel(x, sf_arg(outputs.sf))
+
+    elif mode == "precomputed_sf":
+
+        def launch(inputs: QuantInputs, outputs: QuantOutputs) -> None:
+            x = row_stride_fixed(inputs.x)
+            q = outputs.q
+            tmp = q_target(q)
+            if quantized:
+                kernel(x, inputs.input_sf, inputs.given_sf, q if tmp is None else tmp)
+            else:
+                kernel(x, inputs.given_sf, q if tmp is None else tmp)
+            if tmp is not None:
+                q.copy_(tmp)
+
+    else:
+
+        def launch(inputs: QuantInputs, outputs: QuantOutputs) -> None:
+            x = row_stride_fixed(inputs.x)
+            out = outputs.q
+            tmp = q_target(out)
+            kernel(x, inputs.input_sf, out if tmp is None else tmp)
+            if tmp is not None:
+                out.copy_(tmp)
+
+    return launch

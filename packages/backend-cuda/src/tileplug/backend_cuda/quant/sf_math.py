@@ -1,0 +1,143 @@
+"""SPEC §1-2 scale math as TileLang macros (device twins of ``tileplug.core.quant.sf_math``).
+
+Every helper works on fp32 values and int32 bit patterns, in the exact order of operations
+of the reference, so the kernels write the reference's bytes:
+
+- amax is taken on the *bits* of ``|x|`` with an int32 max: for non-negative floats the
+  bit order is the value order, and NaN bits sort above +inf, so the maximum propagates NaN
+  (``fmaxf`` would drop it) — a non-finite group keeps a non-finite scale (SPEC §0).
+- divisions are ``__fdiv_rn`` (exact whatever the math flags), products are single fp32
+  multiplies (no add, so no FMA contraction can change them).
+- e4m3 values use the hardware ``cvt.rn.satfinite`` conversion: clamp to ±448, round to
+  nearest even, NaN stays NaN (docs/numerics.md); a non-finite e4m3-stored *scale* is NaN.
+
+No ``from __future__ import annotations`` here: TileLang evaluates macro annotations.
+"""
+
+import struct
+
+import tilelang.language as T
+
+F32_INF_BITS = 0x7F800000
+F32_NAN_BITS = 0x7FC00000
+NONFINITE_EXPONENT = 128
+
+
+def f32_bits(value: float) -> int:
+    """int32 bit pattern of ``value`` rounded to fp32 (host side, for constants)."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+def f32(value: float) -> float:
+    """``value`` rounded to the nearest fp32 (host side, for constants)."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+@T.macro
+def as_f32(bits):
+    return T.reinterpret(bits, "float32")
+
+
+@T.macro
+def abs_bits(value):
+    """int32 bits of ``|value|`` (fp32): an order-preserving, NaN-propagating amax key."""
+    return T.reinterpret(value, "int32") & 0x7FFFFFFF
+
+
+@T.macro
+def pow2(k):
+    """Exact fp32 ``2^k`` for int32 ``k`` in [-149, 128] (128 gives +inf), built from bits."""
+    return T.reinterpret(
+        T.if_then_else(k >= -126, T.shift_left(k + 127, 23), T.shift_left(1, T.min(T.max(k + 149, 0), 30))), "float32"
+    )
+
+
+@T.macro
+def ceil_log2_exponent(scale):
+    """``e = ((bits(s) - 1) >> 23) + 1 - 127`` for fp32 ``s >= 0``; non-finite ``s`` gives 128."""
+    bits = T.reinterpret(scale, "int32")
+    return T.if_then_else(bits >= F32_INF_BITS, NONFINITE_EXPONENT, T.shift_right(bits - 1, 23) + 1 - 127)
+
+
+@T.macro
+def clamped_amax(amax_bits, clamp_min_bits):
+    """``c = max(amax, clamp_min)`` on bits (NaN wins), as fp32."""
+    return T.reinterpret(T.max(amax_bits, clamp_min_bits), "float32")
+
+
+@T.macro
+def e4m3_scale(c, fmt_max):
+    """e4m3-stored sf: ``e4m3(c / max)`` with a non-finite ratio stored as NaN (not 448)."""
+    ratio = T.ieee_fdiv(c, T.float32(fmt_max))
+    return T.cast(T.if_then_else(T.isinf(ratio), T.reinterpret(T.int32(F32_NAN_BITS), "float32"), ratio),
+                  "float8_e4m3fn")
+
+
+@T.macro
+def inverse_of_exponent(e):
+    """``2^-e``, or 0 for a non-finite group (``e == 128``)."""
+    return T.if_then_else(e == NONFINITE_EXPONENT, T.float32(0.0), pow2(0 - e))
+
+
+@T.macro
+def group_inverse(amax_bits, clamp_min_bits, fmt_max, fmt_rcp, round_sf, e4m3_sf):
+    """The fp32 factor a group's values are multiplied by (SPEC §2), from its amax bits."""
+    c = clamped_amax(amax_bits, clamp_min_bits)
+    if round_sf:
+        return inverse_of_exponent(ceil_log2_exponent(c * T.float32(fmt_rcp)))
+    elif e4m3_sf:
+        return T.ieee_fdiv(T.float32(1.0), T.cast(e4m3_scale(c, fmt_max), "float32"))
+    else:
+        return T.ieee_fdiv(T.float32(fmt_max), c)
+
+
+@T.macro
+def group_scale(amax_bits, clamp_min_bits, fmt_max, fmt_rcp, round_sf, e4m3_sf, packed_ue8m0):
+    """The stored scale of a group: fp32 ``c/max`` or ``2^e``, e4m3 ``sf8``, or the UE8M0 byte."""
+    c = clamped_amax(amax_bits, clamp_min_bits)
+    if round_sf:
+        if packed_ue8m0:
+            return T.cast(ceil_log2_exponent(c * T.float32(fmt_rcp)) + 127, "uint8")
+        else:
+            return pow2(ceil_log2_exponent(c * T.float32(fmt_rcp)))
+    elif e4m3_sf:
+        return e4m3_scale(c, fmt_max)
+    else:
+        return T.ieee_fdiv(c, T.float32(fmt_max))
+
+
+@T.macro
+def ue8m0_value(byte):
+    """fp32 value of a UE8M0 byte ``b`` (int32 0..255): ``2^(b-127)``, 0xFF → NaN."""
+    return T.if_then_else(byte == 255, T.reinterpret(T.int32(F32_NAN_BITS), "float32"), pow2(byte - 127))
+
+
+@T.macro
+def e2m1_value(code):
+    """fp32 value of an e2m1 nibble ``code`` (int32 0..15); code 8 is -0.0."""
+    m = code & 7
+    magnitude = T.if_then_else(
+        m < 4,
+        T.cast(m, "float32") * T.float32(0.5),
+        T.cast(T.shift_left(2 + (m & 1), T.shift_right(T.max(m - 4, 0), 1)), "float32"),
+    )
+    return T.if_then_else((code & 8) != 0, -magnitude, magnitude)
+
+
+@T.macro
+def e2m1_code(y):
+    """e2m1 nibble code (int32 0..15) of fp32 ``y`` (SPEC §1): sign bit 3 = signbit(y);
+    magnitude clamped to 6 (NaN and inf count as 6), ties to the even code."""
+    sign = T.shift_left(T.shift_right(T.reinterpret(y, "int32"), 31) & 1, 3)
+    ay = T.abs(y)
+    m = T.if_then_else(T.isnan(ay), T.float32(6.0), T.min(ay, T.float32(6.0)))
+    magnitude = T.if_then_else(
+        m < T.float32(2.0),
+        T.cast(T.nearbyint(m * T.float32(2.0)), "int32"),
+        T.if_then_else(
+            m < T.float32(4.0),
+            T.cast(T.nearbyint(m), "int32") + 2,
+            T.cast(T.nearbyint(m * T.float32(0.5)), "int32") + 4,
+        ),
+    )
+    return sign | magnitude

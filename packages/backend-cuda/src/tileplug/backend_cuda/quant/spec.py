@@ -1,0 +1,188 @@
+"""What a CUDA quant kernel is specialised on, derived from a ``QuantCall``.
+
+A :class:`KernelSpec` holds only compile-time constants: formats, group shapes, flags,
+sf encodings and the tile geometry. Token count, hidden size, row stride and every sf
+stride are runtime values (``T.dynamic``), so one compiled kernel serves every shape of a
+configuration. ``supports_reason`` says why a call cannot be served.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tileplug.core.contracts.quant import MODE_CAST_BACK, QuantCall
+from tileplug.core.quant.layouts import CUDA_LAYOUT
+
+HIDDEN_MULTIPLE = 16
+"""Hidden sizes the kernels serve: multiples of 16 (one 128-bit load never straddles a row end)."""
+
+TL_DTYPES = {
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float8_e4m3fn: "float8_e4m3fn",
+    torch.int8: "int8",
+}
+SF_TL_DTYPES = {("fp32", 1): "float32", ("e4m3", 1): "float8_e4m3fn", ("ue8m0", 4): "int32", ("ue8m0", 2): "int16"}
+
+
+@dataclass(frozen=True)
+class SfRead:
+    """An sf tensor a kernel reads (a quantized input's own sf, or a caller's given sf):
+    encoding ``kind`` (fp32 / e4m3 / ue8m0), UE8M0 ``pack`` factor, and the group ``block``
+    it describes. Row- or column-major storage is read off the strides at run time."""
+
+    kind: str
+    pack: int
+    block: tuple[int, int]
+
+    @property
+    def pack_axis(self) -> int:
+        return 0 if self.block[1] == 1 else 1
+
+    @property
+    def tl_dtype(self) -> str:
+        return SF_TL_DTYPES[(self.kind, self.pack)]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Compile-time constants of one CUDA quant kernel.
+
+    ``op``: per_token / per_block / per_channel / cast_back. ``mode``: cast, sf_only,
+    precomputed_sf, cast_back. ``in_dtype``: TileLang dtype of the data read
+    (bfloat16, float32, float8_e4m3fn, int8 = e2m1 pairs). ``in_sf``: the quantized input's
+    sf. ``block``: output groups ``(bm, bn)``. ``fmt``: e4m3 / e2m1 (casts) or the
+    cast_back output dtype. ``sf_kind``: how output sf is stored (fp32 / e4m3 / ue8m0),
+    ``sf_col_major`` only matters for packed UE8M0 (fp32/e4m3 sf are written by strides).
+    ``given``: the caller's sf in precomputed_sf mode. ``vectorize``: 128-bit loads of
+    ``x`` (needs 16-byte aligned data pointer and row stride). ``warps`` × ``rows_per_thread``
+    is the tile height.
+    """
+
+    op: str
+    mode: str
+    in_dtype: str
+    in_sf: SfRead | None
+    block: tuple[int, int] | None
+    fmt: str
+    sf_kind: str | None
+    sf_col_major: bool
+    given: SfRead | None
+    round_sf: bool
+    clamp_min: float
+    vectorize: bool
+    warps: int
+    rows_per_thread: int
+
+    # --------------------------------------------------------------- derived constants
+    @property
+    def quantized_input(self) -> bool:
+        return self.in_dtype in ("float8_e4m3fn", "int8")
+
+    @property
+    def in_values_per_byte(self) -> int:
+        return 2 if self.in_dtype == "int8" else 1
+
+    @property
+    def vec(self) -> int:
+        """Logical values one thread owns per row: one 128-bit load of a float input, or 16
+        quantized values (16 bytes of e4m3, 8 bytes of e2m1)."""
+        if self.in_dtype == "bfloat16":
+            return 8
+        if self.in_dtype == "float32":
+            return 4
+        return 16
+
+    @property
+    def x_vec(self) -> int:
+        """Storage elements of ``x`` one thread loads per row."""
+        return self.vec // self.in_values_per_byte
+
+    @property
+    def tile_rows(self) -> int:
+        return self.warps * self.rows_per_thread
+
+    @property
+    def tile_cols(self) -> int:
+        return 32 * self.vec
+
+    @property
+    def name(self) -> str:
+        """A short, unique, identifier-safe name (kernel symbol and cache key text)."""
+        parts = [self.op, self.mode, self.in_dtype.replace("float8_e4m3fn", "e4m3").replace("int8", "e2m1")]
+        if self.in_sf is not None:
+            parts.append(f"in{self.in_sf.block[0]}x{self.in_sf.block[1]}{self.in_sf.kind}{self.in_sf.pack}")
+        if self.block is not None:
+            parts.append(f"g{self.block[0]}x{self.block[1]}")
+        parts.append(self.fmt)
+        if self.sf_kind is not None:
+            parts.append(f"sf{self.sf_kind}{'col' if self.sf_col_major else ''}")
+        if self.given is not None:
+            parts.append(f"given{self.given.kind}{self.given.pack}")
+        if self.round_sf:
+            parts.append("round")
+        parts.append(f"c{self.clamp_min.hex().replace('.', '_').replace('+', 'p').replace('-', 'm')}")
+        parts.append("v128" if self.vectorize else "scalar")
+        parts.append(f"w{self.warps}r{self.rows_per_thread}")
+        return "_".join(parts)
+
+
+def vector_bytes(in_dtype: torch.dtype) -> int:
+    """Bytes of ``x`` one thread loads per row (16 for float and e4m3 inputs, 8 for e2m1)."""
+    return 8 if in_dtype == torch.int8 else 16
+
+
+def common_reason(call: QuantCall) -> str | None:
+    """Declines shared by every CUDA quant kernel (None: nothing to decline)."""
+    if call.hidden % HIDDEN_MULTIPLE:
+        return f"hidden size must be a multiple of {HIDDEN_MULTIPLE} (got {call.hidden})"
+    if call.input_dtype not in TL_DTYPES:
+        return f"input dtype {call.input_dtype} is not read by the CUDA kernels"
+    for what, encoding in (
+        ("input sf", None if call.quantized_input is None else call.quantized_input.sf_encoding),
+        ("given sf", None if call.given_sf is None else call.given_sf.encoding),
+    ):
+        if encoding is not None and (encoding.kind, encoding.pack_factor) not in SF_TL_DTYPES:
+            return f"{what} encoding {encoding.kind}x{encoding.pack_factor} is not read by the CUDA kernels"
+    if call.cast is not None and call.cast.use_packed_ue8m0 and CUDA_LAYOUT.ue8m0_pack_factor != 4:
+        return "packed UE8M0 output needs 4 bytes per int32"  # pragma: no cover - fixed layout
+    return None
+
+
+def make_spec(call: QuantCall, op: str, warps: int, rows_per_thread: int) -> KernelSpec:
+    """The kernel specialisation serving ``call`` (assumes ``common_reason(call)`` is None)."""
+    in_sf = None
+    qin = call.quantized_input
+    if qin is not None:
+        in_sf = SfRead(qin.sf_encoding.kind, qin.sf_encoding.pack_factor, tuple(qin.block))
+    vectorize = call.input_alignment >= vector_bytes(call.input_dtype)
+    if call.mode == MODE_CAST_BACK:
+        return KernelSpec(
+            op, call.mode, TL_DTYPES[call.input_dtype], in_sf, None, TL_DTYPES[call.output_dtype], None, False,
+            None, False, 0.0, vectorize, warps, rows_per_thread,
+        )
+    cast = call.cast
+    given = None
+    sf_kind = None
+    if call.given_sf is not None:
+        given = SfRead(call.given_sf.encoding.kind, call.given_sf.encoding.pack_factor, tuple(cast.block))
+    else:
+        sf_kind = cast.sf_encoding(CUDA_LAYOUT).kind
+    return KernelSpec(
+        op,
+        call.mode,
+        TL_DTYPES[call.input_dtype],
+        in_sf,
+        tuple(cast.block),
+        cast.fmt.name,
+        sf_kind,
+        bool(cast.col_major_sf) and sf_kind == "ue8m0",
+        given,
+        bool(cast.round_sf) and given is None,
+        float(cast.clamp_min) if given is None else 0.0,
+        vectorize,
+        warps,
+        rows_per_thread,
+    )
