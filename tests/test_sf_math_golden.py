@@ -37,6 +37,13 @@ def f32(value: float) -> torch.Tensor:
     return torch.tensor(value, dtype=F32)
 
 
+def div32(a: float, b: float) -> float:
+    """The fp32 quotient of the fp32 values a and b, correctly rounded: Python divides in fp64
+    (53 bits ≥ 2 * 24 + 2, so rounding that quotient to fp32 is the exact fp32 rounding)."""
+    a32, b32 = f32(a).item(), f32(b).item()
+    return f32(a32 / b32).item()
+
+
 def u8(tensor: torch.Tensor) -> list:
     """Raw bytes of a tensor (row-major logical order) as nested Python lists."""
     standard = torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor)  # plain row-major strides
@@ -76,7 +83,7 @@ def test_plain_scales_and_values_per_token_e4m3():
 
     assert q.dtype == E4M3 and q.shape == (2, 256)
     assert sf.dtype == F32 and sf.shape == (2, 2) and sf.stride() == (2, 1)
-    clamp_sf = (f32(1e-4) / f32(448.0)).item()  # one fp32 division, ≈ 2.2321e-7
+    clamp_sf = div32(1e-4, 448.0)  # one fp32 division, ≈ 2.2321e-7
     assert math.isclose(clamp_sf, 1e-4 / 448, rel_tol=1e-6)
     assert u8(sf) == [f32_bytes([1.0, 0.0078125]), f32_bytes([clamp_sf, clamp_sf])]
     bytes_ = u8(q)
@@ -94,7 +101,7 @@ def test_plain_scales_bf16_input_amax_in_fp32():
     # than 160) → exponent field 14, mantissa 001 → 0x71.
     x = torch.tensor([[3.0, 1.0] + [0.0] * 126], dtype=torch.bfloat16)
     q, sf = core.ops.per_token_cast(x)
-    assert u8(sf) == [f32_bytes([(f32(3.0) / f32(448.0)).item()])]
+    assert u8(sf) == [f32_bytes([div32(3.0, 448.0)])]
     assert u8(q)[0][:3] == [0x7E, 0x71, 0x00]
 
 
@@ -116,7 +123,7 @@ def test_clamp_min_override_through_config():
     x = torch.zeros(1, 128)
     with core.config.amax_clamps({("e4m3", False): 1e-2}):
         sf = core.ops.per_token_cast_with_sf_only(x)
-    assert u8(sf) == [f32_bytes([(f32(1e-2) / f32(448.0)).item()])]
+    assert u8(sf) == [f32_bytes([div32(1e-2, 448.0)])]
 
 
 def test_e2m1_plain_scales_and_default_clamp():
@@ -162,8 +169,9 @@ def _round_sf_input(group: int = 128) -> torch.Tensor:
 
 
 def test_round_sf_exponent_by_hand():
-    s = f32(448.0) * (f32(1.0) / f32(448.0))
-    assert s.item() == 1.0  # the premise of the first case
+    s = f32(448.0) * f32(div32(1.0, 448.0))  # fp32(1/448) = 0x3B124925, a hair above 1/448
+    assert f32(div32(1.0, 448.0)).view(torch.int32).item() == 0x3B124925
+    assert s.item() == 1.0  # the premise of the first case: 448 * fp32(1/448) rounds to 1
     x = _round_sf_input()
     q, sf = core.ops.per_token_cast(x, round_sf=True)
     assert sf.dtype == F32 and sf.shape == (1, 8)
@@ -293,7 +301,7 @@ def test_per_channel_plain_scales_partial_token_group():
     big[40:, :] = 1e30
     x = big[:40]
     q, sf = core.ops.per_channel_cast(x, num_per_tokens=32)
-    clamp_sf = (f32(1e-4) / f32(448.0)).item()
+    clamp_sf = div32(1e-4, 448.0)
     assert sf.shape == (2, 3)
     assert u8(sf) == [f32_bytes([1 / 64, 1 / 32, 1 / 16]), f32_bytes([1 / 128, clamp_sf, 1.0])]
     assert u8(q)[3] == [0x7E, 0x7E, 0xFE] and u8(q)[39] == [0xFE, 0x00, 0x7E]
@@ -474,7 +482,7 @@ def test_partial_last_group_h576_never_reads_past_h():
     assert x.stride() == (640, 1)
     q, sf = core.ops.per_token_cast(x)
     assert sf.shape == (2, 5) and q.shape == (2, 576) and q.is_contiguous()
-    last = (f32(2.0) / f32(448.0)).item()  # = 1/224
+    last = div32(2.0, 448.0)  # = 1/224
     assert u8(sf) == [f32_bytes([1.0] * 4 + [last])] * 2
     # 0.5 * 224 = 112 (0x6E: 1.75 * 2^6 → exp 13, mant 110); -2 * 224 = -448 (0xFE)
     for r in range(2):
@@ -496,6 +504,29 @@ def test_partial_last_group_per_block_both_directions():
     assert sf.shape == (2, 2) and q.shape == (33, 40)
     assert u8(sf) == [f32_bytes([1.0, 1 / 64]), f32_bytes([1 / 32, 1 / 128])]
     assert u8(q)[32][39] == 0x7E and u8(q)[32][3] == 0xFE
+
+
+def test_per_block_sf_only_and_precomputed_by_hand():
+    # per_block (16, 16) on [20, 24]: 2 x 2 groups, both partial in the second row / column.
+    # amax: (0,0) 448 → sf 1; (0,1) 14 → 1/32; (1,0) 0 → clamp → fp32(1e-4)/448; (1,1) 0.875 → 1/512.
+    x = torch.zeros(20, 24)
+    x[15, 15] = -448.0
+    x[0, 23] = 14.0
+    x[19, 23] = 0.875
+    sf = core.ops.per_block_cast_with_sf_only(x, block_size=(16, 16))
+    assert u8(sf) == [f32_bytes([1.0, 1 / 32]), f32_bytes([div32(1e-4, 448.0), 1 / 512])]
+    q_full, sf_full = core.ops.per_block_cast(x, block_size=(16, 16))
+    assert u8(sf_full) == u8(sf)
+    # 14 * 32 = 448 → 0x7E; 0.875 * 512 = 448 → 0x7E; -448 → 0xFE
+    assert (u8(q_full)[15][15], u8(q_full)[0][23], u8(q_full)[19][23]) == (0xFE, 0x7E, 0x7E)
+    # the caller's sf: 2 everywhere → inv = 0.5 → -448 * 0.5 = -224 (0xF6), 14 * 0.5 = 7 (0x4E:
+    # 1.75 * 2^2, exponent field 9), 0.875 * 0.5 = 0.4375 (0x2E: 1.75 * 2^-2, exponent field 5)
+    q = core.ops.per_block_cast_with_precomputed_sf(x, block_size=(16, 16), sf=torch.full((2, 2), 2.0))
+    assert (u8(q)[15][15], u8(q)[0][23], u8(q)[19][23]) == (0xF6, 0x4E, 0x2E)
+    # the same sf given column-major (read off its strides) gives the same bytes
+    col = torch.full((2, 2), 2.0).t().contiguous().t()
+    assert col.stride() == (1, 2)
+    assert u8(core.ops.per_block_cast_with_precomputed_sf(x, block_size=(16, 16), sf=col)) == u8(q)
 
 
 # ====================================================================== non-finite inputs
@@ -540,7 +571,7 @@ def test_non_finite_per_channel_stays_in_its_column():
     x = torch.ones(40, 3)
     x[33, 1] = NAN
     q, sf = core.ops.per_channel_cast(x, num_per_tokens=32)
-    one = (f32(1.0) / f32(448.0)).item()
+    one = div32(1.0, 448.0)
     assert math.isnan(sf[1, 1].item())
     assert sf[0].tolist() == [one] * 3 and sf[1, 0].item() == one and sf[1, 2].item() == one
     # 1 * 448 → 0x7E everywhere outside the poisoned group
@@ -692,5 +723,5 @@ def test_requantize_multiplies_scales_first():
     xq = torch.full((1, 128), 0x38, dtype=torch.uint8).view(E4M3)
     sf_in = torch.tensor([[3.0]])
     q, sf = core.ops.per_token_cast((xq, sf_in), x_block_size=(1, 128))
-    assert u8(sf) == [f32_bytes([(f32(3.0) / f32(448.0)).item()])]
+    assert u8(sf) == [f32_bytes([div32(3.0, 448.0)])]
     assert u8(q) == [[0x7E] * 128]

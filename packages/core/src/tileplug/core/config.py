@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tileplug.core.errors import ContractError
+from tileplug.core.quant.formats import QUANT_FORMATS
 from tileplug.core.quant.layouts import CUDA_LAYOUT, LAYOUTS, LayoutTraits
 from tileplug.core.quant.sf_math import DEFAULT_CLAMP_MIN
 
@@ -46,6 +47,14 @@ class RuntimeConfig:
         return self.amax_clamps[(fmt, use_e4m3_sf)]
 
 
+def smallest_clamp(fmt: str, use_e4m3_sf: bool) -> float:
+    """The smallest amax clamp that keeps every scale of a finite group finite and non-zero:
+    ``max · 2^-9`` (the least e4m3 subnormal) for e4m3-stored sf, ``max · 2^-126`` (the
+    least normal fp32) otherwise — which are the e4m3-sf and e2m1 defaults."""
+    fmt_max = QUANT_FORMATS[fmt].max_value
+    return fmt_max * 2.0**-9 if use_e4m3_sf else fmt_max * 2.0**-126
+
+
 _process_config = RuntimeConfig()
 _override: contextvars.ContextVar[RuntimeConfig | None] = contextvars.ContextVar("tileplug_config", default=None)
 
@@ -62,12 +71,21 @@ def _validated(base: RuntimeConfig, changes: dict[str, Any]) -> RuntimeConfig:
         if name not in known:
             raise ContractError(op, name, f"one of {sorted(known)}", name)
     if "amax_clamps" in changes:
+        clamps = changes["amax_clamps"]
+        if not isinstance(clamps, Mapping):
+            raise ContractError(op, "amax_clamps", "a mapping {(fmt, use_e4m3_sf): clamp}", clamps)
         merged = dict(base.amax_clamps)
-        for key, value in dict(changes["amax_clamps"]).items():
+        for key, value in clamps.items():
             if key not in DEFAULT_CLAMP_MIN:
                 raise ContractError(op, "amax_clamps", f"keys in {sorted(DEFAULT_CLAMP_MIN)}", key)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-                raise ContractError(op, "amax_clamps", "finite positive clamps", value)
+            smallest = smallest_clamp(*key)
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not math.isfinite(value)
+                or value < smallest
+            ):
+                raise ContractError(op, "amax_clamps", f"a finite clamp >= {smallest!r} for {key}", value)
             merged[key] = float(value)
         changes["amax_clamps"] = merged
     if "pdl" in changes and not isinstance(changes["pdl"], bool):

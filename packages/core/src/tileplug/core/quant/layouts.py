@@ -109,7 +109,7 @@ def allocate(
     if not col_major:
         return torch.empty(shape, dtype=dtype, device=device)
     padded = column_length(shape[0], torch.empty((), dtype=dtype).element_size(), alignment_bytes)
-    return torch.empty((shape[1], padded), dtype=dtype, device=device).t()[: shape[0]]
+    return torch.empty_strided(shape, (1, padded), dtype=dtype, device=device)
 
 
 def standard_strides(tensor: torch.Tensor) -> torch.Tensor:
