@@ -326,4 +326,5 @@ def build_kernel(spec: KernelSpec):
             def kernel(x: x_t, sf_in: sf_in_t, q: q_t):
                 build(x, sf_in, None, q, None)
 
-    return kernel
+    # The device symbol names the specialisation (profiles and merged sources stay readable).
+    return kernel.with_attr("global_symbol", spec.name)
