@@ -4,9 +4,9 @@ Run on the GPU host (compute capability >= 9.0)::
 
     hatch run python -m pytest tests/gpu/test_cuda_quant.py -m gpu -q
 
-Every specialisation the module needs is compiled up front, in parallel, by a process pool
-(TileLang writes each kernel to its disk cache; the test process then loads them), so the
-grid costs about one compile per specialisation spread over the host's cores.
+Every specialisation the module needs (about 190) is compiled up front by
+``jit.precompile``: a spawned process pool over the host's cores fills TileLang's disk
+cache, then the test process loads them.
 
 Oracle: the reference backend. It runs on the CPU in the CUDA sf layout
 (``config.host_layout("cuda")``) for T in {0, 1, 3} and for every non-finite case; for the
@@ -22,11 +22,10 @@ the CPU reference up to NaN encodings.
 
 from __future__ import annotations
 
-import itertools
-import multiprocessing
 import os
 import threading
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -45,54 +44,110 @@ def _cases():
     return cases(tokens=TOKENS, hidden=HIDDEN)
 
 
-def _case_specs(case_list) -> list:
-    """Distinct kernel specialisations of the cases (from the contract on meta tensors)."""
+def _spec_of(op, args, kwargs, alignment: int | None = None):
+    import dataclasses
+
     from tileplug.backend_cuda.plugin import _KERNELS
-    from tileplug.core import ops
     from tileplug.core.lowering import describe_call
+
+    call, _ = describe_call(op, *args, **kwargs)
+    if alignment is not None:
+        call = dataclasses.replace(call, input_alignment=alignment)
+    kernel = _KERNELS[call.op]
+    return kernel.spec(call) if kernel.supports(call) is None else None
+
+
+def _case_specs(case_list) -> list:
+    """Distinct kernel specialisations of the grid cases (contracts on CPU stand-ins)."""
+    from tileplug.core import ops
     from tileplug.reference.conformance import _arguments
 
     specs = {}
     for case in case_list:
         if case.tokens == 0:
             continue
-        args, kwargs = _arguments(type(case)(case.op, 3, case.hidden, case.dtype, case.kwargs, case.quantized_input,
-                                             case.row_stride_pad), torch.device("cpu"))
-        for alignment in (None,):
-            call, _ = describe_call(getattr(ops, case.op), *args, **kwargs)
-            kernel = _KERNELS[call.op]
-            if kernel.supports(call) is None:
-                spec = kernel.spec(call)
-                specs[spec] = None
+        small = type(case)(case.op, 3, case.hidden, case.dtype, case.kwargs, case.quantized_input, case.row_stride_pad)
+        args, kwargs = _arguments(small, torch.device("cpu"))
+        specs[_spec_of(getattr(ops, case.op), args, kwargs)] = None
+    specs.update(dict.fromkeys(_extra_specs()))
+    specs.pop(None, None)
     return list(specs)
 
 
-def _compile_in_worker(spec, arch: str) -> str:
-    from tileplug.backend_cuda.quant import jit
+def _extra_specs() -> list:
+    """Specialisations the tests below the grid use (scalar-load variants, re-quantization of
+    every layout, non-finite cases in fp32), so they are compiled up front too."""
+    from tileplug.core import ops
 
-    jit.compiled(spec, arch)
-    return spec.name
+    found = []
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.empty(3, 576, dtype=dtype)
+        for alignment in (2, 4, 16):
+            for kwargs in ({"num_per_channels": 32}, {"fmt": "e2m1", "num_per_channels": 16, "round_sf": True,
+                                                      "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}):
+                found.append(_spec_of(ops.per_token_cast, (x,), kwargs, alignment))
+            found.append(_spec_of(ops.per_block_cast, (x,), {"block_size": (32, 32)}, alignment))
+        found.append(_spec_of(ops.per_token_cast, (x,), {}, 2))
+        for op_name, kwargs in NONFINITE_KWARGS:
+            found.append(_spec_of(getattr(ops, op_name), (x,), kwargs))
+    x = torch.empty(3, 2048, dtype=torch.bfloat16)
+    for kwargs in ({}, {"use_e4m3_sf": True}, {"round_sf": True, "use_packed_ue8m0": True}):
+        for col in (False, True):
+            sf = ops.per_token_cast_with_sf_only(x, num_per_channels=64, use_tma_aligned_col_major_sf=col, **kwargs)
+            found.append(_spec_of(ops.per_token_cast_with_precomputed_sf, (x,), {"num_per_channels": 64, "sf": sf}))
+    for produce, block in _producers(x):
+        pair = produce()
+        for op, kwargs in _requant_ops(block):
+            found.append(_spec_of(op, (pair,), kwargs))
+        if block[0] == 1:
+            found.append(_spec_of(ops.per_channel_cast, (pair,), {"num_per_channels": block[1]}))
+        for fmt in ("bf16", "fp32"):
+            found.append(_spec_of(ops.cast_back, (pair,), {"fmt": fmt, "x_block_size": block}))
+    return found
 
 
-def precompile(specs) -> None:
-    """Compile ``specs`` in a spawned process pool (fills TileLang's disk cache), then load
-    them in this process."""
-    from tileplug.backend_cuda.quant import jit
+def _producers(x):
+    from tileplug.core import ops
+    from tileplug.core.registry import use_backend
 
-    arch = jit.device_arch()
-    workers = max(1, min(len(specs), (os.cpu_count() or 2)))
-    if specs:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            list(pool.map(_compile_in_worker, specs, itertools.repeat(arch)))
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda spec: jit.compiled(spec, arch), specs))
+    def under_reference(fn):
+        def run():
+            with use_backend("reference"):
+                return fn()
+        return run
+
+    return [
+        (under_reference(lambda: ops.per_token_cast(x, num_per_channels=32)), (1, 32)),
+        (under_reference(lambda: ops.per_token_cast(x, fmt="e2m1", num_per_channels=16, use_e4m3_sf=True,
+                                                    use_tma_aligned_col_major_sf=True)), (1, 16)),
+        (under_reference(lambda: ops.per_token_cast(x, round_sf=True, use_packed_ue8m0=True,
+                                                    use_tma_aligned_col_major_sf=True)), (1, 128)),
+        (under_reference(lambda: ops.per_block_cast(x, round_sf=True, use_packed_ue8m0=True)), (128, 128)),
+        (under_reference(lambda: ops.per_channel_cast(x, num_per_tokens=32, round_sf=True, use_packed_ue8m0=True)),
+         (32, 1)),
+    ]
+
+
+def _requant_ops(block):
+    from tileplug.core import ops
+
+    return [
+        (ops.per_token_cast, {"x_block_size": block, "num_per_channels": 64}),
+        (ops.per_token_cast, {"x_block_size": block, "fmt": "e2m1", "num_per_channels": 16, "round_sf": True}),
+        (ops.per_block_cast, {"x_block_size": block, "block_size": (32, 32)}),
+    ]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _precompiled():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    precompile(_case_specs(_cases()))
+    from tileplug.backend_cuda.quant import jit
+
+    started = time.perf_counter()
+    specs = _case_specs(_cases())
+    jit.precompile(specs)
+    print(f"\nprecompiled {len(specs)} specialisations in {time.perf_counter() - started:.1f} s")
     yield
 
 
@@ -129,9 +184,6 @@ def _check(case, oracle: str) -> None:
             assert_sf_equal(have.cpu(), want.cpu(), case.block, case.tokens, case.hidden, what=f"{case.id} sf")
         else:
             assert_bytes_equal(have.cpu(), want.cpu(), what=f"{case.id} output {index}", strides=True)
-
-
-CASES = None
 
 
 def pytest_generate_tests(metafunc):  # noqa: D103 - pytest hook
@@ -240,38 +292,27 @@ def test_requantization_of_every_input_layout() -> None:
     from tileplug.core.registry import use_backend
     from tileplug.reference.testing import activation, assert_bytes_equal, assert_sf_equal
 
-    x = activation(1001, 2048, device="cuda")
-    producers = [
-        ("1x32 fp32", lambda: ops.per_token_cast(x, num_per_channels=32), (1, 32)),
-        ("1x16 e2m1 e4m3sf col", lambda: ops.per_token_cast(x, fmt="e2m1", num_per_channels=16, use_e4m3_sf=True,
-                                                           use_tma_aligned_col_major_sf=True), (1, 16)),
-        ("1x128 ue8m0 col", lambda: ops.per_token_cast(x, round_sf=True, use_packed_ue8m0=True,
-                                                     use_tma_aligned_col_major_sf=True), (1, 128)),
-        ("128x128 ue8m0", lambda: ops.per_block_cast(x, round_sf=True, use_packed_ue8m0=True), (128, 128)),
-        ("32x1 ue8m0", lambda: ops.per_channel_cast(x, num_per_tokens=32, round_sf=True, use_packed_ue8m0=True), (32, 1)),
-    ]
-    for name, produce, block in producers:
-        with use_backend("reference"):
-            pair = produce()
+    tokens, hidden = 1001, 2048
+    x = activation(tokens, hidden, device="cuda")
+    for produce, block in _producers(x):
+        pair = produce()
         cpu_pair = (pair[0].cpu(), pair[1].cpu())
-        for op, kwargs, out_block in (
-            (ops.per_token_cast, {"x_block_size": block, "num_per_channels": 64}, (1, 64)),
-            (ops.per_token_cast, {"x_block_size": block, "fmt": "e2m1", "num_per_channels": 16, "round_sf": True}, (1, 16)),
-            (ops.per_block_cast, {"x_block_size": block, "block_size": (32, 32)}, (32, 32)),
-        ):
+        name = f"input {block}"
+        for op, kwargs in _requant_ops(block):
+            out_block = (1, kwargs.get("num_per_channels", 128)) if op is ops.per_token_cast else (32, 32)
             with use_backend(BACKEND):
                 q, sf = op(pair, **kwargs)
             with use_backend("reference"), config.host_layout("cuda"):
                 q_ref, sf_ref = op(cpu_pair, **kwargs)
-            assert_bytes_equal(q.cpu(), q_ref, f"{name} -> {op.__name__} q")
-            assert_sf_equal(sf.cpu(), sf_ref, out_block, 1001, 2048, f"{name} -> {op.__name__} sf")
-        if block[1] != 1:
+            assert_bytes_equal(q.cpu(), q_ref, f"{name} -> {op.__name__} {kwargs} q")
+            assert_sf_equal(sf.cpu(), sf_ref, out_block, tokens, hidden, f"{name} -> {op.__name__} {kwargs} sf")
+        if block[0] == 1:
             with use_backend(BACKEND):
-                q, sf = ops.per_channel_cast(pair, num_per_channels=block[1]) if block[0] == 1 else (None, None)
-            if q is not None:
-                with use_backend("reference"), config.host_layout("cuda"):
-                    q_ref, sf_ref = ops.per_channel_cast(cpu_pair, num_per_channels=block[1])
-                assert_bytes_equal(q.cpu(), q_ref, f"{name} -> per_channel q")
+                q, sf = ops.per_channel_cast(pair, num_per_channels=block[1])
+            with use_backend("reference"), config.host_layout("cuda"):
+                q_ref, sf_ref = ops.per_channel_cast(cpu_pair, num_per_channels=block[1])
+            assert_bytes_equal(q.cpu(), q_ref, f"{name} -> per_channel q")
+            assert_sf_equal(sf.cpu(), sf_ref, (128, 1), tokens, hidden, f"{name} -> per_channel sf")
         for fmt in ("bf16", "fp32"):
             with use_backend(BACKEND):
                 y = ops.cast_back(pair, fmt=fmt, x_block_size=block)

@@ -8,7 +8,7 @@ strides) and stores 16 results.
 
 from __future__ import annotations
 
-from tileplug.backend_cuda.quant.kernels import QuantKernel
+from tileplug.backend_cuda.quant.kernels import QuantKernel, tile_override
 from tileplug.core.contracts.quant import QuantCall
 
 WARPS = 4
@@ -19,5 +19,5 @@ class CastBack(QuantKernel):
     op = "cast_back"
     tile_op = "cast_back"
 
-    def geometry(self, call: QuantCall) -> tuple[int, int]:
-        return WARPS, ROWS_PER_THREAD
+    def geometry(self, call: QuantCall) -> tuple[int, int, int]:
+        return tile_override("cast_back", (WARPS, ROWS_PER_THREAD, 1))

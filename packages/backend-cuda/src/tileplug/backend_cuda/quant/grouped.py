@@ -52,6 +52,8 @@ def build_kernel(spec: KernelSpec):
     WRITE_Q = MODE in ("cast", "precomputed_sf", "cast_back")
     QUANTIZED = spec.quantized_input
     IN_DT = spec.in_dtype
+    X_DT = spec.x_storage_dtype
+    PAIRS = spec.bf16_pairs
 
     if CAST_BACK:
         BM, BN = 1, 16  # cast_back has no output groups; tile like a per-token op
@@ -111,6 +113,9 @@ def build_kernel(spec: KernelSpec):
 
     def decoded(xv, i, j):
         """fp32 value of element j of the thread's row i (before any input scale)."""
+        if PAIRS:  # bf16 2k in the low half of word k, 2k+1 in the high half
+            word = xv[i * XVEC + j // 2]
+            return T.reinterpret(T.if_then_else(j % 2 == 0, T.shift_left(word, 16), word & -65536), "float32")
         if IN_DT == "int8":
             byte = T.cast(xv[i * XVEC + j // 2], "int32")
             return sf_math.e2m1_value(T.shift_right(byte, (j % 2) * 4) & 15)
@@ -125,19 +130,32 @@ def build_kernel(spec: KernelSpec):
             return decoded(xv, i, j) * input_scale(sin, i, j)
         return decoded(xv, i, j)
 
+    def amax_key(xv, sin, i, j):
+        """int32 amax key of an element: the bits of |value| (see sf_math.abs_bits). For a
+        bf16 input it is taken from the raw bf16 bits (the fp32 bits are those shifted left
+        by 16), so the amax pass holds no fp32 copy of the tile in registers."""
+        if PAIRS:
+            word = xv[i * XVEC + j // 2]
+            return T.if_then_else(j % 2 == 0, T.shift_left(word & 0x7FFF, 16), word & 0x7FFF0000)
+        if IN_DT == "bfloat16":
+            return sf_math.bf16_abs_bits(xv[i * XVEC + j])
+        return sf_math.abs_bits(scaled(xv, sin, i, j))
+
     @T.macro
     def build(x, sf_in, given, q, sf):
         with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT) as (bx, by):
             if spec.vectorize:
                 T.assume(S % XVEC == 0)
             T.assume(XW % (16 // VPB_IN) == 0)
+            if spec.min_blocks_per_sm > 1:
+                T.annotate_min_blocks_per_sm(spec.min_blocks_per_sm)
             tx = T.get_thread_binding()
             lane = tx % 32
             w = tx // 32
             c0 = (by * 32 + lane) * VEC
-            xv = T.alloc_local((RPT * XVEC,), IN_DT)
-            amax = T.alloc_local((RPT * NSF,), "int32")
-            inv = T.alloc_local((RPT * NSF,), "float32")
+            xv = T.alloc_local((RPT * XVEC,), X_DT)
+            amax = T.alloc_local((RPT if PER_TOKEN else NSF,), "int32")
+            inv = T.alloc_local((RPT if PER_TOKEN else NSF,), "float32")
             yv = T.alloc_local((VEC,), "float32")
             sin = None
             if QUANTIZED:
@@ -165,7 +183,7 @@ def build_kernel(spec: KernelSpec):
                             sin[i] = read_sf(sf_in, IN_SF, r // IBM, c0 // IBN)
                 else:
                     for j in T.unroll(XVEC):
-                        xv[i * XVEC + j] = T.cast(0, IN_DT)
+                        xv[i * XVEC + j] = T.cast(0, X_DT)
                     if QUANTIZED:
                         if IBN == 1:
                             for j in T.unroll(VEC):
@@ -184,23 +202,23 @@ def build_kernel(spec: KernelSpec):
 
             if COMPUTE_SF:
                 # ---- amax of |value| on bits (NaN-propagating) ----
-                for i in T.unroll(RPT):
-                    for e in T.unroll(NSF):
-                        amax[i * NSF + e] = 0
-                    for j in T.unroll(VEC):
-                        value = scaled(xv, sin, i, j)
-                        if PER_CHANNEL:
-                            amax[i * NSF + j] = sf_math.abs_bits(value)
-                        else:
-                            amax[i * NSF] = T.max(amax[i * NSF], sf_math.abs_bits(value))
-                if PER_TOKEN:
+                if PER_TOKEN:  # one accumulator per row
+                    for i in T.unroll(RPT):
+                        amax[i] = 0
+                        for j in T.unroll(VEC):
+                            amax[i] = T.max(amax[i], amax_key(xv, sin, i, j))
                     for i in T.unroll(RPT):
                         for d in SHUFFLES:
                             amax[i] = T.max(amax[i], T.shfl_xor(amax[i], d))
-                else:
-                    for i in T.unroll(RPT - 1):
-                        for e in T.unroll(NSF):
-                            amax[e] = T.max(amax[e], amax[(i + 1) * NSF + e])
+                else:  # one accumulator per group column, folded over the thread's rows
+                    for e in T.unroll(NSF):
+                        amax[e] = 0
+                    for i in T.unroll(RPT):
+                        for j in T.unroll(VEC):
+                            if PER_CHANNEL:
+                                amax[j] = T.max(amax[j], amax_key(xv, sin, i, j))
+                            else:
+                                amax[0] = T.max(amax[0], amax_key(xv, sin, i, j))
                     for d in SHUFFLES:
                         amax[0] = T.max(amax[0], T.shfl_xor(amax[0], d))
                     for e in T.unroll(NSF):
@@ -275,7 +293,7 @@ def build_kernel(spec: KernelSpec):
                             q[r, c0 // VPB_OUT + j] = qv[j]
 
     # ------------------------------------------------------------ signatures per mode
-    x_t = T.StridedTensor((M, XW), (S, 1), IN_DT)
+    x_t = T.StridedTensor((M, XW), (S, 1), X_DT)
     sf_in_t = T.StridedTensor((IR, IC), (IS0, IS1), IN_SF.tl_dtype) if IN_SF is not None else None
     given_t = T.StridedTensor((GR, GC), (GS0, GS1), GIVEN.tl_dtype) if GIVEN is not None else None
     q_t = T.Tensor((M, H), QDT) if CAST_BACK else T.Tensor((M, QW), QDT)

@@ -89,3 +89,30 @@ def compiled(spec: KernelSpec, arch: str | None = None) -> Any:
                 compile_count += 1
                 _compiled[key] = kernel
     return kernel
+
+
+def _compile_only(spec: KernelSpec, arch: str) -> str:
+    _compile(spec, arch)  # fills TileLang's disk cache
+    return spec.name
+
+
+def precompile(specs, arch: str | None = None, workers: int | None = None) -> None:
+    """Compile many specialisations in parallel processes (spawned: no CUDA state is
+    inherited), then load them into this process from TileLang's disk cache.
+
+    TileLang spends most of a compile in single-threaded Python and nvcc, so a process pool
+    scales with the host's cores where threads would not.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    arch = arch or device_arch()
+    todo = [spec for spec in dict.fromkeys(specs) if (spec, arch) not in _compiled]
+    if not todo:
+        return
+    workers = max(1, min(len(todo), workers or os.cpu_count() or 1))
+    if workers > 1:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(_compile_only, todo, [arch] * len(todo)))
+    with ThreadPoolExecutor(min(8, workers)) as pool:
+        list(pool.map(lambda spec: compiled(spec, arch), todo))

@@ -7,6 +7,7 @@ a call costs one dict lookup, a few attribute reads and the tvm_ffi launch.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,17 @@ from tileplug.backend_cuda.quant.spec import KernelSpec, common_reason, make_spe
 from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
 
 Launcher = Callable[[QuantInputs, QuantOutputs], None]
+
+
+def tile_override(op: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
+    """``(warps, rows_per_thread, min_blocks_per_sm)`` of an op's tile; the variable
+    ``TILEPLUG_CUDA_TILE_<OP>=warps,rows,min_blocks`` overrides it (tuning on a GPU host
+    without editing code; read when a call signature is first seen)."""
+    text = os.environ.get(f"TILEPLUG_CUDA_TILE_{op.upper()}")
+    if not text:
+        return default
+    values = tuple(int(v) for v in text.split(","))
+    return values + default[len(values):]
 
 
 class QuantKernel:
@@ -47,8 +59,8 @@ class QuantKernel:
         """Op-specific declines (None: accepted)."""
         return None
 
-    def geometry(self, call: QuantCall) -> tuple[int, int]:
-        """(warps per CTA, rows per thread) of the tile."""
+    def geometry(self, call: QuantCall) -> tuple[int, ...]:
+        """(warps per CTA, rows per thread[, min CTAs per SM]) of the tile."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers
@@ -103,7 +115,8 @@ def _byte_view(spec: KernelSpec) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def make_launcher(spec: KernelSpec, kernel: Any) -> Launcher:
     """A closure running ``kernel`` (compiled ``spec``) on a call's inputs and outputs."""
-    vec = spec.x_vec if spec.vectorize else 1
+    vec = (spec.x_vec * spec.in_values_per_byte if spec.bf16_pairs else spec.x_vec) if spec.vectorize else 1
+    pairs = spec.bf16_pairs
     sf_arg = _byte_view(spec)
     quantized = spec.in_sf is not None
     mode = spec.mode
@@ -112,8 +125,8 @@ def make_launcher(spec: KernelSpec, kernel: Any) -> Launcher:
         # A single row's stride is never used, but the kernel's runtime check reads it:
         # give the row a stride the check accepts (the contract ignores it for one row).
         if vec > 1 and x.stride(0) % vec and x.shape[0] == 1:
-            return x.as_strided(x.shape, (-(-x.shape[1] // vec) * vec, 1))
-        return x
+            x = x.as_strided(x.shape, (-(-x.shape[1] // vec) * vec, 1))
+        return x.view(torch.int32) if pairs else x
 
     def q_target(q: torch.Tensor) -> torch.Tensor | None:
         # Outputs are stored 64/128 bits at a time: an ``out=`` view off a 16-byte

@@ -1,8 +1,9 @@
 """CUDA ``per_block_cast`` (groups ``bm × bn``, each side 16/32/64/128) and its sf-only /
 precomputed-sf variants.
 
-Tile: one group row — 8 warps × ``bm / 8`` rows per thread — by 32 lanes × one 128-bit load
-of columns. All of a thread's rows are loaded before any math and stay in registers: the
+Tile: one group row — 16 warps × ``bm / 16`` rows per thread — by 32 lanes × one 128-bit
+load of columns (a bf16 row is read as int32 pairs: one register holds two values, so two
+128-row tiles fit an SM's registers). All of a thread's rows are loaded before any math and stay in registers: the
 amax (thread rows → group lanes by shuffle → warps through shared memory) and the quantize
 pass read ``x`` from DRAM once. Any token count: a partial last block row covers only the
 valid rows.
@@ -10,17 +11,19 @@ valid rows.
 
 from __future__ import annotations
 
-from tileplug.backend_cuda.quant.kernels import QuantKernel
+from tileplug.backend_cuda.quant.kernels import QuantKernel, tile_override
 from tileplug.core.contracts.quant import QuantCall
 
-WARPS = 8
+WARPS = 16
+MIN_BLOCKS_PER_SM = 2  # caps registers so two tiles share an SM (one loads while one stores)
 
 
 class PerBlockCast(QuantKernel):
     op = "per_block_cast"
     tile_op = "per_block"
 
-    def geometry(self, call: QuantCall) -> tuple[int, int]:
+    def geometry(self, call: QuantCall) -> tuple[int, int, int, bool]:
         bm = call.cast.block[0]
-        warps = min(WARPS, bm)
-        return warps, bm // warps
+        warps, _, min_blocks = tile_override("per_block", (WARPS, 0, MIN_BLOCKS_PER_SM))
+        warps = min(warps, bm)
+        return warps, bm // warps, min_blocks, True

@@ -7,7 +7,7 @@ is ``g / VEC`` adjacent lanes reduced with xor-shuffles (see ``grouped.py``).
 
 from __future__ import annotations
 
-from tileplug.backend_cuda.quant.kernels import QuantKernel
+from tileplug.backend_cuda.quant.kernels import QuantKernel, tile_override
 from tileplug.core.contracts.quant import QuantCall
 
 WARPS = 4
@@ -18,5 +18,5 @@ class PerTokenCast(QuantKernel):
     op = "per_token_cast"
     tile_op = "per_token"
 
-    def geometry(self, call: QuantCall) -> tuple[int, int]:
-        return WARPS, ROWS_PER_THREAD
+    def geometry(self, call: QuantCall) -> tuple[int, int, int]:
+        return tile_override("per_token", (WARPS, ROWS_PER_THREAD, 1))

@@ -45,6 +45,12 @@ def abs_bits(value):
 
 
 @T.macro
+def bf16_abs_bits(value):
+    """Same key as ``abs_bits(float(value))`` for a bf16 ``value``, from its 16 raw bits."""
+    return T.shift_left(T.cast(T.reinterpret(value, "uint16"), "int32") & 0x7FFF, 16)
+
+
+@T.macro
 def pow2(k):
     """Exact fp32 ``2^k`` for int32 ``k`` in [-149, 128] (128 gives +inf), built from bits."""
     return T.reinterpret(

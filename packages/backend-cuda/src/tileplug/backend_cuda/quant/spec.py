@@ -75,6 +75,8 @@ class KernelSpec:
     vectorize: bool
     warps: int
     rows_per_thread: int
+    min_blocks_per_sm: int = 1
+    bf16_pairs: bool = False
 
     # --------------------------------------------------------------- derived constants
     @property
@@ -83,7 +85,13 @@ class KernelSpec:
 
     @property
     def in_values_per_byte(self) -> int:
-        return 2 if self.in_dtype == "int8" else 1
+        """Logical values per storage element of ``x`` (2: e2m1 pairs, or bf16 pairs read as int32)."""
+        return 2 if self.in_dtype == "int8" or self.bf16_pairs else 1
+
+    @property
+    def x_storage_dtype(self) -> str:
+        """TileLang dtype of the ``x`` buffer (bf16 pairs are read as int32 words)."""
+        return "int32" if self.bf16_pairs else self.in_dtype
 
     @property
     def vec(self) -> int:
@@ -125,7 +133,9 @@ class KernelSpec:
             parts.append("round")
         parts.append(f"c{self.clamp_min.hex().replace('.', '_').replace('+', 'p').replace('-', 'm')}")
         parts.append("v128" if self.vectorize else "scalar")
-        parts.append(f"w{self.warps}r{self.rows_per_thread}")
+        if self.bf16_pairs:
+            parts.append("pairs")
+        parts.append(f"w{self.warps}r{self.rows_per_thread}b{self.min_blocks_per_sm}")
         return "_".join(parts)
 
 
@@ -151,7 +161,9 @@ def common_reason(call: QuantCall) -> str | None:
     return None
 
 
-def make_spec(call: QuantCall, op: str, warps: int, rows_per_thread: int) -> KernelSpec:
+def make_spec(
+    call: QuantCall, op: str, warps: int, rows_per_thread: int, min_blocks_per_sm: int = 1, bf16_pairs: bool = False
+) -> KernelSpec:
     """The kernel specialisation serving ``call`` (assumes ``common_reason(call)`` is None)."""
     in_sf = None
     qin = call.quantized_input
@@ -161,7 +173,7 @@ def make_spec(call: QuantCall, op: str, warps: int, rows_per_thread: int) -> Ker
     if call.mode == MODE_CAST_BACK:
         return KernelSpec(
             op, call.mode, TL_DTYPES[call.input_dtype], in_sf, None, TL_DTYPES[call.output_dtype], None, False,
-            None, False, 0.0, vectorize, warps, rows_per_thread,
+            None, False, 0.0, vectorize, warps, rows_per_thread, min_blocks_per_sm,
         )
     cast = call.cast
     given = None
@@ -185,4 +197,6 @@ def make_spec(call: QuantCall, op: str, warps: int, rows_per_thread: int) -> Ker
         vectorize,
         warps,
         rows_per_thread,
+        min_blocks_per_sm,
+        bf16_pairs and vectorize and call.input_dtype == torch.bfloat16,
     )

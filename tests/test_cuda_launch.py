@@ -1,0 +1,178 @@
+"""CUDA backend host side, without a GPU: declines, specialisation keys, and the launchers'
+argument marshalling (byte views of packed sf, bf16 pairs, single-row strides, misaligned
+``out=``), checked against the kernel's own sf indexing emulated in Python."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tileplug.backend_cuda.plugin import _KERNELS, make_backend
+from tileplug.backend_cuda.quant.kernels import make_launcher
+from tileplug.core import CUDA_LAYOUT, ops
+from tileplug.core.lowering import describe_call
+from tileplug.core.quant import layouts
+
+
+def _call(op, *args, **kwargs):
+    call, inputs = describe_call(op, *args, **kwargs)
+    return _KERNELS[call.op], call, inputs
+
+
+def test_backend_registers_every_quant_op() -> None:
+    backend = make_backend()
+    assert set(backend.kernels) == {"per_token_cast", "per_block_cast", "per_channel_cast", "cast_back"}
+    assert backend.lower is not None and "Declined" in backend.capabilities()
+
+
+def test_hidden_not_multiple_of_16_declined() -> None:
+    kernel, call, _ = _call(ops.per_token_cast, torch.empty(2, 584, dtype=torch.bfloat16))
+    assert "multiple of 16" in kernel.supports(call)
+    kernel, call, _ = _call(ops.per_block_cast, torch.empty(2, 592, dtype=torch.bfloat16))
+    assert kernel.supports(call) is None
+
+
+def test_specialisation_ignores_tokens_and_hidden() -> None:
+    """One compiled kernel serves every T and H of a configuration."""
+    specs = set()
+    for tokens, hidden in ((1, 576), (4001, 7168), (3, 2048)):
+        kernel, call, _ = _call(ops.per_token_cast, torch.empty(tokens, hidden, dtype=torch.bfloat16))
+        specs.add(kernel.spec(call))
+    assert len(specs) == 1
+
+
+def test_misaligned_rows_take_the_scalar_variant() -> None:
+    base = torch.empty(4, 577, dtype=torch.bfloat16)
+    kernel, call, _ = _call(ops.per_token_cast, base[:, :576])
+    assert call.input_alignment == 2 and not kernel.spec(call).vectorize
+    kernel, call, _ = _call(ops.per_token_cast, torch.empty(4, 576, dtype=torch.bfloat16))
+    assert kernel.spec(call).vectorize
+
+
+class Recorder:
+    def __init__(self):
+        self.args = None
+
+    def __call__(self, *args):
+        self.args = args
+
+
+def _launch(op, x, **kwargs):
+    kernel, call, inputs = _call(op, x, **kwargs)
+    outputs = call.allocate(CUDA_LAYOUT)
+    recorder = Recorder()
+    make_launcher(kernel.spec(call), recorder)(inputs, outputs)
+    return kernel.spec(call), call, outputs, recorder.args
+
+
+def _kernel_sf_write(spec, view, gr, gc, byte):
+    """The kernel's packed-UE8M0 store (grouped.py), emulated on the tensor it receives."""
+    if spec.block[1] == 1:
+        view[gr // 4, gc * 4 + gr % 4] = byte
+    elif spec.sf_col_major:
+        view[gc // 4, gr * 4 + gc % 4] = byte
+    else:
+        view[gr, gc] = byte
+
+
+@pytest.mark.parametrize(
+    "op,kwargs",
+    [
+        (ops.per_token_cast, {"num_per_channels": 32}),
+        (ops.per_token_cast, {"num_per_channels": 32, "use_tma_aligned_col_major_sf": True}),
+        (ops.per_block_cast, {"block_size": (32, 64)}),
+        (ops.per_block_cast, {"block_size": (32, 64), "use_tma_aligned_col_major_sf": True}),
+        (ops.per_channel_cast, {"num_per_tokens": 32}),
+    ],
+)
+@pytest.mark.parametrize("tokens", [1, 3, 37, 130])
+def test_packed_sf_byte_view_matches_the_layout(op, kwargs, tokens: int) -> None:
+    x = torch.empty(tokens, 576, dtype=torch.bfloat16)
+    spec, call, outputs, args = _launch(op, x, round_sf=True, use_packed_ue8m0=True, **kwargs)
+    view = args[-1]
+    assert view.dtype == torch.uint8 and view.untyped_storage().data_ptr() == outputs.sf.untyped_storage().data_ptr()
+    rows, cols = call.sf_rows_cols()
+    expected = torch.randint(0, 255, (rows, cols), dtype=torch.uint8)
+    for gr in range(rows):
+        for gc in range(cols):
+            _kernel_sf_write(spec, view, gr, gc, int(expected[gr, gc]))
+    got = layouts.unpack_ue8m0(outputs.sf, call.cast.pack_axis, rows, cols)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("col_major", [False, True])
+def test_fp32_and_e4m3_sf_are_written_by_strides(col_major: bool) -> None:
+    for extra in ({}, {"use_e4m3_sf": True}):
+        x = torch.empty(37, 576, dtype=torch.bfloat16)
+        _, _, outputs, args = _launch(ops.per_token_cast, x, use_tma_aligned_col_major_sf=col_major, **extra)
+        assert args[-1] is outputs.sf and args[1] is outputs.q
+
+
+def test_per_block_bf16_is_handed_over_as_int32_pairs() -> None:
+    x = torch.arange(3 * 576, dtype=torch.float32).reshape(3, 576).to(torch.bfloat16)
+    spec, _, _, args = _launch(ops.per_block_cast, x, block_size=(32, 32))
+    assert spec.bf16_pairs and args[0].dtype == torch.int32 and args[0].shape == (3, 288)
+    words = args[0]
+    low = (words << 16).view(torch.float32)
+    high = (words & -65536).view(torch.float32)
+    assert torch.equal(low, x[:, 0::2].float()) and torch.equal(high, x[:, 1::2].float())
+
+
+def test_single_row_with_an_odd_stride_gets_a_checkable_stride() -> None:
+    base = torch.empty(2, 7168 + 3, dtype=torch.bfloat16)
+    x = base[:1, :7168]
+    spec, _, _, args = _launch(ops.per_token_cast, x)
+    assert spec.vectorize  # one row: alignment is the pointer's
+    assert args[0].stride(0) % 8 == 0 and args[0].data_ptr() == x.data_ptr()
+
+
+def test_misaligned_out_goes_through_an_aligned_temporary() -> None:
+    x = torch.empty(5, 576, dtype=torch.bfloat16)
+    kernel, call, inputs = _call(ops.per_token_cast, x)
+    spec = kernel.spec(call)
+    outputs = call.allocate(CUDA_LAYOUT)
+    q = torch.zeros(5 * 576 + 1, dtype=torch.float8_e4m3fn)[1:].view(5, 576)
+    outputs = outputs._replace(q=q)
+
+    def fake(x, q_arg, sf):
+        assert q_arg.data_ptr() % 16 == 0
+        q_arg.view(torch.uint8).fill_(7)
+
+    make_launcher(spec, fake)(inputs, outputs)
+    assert bool((q.view(torch.uint8) == 7).all())
+
+
+def test_concurrent_first_calls_build_one_launcher(monkeypatch) -> None:
+    """Eight threads calling a new signature at once compile once (jit.compiled is stubbed)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tileplug.backend_cuda.quant import jit, kernels
+
+    compiled = []
+
+    def fake_compile(spec, arch):
+        time.sleep(0.05)
+        compiled.append(spec)
+        return Recorder()
+
+    monkeypatch.setattr(jit, "_compile", fake_compile)
+    monkeypatch.setattr(jit, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(jit, "_compiled", {})
+    monkeypatch.setattr(kernels, "fast_entry", lambda k: k)
+    kernel, call, inputs = _call(ops.per_token_cast, torch.empty(3, 576, dtype=torch.bfloat16), num_per_channels=16,
+                                 fmt="e2m1")
+    call = dataclasses.replace(call)
+    fresh = type(kernel)()
+    barrier = threading.Barrier(8)
+
+    def run(_):
+        barrier.wait()
+        fresh(call, inputs, call.allocate(CUDA_LAYOUT))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(run, range(8)))
+    assert len(compiled) == 1
