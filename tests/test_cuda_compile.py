@@ -163,37 +163,53 @@ def lower_case(case: tuple, input_alignment: int | None = None) -> dict:
     return result
 
 
-def nvcc(source: str, ptx: bool = False) -> tuple[str | None, str]:
-    """Compile CUDA ``source`` (cubin, or PTX when ``ptx``) → (error or None, PTX text)."""
+def nvcc(source: str, ptx: bool = False) -> tuple[str | None, str, str]:
+    """Compile CUDA ``source`` (cubin with ptxas -v, or PTX when ``ptx``) →
+    (error or None, PTX text, ptxas report)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.cu")
         with open(path, "w") as handle:
             handle.write(source)
         output = os.path.join(tmp, "kernel.ptx" if ptx else "kernel.cubin")
-        done = subprocess.run([shutil.which("nvcc") or "nvcc", *nvcc_flags(), "-ptx" if ptx else "-cubin", path,
-                               "-o", output], capture_output=True, text=True)
+        mode = ["-ptx"] if ptx else ["-cubin", "-Xptxas", "-v"]
+        done = subprocess.run([shutil.which("nvcc") or "nvcc", *nvcc_flags(), *mode, path, "-o", output],
+                              capture_output=True, text=True)
         if done.returncode:
-            return f"nvcc failed:\n{done.stderr[-3000:]}", ""
+            return f"nvcc failed:\n{done.stderr[-3000:]}", "", ""
         if ptx:
             with open(output) as handle:
-                return None, handle.read()
-    return None, ""
+                return None, handle.read(), ""
+    return None, "", done.stderr
 
 
-def compile_batch(sources: list[str]) -> list[str | None]:
+SPILLS = re.compile(r"Function properties for (\w+)\s*\n\s*\d+ bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def spill_bytes(report: str) -> dict[str, int]:
+    """Kernel symbol → spilled bytes (stores + loads) from a ptxas -v report."""
+    return {name: int(stores) + int(loads) for name, stores, loads in SPILLS.findall(report)}
+
+
+def compile_batch(sources: list[str]) -> tuple[list[str | None], dict[str, int]]:
     """nvcc one translation unit holding every source (the heavy TileLang headers are parsed
-    once); on failure each source is compiled alone to name the broken one."""
-    error, _ = nvcc("\n".join(sources))
+    once); on failure each source is compiled alone to name the broken one. Also returns the
+    spills ptxas reports per kernel symbol."""
+    error, _, report = nvcc("\n".join(sources))
     if error is None or len(sources) == 1:
-        return [error] * len(sources)
-    return [nvcc(source)[0] for source in sources]
+        return [error] * len(sources), spill_bytes(report)
+    errors, spills = [], {}
+    for source in sources:
+        error, _, report = nvcc(source)
+        errors.append(error)
+        spills.update(spill_bytes(report))
+    return errors, spills
 
 
 def lower_and_compile(case: tuple, input_alignment: int | None = None, ptx: bool = False) -> dict:
     """Lower one case for sm_90 and compile it alone."""
     result = lower_case(case, input_alignment)
     if result["ok"]:
-        error, result["ptx"] = nvcc(result["source"], ptx)
+        error, result["ptx"], _ = nvcc(result["source"], ptx)
         if error is not None:
             result.update(ok=False, error=error)
     return result
@@ -223,8 +239,9 @@ def compiled_grid() -> dict[str, dict]:
         results = list(pool.map(lower_case, GRID))
         lowered = [r for r in results if r["ok"]]
         batches = [lowered[i : i + BATCH] for i in range(0, len(lowered), BATCH)]
-        for batch, errors in zip(batches, pool.map(compile_batch, [[r["source"] for r in b] for b in batches])):
+        for batch, (errors, spills) in zip(batches, pool.map(compile_batch, [[r["source"] for r in b] for b in batches])):
             for result, error in zip(batch, errors):
+                result["spill_bytes"] = spills.get(result["spec"] + "_kernel")
                 if error is not None:
                     result.update(ok=False, error=error)
     return {r["id"]: r for r in results}
@@ -234,6 +251,15 @@ def compiled_grid() -> dict[str, dict]:
 def test_specialisation_lowers_and_compiles(case: tuple, compiled_grid: dict[str, dict]) -> None:
     result = compiled_grid[case[0]]
     assert result["ok"], result.get("error")
+
+
+def test_no_specialisation_spills_registers(compiled_grid: dict[str, dict]) -> None:
+    """ptxas reports no local-memory spills for any kernel of the grid (a tile geometry that
+    needs more registers than its launch bounds allow would read and write local memory)."""
+    spilled = {i: r["spill_bytes"] for i, r in compiled_grid.items() if r.get("spill_bytes")}
+    unknown = [i for i, r in compiled_grid.items() if r["ok"] and r.get("spill_bytes") is None]
+    assert not unknown, f"no ptxas report for {unknown[:5]}"
+    assert not spilled, f"register spills (bytes): {spilled}"
 
 
 MAIN_PATHS = [c for c in GRID if c[2][0] == "float"]

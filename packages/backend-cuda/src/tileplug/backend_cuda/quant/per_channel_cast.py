@@ -7,11 +7,16 @@ shared memory. Rows past ``T`` are never read (a partial last group covers only 
 
 from __future__ import annotations
 
+import torch
+
 from tileplug.backend_cuda.quant.kernels import QuantKernel, tile_override
 from tileplug.core.contracts.quant import QuantCall
 
 WARPS = 16
-MIN_BLOCKS_PER_SM = 2  # caps registers so two tiles share an SM (one loads while one stores)
+# Two tiles per SM (≤ 64 registers at 512 threads) fit the plain e4m3 cast of a bf16 input
+# without spilling; the eight per-column power-of-two / e2m1 scale paths need more, so those
+# run one 512-thread tile per SM (ptxas reports checked by tests/test_cuda_compile.py).
+MIN_BLOCKS_PER_SM = 2
 
 
 class PerChannelCast(QuantKernel):
@@ -22,4 +27,12 @@ class PerChannelCast(QuantKernel):
         g = call.cast.block[0]
         warps, _, min_blocks = tile_override("per_channel", (WARPS, 0, MIN_BLOCKS_PER_SM))
         warps = min(warps, g)
+        lean = (
+            call.quantized_input is None
+            and call.input_dtype == torch.bfloat16
+            and call.cast.fmt.name == "e4m3"
+            and not call.cast.round_sf
+        )
+        if not lean:
+            min_blocks = 1
         return warps, g // warps, min_blocks, True
