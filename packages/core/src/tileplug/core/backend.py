@@ -37,6 +37,14 @@ class Kernel(Protocol):
     def __call__(self, call: Any, inputs: Any, outputs: Any) -> None: ...
 
 
+class PreparedKernel(Kernel, Protocol):
+    """A kernel that can bind itself to a call signature once: ``prepare(call)`` returns
+    ``launch(inputs, outputs)``, which the dispatcher caches per signature and calls instead
+    of ``kernel(call, inputs, outputs)`` (compile, argument order and lookups done once)."""
+
+    def prepare(self, call: Any) -> Callable[[Any, Any], None]: ...
+
+
 @dataclass
 class Backend:
     """A backend: ``name`` (unique), ``device_types`` it serves (``"*"`` for all),

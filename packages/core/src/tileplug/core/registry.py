@@ -16,7 +16,7 @@ import importlib.metadata
 import os
 import threading
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,44 @@ class PluginRecord:
     error: str | None = None
 
 
+class Route:
+    """The cached answer for one call signature: the chosen backend and kernel, the output
+    allocation plan for the backend's layout, and the kernel's prepared launcher.
+
+    A kernel may offer ``prepare(call) -> launcher(inputs, outputs)`` (compile, bind, look
+    up once per signature); the launcher is made on the first call with tokens and kept.
+    """
+
+    __slots__ = ("backend", "kernel", "traits", "alignment", "plan", "_call", "_launcher", "_lock")
+
+    def __init__(self, backend: Backend, kernel: Kernel, call: Any) -> None:
+        from tileplug.core import config
+
+        self.backend = backend
+        self.kernel = kernel
+        self.traits = backend.traits_for(call.device_type)
+        self.alignment = config.current().token_alignment_bytes
+        self.plan = call.allocation_plan(self.traits, self.alignment)
+        self._call = call
+        self._launcher: Callable[[Any, Any], None] | None = None
+        self._lock = threading.Lock()
+
+    def launcher(self) -> Callable[[Any, Any], None]:
+        """``launch(inputs, outputs)`` for this signature (prepared once, thread-safe)."""
+        launch = self._launcher
+        if launch is not None:
+            return launch
+        with self._lock:
+            if self._launcher is None:
+                prepare = getattr(self.kernel, "prepare", None)
+                if prepare is not None:
+                    self._launcher = prepare(self._call)
+                else:
+                    kernel, call = self.kernel, self._call
+                    self._launcher = lambda inputs, outputs: kernel(call, inputs, outputs)
+            return self._launcher
+
+
 def _parse_names(text: str | None) -> tuple[str, ...] | None:
     if not text:
         return None
@@ -56,7 +94,7 @@ class Registry:
         self._loaded = False
         self._records: list[PluginRecord] = []
         self._backends: dict[str, Backend] = {}
-        self._cache: dict[tuple[Any, tuple[str, ...] | None], tuple[Backend, Kernel]] = {}
+        self._cache: dict[tuple[Any, tuple[str, ...] | None], Route] = {}
         self._env_forced: tuple[str, ...] | None = None
 
     # ------------------------------------------------------------------ discovery
@@ -164,22 +202,32 @@ class Registry:
         return _forced.get() or self._env_forced
 
     # ------------------------------------------------------------------ selection
-    def select(self, op: str, call: Any) -> tuple[Backend, Kernel]:
-        """The backend and kernel that run ``call`` (cached on the call's signature)."""
-        key = (call, _forced.get())
-        hit = self._cache.get(key)
+    def route(self, call: Any) -> Route:
+        """The :class:`Route` that runs ``call`` (cached on the call's signature: one hash)."""
+        hit = self._cache.get((call, _forced.get()))
         if hit is not None:
             return hit
-        return self._select_uncached(op, call, key)
+        return self._route_uncached(call)
 
-    def _select_uncached(self, op: str, call: Any, key: tuple) -> tuple[Backend, Kernel]:
+    def select(self, op: str, call: Any) -> tuple[Backend, Kernel]:
+        """The backend and kernel that run ``call`` (cached on the call's signature)."""
+        route = self.route(call)
+        return route.backend, route.kernel
+
+    def _route_uncached(self, call: Any) -> Route:
         self.load()
+        key = (call, _forced.get())
         with self._lock:
-            choice, reasons = self._walk(op, call, stop_at_first=True)
+            hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+            choice, reasons = self._walk(call.op, call, stop_at_first=True)
             if choice is None:
-                raise NoBackendError(op, call.device_type, reasons)
-            self._cache[key] = choice
-            return choice
+                raise NoBackendError(call.op, call.device_type, reasons)
+            backend, kernel = choice
+            route = Route(backend, kernel, call)
+            self._cache[key] = route
+            return route
 
     def explain(self, op: str, call: Any) -> dict[str, str | None]:
         """For every candidate, None if it would accept ``call``, else why not."""

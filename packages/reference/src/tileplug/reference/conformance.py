@@ -21,7 +21,7 @@ import torch
 from tileplug.core import config, ops
 from tileplug.core.lowering import describe_call
 from tileplug.core.registry import registry, use_backend
-from tileplug.reference.testing import activation, assert_bytes_equal, assert_sf_equal
+from tileplug.reference.testing import activation, assert_bytes_equal, assert_sf_equal, cpu_copy
 
 SF_MODES: dict[str, dict[str, bool]] = {
     "plain": {},
@@ -132,11 +132,15 @@ class CaseDeclined(Exception):
     """The backend's kernel declines the case (its supports() reason is the message)."""
 
 
-def check_case(case: Case, backend: str, device: str | torch.device) -> None:
+def check_case(
+    case: Case, backend: str, device: str | torch.device, oracle_device: str | torch.device = "cpu"
+) -> None:
     """Run ``case`` on ``backend`` and assert it equals the reference bytewise.
 
-    Raises :class:`CaseDeclined` when the backend declines the call through ``supports()``
-    (a declined call falls through to another backend in normal use: not a failure).
+    The reference runs on ``oracle_device`` (the CPU by default; the backend's own device
+    makes large cases fast where PyTorch's arithmetic there is IEEE, as on CUDA) in the
+    backend's sf layout. Raises :class:`CaseDeclined` when the backend declines the call
+    through ``supports()`` (a declined call falls through in normal use: not a failure).
     """
     device = torch.device(device)
     chosen = registry.get(backend)
@@ -149,16 +153,17 @@ def check_case(case: Case, backend: str, device: str | torch.device) -> None:
         raise CaseDeclined(f"{backend} declines {case.id}: {why}")
     with use_backend(backend):
         actual = _outputs(op(*args, **kwargs))
-    cpu_args = tuple(tuple(t.cpu() for t in a) if isinstance(a, tuple) else a.cpu() for a in args)
-    cpu_kwargs = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    oracle = torch.device(oracle_device)
+    oracle_args = tuple(tuple(t.to(oracle) for t in a) if isinstance(a, tuple) else a.to(oracle) for a in args)
+    oracle_kwargs = {k: (v.to(oracle) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
     with use_backend("reference"), config.host_layout(chosen.traits_for(device.type)):
-        expected = _outputs(op(*cpu_args, **cpu_kwargs))
+        expected = [cpu_copy(t) for t in _outputs(op(*oracle_args, **oracle_kwargs))]
     for index, (have, want) in enumerate(zip(actual, expected)):
         is_sf = case.op != "cast_back" and (index == 1 or case.op.endswith("_sf_only"))
         if is_sf:
-            assert_sf_equal(have.cpu(), want, case.block, case.tokens, case.hidden, what=f"{case.id} sf")
+            assert_sf_equal(cpu_copy(have), want, case.block, case.tokens, case.hidden, what=f"{case.id} sf")
         else:
-            assert_bytes_equal(have.cpu(), want, what=f"{case.id} output {index}", strides=True)
+            assert_bytes_equal(cpu_copy(have), want, what=f"{case.id} output {index}", strides=True)
 
 
 # ---------------------------------------------------------------------- pytest plugin

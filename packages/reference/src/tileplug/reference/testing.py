@@ -56,12 +56,40 @@ def bytes_equal(actual: torch.Tensor, expected: torch.Tensor) -> bool:
     return bool(torch.equal(raw_bytes(actual).cpu(), raw_bytes(expected).cpu()))
 
 
-def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, what: str = "tensor", strides: bool = False) -> None:
-    """Assert bit-exact equality (dtype, shape, bytes; strides too when ``strides``)."""
+def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU copy with the same shape and strides (``.cpu()`` makes padded layouts dense)."""
+    if tensor.device.type == "cpu":
+        return tensor
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype).copy_(tensor)
+
+
+NAN_FREE_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def canonical_nans(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy on the CPU where every NaN has one encoding (floating dtypes; others as they are)."""
+    tensor = tensor.cpu()
+    if tensor.dtype in NAN_FREE_DTYPES or tensor.numel() == 0:
+        return tensor
+    nan = torch.isnan(tensor.float())
+    canonical = torch.full((), float("nan"), dtype=tensor.dtype)
+    return torch.where(nan, canonical, tensor)
+
+
+def assert_bytes_equal(
+    actual: torch.Tensor, expected: torch.Tensor, what: str = "tensor", strides: bool = False, nan_equal: bool = False
+) -> None:
+    """Assert bit-exact equality (dtype, shape, bytes; strides too when ``strides``).
+
+    ``nan_equal``: any NaN equals any NaN (sign and payload of a NaN the arithmetic
+    creates are unspecified, docs/numerics.md); every other byte must match.
+    """
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     if strides:
         assert actual.stride() == expected.stride(), f"{what}: stride {actual.stride()} != {expected.stride()}"
+    if nan_equal:
+        actual, expected = canonical_nans(actual), canonical_nans(expected)
     assert bytes_equal(actual, expected), f"{what}: {first_difference(actual, expected)}"
 
 
@@ -76,12 +104,21 @@ def sf_group_bytes(sf: torch.Tensor, block: tuple[int, int], tokens: int, hidden
 
 
 def assert_sf_equal(
-    actual: torch.Tensor, expected: torch.Tensor, block: tuple[int, int], tokens: int, hidden: int, what: str = "sf"
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    block: tuple[int, int],
+    tokens: int,
+    hidden: int,
+    what: str = "sf",
+    nan_equal: bool = False,
 ) -> None:
-    """Scales equal on every byte that holds a group; dtype, shape and strides equal too."""
+    """Scales equal on every byte that holds a group; dtype, shape and strides equal too
+    (``nan_equal``: fp32 / e4m3 NaN scales compare equal whatever their encoding)."""
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     assert actual.stride() == expected.stride(), f"{what}: stride {actual.stride()} != {expected.stride()}"
+    if nan_equal:
+        actual, expected = canonical_nans(actual), canonical_nans(expected)
     a = sf_group_bytes(actual, block, tokens, hidden)
     e = sf_group_bytes(expected, block, tokens, hidden)
     different = (a != e).any(dim=-1).nonzero()

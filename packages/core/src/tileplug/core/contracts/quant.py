@@ -74,6 +74,45 @@ class Ledger(NamedTuple):
         return self.bytes_read + self.bytes_written
 
 
+class AllocationPlan:
+    """Output allocation of one call signature on one layout, for any token count: two
+    ``torch.empty`` calls and a little integer math per call.
+
+    ``q_columns`` = 0 means no ``q``; ``sf_dtype`` None means no ``sf``. The sf holds
+    ``ceil(T/bm) × sf_columns`` groups, packed ``pack_factor`` to an integer along
+    ``pack_axis``; ``col_major_multiple`` > 0 stores it column-major with columns padded to
+    that many elements.
+    """
+
+    __slots__ = ("q_columns", "q_dtype", "sf_dtype", "bm", "sf_columns", "pack_factor", "pack_axis",
+                 "col_major_multiple")
+
+    def __init__(self, q_columns: int, q_dtype: torch.dtype, sf_dtype: torch.dtype | None = None, bm: int = 1,
+                 sf_columns: int = 0, pack_factor: int = 1, pack_axis: int = 1, col_major_multiple: int = 0) -> None:
+        self.q_columns = q_columns
+        self.q_dtype = q_dtype
+        self.sf_dtype = sf_dtype
+        self.bm = bm
+        self.pack_factor = pack_factor
+        self.pack_axis = pack_axis
+        self.sf_columns = -(-sf_columns // pack_factor) if pack_axis == 1 else sf_columns
+        self.col_major_multiple = col_major_multiple
+
+    def allocate(self, tokens: int, device: torch.device | None) -> QuantOutputs:
+        q = torch.empty((tokens, self.q_columns), dtype=self.q_dtype, device=device) if self.q_columns else None
+        if self.sf_dtype is None:
+            return QuantOutputs(q, None)
+        rows = -(-tokens // self.bm)
+        if self.pack_axis == 0:
+            rows = -(-rows // self.pack_factor)
+        if self.col_major_multiple:
+            padded = -(-rows // self.col_major_multiple) * self.col_major_multiple
+            sf = torch.empty_strided((rows, self.sf_columns), (1, padded), dtype=self.sf_dtype, device=device)
+        else:
+            sf = torch.empty((rows, self.sf_columns), dtype=self.sf_dtype, device=device)
+        return QuantOutputs(q, sf)
+
+
 @dataclass(frozen=True, slots=True)
 class QuantCall:
     """Frozen description of one quant-family call.
@@ -112,23 +151,28 @@ class QuantCall:
         assert self.cast is not None, "cast_back has no quantized output"
         return self.tokens, self.hidden // self.cast.fmt.values_per_byte
 
+    def allocation_plan(self, traits: LayoutTraits, alignment_bytes: int | None = None) -> AllocationPlan:
+        """How to allocate this call's outputs on a backend with ``traits`` for any token count
+        (``alignment_bytes``: column-major sf column alignment, default the traits')."""
+        alignment = alignment_bytes or traits.col_major_sf_alignment_bytes
+        if self.mode == MODE_CAST_BACK:
+            return AllocationPlan(self.hidden, self.output_dtype)
+        cast = self.cast
+        q_columns = 0 if self.mode == MODE_SF_ONLY else self.hidden // cast.fmt.values_per_byte
+        if self.mode == MODE_PRECOMPUTED_SF:
+            return AllocationPlan(q_columns, cast.fmt.storage_dtype)
+        encoding = cast.sf_encoding(traits)
+        bm, bn = cast.block
+        return AllocationPlan(
+            q_columns, cast.fmt.storage_dtype, encoding.dtype, bm, ceil_div(self.hidden, bn),
+            encoding.pack_factor, cast.pack_axis,
+            layouts.column_length(1, _itemsize(encoding.dtype), alignment) if cast.col_major_sf else 0,
+        )
+
     def allocate(self, traits: LayoutTraits) -> QuantOutputs:
         """Fresh output tensors for a backend whose layout traits are ``traits``."""
-        device = self.device
-        if self.mode == MODE_CAST_BACK:
-            return QuantOutputs(torch.empty((self.tokens, self.hidden), dtype=self.output_dtype, device=device), None)
-        cast = self.cast
-        q = None
-        sf = None
-        if self.mode != MODE_SF_ONLY:
-            q = torch.empty(self.q_shape(), dtype=cast.fmt.storage_dtype, device=device)
-        if self.mode != MODE_PRECOMPUTED_SF:
-            rows, cols = self.sf_rows_cols()
-            alignment = config.current().token_alignment_bytes or traits.col_major_sf_alignment_bytes
-            sf = layouts.allocate(
-                cast.sf_encoding(traits), cast.pack_axis, rows, cols, cast.col_major_sf, alignment, device
-            )
-        return QuantOutputs(q, sf)
+        plan = self.allocation_plan(traits, config.current().token_alignment_bytes)
+        return plan.allocate(self.tokens, self.device)
 
     def check_out(self, out: Any, traits: LayoutTraits) -> QuantOutputs:
         """Validate a caller's ``out=`` against the layout this call produces on ``traits``."""
@@ -144,12 +188,13 @@ class QuantCall:
                 or have.dtype != want.dtype
                 or have.stride() != want.stride()
                 or have.device != self.device
+                or have.data_ptr() % 16
             ):
                 raise ContractError(
                     self.op,
                     "out",
                     f"tensor(shape={tuple(want.shape)}, dtype={want.dtype}, stride={tuple(want.stride())}, "
-                    f"device={self.device.type})",
+                    f"device={self.device.type}, 16-byte aligned data)",
                     describe(have),
                 )
         slots = iter(given)
@@ -204,7 +249,7 @@ def byte_alignment(tensor: torch.Tensor, limit: int = 16) -> int:
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def _replace_device(call: QuantCall, device: torch.device) -> QuantCall:
@@ -249,14 +294,20 @@ def _check_sf_tensor(
     return encoding, col_major
 
 
+_FORMAT_NAMES = tuple(QUANT_FORMATS)
+_OUTPUT_NAMES = tuple(OUTPUT_DTYPES)
+
+
 def _check_fmt(op: str, fmt: Any):
-    return QUANT_FORMATS[check_choice(op, "fmt", fmt, tuple(QUANT_FORMATS))]
+    found = QUANT_FORMATS.get(fmt) if isinstance(fmt, str) else None
+    return found if found is not None else QUANT_FORMATS[check_choice(op, "fmt", fmt, _FORMAT_NAMES)]
 
 
 def _check_sf_flags(op: str, round_sf: Any, use_packed_ue8m0: Any, use_e4m3_sf: Any) -> None:
-    check_bool(op, "round_sf", round_sf)
-    check_bool(op, "use_packed_ue8m0", use_packed_ue8m0)
-    check_bool(op, "use_e4m3_sf", use_e4m3_sf)
+    if round_sf.__class__ is not bool or use_packed_ue8m0.__class__ is not bool or use_e4m3_sf.__class__ is not bool:
+        check_bool(op, "round_sf", round_sf)
+        check_bool(op, "use_packed_ue8m0", use_packed_ue8m0)
+        check_bool(op, "use_e4m3_sf", use_e4m3_sf)
     if round_sf and use_e4m3_sf:
         raise ContractError(op, "use_e4m3_sf", "False when round_sf=True (they exclude each other)", use_e4m3_sf)
     if use_packed_ue8m0 and not round_sf:
@@ -308,7 +359,8 @@ def _cast_call(
     sf: Any = None,
 ) -> tuple[QuantCall, QuantInputs]:
     quant_format = _check_fmt(op, fmt)
-    check_bool(op, "use_tma_aligned_col_major_sf", col_major_sf)
+    if col_major_sf.__class__ is not bool:
+        check_bool(op, "use_tma_aligned_col_major_sf", col_major_sf)
     _check_sf_flags(op, round_sf, use_packed_ue8m0, use_e4m3_sf)
     data, input_sf, hidden, quantized_input = _read_input(op, x, input_block, input_block_argument)
     if quant_format.values_per_byte == 2 and hidden % 2:
@@ -390,7 +442,7 @@ def per_channel_cast(
 def cast_back(x: Any, fmt: Any, x_block_size: Any) -> tuple[QuantCall, QuantInputs]:
     """Contract of ``cast_back``: ``(q, sf)`` of any layout §3 produces → bf16/fp32 [T, H]."""
     op = "cast_back"
-    output_dtype = OUTPUT_DTYPES[check_choice(op, "fmt", fmt, tuple(OUTPUT_DTYPES))]
+    output_dtype = OUTPUT_DTYPES[check_choice(op, "fmt", fmt, _OUTPUT_NAMES)]
     if not isinstance(x, (tuple, list)):
         raise ContractError(op, "x", "a pair (q, sf) of quantized data and its scales", describe(x))
     data, input_sf, hidden, quantized_input = _read_input(op, x, x_block_size, "x_block_size")

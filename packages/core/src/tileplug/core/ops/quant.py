@@ -23,6 +23,7 @@ from tileplug.core.contracts.quant import (
     QuantCall,
     QuantInputs,
 )
+from tileplug.core.config import current as current_config
 from tileplug.core.registry import registry
 
 QuantizedPair = tuple[torch.Tensor, torch.Tensor]
@@ -36,11 +37,18 @@ def _run(call: QuantCall, inputs: QuantInputs, out: Any = None) -> Any:
     if captured is not None:  # core.lower: describe the call, run nothing
         captured.append((call, inputs))
         return None
-    backend, kernel = registry.select(call.op, call)
-    traits = backend.traits_for(call.device_type)
-    outputs = call.allocate(traits) if out is None else call.check_out(out, traits)
+    route = registry.route(call)
+    traits = route.backend.traits_for(call.device_type)
+    if out is not None:
+        outputs = call.check_out(out, traits)
+    else:
+        alignment = current_config().token_alignment_bytes
+        if traits is route.traits and alignment == route.alignment:
+            outputs = route.plan.allocate(call.tokens, call.device)
+        else:
+            outputs = call.allocation_plan(traits, alignment).allocate(call.tokens, call.device)
     if call.tokens:
-        kernel(call, inputs, outputs)
+        route.launcher()(inputs, outputs)
     return call.result(outputs)
 
 

@@ -108,7 +108,7 @@ def allocate(
     dtype = encoding.dtype
     if not col_major:
         return torch.empty(shape, dtype=dtype, device=device)
-    padded = column_length(shape[0], torch.empty((), dtype=dtype).element_size(), alignment_bytes)
+    padded = column_length(shape[0], dtype.itemsize, alignment_bytes)
     return torch.empty_strided(shape, (1, padded), dtype=dtype, device=device)
 
 
