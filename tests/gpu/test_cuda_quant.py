@@ -168,6 +168,16 @@ def _precompiled():
 # ---------------------------------------------------------------------- the grid
 
 
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU copy with the same strides. ``Tensor.cpu()`` re-strides a padded column-major sf
+    (it is not dense) to unpadded column-major, so the layout check would compare the copy's
+    strides rather than the kernel's."""
+    if tensor.device.type == "cpu":
+        return tensor
+    host = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
+    return host.copy_(tensor)
+
+
 def _oracle_device(case) -> str:
     if os.environ.get("TILEPLUG_ORACLE", "") == "cpu" or case.tokens in SMALL_T:
         return "cpu"
@@ -195,9 +205,9 @@ def _check(case, oracle: str) -> None:
     for index, (have, want) in enumerate(zip(actual, expected)):
         is_sf = case.op != "cast_back" and (index == 1 or case.op.endswith("_sf_only"))
         if is_sf:
-            assert_sf_equal(have.cpu(), want.cpu(), case.block, case.tokens, case.hidden, what=f"{case.id} sf")
+            assert_sf_equal(_host(have), _host(want), case.block, case.tokens, case.hidden, what=f"{case.id} sf")
         else:
-            assert_bytes_equal(have.cpu(), want.cpu(), what=f"{case.id} output {index}", strides=True)
+            assert_bytes_equal(_host(have), _host(want), what=f"{case.id} output {index}", strides=True)
 
 
 def pytest_generate_tests(metafunc):  # noqa: D103 - pytest hook
@@ -230,7 +240,7 @@ def test_gpu_oracle_matches_cpu() -> None:
             on_cpu = _outputs(op(*cpu_args, **cpu_kwargs))
         for have, want in zip(on_gpu, on_cpu):
             if have.stride() == want.stride():
-                assert_bytes_equal(have.cpu(), want, what=case.id)
+                assert_bytes_equal(_host(have), want, what=case.id)
 
 
 # ---------------------------------------------------------------------- strides, alignment
@@ -254,14 +264,14 @@ def test_any_row_stride(pad: int, dtype: torch.dtype) -> None:
                 q, sf = ops.per_token_cast(x, **kwargs)
             with use_backend("reference"), config.host_layout("cuda"):
                 q_ref, sf_ref = ops.per_token_cast(x.cpu(), **kwargs)
-            assert_bytes_equal(q.cpu(), q_ref, "q")
-            assert_sf_equal(sf.cpu(), sf_ref, (1, kwargs["num_per_channels"]), tokens, hidden)
+            assert_bytes_equal(_host(q), q_ref, "q")
+            assert_sf_equal(_host(sf), sf_ref, (1, kwargs["num_per_channels"]), tokens, hidden)
         with use_backend(BACKEND):
             q, sf = ops.per_block_cast(x, block_size=(32, 32))
         with use_backend("reference"), config.host_layout("cuda"):
             q_ref, sf_ref = ops.per_block_cast(x.cpu(), block_size=(32, 32))
-        assert_bytes_equal(q.cpu(), q_ref, "q")
-        assert_sf_equal(sf.cpu(), sf_ref, (32, 32), tokens, hidden)
+        assert_bytes_equal(_host(q), q_ref, "q")
+        assert_sf_equal(_host(sf), sf_ref, (32, 32), tokens, hidden)
 
 
 def test_misaligned_data_pointer_and_out() -> None:
@@ -278,9 +288,9 @@ def test_misaligned_data_pointer_and_out() -> None:
         ops.per_token_cast(x, out=(out_q, out_sf))
     with use_backend("reference"), config.host_layout("cuda"):
         q_ref, sf_ref = ops.per_token_cast(x.cpu())
-    assert_bytes_equal(q.cpu(), q_ref, "q")
-    assert_bytes_equal(out_q.cpu(), q_ref, "out q")
-    assert_bytes_equal(out_sf.cpu(), sf_ref, "out sf")
+    assert_bytes_equal(_host(q), q_ref, "q")
+    assert_bytes_equal(_host(out_q), q_ref, "out q")
+    assert_bytes_equal(_host(out_sf), sf_ref, "out sf")
 
 
 def test_given_sf_in_any_layout() -> None:
@@ -297,8 +307,8 @@ def test_given_sf_in_any_layout() -> None:
             with use_backend(BACKEND):
                 q = ops.per_token_cast_with_precomputed_sf(x, num_per_channels=64, sf=sf)
             with use_backend("reference"), config.host_layout("cuda"):
-                q_ref = ops.per_token_cast_with_precomputed_sf(x.cpu(), num_per_channels=64, sf=sf.cpu())
-            assert_bytes_equal(q.cpu(), q_ref, f"q {kwargs} col={col}")
+                q_ref = ops.per_token_cast_with_precomputed_sf(x.cpu(), num_per_channels=64, sf=_host(sf))
+            assert_bytes_equal(_host(q), q_ref, f"q {kwargs} col={col}")
 
 
 def test_requantization_of_every_input_layout() -> None:
@@ -318,21 +328,21 @@ def test_requantization_of_every_input_layout() -> None:
                 q, sf = op(pair, **kwargs)
             with use_backend("reference"), config.host_layout("cuda"):
                 q_ref, sf_ref = op(cpu_pair, **kwargs)
-            assert_bytes_equal(q.cpu(), q_ref, f"{name} -> {op.__name__} {kwargs} q")
-            assert_sf_equal(sf.cpu(), sf_ref, out_block, tokens, hidden, f"{name} -> {op.__name__} {kwargs} sf")
+            assert_bytes_equal(_host(q), q_ref, f"{name} -> {op.__name__} {kwargs} q")
+            assert_sf_equal(_host(sf), sf_ref, out_block, tokens, hidden, f"{name} -> {op.__name__} {kwargs} sf")
         if block[0] == 1:
             with use_backend(BACKEND):
                 q, sf = ops.per_channel_cast(pair, num_per_channels=block[1])
             with use_backend("reference"), config.host_layout("cuda"):
                 q_ref, sf_ref = ops.per_channel_cast(cpu_pair, num_per_channels=block[1])
-            assert_bytes_equal(q.cpu(), q_ref, f"{name} -> per_channel q")
-            assert_sf_equal(sf.cpu(), sf_ref, (128, 1), tokens, hidden, f"{name} -> per_channel sf")
+            assert_bytes_equal(_host(q), q_ref, f"{name} -> per_channel q")
+            assert_sf_equal(_host(sf), sf_ref, (128, 1), tokens, hidden, f"{name} -> per_channel sf")
         for fmt in ("bf16", "fp32"):
             with use_backend(BACKEND):
                 y = ops.cast_back(pair, fmt=fmt, x_block_size=block)
             with use_backend("reference"), config.host_layout("cuda"):
                 y_ref = ops.cast_back(cpu_pair, fmt=fmt, x_block_size=block)
-            assert_bytes_equal(y.cpu(), y_ref, f"{name} cast_back {fmt}")
+            assert_bytes_equal(_host(y), y_ref, f"{name} cast_back {fmt}")
 
 
 # ---------------------------------------------------------------------- non-finite inputs
@@ -399,19 +409,19 @@ def test_nonfinite_inputs(op_name: str, kwargs: dict, dtype: torch.dtype) -> Non
     block = {"per_token_cast": (1, kwargs.get("num_per_channels", 128)),
              "per_block_cast": kwargs.get("block_size", (128, 128)),
              "per_channel_cast": (kwargs.get("num_per_tokens", 128), 1)}[op_name]
-    assert_bytes_equal(q.cpu(), q_gpu_ref.cpu(), "q vs GPU reference")
-    assert_sf_equal(sf.cpu(), sf_gpu_ref.cpu(), block, tokens, hidden, "sf vs GPU reference")
+    assert_bytes_equal(_host(q), _host(q_gpu_ref), "q vs GPU reference")
+    assert_sf_equal(_host(sf), _host(sf_gpu_ref), block, tokens, hidden, "sf vs GPU reference")
     with use_backend("reference"), config.host_layout("cuda"):
         q_cpu_ref, sf_cpu_ref = op(x.cpu(), **kwargs)
     if q.dtype == torch.int8:  # e2m1: a NaN's sign bit is its only platform-dependent part
-        nan_codes = (q_cpu_ref.view(torch.uint8) ^ q.cpu().view(torch.uint8))
+        nan_codes = (q_cpu_ref.view(torch.uint8) ^ _host(q).view(torch.uint8))
         assert bool(((nan_codes == 0) | (nan_codes & 0x77 == 0)).all()), "e2m1 codes differ beyond NaN signs"
     else:
         assert torch.equal(_nan_blind(q), _nan_blind(q_cpu_ref)), "q differs from the CPU reference beyond NaN encodings"
     if sf.dtype != torch.int32:
         assert torch.equal(_nan_blind(sf), _nan_blind(sf_cpu_ref)), "sf differs from the CPU reference beyond NaN encodings"
     else:
-        assert_sf_equal(sf.cpu(), sf_cpu_ref, block, tokens, hidden, "packed sf vs CPU reference")
+        assert_sf_equal(_host(sf), sf_cpu_ref, block, tokens, hidden, "packed sf vs CPU reference")
 
 
 def test_nonfinite_cast_back() -> None:
@@ -429,7 +439,7 @@ def test_nonfinite_cast_back() -> None:
                 y = ops.cast_back(pair, fmt=fmt, x_block_size=block)
             with use_backend("reference"):
                 y_ref = ops.cast_back(pair, fmt=fmt, x_block_size=block)
-            assert_bytes_equal(y.cpu(), y_ref.cpu(), f"cast_back {kwargs} {fmt}")
+            assert_bytes_equal(_host(y), _host(y_ref), f"cast_back {kwargs} {fmt}")
             assert not torch.isfinite(y[:3].float()).all()
 
 
@@ -482,7 +492,7 @@ def test_concurrent_first_calls_compile_once() -> None:
         with use_backend(BACKEND), config.amax_clamps(clamps):
             q, sf = ops.per_token_cast(x, **kwargs)
         torch.cuda.synchronize()
-        return q.cpu(), sf.cpu()
+        return _host(q), _host(sf)
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(run, range(8)))
