@@ -276,16 +276,19 @@ def test_any_row_stride(pad: int, dtype: torch.dtype) -> None:
 
 def test_misaligned_data_pointer_and_out() -> None:
     from tileplug.core import config, ops
+    from tileplug.core.errors import ContractError
     from tileplug.core.registry import use_backend
     from tileplug.reference.testing import activation, assert_bytes_equal
 
     base = activation(17, 2048 + 1, device="cuda").reshape(-1)
-    x = base[1 : 1 + 17 * 2048].view(17, 2048)  # data pointer 2 bytes off
+    x = base[1 : 1 + 17 * 2048].view(17, 2048)  # data pointer 2 bytes off: scalar loads
     with use_backend(BACKEND):
         q, sf = ops.per_token_cast(x)
-        out_q = torch.empty(17 * 2048 + 1, dtype=torch.float8_e4m3fn, device="cuda")[1:].view(17, 2048)
-        out_sf = torch.empty_like(sf)
+        out_q, out_sf = torch.empty_like(q), torch.empty_like(sf)
         ops.per_token_cast(x, out=(out_q, out_sf))
+        misaligned = torch.empty(17 * 2048 + 1, dtype=torch.float8_e4m3fn, device="cuda")[1:].view(17, 2048)
+        with pytest.raises(ContractError):
+            ops.per_token_cast(x, out=(misaligned, out_sf))
     with use_backend("reference"), config.host_layout("cuda"):
         q_ref, sf_ref = ops.per_token_cast(x.cpu())
     assert_bytes_equal(_host(q), q_ref, "q")
