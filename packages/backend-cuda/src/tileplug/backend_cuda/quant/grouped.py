@@ -80,6 +80,15 @@ def build_kernel(spec: KernelSpec):
     SF_COL = spec.sf_col_major
     CMIN_BITS = sf_math.f32_bits(spec.clamp_min) if COMPUTE_SF else 0
     SFO_DT = {"fp32": "float32", "e4m3": "float8_e4m3fn", "ue8m0": "uint8", None: "float32"}[spec.sf_kind]
+    # spread (see KernelSpec): per token, the 2·RPT divisions of a thread's rows (inverse and
+    # stored scale of each) are split over the group's LPG lanes, ROUNDS each, and the
+    # inverses are shuffled back; per channel, job j < 2·TC is (column j % TC, kind j // TC).
+    SPREAD_PT = spec.spread and PER_TOKEN and COMPUTE_SF and not ROUND and not E4M3_SF and LPG >= 2
+    SPREAD_PC = spec.spread and PER_CHANNEL and not PER_TOKEN and COMPUTE_SF
+    ROUNDS = -(-2 * RPT // LPG)
+    NCOL = 32 * NSF  # columns of a per-channel tile (== TC)
+    NJOB = 2 * NCOL
+    JR = -(-NJOB // NT)
 
     IN_SF = spec.in_sf
     if IN_SF is not None:
@@ -142,8 +151,8 @@ def build_kernel(spec: KernelSpec):
         return sf_math.abs_bits(scaled(xv, sin, i, j))
 
     @T.macro
-    def build(x, sf_in, given, q, sf):
-        with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT) as (bx, by):
+    def tile(x, sf_in, given, q, sf, bx, by):
+        if True:
             if spec.vectorize:
                 T.assume(S % XVEC == 0)
             T.assume(XW % (16 // VPB_IN) == 0)
@@ -164,6 +173,12 @@ def build_kernel(spec: KernelSpec):
                 qv = T.alloc_local((VEC // VPB_OUT,), QDT)
             if not PER_TOKEN and COMPUTE_SF:
                 red = T.alloc_shared((NW * 32 * NSF,), "int32")
+            if SPREAD_PT or SPREAD_PC:
+                sel = T.alloc_local((1,), "int32")
+            if SPREAD_PT:
+                dv = T.alloc_local((ROUNDS,), "float32")
+            if SPREAD_PC:
+                res = T.alloc_shared((NCOL,), "float32")
 
             # ---- loads: every row of the thread first (bytes in flight) ----
             for i in T.unroll(RPT):
@@ -224,37 +239,80 @@ def build_kernel(spec: KernelSpec):
                     for e in T.unroll(NSF):
                         red[(w * 32 + lane) * NSF + e] = amax[e]
                     T.sync_threads()
-                    for e in T.unroll(NSF):
-                        amax[e] = red[lane * NSF + e]
-                        for v in T.unroll(NW - 1):
-                            amax[e] = T.max(amax[e], red[((v + 1) * 32 + lane) * NSF + e])
-                # ---- scales: store (first lane of a group / first warp of a block) and invert ----
-                NROWS = RPT if PER_TOKEN else 1
-                for i in T.unroll(NROWS):
-                    for e in T.unroll(NSF):
-                        inv[i * NSF + e] = sf_math.group_inverse(
-                            amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF
-                        )
-                    if PER_TOKEN:
-                        gr = bx * TM + i * NW + w
-                        ok = (gr < M) and (c0 < H) and (lane % LPG == 0)
-                    else:
-                        gr = bx
-                        ok = (w == 0) and (c0 < H) and (lane % LPG == 0)
-                    if ok:
+                    if not SPREAD_PC:
                         for e in T.unroll(NSF):
-                            gc = (c0 + e) if PER_CHANNEL else (c0 // BN)
-                            value = sf_math.group_scale(
-                                amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED
+                            amax[e] = red[lane * NSF + e]
+                            for v in T.unroll(NW - 1):
+                                amax[e] = T.max(amax[e], red[((v + 1) * 32 + lane) * NSF + e])
+                if SPREAD_PT:
+                    # ---- lane k of a group divides jobs k, k + LPG, ...: job < RPT is the
+                    # inverse FMAX / c of row job, job - RPT < RPT the scale c / FMAX of that row ----
+                    for t in T.unroll(ROUNDS):
+                        job = lane % LPG + t * LPG
+                        sel[0] = amax[0]
+                        for i in T.unroll(RPT - 1):
+                            sel[0] = T.if_then_else(job % RPT == i + 1, amax[i + 1], sel[0])
+                        c = sf_math.clamped_amax(sel[0], CMIN_BITS)
+                        dv[t] = T.ieee_fdiv(
+                            T.if_then_else(job < RPT, T.float32(FMAX), c), T.if_then_else(job < RPT, c, T.float32(FMAX))
+                        )
+                    for i in T.unroll(RPT):
+                        inv[i] = T.shfl_sync(dv[i // LPG], i % LPG, LPG)
+                    for t in T.unroll(ROUNDS):
+                        job = lane % LPG + t * LPG
+                        gr = bx * TM + (job - RPT) * NW + w
+                        if job >= RPT and job < 2 * RPT and gr < M and c0 < H:
+                            sf[gr, c0 // BN] = dv[t]
+                elif SPREAD_PC:
+                    # ---- thread tx takes jobs tx, tx + NT, ...: job j reduces column j % NCOL
+                    # over the warps; j < NCOL keeps its inverse, the others store the scale ----
+                    for t in T.unroll(JR):
+                        job = tx + t * NT
+                        col = job % NCOL
+                        gc = by * TC + col
+                        if job < NJOB:
+                            sel[0] = red[col]
+                            for v in T.unroll(NW - 1):
+                                sel[0] = T.max(sel[0], red[(v + 1) * NCOL + col])
+                            if job < NCOL:
+                                res[col] = sf_math.group_inverse(sel[0], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF)
+                            elif gc < H:
+                                value = sf_math.group_scale(sel[0], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED)
+                                if PACKED:
+                                    sf[bx // 4, gc * 4 + bx % 4] = value
+                                else:
+                                    sf[bx, gc] = value
+                    T.sync_threads()
+                    for e in T.unroll(NSF):
+                        inv[e] = res[lane * NSF + e]
+                # ---- scales: store (first lane of a group / first warp of a block) and invert ----
+                if not (SPREAD_PT or SPREAD_PC):
+                    NROWS = RPT if PER_TOKEN else 1
+                    for i in T.unroll(NROWS):
+                        for e in T.unroll(NSF):
+                            inv[i * NSF + e] = sf_math.group_inverse(
+                                amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF
                             )
-                            if not PACKED:
-                                sf[gr, gc] = value
-                            elif PER_CHANNEL:
-                                sf[gr // 4, gc * 4 + gr % 4] = value
-                            elif SF_COL:
-                                sf[gc // 4, gr * 4 + gc % 4] = value
-                            else:
-                                sf[gr, gc] = value
+                        if PER_TOKEN:
+                            gr = bx * TM + i * NW + w
+                            ok = (gr < M) and (c0 < H) and (lane % LPG == 0)
+                        else:
+                            gr = bx
+                            ok = (w == 0) and (c0 < H) and (lane % LPG == 0)
+                        if ok:
+                            for e in T.unroll(NSF):
+                                gc = (c0 + e) if PER_CHANNEL else (c0 // BN)
+                                value = sf_math.group_scale(
+                                    amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED
+                                )
+                                if not PACKED:
+                                    sf[gr, gc] = value
+                                elif PER_CHANNEL:
+                                    sf[gr // 4, gc * 4 + gr % 4] = value
+                                elif SF_COL:
+                                    sf[gc // 4, gr * 4 + gc % 4] = value
+                                else:
+                                    sf[gr, gc] = value
 
             if MODE == "precomputed_sf":
                 NROWS = RPT if PER_TOKEN else 1
@@ -291,6 +349,16 @@ def build_kernel(spec: KernelSpec):
                     if r < M and c0 < H:
                         for j in T.vectorized(VEC // VPB_OUT):
                             q[r, c0 // VPB_OUT + j] = qv[j]
+
+    @T.macro
+    def build(x, sf_in, given, q, sf):
+        if spec.grid_cols:  # column tiles of a row tile adjacent in launch order
+            with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT) as bid:
+                tile(x, sf_in, given, q, sf, bid // T.ceildiv(H, TC), bid % T.ceildiv(H, TC))
+        else:
+            with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT) as (bx, by):
+                tile(x, sf_in, given, q, sf, bx, by)
+
 
     # ------------------------------------------------------------ signatures per mode
     x_t = T.StridedTensor((M, XW), (S, 1), X_DT)

@@ -32,11 +32,20 @@ def tile_override(op: str, default: tuple[int, int, int]) -> tuple[int, int, int
     return values + default[len(values):]
 
 
+def knob_override(op: str, knob: str, default: bool) -> bool:
+    """A schedule knob of ``KernelSpec`` (``spread``, ``grid_cols``) for an op's kernels;
+    ``TILEPLUG_CUDA_<KNOB>_<OP>=0|1`` overrides it."""
+    text = os.environ.get(f"TILEPLUG_CUDA_{knob.upper()}_{op.upper()}")
+    return default if not text else text.strip() not in ("0", "false", "False", "")
+
+
 class QuantKernel:
     """Base of the CUDA quant kernels: ``supports``, ``spec``, ``source`` and ``__call__``."""
 
     op = ""  # public family name (QuantCall.op)
     tile_op = ""  # KernelSpec.op
+    spread = False  # KernelSpec.spread default (where the op's kernel has a spread schedule)
+    grid_cols = False  # KernelSpec.grid_cols default
 
     def __init__(self) -> None:
         self._launchers: dict[QuantCall, Launcher] = {}
@@ -71,7 +80,11 @@ class QuantKernel:
     # ------------------------------------------------------------------ helpers
     def spec(self, call: QuantCall) -> KernelSpec:
         """The specialisation serving ``call``."""
-        return make_spec(call, self.tile_op, *self.geometry(call))
+        return make_spec(
+            call, self.tile_op, *self.geometry(call),
+            spread=knob_override(self.tile_op, "spread", self.spread),
+            grid_cols=knob_override(self.tile_op, "grid_cols", self.grid_cols),
+        )
 
     def source(self, call: QuantCall, arch: str = jit.DEFAULT_ARCH) -> str:
         """Generated CUDA source of the kernel serving ``call`` (no GPU needed)."""

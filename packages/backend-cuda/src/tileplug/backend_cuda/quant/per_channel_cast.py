@@ -2,37 +2,34 @@
 
 Tile: one group row — 16 warps × ``g / 16`` rows per thread (bf16 read as int32 pairs) — by 32 lanes × one 128-bit load
 of columns; each column's amax is reduced over the thread's rows, then across warps in
-shared memory. Rows past ``T`` are never read (a partial last group covers only valid rows).
+shared memory by one thread per (column, inverse | scale) job (``spread``): one exact
+division per thread, the scale row stored coalesced, the inverses read back from shared
+memory. Rows past ``T`` are never read (a partial last group covers only valid rows).
 """
 
 from __future__ import annotations
-
-import torch
 
 from tileplug.backend_cuda.quant.kernels import QuantKernel, tile_override
 from tileplug.core.contracts.quant import QuantCall
 
 WARPS = 16
-# Two tiles per SM (≤ 64 registers at 512 threads) fit the plain e4m3 cast of a bf16 input
-# without spilling; the eight per-column power-of-two / e2m1 scale paths need more, so those
-# run one 512-thread tile per SM (ptxas reports checked by tests/test_cuda_compile.py).
+# Two tiles per SM (≤ 64 registers at 512 threads) fit the plain e4m3 cast of a bf16 or
+# fp32 input without spilling; the power-of-two scale paths, e2m1 and re-quantized inputs
+# need more, so those run one 512-thread tile per SM (ptxas reports checked by
+# tests/test_cuda_compile.py).
 MIN_BLOCKS_PER_SM = 2
 
 
 class PerChannelCast(QuantKernel):
     op = "per_channel_cast"
     tile_op = "per_channel"
+    spread = True
 
     def geometry(self, call: QuantCall) -> tuple[int, int, int, bool]:
         g = call.cast.block[0]
         warps, _, min_blocks = tile_override("per_channel", (WARPS, 0, MIN_BLOCKS_PER_SM))
         warps = min(warps, g)
-        lean = (
-            call.quantized_input is None
-            and call.input_dtype == torch.bfloat16
-            and call.cast.fmt.name == "e4m3"
-            and not call.cast.round_sf
-        )
+        lean = call.quantized_input is None and call.cast.fmt.name == "e4m3" and not call.cast.round_sf
         if not lean:
             min_blocks = 1
         return warps, g // warps, min_blocks, True

@@ -59,6 +59,14 @@ class KernelSpec:
     ``given``: the caller's sf in precomputed_sf mode. ``vectorize``: 128-bit loads of
     ``x`` (needs 16-byte aligned data pointer and row stride). ``warps`` × ``rows_per_thread``
     is the tile height.
+
+    Tuning knobs (same bytes, different schedule): ``spread`` hands a tile's scale
+    divisions to different threads instead of repeating them in every thread (per token:
+    the lanes of a group split the rows' inverse/scale divisions and shuffle the inverses;
+    per channel: one thread per column and kind reduces the warps' amax from shared memory,
+    divides once and stores the sf coalesced). ``grid_cols``: one-dimensional grid with the
+    column tiles of a row tile adjacent in launch order (a row tile's bytes and its sf row
+    are written together) instead of row tiles adjacent.
     """
 
     op: str
@@ -77,6 +85,8 @@ class KernelSpec:
     rows_per_thread: int
     min_blocks_per_sm: int = 1
     bf16_pairs: bool = False
+    spread: bool = False
+    grid_cols: bool = False
 
     # --------------------------------------------------------------- derived constants
     @property
@@ -136,6 +146,10 @@ class KernelSpec:
         if self.bf16_pairs:
             parts.append("pairs")
         parts.append(f"w{self.warps}r{self.rows_per_thread}b{self.min_blocks_per_sm}")
+        if self.spread:
+            parts.append("spread")
+        if self.grid_cols:
+            parts.append("gcols")
         return "_".join(parts)
 
 
@@ -162,7 +176,8 @@ def common_reason(call: QuantCall) -> str | None:
 
 
 def make_spec(
-    call: QuantCall, op: str, warps: int, rows_per_thread: int, min_blocks_per_sm: int = 1, bf16_pairs: bool = False
+    call: QuantCall, op: str, warps: int, rows_per_thread: int, min_blocks_per_sm: int = 1, bf16_pairs: bool = False,
+    spread: bool = False, grid_cols: bool = False,
 ) -> KernelSpec:
     """The kernel specialisation serving ``call`` (assumes ``common_reason(call)`` is None)."""
     in_sf = None
@@ -173,7 +188,7 @@ def make_spec(
     if call.mode == MODE_CAST_BACK:
         return KernelSpec(
             op, call.mode, TL_DTYPES[call.input_dtype], in_sf, None, TL_DTYPES[call.output_dtype], None, False,
-            None, False, 0.0, vectorize, warps, rows_per_thread, min_blocks_per_sm,
+            None, False, 0.0, vectorize, warps, rows_per_thread, min_blocks_per_sm, grid_cols=grid_cols,
         )
     cast = call.cast
     given = None
@@ -199,4 +214,24 @@ def make_spec(
         rows_per_thread,
         min_blocks_per_sm,
         bf16_pairs and vectorize and call.input_dtype == torch.bfloat16,
+        spread and _spreads(call, op, sf_kind),
+        grid_cols,
     )
+
+
+def _spreads(call: QuantCall, op: str, sf_kind: str | None) -> bool:
+    """Whether ``op``'s kernel has a spread schedule for ``call`` (the flag stays off where it
+    would not change the code, so specialisation names stay one per kernel)."""
+    cast = call.cast
+    if call.mode not in ("cast", "sf_only"):
+        return False
+    if op == "per_channel":
+        return True
+    if op == "per_token":
+        lanes = cast.block[1] // (16 if call.quantized_input is not None else 16 // _itemsize_of(call.input_dtype))
+        return sf_kind == "fp32" and not cast.round_sf and lanes >= 2
+    return False
+
+
+def _itemsize_of(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
