@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tileplug.core.contracts.quant import QuantCall
+from tileplug.core.contracts.quant import QuantCall, QuantOutputs
 from tileplug.core.lowering import describe_call
 from tileplug.core.registry import registry, use_backend
 
@@ -253,8 +253,9 @@ def measure_case(
 
 def dispatch_cost(device: torch.device, hidden: int = 7168) -> dict[str, Any]:
     """Host µs per call of ``core.ops.per_token_cast`` on a 1 × hidden tensor vs calling the
-    selected backend's kernel directly with preallocated outputs (the difference is the
-    cost of contract + selection + allocation)."""
+    selected backend's kernel directly, into preallocated outputs and into fresh
+    ``torch.empty`` outputs (what calling the kernel yourself costs). The dispatch overhead
+    is core's call minus the latter: contract check, cached selection, allocation plan."""
     from tileplug.core import ops
     from tileplug.reference.testing import activation
 
@@ -262,13 +263,24 @@ def dispatch_cost(device: torch.device, hidden: int = 7168) -> dict[str, Any]:
     call, inputs = describe_call(ops.per_token_cast, x)
     backend, kernel = registry.select(call.op, call)
     outputs = call.allocate(backend.traits_for(call.device_type))
+    q_shape, sf_shape = tuple(outputs.q.shape), tuple(outputs.sf.shape)
+
+    def direct_with_fresh_outputs() -> None:
+        fresh = QuantOutputs(
+            torch.empty(q_shape, dtype=outputs.q.dtype, device=device),
+            torch.empty(sf_shape, dtype=outputs.sf.dtype, device=device),
+        )
+        kernel(call, inputs, fresh)
+
     through_core = host_seconds_per_call(lambda: ops.per_token_cast(x), device, calls=3000)
     direct = host_seconds_per_call(lambda: kernel(call, inputs, outputs), device, calls=3000)
+    direct_fresh = host_seconds_per_call(direct_with_fresh_outputs, device, calls=3000)
     contract_only = host_seconds_per_call(lambda: describe_call(ops.per_token_cast, x), device, calls=3000)
     return {
         "backend": backend.name,
         "core_call_us": through_core * 1e6,
         "direct_kernel_us": direct * 1e6,
-        "dispatch_overhead_us": (through_core - direct) * 1e6,
+        "direct_kernel_fresh_outputs_us": direct_fresh * 1e6,
+        "dispatch_overhead_us": (through_core - direct_fresh) * 1e6,
         "contract_check_us": contract_only * 1e6,
     }

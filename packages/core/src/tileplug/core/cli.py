@@ -209,8 +209,9 @@ def command_bench(args: argparse.Namespace) -> int:
         d = report.dispatch
         print(
             f"\ndispatch cost, per_token_cast [1, {args.hidden}] on {device.type} via '{d['backend']}': "
-            f"core.ops call {d['core_call_us']:.1f} us, kernel called directly {d['direct_kernel_us']:.1f} us, "
-            f"overhead {d['dispatch_overhead_us']:.1f} us (contract check alone {d['contract_check_us']:.1f} us)"
+            f"core.ops call {d['core_call_us']:.1f} us; kernel called directly {d['direct_kernel_us']:.1f} us "
+            f"(preallocated outputs), {d['direct_kernel_fresh_outputs_us']:.1f} us (fresh torch.empty outputs); "
+            f"dispatch overhead {d['dispatch_overhead_us']:.1f} us (contract check alone {d['contract_check_us']:.1f} us)"
         )
     if args.json:
         with open(args.json, "w") as handle:
