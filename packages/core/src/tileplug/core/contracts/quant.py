@@ -358,36 +358,34 @@ def _cast_call(
     use_e4m3_sf: Any,
     sf: Any = None,
 ) -> tuple[QuantCall, QuantInputs]:
-    plain = (
+    key = None
+    if (
         x.__class__ is torch.Tensor
         and input_block is None
+        and mode != MODE_PRECOMPUTED_SF
         and fmt.__class__ is str
         and col_major_sf.__class__ is bool
         and round_sf.__class__ is bool
         and use_packed_ue8m0.__class__ is bool
         and use_e4m3_sf.__class__ is bool
-    )
-    if plain and mode != MODE_PRECOMPUTED_SF:
+    ):
         # Fast path: a plain tensor with exactly-typed arguments seen before. The key holds
-        # everything the checks below read, so a hit is a call that already passed them.
+        # everything the checks read, so a hit is a call that already passed them.
         current = config.current()
         key = (op, mode, x.dtype, x.shape, x.stride(), x.device, x.data_ptr() & 15, fmt, block,
                col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, id(current))
         hit = _recent_calls.get(key)
         if hit is not None and hit[1] is current:
             return hit[0], QuantInputs(x)
-        call, inputs = _checked_cast_call(
-            op, mode, x, fmt, block, input_block, input_block_argument, col_major_sf, round_sf, use_packed_ue8m0,
-            use_e4m3_sf, sf,
-        )
-        if len(_recent_calls) >= _RECENT_CALLS_LIMIT:
-            _recent_calls.clear()
-        _recent_calls[key] = (call, current)
-        return call, inputs
-    return _checked_cast_call(
+    call, inputs = _checked_cast_call(
         op, mode, x, fmt, block, input_block, input_block_argument, col_major_sf, round_sf, use_packed_ue8m0,
         use_e4m3_sf, sf,
     )
+    if key is not None:
+        if len(_recent_calls) >= _RECENT_CALLS_LIMIT:
+            _recent_calls.clear()
+        _recent_calls[key] = (call, current)
+    return call, inputs
 
 
 _recent_calls: dict[tuple, tuple[QuantCall, Any]] = {}
