@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 3 benchmark on the GPU host: effective GB/s of every quant op of the cuda backend
+# Issue 3 benchmark on the GPU host (after `. .gpu-bundle/prelude.sh`; PYTHON overrides python3): effective GB/s of every quant op of the cuda backend
 # at H = 7168, next to the device copy and torch.compile(reference) measured in the same
 # run, plus the host time per call at T = 1 (the "dispatch" section of the report).
 #
@@ -10,7 +10,7 @@
 set -euo pipefail
 OUT=${OUT:-.}
 cd "$(dirname "$0")/../.."
-hatch run python - <<'PY'
+"${PYTHON:-python3}" - <<'PY'
 import torch
 from tileplug.backend_cuda.plugin import _KERNELS
 from tileplug.backend_cuda.quant import jit
@@ -29,5 +29,5 @@ for case in bench_cases().values():
 jit.precompile(specs)
 print(f"precompiled {len(specs)} bench specialisations")
 PY
-hatch run tileplug bench --device cuda --tokens 1,16,128,1024,4096,16384,65536 --hidden 7168 \
+"${PYTHON:-python3}" -m tileplug.core.cli bench --device cuda --tokens 1,16,128,1024,4096,16384,65536 --hidden 7168 \
     --json "$OUT/bench.json" --verbose
