@@ -6,9 +6,8 @@ vendor's CANN stack, which most machines do not have.
 
 from __future__ import annotations
 
-import os
-
 import json
+import os
 from pathlib import Path
 
 from tileplug.core import ASCEND_LAYOUT, Backend, hookimpl
