@@ -63,6 +63,17 @@ class Route:
         self._launcher: Callable[[Any, Any], None] | None = None
         self._lock = threading.Lock()
 
+    def plan_for(self, call: Any) -> Any:
+        """The allocation plan for ``call`` under the layout traits and column alignment in
+        force now (the cached one unless ``config.host_layout`` / ``token_alignment`` changed)."""
+        from tileplug.core.config import current
+
+        traits = self.backend.traits_for(call.device_type)
+        alignment = current().token_alignment_bytes
+        if traits is self.traits and alignment == self.alignment:
+            return self.plan
+        return call.allocation_plan(traits, alignment)
+
     def launcher(self) -> Callable[[Any, Any], None]:
         """``launch(inputs, outputs)`` for this signature (prepared once, thread-safe)."""
         launch = self._launcher

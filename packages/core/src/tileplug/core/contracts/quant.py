@@ -8,7 +8,6 @@ device index: it is the selection cache key and the kernel specialisation at onc
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -147,10 +146,6 @@ class QuantCall:
         bm, bn = self.cast.block
         return ceil_div(self.tokens, bm), ceil_div(self.hidden, bn)
 
-    def q_shape(self) -> tuple[int, int]:
-        assert self.cast is not None, "cast_back has no quantized output"
-        return self.tokens, self.hidden // self.cast.fmt.values_per_byte
-
     def allocation_plan(self, traits: LayoutTraits, alignment_bytes: int | None = None) -> AllocationPlan:
         """How to allocate this call's outputs on a backend with ``traits`` for any token count
         (``alignment_bytes``: column-major sf column alignment, default the traits')."""
@@ -174,9 +169,9 @@ class QuantCall:
         plan = self.allocation_plan(traits, config.current().token_alignment_bytes)
         return plan.allocate(self.tokens, self.device)
 
-    def check_out(self, out: Any, traits: LayoutTraits) -> QuantOutputs:
-        """Validate a caller's ``out=`` against the layout this call produces on ``traits``."""
-        expected = _replace_device(self, torch.device("meta")).allocate(traits)
+    def check_out(self, out: Any, plan: AllocationPlan) -> QuantOutputs:
+        """Validate a caller's ``out=`` against the outputs ``plan`` would allocate."""
+        expected = plan.allocate(self.tokens, torch.device("meta"))
         wanted = [t for t in expected if t is not None]
         given = list(out) if isinstance(out, (tuple, list)) else [out]
         if len(given) != len(wanted):
@@ -250,10 +245,6 @@ def byte_alignment(tensor: torch.Tensor, limit: int = 16) -> int:
 
 def _itemsize(dtype: torch.dtype) -> int:
     return dtype.itemsize
-
-
-def _replace_device(call: QuantCall, device: torch.device) -> QuantCall:
-    return dataclasses.replace(call, device=device)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -23,7 +23,6 @@ from tileplug.core.contracts.quant import (
     QuantCall,
     QuantInputs,
 )
-from tileplug.core.config import current as current_config
 from tileplug.core.registry import registry
 
 QuantizedPair = tuple[torch.Tensor, torch.Tensor]
@@ -38,15 +37,8 @@ def _run(call: QuantCall, inputs: QuantInputs, out: Any = None) -> Any:
         captured.append((call, inputs))
         return None
     route = registry.route(call)
-    traits = route.backend.traits_for(call.device_type)
-    if out is not None:
-        outputs = call.check_out(out, traits)
-    else:
-        alignment = current_config().token_alignment_bytes
-        if traits is route.traits and alignment == route.alignment:
-            outputs = route.plan.allocate(call.tokens, call.device)
-        else:
-            outputs = call.allocation_plan(traits, alignment).allocate(call.tokens, call.device)
+    plan = route.plan_for(call)
+    outputs = plan.allocate(call.tokens, call.device) if out is None else call.check_out(out, plan)
     if call.tokens:
         route.launcher()(inputs, outputs)
     return call.result(outputs)

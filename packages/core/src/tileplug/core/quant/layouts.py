@@ -94,24 +94,6 @@ def column_length(rows: int, itemsize: int, alignment_bytes: int) -> int:
     return align(rows, max(1, alignment_bytes // itemsize))
 
 
-def allocate(
-    encoding: SfEncoding,
-    pack_axis: int,
-    rows: int,
-    cols: int,
-    col_major: bool,
-    alignment_bytes: int,
-    device: torch.device,
-) -> torch.Tensor:
-    """An uninitialised sf tensor of the layout; column-major has stride ``(1, padded rows)``."""
-    shape = storage_shape(encoding, pack_axis, rows, cols)
-    dtype = encoding.dtype
-    if not col_major:
-        return torch.empty(shape, dtype=dtype, device=device)
-    padded = column_length(shape[0], dtype.itemsize, alignment_bytes)
-    return torch.empty_strided(shape, (1, padded), dtype=dtype, device=device)
-
-
 def standard_strides(tensor: torch.Tensor) -> torch.Tensor:
     """A copy with row-major strides, size-1 dims included (``.contiguous()`` may keep odd
     strides on size-1 dims, which ``.view(dtype)`` rejects)."""
