@@ -63,31 +63,26 @@ SG = {"spread": True, "grid_cols": True}
 # passed with (no knobs). Per block / per channel: warps × rows == the group height.
 CANDIDATES = {
     "per_token": [
-        _c(4, 4), _c(4, 4, **S), _c(4, 4, **G), _c(4, 4, **SG), _c(4, 8, **S), _c(4, 8, **SG),
-        _c(8, 4, **S), _c(8, 4, **SG), _c(8, 2, **S), _c(4, 2, **S), _c(2, 8, **S), _c(16, 2, **S),
+        _c(4, 4), _c(4, 1, column_chunks=4, **S), _c(8, 1, column_chunks=4, **S), _c(4, 1, column_chunks=7, **S),
+        _c(4, 2, column_chunks=4, **S),
     ],
     "per_token_ue8m0": [
-        _c(4, 4), _c(4, 4, **G), _c(4, 8), _c(4, 8, **G), _c(8, 4), _c(8, 4, **G),
-        _c(8, 2), _c(4, 2), _c(2, 8), _c(8, 8),
+        _c(4, 4), _c(4, 1, column_chunks=4), _c(8, 1, column_chunks=4), _c(4, 2, column_chunks=2),
     ],
     "per_token_e2m1": [
-        _c(4, 4), _c(4, 4, **S), _c(4, 4, **SG), _c(4, 2, **S), _c(4, 8, **S), _c(8, 2, **S),
-        _c(8, 2, **SG), _c(8, 4, **S), _c(2, 8, **S), _c(8, 1, **S), _c(16, 1, **S),
+        _c(4, 4), _c(4, 1, column_chunks=2, **S), _c(8, 1, column_chunks=2, **S), _c(4, 2, column_chunks=2, **S),
+        _c(4, 1, column_chunks=4, **S), _c(4, 2, **S),
     ],
     "per_block": [
-        _c(8, 16, 2, bf16_pairs=True), _c(8, 16, 1, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True),
-        _c(16, 8, 1, bf16_pairs=True), _c(4, 32, 1, bf16_pairs=True), _c(32, 4, 1, bf16_pairs=True),
-        _c(8, 16, 2, bf16_pairs=True, **G), _c(16, 8, 2, bf16_pairs=True, **G), _c(16, 8, 1),
+        _c(8, 16, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True), _c(16, 8, 1, bf16_pairs=True),
     ],
     "per_channel": [
-        _c(16, 8, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True, **S), _c(16, 8, 1, bf16_pairs=True, **S),
-        _c(8, 16, 2, bf16_pairs=True, **S), _c(8, 16, 1, bf16_pairs=True, **S), _c(32, 4, 1, bf16_pairs=True, **S),
-        _c(4, 32, 1, bf16_pairs=True, **S), _c(16, 8, 2, bf16_pairs=True, **SG), _c(8, 16, 2, bf16_pairs=True, **SG),
-        _c(16, 8, 2, bf16_pairs=True, **G),
+        _c(16, 8, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True, **S), _c(8, 16, 1, bf16_pairs=True, **S),
     ],
     "cast_back": [
-        _c(4, 4), _c(4, 4, **G), _c(4, 8), _c(8, 4), _c(8, 4, **G), _c(8, 2), _c(4, 2),
-        _c(2, 8), _c(8, 8), _c(16, 2), _c(4, 16),
+        _c(4, 4), _c(8, 4, **G), _c(8, 1, column_chunks=4, **G), _c(4, 2, column_chunks=2, **G),
+        _c(4, 1, column_chunks=4, **G), _c(8, 2, column_chunks=2, **G), _c(4, 4, column_chunks=2, **G),
+        _c(8, 1, column_chunks=2, **G), _c(16, 1, column_chunks=2, **G), _c(16, 2, **G),
     ],
 }
 
@@ -134,7 +129,7 @@ def candidate_specs(case: str) -> list:
     base = kernel.spec(call)
     specs = []
     for knobs in CANDIDATES[case]:
-        fields = {"spread": False, "grid_cols": False, "bf16_pairs": False, **knobs}
+        fields = {"spread": False, "grid_cols": False, "bf16_pairs": False, "column_chunks": 1, **knobs}
         specs.append(dataclasses.replace(base, **fields))
     return specs
 
@@ -143,6 +138,8 @@ def label(spec) -> str:
     knobs = [k for k in ("spread", "grid_cols") if getattr(spec, k)]
     if spec.bf16_pairs:
         knobs.append("pairs")
+    if spec.column_chunks > 1:
+        knobs.append(f"k{spec.column_chunks}")
     return f"w{spec.warps}r{spec.rows_per_thread}b{spec.min_blocks_per_sm}" + ("+" + "+".join(knobs) if knobs else "")
 
 

@@ -1,15 +1,17 @@
 """The tile kernel every CUDA quant op is an instance of (TileLang, SIMT style).
 
 Geometry. A CTA of ``warps`` warps owns a tile of ``warps × rows_per_thread`` rows and
-``32 × VEC`` columns; lane ``l`` owns the ``VEC`` consecutive columns ``c0 = (tile_col·32 +
-l)·VEC`` (one 128-bit load of a bf16/fp32 row, 16 values of a quantized row) of each of its
-rows ``tile_row·TM + i·warps + w``. All ``rows_per_thread`` loads of a thread are issued
-before any math (bytes in flight), data stays in registers between the amax pass and the
-quantize pass (one read of ``x`` from DRAM). Rows run along ``blockIdx.x`` (no 65535 limit).
+``column_chunks × 32 × VEC`` columns. A thread owns ``rows_per_thread × column_chunks``
+*slots*: slot ``s`` is row ``tile_row·TM + (s // chunks)·warps + w`` and the ``VEC``
+consecutive columns from ``((tile_col·chunks + s % chunks)·32 + l)·VEC`` (one 128-bit load
+of a bf16/fp32 row, 16 values of a quantized row) for lane ``l``; block and channel tiles
+have one chunk, so a slot is a row. All loads of a thread are issued before any math (bytes
+in flight), data stays in registers between the amax pass and the quantize pass (one read
+of ``x`` from DRAM). Rows run along ``blockIdx.x`` (no 65535 limit).
 
 Groups ``bm × bn``:
-- per token (``bm == 1``): a group is ``bn / VEC`` adjacent lanes of one row, reduced with
-  xor-shuffles; the tile's rows are independent.
+- per token (``bm == 1``): a group is ``bn / VEC`` adjacent lanes of one slot, reduced with
+  xor-shuffles; the tile's slots are independent.
 - per block (``bm > 1``, ``bn >= VEC``): the tile is one group row (``TM == bm``): each
   thread reduces its rows, lanes of a group shuffle, warps meet in shared memory.
 - per channel (``bn == 1``): each of a thread's ``VEC`` columns is its own group, reduced
@@ -67,8 +69,11 @@ def build_kernel(spec: KernelSpec):
         FRCP = sf_math.f32(1.0 / FMAX)
     PER_TOKEN = BM == 1
     PER_CHANNEL = BN == 1
+    CPT = spec.column_chunks
+    NSLOT = RPT * CPT  # (row, column chunk) pairs of a thread: slot s = row s // CPT, chunk s % CPT
     if not PER_TOKEN:
         assert TM == BM, "a block/channel tile is exactly one group row"
+        assert CPT == 1, "column chunks are a per-token tile knob"
     if not PER_CHANNEL:
         assert BN % VEC == 0
     LPG = 1 if PER_CHANNEL else BN // VEC  # lanes per group
@@ -80,12 +85,12 @@ def build_kernel(spec: KernelSpec):
     SF_COL = spec.sf_col_major
     CMIN_BITS = sf_math.f32_bits(spec.clamp_min) if COMPUTE_SF else 0
     SFO_DT = {"fp32": "float32", "e4m3": "float8_e4m3fn", "ue8m0": "uint8", None: "float32"}[spec.sf_kind]
-    # spread (see KernelSpec): per token, the 2·RPT divisions of a thread's rows (inverse and
+    # spread (see KernelSpec): per token, the 2·NSLOT divisions of a thread's slots (inverse and
     # stored scale of each) are split over the group's LPG lanes, ROUNDS each, and the
     # inverses are shuffled back; per channel, job j < 2·TC is (column j % TC, kind j // TC).
     SPREAD_PT = spec.spread and PER_TOKEN and COMPUTE_SF and not ROUND and not E4M3_SF and LPG >= 2
     SPREAD_PC = spec.spread and PER_CHANNEL and not PER_TOKEN and COMPUTE_SF
-    ROUNDS = -(-2 * RPT // LPG)
+    ROUNDS = -(-2 * NSLOT // LPG)
     NCOL = 32 * NSF  # columns of a per-channel tile (== TC)
     NJOB = 2 * NCOL
     JR = -(-NJOB // NT)
@@ -106,6 +111,14 @@ def build_kernel(spec: KernelSpec):
     OR, OC, OS0, OS1 = T.dynamic("OR"), T.dynamic("OC"), T.dynamic("OS0"), T.dynamic("OS1")
 
     # ------------------------------------------------------------ trace-time helpers
+    def slot_row(bx, w, s):
+        """Row of a thread's slot ``s`` (warp ``w`` of row tile ``bx``)."""
+        return bx * TM + (s // CPT) * NW + w
+
+    def slot_col(by, lane, s):
+        """First column of a thread's slot ``s`` (lane ``lane`` of column tile ``by``)."""
+        return ((by * CPT + s % CPT) * 32 + lane) * VEC
+
     def read_sf(buf, read, gr, gc):
         """fp32 scale of group (gr, gc) of an sf tensor described by ``read``."""
         if read.kind == "fp32":
@@ -161,14 +174,14 @@ def build_kernel(spec: KernelSpec):
             tx = T.get_thread_binding()
             lane = tx % 32
             w = tx // 32
-            c0 = (by * 32 + lane) * VEC
-            xv = T.alloc_local((RPT * XVEC,), X_DT)
-            amax = T.alloc_local((RPT if PER_TOKEN else NSF,), "int32")
-            inv = T.alloc_local((RPT if PER_TOKEN else NSF,), "float32")
+            c0 = (by * 32 + lane) * VEC  # block / channel tiles (one chunk per row)
+            xv = T.alloc_local((NSLOT * XVEC,), X_DT)
+            amax = T.alloc_local((NSLOT if PER_TOKEN else NSF,), "int32")
+            inv = T.alloc_local((NSLOT if PER_TOKEN else NSF,), "float32")
             yv = T.alloc_local((VEC,), "float32")
             sin = None
             if QUANTIZED:
-                sin = T.alloc_local((RPT * (VEC if IBN == 1 else 1),), "float32")
+                sin = T.alloc_local((NSLOT * (VEC if IBN == 1 else 1),), "float32")
             if WRITE_Q:
                 qv = T.alloc_local((VEC // VPB_OUT,), QDT)
             if not PER_TOKEN and COMPUTE_SF:
@@ -181,21 +194,22 @@ def build_kernel(spec: KernelSpec):
                 res = T.alloc_shared((NCOL,), "float32")
 
             # ---- loads: every row of the thread first (bytes in flight) ----
-            for i in T.unroll(RPT):
-                r = bx * TM + i * NW + w
-                if r < M and c0 < H:
+            for i in T.unroll(NSLOT):
+                r = slot_row(bx, w, i)
+                c = slot_col(by, lane, i)
+                if r < M and c < H:
                     if spec.vectorize:
                         for j in T.vectorized(XVEC):
-                            xv[i * XVEC + j] = x[r, c0 // VPB_IN + j]
+                            xv[i * XVEC + j] = x[r, c // VPB_IN + j]
                     else:
                         for j in T.serial(XVEC):
-                            xv[i * XVEC + j] = x[r, c0 // VPB_IN + j]
+                            xv[i * XVEC + j] = x[r, c // VPB_IN + j]
                     if QUANTIZED:
                         if IBN == 1:
                             for j in T.unroll(VEC):
-                                sin[i * VEC + j] = read_sf(sf_in, IN_SF, r // IBM, c0 + j)
+                                sin[i * VEC + j] = read_sf(sf_in, IN_SF, r // IBM, c + j)
                         else:
-                            sin[i] = read_sf(sf_in, IN_SF, r // IBM, c0 // IBN)
+                            sin[i] = read_sf(sf_in, IN_SF, r // IBM, c // IBN)
                 else:
                     for j in T.unroll(XVEC):
                         xv[i * XVEC + j] = T.cast(0, X_DT)
@@ -207,22 +221,23 @@ def build_kernel(spec: KernelSpec):
                             sin[i] = T.float32(0.0)
 
             if CAST_BACK:
-                for i in T.unroll(RPT):
-                    r = bx * TM + i * NW + w
+                for i in T.unroll(NSLOT):
+                    r = slot_row(bx, w, i)
+                    c = slot_col(by, lane, i)
                     for j in T.unroll(VEC):
                         qv[j] = T.cast(decoded(xv, i, j) * input_scale(sin, i, j), QDT)
-                    if r < M and c0 < H:
+                    if r < M and c < H:
                         for j in T.vectorized(VEC):
-                            q[r, c0 + j] = qv[j]
+                            q[r, c + j] = qv[j]
 
             if COMPUTE_SF:
                 # ---- amax of |value| on bits (NaN-propagating) ----
-                if PER_TOKEN:  # one accumulator per row
-                    for i in T.unroll(RPT):
+                if PER_TOKEN:  # one accumulator per slot
+                    for i in T.unroll(NSLOT):
                         amax[i] = 0
                         for j in T.unroll(VEC):
                             amax[i] = T.max(amax[i], amax_key(xv, sin, i, j))
-                    for i in T.unroll(RPT):
+                    for i in T.unroll(NSLOT):
                         for d in SHUFFLES:
                             amax[i] = T.max(amax[i], T.shfl_xor(amax[i], d))
                 else:  # one accumulator per group column, folded over the thread's rows
@@ -245,24 +260,26 @@ def build_kernel(spec: KernelSpec):
                             for v in T.unroll(NW - 1):
                                 amax[e] = T.max(amax[e], red[((v + 1) * 32 + lane) * NSF + e])
                 if SPREAD_PT:
-                    # ---- lane k of a group divides jobs k, k + LPG, ...: job < RPT is the
-                    # inverse FMAX / c of row job, job - RPT < RPT the scale c / FMAX of that row ----
+                    # ---- lane k of a group divides jobs k, k + LPG, ...: job < NSLOT is the
+                    # inverse FMAX / c of slot job, job - NSLOT < NSLOT the scale c / FMAX of that slot ----
                     for t in T.unroll(ROUNDS):
                         job = lane % LPG + t * LPG
                         sel[0] = amax[0]
-                        for i in T.unroll(RPT - 1):
-                            sel[0] = T.if_then_else(job % RPT == i + 1, amax[i + 1], sel[0])
-                        c = sf_math.clamped_amax(sel[0], CMIN_BITS)
+                        for i in T.unroll(NSLOT - 1):
+                            sel[0] = T.if_then_else(job % NSLOT == i + 1, amax[i + 1], sel[0])
+                        clamped = sf_math.clamped_amax(sel[0], CMIN_BITS)
                         dv[t] = T.ieee_fdiv(
-                            T.if_then_else(job < RPT, T.float32(FMAX), c), T.if_then_else(job < RPT, c, T.float32(FMAX))
+                            T.if_then_else(job < NSLOT, T.float32(FMAX), clamped),
+                            T.if_then_else(job < NSLOT, clamped, T.float32(FMAX)),
                         )
-                    for i in T.unroll(RPT):
+                    for i in T.unroll(NSLOT):
                         inv[i] = T.shfl_sync(dv[i // LPG], i % LPG, LPG)
                     for t in T.unroll(ROUNDS):
                         job = lane % LPG + t * LPG
-                        gr = bx * TM + (job - RPT) * NW + w
-                        if job >= RPT and job < 2 * RPT and gr < M and c0 < H:
-                            sf[gr, c0 // BN] = dv[t]
+                        gr = slot_row(bx, w, job - NSLOT)
+                        gcol = slot_col(by, lane, job - NSLOT)
+                        if job >= NSLOT and job < 2 * NSLOT and gr < M and gcol < H:
+                            sf[gr, gcol // BN] = dv[t]
                 elif SPREAD_PC:
                     # ---- thread tx takes jobs tx, tx + NT, ...: job j reduces column j % NCOL
                     # over the warps; j < NCOL keeps its inverse, the others store the scale ----
@@ -287,21 +304,23 @@ def build_kernel(spec: KernelSpec):
                         inv[e] = res[lane * NSF + e]
                 # ---- scales: store (first lane of a group / first warp of a block) and invert ----
                 if not (SPREAD_PT or SPREAD_PC):
-                    NROWS = RPT if PER_TOKEN else 1
+                    NROWS = NSLOT if PER_TOKEN else 1
                     for i in T.unroll(NROWS):
                         for e in T.unroll(NSF):
                             inv[i * NSF + e] = sf_math.group_inverse(
                                 amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF
                             )
                         if PER_TOKEN:
-                            gr = bx * TM + i * NW + w
-                            ok = (gr < M) and (c0 < H) and (lane % LPG == 0)
+                            gr = slot_row(bx, w, i)
+                            gcol = slot_col(by, lane, i)
+                            ok = (gr < M) and (gcol < H) and (lane % LPG == 0)
                         else:
                             gr = bx
+                            gcol = c0
                             ok = (w == 0) and (c0 < H) and (lane % LPG == 0)
                         if ok:
                             for e in T.unroll(NSF):
-                                gc = (c0 + e) if PER_CHANNEL else (c0 // BN)
+                                gc = (gcol + e) if PER_CHANNEL else (gcol // BN)
                                 value = sf_math.group_scale(
                                     amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED
                                 )
@@ -315,12 +334,13 @@ def build_kernel(spec: KernelSpec):
                                     sf[gr, gc] = value
 
             if MODE == "precomputed_sf":
-                NROWS = RPT if PER_TOKEN else 1
+                NROWS = NSLOT if PER_TOKEN else 1
                 for i in T.unroll(NROWS):
-                    gr = (bx * TM + i * NW + w) if PER_TOKEN else bx
-                    if (gr < M or not PER_TOKEN) and c0 < H:
+                    gr = slot_row(bx, w, i) if PER_TOKEN else bx
+                    gcol = slot_col(by, lane, i) if PER_TOKEN else c0
+                    if (gr < M or not PER_TOKEN) and gcol < H:
                         for e in T.unroll(NSF):
-                            gc = (c0 + e) if PER_CHANNEL else (c0 // BN)
+                            gc = (gcol + e) if PER_CHANNEL else (gcol // BN)
                             inv[i * NSF + e] = T.ieee_fdiv(T.float32(1.0), read_sf(given, GIVEN, gr, gc))
                     else:
                         for e in T.unroll(NSF):
@@ -328,8 +348,9 @@ def build_kernel(spec: KernelSpec):
 
             if WRITE_Q and not CAST_BACK:
                 # ---- quantize from registers and store ----
-                for i in T.unroll(RPT):
-                    r = bx * TM + i * NW + w
+                for i in T.unroll(NSLOT):
+                    r = slot_row(bx, w, i)
+                    c = slot_col(by, lane, i)
                     si = i if PER_TOKEN else 0
                     for j in T.unroll(VEC):
                         factor = inv[si * NSF + (j if PER_CHANNEL else 0)]
@@ -346,9 +367,9 @@ def build_kernel(spec: KernelSpec):
                                 sf_math.e2m1_code(yv[2 * j]) | T.shift_left(sf_math.e2m1_code(yv[2 * j + 1]), 4),
                                 "int8",
                             )
-                    if r < M and c0 < H:
+                    if r < M and c < H:
                         for j in T.vectorized(VEC // VPB_OUT):
-                            q[r, c0 // VPB_OUT + j] = qv[j]
+                            q[r, c // VPB_OUT + j] = qv[j]
 
     @T.macro
     def build(x, sf_in, given, q, sf):

@@ -39,6 +39,13 @@ def knob_override(op: str, knob: str, default: bool) -> bool:
     return default if not text else text.strip() not in ("0", "false", "False", "")
 
 
+def chunks_override(op: str, default: int) -> int:
+    """``KernelSpec.column_chunks`` of an op's kernels; ``TILEPLUG_CUDA_COLUMN_CHUNKS_<OP>=n``
+    overrides it."""
+    text = os.environ.get(f"TILEPLUG_CUDA_COLUMN_CHUNKS_{op.upper()}")
+    return int(text) if text else default
+
+
 class QuantKernel:
     """Base of the CUDA quant kernels: ``supports``, ``spec``, ``source`` and ``__call__``."""
 
@@ -77,6 +84,10 @@ class QuantKernel:
         """(warps per CTA, rows per thread[, min CTAs per SM]) of the tile."""
         raise NotImplementedError
 
+    def column_chunks(self, call: QuantCall) -> int:
+        """128-bit chunks of each of its rows a thread owns (``KernelSpec.column_chunks``)."""
+        return 1
+
     # ------------------------------------------------------------------ helpers
     def spec(self, call: QuantCall) -> KernelSpec:
         """The specialisation serving ``call``."""
@@ -84,6 +95,7 @@ class QuantKernel:
             call, self.tile_op, *self.geometry(call),
             spread=knob_override(self.tile_op, "spread", self.spread),
             grid_cols=knob_override(self.tile_op, "grid_cols", self.grid_cols),
+            column_chunks=chunks_override(self.tile_op, self.column_chunks(call)),
         )
 
     def source(self, call: QuantCall, arch: str = jit.DEFAULT_ARCH) -> str:

@@ -1,11 +1,16 @@
 """CUDA ``per_token_cast`` (groups ``1 × g``, g in 16/32/64/128) and its sf-only /
 precomputed-sf variants, for bf16/fp32 and re-quantized ``(xq, sf)`` inputs.
 
-Tile: 4 warps × 4 rows per thread = 16 rows × (32 lanes × one 128-bit load) columns; a group
-is ``g / VEC`` adjacent lanes reduced with xor-shuffles (see ``grouped.py``). With fp32
-scales (not ``round_sf``) the group's lanes share out the rows' divisions (``spread``): each
-lane runs ``ceil(2 · rows / lanes)`` exact divisions instead of two per row, and the
-inverses are shuffled back.
+Tile: 4 warps × 1 row per thread = 4 rows; a thread owns 4 chunks (one 128-bit load each,
+``32 × VEC`` columns apart) of its row, so a CTA covers 4 × 32 lanes × one load = 1024 bf16
+columns of each row and writes its rows' sf values as whole 32-byte sectors (with one chunk
+a CTA wrote 8 bytes of a fp32 sf row and the sector was finished by another CTA launched
+long after: 77% of copy at T = 65536 against 93% with 4 chunks). e2m1 takes 2 chunks (its
+encode is register-heavy); re-quantized inputs keep 4 rows × 1 chunk (per-lane input
+scales per chunk would not fit the registers). A group is ``g / VEC`` adjacent lanes
+reduced with xor-shuffles (see ``grouped.py``). With fp32 scales (not ``round_sf``) the
+group's lanes share out the divisions (``spread``): each lane runs ``ceil(2 · slots /
+lanes)`` exact divisions instead of two per slot, and the inverses are shuffled back.
 """
 
 from __future__ import annotations
@@ -14,7 +19,13 @@ from tileplug.backend_cuda.quant.kernels import QuantKernel, tile_override
 from tileplug.core.contracts.quant import QuantCall
 
 WARPS = 4
-ROWS_PER_THREAD = 4
+# GPU sweep (tests/gpu/sweep_tiles.py, H200, H = 7168, bf16, T = 4096 / 16384 / 65536, % of
+# copy, triton do_bench): fp32 sf, 4 warps x 1 row x 4 chunks 75.7 / 89.5 / 93.3 (the old tile,
+# 4 warps x 4 rows x 1 chunk: 72.9 / 87.0 / 77.6); UE8M0 column-major 72.8 / 89.7 / 95.4
+# (old 68.9 / 86.8 / 91.5).
+CHUNKS = 4
+E2M1_CHUNKS = 2  # e2m1 g16: 38.7 / 42.7 / 44.2 (4 chunks: 33.7 / 38.3 / 39.5)
+QUANTIZED_INPUT_ROWS = 4
 
 
 class PerTokenCast(QuantKernel):
@@ -23,4 +34,10 @@ class PerTokenCast(QuantKernel):
     spread = True
 
     def geometry(self, call: QuantCall) -> tuple[int, int, int]:
-        return tile_override("per_token", (WARPS, ROWS_PER_THREAD, 1))
+        rows = QUANTIZED_INPUT_ROWS if call.quantized_input is not None else 1
+        return tile_override("per_token", (WARPS, rows, 1))
+
+    def column_chunks(self, call: QuantCall) -> int:
+        if call.quantized_input is not None:
+            return 1
+        return E2M1_CHUNKS if call.cast.fmt.name == "e2m1" else CHUNKS

@@ -66,7 +66,10 @@ class KernelSpec:
     per channel: one thread per column and kind reduces the warps' amax from shared memory,
     divides once and stores the sf coalesced). ``grid_cols``: one-dimensional grid with the
     column tiles of a row tile adjacent in launch order (a row tile's bytes and its sf row
-    are written together) instead of row tiles adjacent.
+    are written together) instead of row tiles adjacent. ``column_chunks`` (per-token
+    tiles only): each thread owns that many 128-bit chunks of each of its rows, ``32 × VEC``
+    columns apart, so one CTA covers that many times more columns of a row (its rows' sf
+    values then fill whole 32-byte sectors instead of 8 bytes per CTA).
     """
 
     op: str
@@ -87,6 +90,7 @@ class KernelSpec:
     bf16_pairs: bool = False
     spread: bool = False
     grid_cols: bool = False
+    column_chunks: int = 1
 
     # --------------------------------------------------------------- derived constants
     @property
@@ -124,7 +128,7 @@ class KernelSpec:
 
     @property
     def tile_cols(self) -> int:
-        return 32 * self.vec
+        return 32 * self.vec * self.column_chunks
 
     @property
     def name(self) -> str:
@@ -150,6 +154,8 @@ class KernelSpec:
             parts.append("spread")
         if self.grid_cols:
             parts.append("gcols")
+        if self.column_chunks > 1:
+            parts.append(f"k{self.column_chunks}")
         return "_".join(parts)
 
 
@@ -177,7 +183,7 @@ def common_reason(call: QuantCall) -> str | None:
 
 def make_spec(
     call: QuantCall, op: str, warps: int, rows_per_thread: int, min_blocks_per_sm: int = 1, bf16_pairs: bool = False,
-    spread: bool = False, grid_cols: bool = False,
+    spread: bool = False, grid_cols: bool = False, column_chunks: int = 1,
 ) -> KernelSpec:
     """The kernel specialisation serving ``call`` (assumes ``common_reason(call)`` is None)."""
     in_sf = None
@@ -189,6 +195,7 @@ def make_spec(
         return KernelSpec(
             op, call.mode, TL_DTYPES[call.input_dtype], in_sf, None, TL_DTYPES[call.output_dtype], None, False,
             None, False, 0.0, vectorize, warps, rows_per_thread, min_blocks_per_sm, grid_cols=grid_cols,
+            column_chunks=column_chunks,
         )
     cast = call.cast
     given = None
@@ -216,6 +223,7 @@ def make_spec(
         bf16_pairs and vectorize and call.input_dtype == torch.bfloat16,
         spread and _spreads(call, op, sf_kind),
         grid_cols,
+        column_chunks if cast.block[0] == 1 else 1,
     )
 
 
