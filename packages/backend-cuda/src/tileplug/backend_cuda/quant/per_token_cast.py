@@ -5,9 +5,8 @@ Tile: 4 warps × 1 row per thread = 4 rows; a thread owns 4 chunks (one 128-bit 
 ``32 × VEC`` columns apart) of its row, so a CTA covers 4 × 32 lanes × one load = 1024 bf16
 columns of each row and writes its rows' sf values as whole 32-byte sectors (with one chunk
 a CTA wrote 8 bytes of a fp32 sf row and the sector was finished by another CTA launched
-long after: 77% of copy at T = 65536 against 93% with 4 chunks). e2m1 takes 2 chunks (its
-encode is register-heavy); re-quantized inputs keep 4 rows × 1 chunk (per-lane input
-scales per chunk would not fit the registers). A group is ``g / VEC`` adjacent lanes
+long after: 77% of copy at T = 65536 against 93% with 4 chunks). Re-quantized inputs keep
+4 rows × 1 chunk (per-lane input scales per chunk would not fit the registers). A group is ``g / VEC`` adjacent lanes
 reduced with xor-shuffles (see ``grouped.py``). With fp32 scales (not ``round_sf``) the
 group's lanes share out the divisions (``spread``): each lane runs ``ceil(2 · slots /
 lanes)`` exact divisions instead of two per slot, and the inverses are shuffled back.
@@ -23,8 +22,8 @@ WARPS = 4
 # copy, triton do_bench): fp32 sf, 4 warps x 1 row x 4 chunks 75.7 / 89.5 / 93.3 (the old tile,
 # 4 warps x 4 rows x 1 chunk: 72.9 / 87.0 / 77.6); UE8M0 column-major 72.8 / 89.7 / 95.4
 # (old 68.9 / 86.8 / 91.5).
+# e2m1 g16 (bit-arithmetic encoder): 4 x 1 x 4 chunks 50.2 / 57.5 / 60.1, 2 chunks 49.1 / 56.5 / 58.9.
 CHUNKS = 4
-E2M1_CHUNKS = 2  # e2m1 g16: 38.7 / 42.7 / 44.2 (4 chunks: 33.7 / 38.3 / 39.5)
 QUANTIZED_INPUT_ROWS = 4
 
 
@@ -38,6 +37,4 @@ class PerTokenCast(QuantKernel):
         return tile_override("per_token", (WARPS, rows, 1))
 
     def column_chunks(self, call: QuantCall) -> int:
-        if call.quantized_input is not None:
-            return 1
-        return E2M1_CHUNKS if call.cast.fmt.name == "e2m1" else CHUNKS
+        return 1 if call.quantized_input is not None else CHUNKS
