@@ -10,24 +10,6 @@
 set -euo pipefail
 OUT=${OUT:-.}
 cd "$(dirname "$0")/../.."
-"${PYTHON:-python3}" - <<'PY'
-import torch
-from tileplug.backend_cuda.plugin import _KERNELS
-from tileplug.backend_cuda.quant import jit
-from tileplug.core.benchmark import bench_cases
-from tileplug.core.lowering import describe_call
-
-specs = []
-for case in bench_cases().values():
-    for dtype in (torch.bfloat16,):
-        x = torch.randn(4, 7168, dtype=dtype)
-        args, kwargs = case.make_args(x)
-        call, _ = describe_call(case.op, *args, **kwargs)
-        kernel = _KERNELS[call.op]
-        if kernel.supports(call) is None:
-            specs.append(kernel.spec(call))
-jit.precompile(specs)
-print(f"precompiled {len(specs)} bench specialisations")
-PY
+"${PYTHON:-python3}" tests/gpu/precompile_bench.py
 "${PYTHON:-python3}" -m tileplug.core.cli bench --device cuda --tokens 1,16,128,1024,4096,16384,65536 --hidden 7168 \
     --json "$OUT/bench.json" --verbose

@@ -10,8 +10,9 @@ compiled in parallel (``jit.precompile``), then each candidate is
 - checked bytewise against the *oracle* candidate (the first of its list: the geometry the
   bytewise GPU tests passed with, no knobs) at T = 4001 (partial tiles) and at every timed
   T; outputs are pre-filled with 0xFF so a missing store shows;
-- timed at T in {4096, 16384, 65536} with ``triton.testing.do_bench`` (median, L2 flushed)
-  through the kernel's launcher directly (no dispatch / allocation in the timed region).
+- timed at T in {4096, 16384, 65536} with ``tileplug.core.benchmark.median_seconds`` (CUDA
+  events, L2 flushed clean before each call, as ``tileplug bench``) through the kernel's
+  launcher directly (no dispatch / allocation in the timed region).
 
 The device copy (``dst.copy_(src)``, 2 GiB, read + write bytes) is measured in the same
 process; effective GB/s = ledger bytes / median time (as ``tileplug bench``).
@@ -37,7 +38,7 @@ H = 7168
 TOKENS = (4096, 16384, 65536)
 VERIFY_ONLY = (4001,)
 COMPILE_S = 3.0  # one TileLang specialisation on one core
-TIME_S = 0.2  # one do_bench of one candidate at one size (warmup + rep + estimate)
+TIME_S = 0.2  # one timing of one candidate at one size
 
 # case name -> (op attribute of tileplug.core.ops, kwargs, quantized input?)
 CASES = {
@@ -70,19 +71,20 @@ CANDIDATES = {
         _c(4, 4), _c(4, 1, column_chunks=4), _c(8, 1, column_chunks=4), _c(4, 2, column_chunks=2),
     ],
     "per_token_e2m1": [
-        _c(4, 4), _c(4, 1, column_chunks=2, **S), _c(8, 1, column_chunks=2, **S), _c(4, 2, column_chunks=2, **S),
-        _c(4, 1, column_chunks=4, **S), _c(4, 2, **S),
+        _c(4, 4), _c(4, 1, column_chunks=4, **S), _c(8, 1, column_chunks=4, **S), _c(4, 1, column_chunks=2, **S),
     ],
     "per_block": [
         _c(8, 16, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True), _c(16, 8, 1, bf16_pairs=True),
+        _c(8, 16, 1, bf16_pairs=True), _c(32, 4, 1, bf16_pairs=True), _c(4, 32, 1, bf16_pairs=True),
+        _c(16, 8, 2),
     ],
     "per_channel": [
-        _c(16, 8, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True, **S), _c(8, 16, 1, bf16_pairs=True, **S),
+        _c(16, 8, 2, bf16_pairs=True), _c(8, 16, 1, bf16_pairs=True, **S), _c(16, 8, 2, bf16_pairs=True, **S),
     ],
     "cast_back": [
-        _c(4, 4), _c(8, 4, **G), _c(8, 1, column_chunks=4, **G), _c(4, 2, column_chunks=2, **G),
-        _c(4, 1, column_chunks=4, **G), _c(8, 2, column_chunks=2, **G), _c(4, 4, column_chunks=2, **G),
-        _c(8, 1, column_chunks=2, **G), _c(16, 1, column_chunks=2, **G), _c(16, 2, **G),
+        _c(4, 4), _c(8, 1, column_chunks=4, **G), _c(8, 1, column_chunks=2, **G), _c(4, 1, column_chunks=4, **G),
+        _c(16, 1, column_chunks=4, **G), _c(8, 1, column_chunks=7, **G), _c(4, 1, column_chunks=7, **G),
+        _c(8, 2, column_chunks=2, **G),
     ],
 }
 
@@ -164,19 +166,19 @@ def same(a, b) -> bool:
     return all((x is None and y is None) or torch.equal(raw(x), raw(y)) for x, y in zip(a, b))
 
 
-def copy_gbps(do_bench, nbytes: int = 2 << 30) -> float:
-    source = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
-    target = torch.empty_like(source)
-    ms = do_bench(lambda: target.copy_(source), warmup=25, rep=200, return_mode="median")
-    del source, target
+def copy_gbps(nbytes: int = 2 << 30) -> float:
+    from tileplug.core.benchmark import copy_bandwidth
+
+    gbps = copy_bandwidth(torch.device("cuda"), nbytes)
     torch.cuda.empty_cache()
-    return 2 * nbytes / (ms * 1e-3) / 1e9
+    return gbps
 
 
-def run_case(case: str, specs: list, tokens: list[int], do_bench, rep: int, copy: float, log) -> list[dict]:
+def run_case(case: str, specs: list, tokens: list[int], copy: float, log) -> list[dict]:
     from tileplug.backend_cuda.quant import jit
     from tileplug.backend_cuda.quant.kernels import fast_entry, make_launcher
     from tileplug.core import CUDA_LAYOUT
+    from tileplug.core.benchmark import median_seconds
 
     launchers = []
     for spec in specs:
@@ -207,7 +209,7 @@ def run_case(case: str, specs: list, tokens: list[int], do_bench, rep: int, copy
                     entry["verified"] = same(outputs, oracle)
                 if t in VERIFY_ONLY:
                     continue
-                ms = do_bench(lambda launch=launch: launch(inputs, outputs), warmup=10, rep=rep, return_mode="median")
+                ms = median_seconds(lambda launch=launch: launch(inputs, outputs), torch.device("cuda"), 0.1, 100) * 1e3
                 entry["median_us"] = ms * 1e3
                 entry["gbps"] = ledger / (ms * 1e-3) / 1e9
                 entry["pct_of_copy"] = 100.0 * entry["gbps"] / copy
@@ -267,7 +269,6 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     parser.add_argument("--workers", type=int, default=os.cpu_count())
-    parser.add_argument("--rep", type=int, default=40, help="do_bench rep (ms)")
     parser.add_argument("--no-compile", action="store_true", help="with --dry-run: only list the candidates")
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
@@ -300,17 +301,14 @@ def main() -> int:
         log(f"compiled and loaded {len(unique)} specialisations for sm_90 (no GPU used)")
         return 0
 
-    import triton.testing
-
-    do_bench = triton.testing.do_bench
     jit.precompile(unique, workers=workers)
     log(f"precompiled {len(unique)} specialisations")
-    copy = copy_gbps(do_bench)
+    copy = copy_gbps()
     log(f"device copy: {copy:.0f} GB/s")
     rows = []
     for case in cases:
-        rows += run_case(case, specs[case], tokens, do_bench, args.rep, copy, log)
-        copy_again = copy_gbps(do_bench, 1 << 30) if case == cases[-1] else None
+        rows += run_case(case, specs[case], tokens, copy, log)
+        copy_again = copy_gbps(1 << 30) if case == cases[-1] else None
     text = table(rows, tokens, copy)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sweep.json"), "w") as handle:

@@ -54,7 +54,9 @@ def capabilities() -> str:
         "  16-byte aligned, scalar loads otherwise); T and H dynamic: one kernel per configuration.\n"
         "  Declined: H not a multiple of 16 (falls through to the reference).\n"
         "  Status: every specialisation of the CI grid lowers for sm_90 and compiles with nvcc; bit-exactness vs\n"
-        "  the reference is checked on the GPU host (tests/gpu/test_cuda_quant.py, -m gpu)."
+        "  the reference is checked on the GPU host (tests/gpu/test_cuda_quant.py, -m gpu).\n"
+        "  Not honoured: config.pdl (TileLang 0.1.15's tvm_ffi launcher sets no programmatic-dependent-launch\n"
+        "  attribute) and config.sm_count (one tile per CTA, grids sized by T and H, no persistent loop)."
     )
 
 

@@ -181,7 +181,17 @@ def command_bench(args: argparse.Namespace) -> int:
     )
     log = (lambda text: print(text, file=sys.stderr)) if args.verbose else (lambda text: None)
     report = BenchReport(device.type, device_name(device), copy_bandwidth(device), torch.__version__)
+    if not args.no_compile:
+        # The peer gets a fresh dynamo cache per op case and room to specialise on every
+        # size; should it still hit the limit, it raises (reported as "did not compile")
+        # instead of silently timing eager PyTorch.
+        import torch._dynamo as dynamo
+
+        dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 4 * len(tokens_list))
+        dynamo.config.fail_on_recompile_limit_hit = True
     for name in chosen:
+        if not args.no_compile:
+            dynamo.reset()
         for tokens in tokens_list:
             report.rows.extend(
                 measure_case(
