@@ -11,5 +11,5 @@ set -euo pipefail
 OUT=${OUT:-.}
 cd "$(dirname "$0")/../.."
 "${PYTHON:-python3}" tests/gpu/precompile_bench.py
-"${PYTHON:-python3}" -m tileplug.core.cli bench --device cuda --tokens 1,16,128,1024,4096,16384,65536 --hidden 7168 \
+"${PYTHON:-python3}" -m tileplug.core.cli bench --device cuda --tokens 1,16,128,1024,4096,8192,16384,65536 --hidden 7168 \
     --json "$OUT/bench.json" --verbose
