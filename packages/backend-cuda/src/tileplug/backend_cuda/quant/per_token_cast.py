@@ -6,10 +6,11 @@ Tile: 4 warps × 1 row per thread = 4 rows; a thread owns 4 chunks (one 128-bit 
 columns of each row and writes its rows' sf values as whole 32-byte sectors (with one chunk
 a CTA wrote 8 bytes of a fp32 sf row and the sector was finished by another CTA launched
 long after: 77% of copy at T = 65536 against 93% with 4 chunks). Re-quantized inputs keep
-4 rows × 1 chunk (per-lane input scales per chunk would not fit the registers). A group is ``g / VEC`` adjacent lanes
-reduced with xor-shuffles (see ``grouped.py``). With fp32 scales (not ``round_sf``) the
-group's lanes share out the divisions (``spread``): each lane runs ``ceil(2 · slots /
-lanes)`` exact divisions instead of two per slot, and the inverses are shuffled back.
+4 rows × 1 chunk (per-lane input scales per chunk would not fit the registers). A group is
+``g / VEC`` adjacent lanes reduced with xor-shuffles (see ``grouped.py``). With fp32 scales
+(not ``round_sf``) the group's lanes share out the divisions (``spread``): each lane runs
+``ceil(2 · slots / lanes)`` exact divisions instead of two per slot, and the inverses are
+shuffled back.
 """
 
 from __future__ import annotations
