@@ -28,6 +28,8 @@ from hypothesis import strategies as st
 
 from tileplug import core
 
+from spec_helpers import PACK, align, ceil_div, raw  # tests/: SPEC-derived layout math
+
 OPS = core.ops
 SETTINGS = settings(
     # 60 per test in the suite; raise it for a longer hunt: TILEPLUG_HYPOTHESIS_EXAMPLES=2000
@@ -40,7 +42,6 @@ SETTINGS = settings(
 DTYPES = [torch.bfloat16, torch.float32, torch.float16, torch.int8, torch.float8_e4m3fn, torch.int32, torch.float64]
 FLOAT_DTYPES = (torch.bfloat16, torch.float32)
 STRIDE_KINDS = ["contiguous", "row_slice", "transposed", "expanded", "overlapping", "column_step"]
-PACK = {"cuda": (4, torch.int32), "ascend": (2, torch.int16)}
 # a flag is a bool most of the time, occasionally something that is not a bool
 FLAG = st.sampled_from([False, True, False, True, False, True, 0, 1, None])
 SPECIALS = [float("nan"), float("inf"), float("-inf"), -0.0, 0.0]
@@ -55,22 +56,8 @@ def _reference_backend():
 # ---------------------------------------------------------------------- small SPEC helpers
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def align(a: int, b: int) -> int:
-    return ceil_div(a, b) * b
-
-
 def is_bool(value: Any) -> bool:
     return value is True or value is False
-
-
-def raw(tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.numel() == 0:
-        return torch.empty((*tensor.shape[:-1], tensor.shape[-1] * tensor.element_size()), dtype=torch.uint8)
-    return torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor).view(torch.uint8)
 
 
 def group_bytes(sf: torch.Tensor, block: tuple[int, int], tokens: int, hidden: int) -> torch.Tensor:

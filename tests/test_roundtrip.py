@@ -22,9 +22,10 @@ import torch
 
 from tileplug import core
 
+from spec_helpers import PACK, align, ceil_div, raw, std  # tests/: SPEC-derived layout math
+
 OPS = core.ops
 SMALL_SHAPES = [(0, 576), (0, 7168), (1, 576), (1, 7168), (3, 576), (3, 7168)]
-PACK = {"cuda": (4, torch.int32), "ascend": (2, torch.int16)}
 # cast_back relative-norm error bounds on normal data (SPEC §1 formats): e4m3 keeps 3 mantissa
 # bits (≈ 2^-5 relative rounding), e2m1 only 1.
 ERROR_BOUND = {"e4m3": 0.07, "e2m1": 0.25}
@@ -37,26 +38,6 @@ def _reference_backend():
 
 
 # ---------------------------------------------------------------------- helpers written from the SPEC
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def align(a: int, b: int) -> int:
-    return ceil_div(a, b) * b
-
-
-def std(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy with plain row-major strides (so that ``.view(dtype)`` always works)."""
-    return torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor)
-
-
-def raw(tensor: torch.Tensor) -> torch.Tensor:
-    """Bytes of the tensor in logical row-major order, [..., last * itemsize] uint8."""
-    if tensor.numel() == 0:
-        return torch.empty((*tensor.shape[:-1], tensor.shape[-1] * tensor.element_size()), dtype=torch.uint8)
-    return std(tensor).view(torch.uint8)
 
 
 def assert_same_bytes(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
