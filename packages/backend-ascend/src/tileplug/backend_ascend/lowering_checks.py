@@ -68,21 +68,26 @@ def check_ub(artifact, prim_func, plan_bytes: int, budget: int) -> tuple[bool, s
     return True, numbers
 
 
+def _closing_brace(text: str, opening: int) -> int:
+    """Index of the ``}`` matching the ``{`` at ``opening`` (``len(text)`` if unbalanced)."""
+    depth = 0
+    for j in range(opening, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return len(text)
+
+
 def _functions(source: str) -> dict[str, str]:
     funcs = {}
     position = 0
     for match in re.finditer(r"^(.*\)\s*)\{\s*$", source, re.M):
         if match.start() < position:
             continue
-        depth, j = 0, match.end() - 1
-        while j < len(source):
-            if source[j] == "{":
-                depth += 1
-            elif source[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    break
-            j += 1
+        j = _closing_brace(source, match.end() - 1)
         funcs[match.group(1).strip()] = source[match.end():j]
         position = j
     return funcs
@@ -92,15 +97,7 @@ def _row_loops(body: str) -> list[tuple[str, str, str]]:
     """(loop variable, text before the loop, loop body) of each top-level ``for (int32_t it...``."""
     loops = []
     for match in re.finditer(r"^  for \(int32_t (it\w*) = 0; .*\) \{$", body, re.M):
-        depth, j = 0, match.end() - 1
-        while j < len(body):
-            if body[j] == "{":
-                depth += 1
-            elif body[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    break
-            j += 1
+        j = _closing_brace(body, match.end() - 1)
         loops.append((match.group(1), body[:match.start()], body[match.end():j]))
     return loops
 
