@@ -8,7 +8,8 @@ specialisation, launched directly) and for a device copy moving the same number 
 
 - ``zero-flush``: ``triton.testing.do_bench`` — before each call L2 is flushed by zeroing a
   256 MB buffer, which leaves L2 full of dirty lines the timed kernel must write back;
-- ``read-flush``: the same event timing, but L2 is flushed by reading 256 MB (clean lines);
+- ``read-flush``: ``tileplug.core.benchmark.median_seconds`` (what ``tileplug bench`` does):
+  event timing after an L2 flush that reads 256 MB (clean lines);
 - ``graph``: 20 calls back to back in a CUDA graph, no flush (steady state: each call
   evicts the previous call's dirty output).
 
@@ -31,23 +32,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import sweep_tiles  # noqa: E402  (same directory: the cases and their inputs)
 
 TOKENS = (8192, 16384, 65536)
-FLUSH_BYTES = 256 << 20
-
-
-def events_median(fn, flush, reps: int = 60) -> float:
-    """Median seconds of ``fn`` timed with CUDA events, ``flush()`` before each call."""
-    for _ in range(5):
-        flush()
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for start, end in zip(starts, ends):
-        flush()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e-3
 
 
 def graph_seconds(fn, calls: int = 20, reps: int = 15) -> float:
@@ -75,10 +59,12 @@ def graph_seconds(fn, calls: int = 20, reps: int = 15) -> float:
     return statistics.median(samples)
 
 
-def methods(fn, do_bench, scratch: torch.Tensor) -> dict[str, float]:
+def methods(fn, do_bench) -> dict[str, float]:
+    from tileplug.core.benchmark import median_seconds
+
     return {
         "zero-flush": do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e-3,
-        "read-flush": events_median(fn, lambda: scratch.amax()),
+        "read-flush": median_seconds(fn, torch.device("cuda")),  # what tileplug bench does
         "graph": graph_seconds(fn),
     }
 
@@ -91,7 +77,6 @@ def main() -> int:
     from tileplug.core import CUDA_LAYOUT
 
     do_bench = triton.testing.do_bench
-    scratch = torch.ones(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     lines = []
 
     def say(text: str) -> None:
@@ -101,7 +86,7 @@ def main() -> int:
     big = 1 << 30
     src = torch.ones(big, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    for name, seconds in methods(lambda: dst.copy_(src), do_bench, scratch).items():
+    for name, seconds in methods(lambda: dst.copy_(src), do_bench).items():
         say(f"copy 2 GiB {name:10s}: {2 * big / seconds / 1e9:7.0f} GB/s")
     del src, dst
     cases = [c for c in os.environ.get("CASES", ",".join(sweep_tiles.CASES)).split(",") if c]
@@ -119,8 +104,8 @@ def main() -> int:
             ledger = call.ledger(CUDA_LAYOUT).bytes_total
             src = torch.ones(ledger // 2, dtype=torch.uint8, device="cuda")
             dst = torch.empty_like(src)
-            op_times = methods(lambda: launch(inputs, outputs), do_bench, scratch)
-            copy_times = methods(lambda: dst.copy_(src), do_bench, scratch)
+            op_times = methods(lambda: launch(inputs, outputs), do_bench)
+            copy_times = methods(lambda: dst.copy_(src), do_bench)
             for name in op_times:
                 op_s, copy_s = op_times[name], copy_times[name]
                 say(f"{case:18s} {tokens:6d} {name:10s} {op_s * 1e6:8.1f} {ledger / op_s / 1e9:8.0f} "
