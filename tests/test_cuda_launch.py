@@ -128,17 +128,20 @@ def test_single_row_with_an_odd_stride_gets_a_checkable_stride() -> None:
     assert args[0].stride(0) % 8 == 0 and args[0].data_ptr() == x.data_ptr()
 
 
-def test_prepare_returns_the_cached_launcher(monkeypatch) -> None:
+def test_prepare_binds_the_compiled_kernel_once_per_specialisation(monkeypatch) -> None:
+    """The route keeps the launcher (one launcher cache); prepare itself reuses jit's compiled kernel."""
     from tileplug.backend_cuda.quant import jit, kernels
 
-    monkeypatch.setattr(jit, "_compile", lambda spec, arch: Recorder())
+    compiles = []
+    monkeypatch.setattr(jit, "_compile", lambda spec, arch: compiles.append(spec) or Recorder())
     monkeypatch.setattr(jit, "device_arch", lambda: "sm_90")
     monkeypatch.setattr(jit, "_compiled", {})
     monkeypatch.setattr(kernels, "fast_entry", lambda k: k)
     kernel, call, inputs = _call(ops.per_token_cast, torch.empty(3, 576, dtype=torch.bfloat16))
     fresh = type(kernel)()
     launch = fresh.prepare(call)
-    assert fresh.prepare(call) is launch
+    fresh.prepare(call)
+    assert len(compiles) == 1
     launch(inputs, call.allocate(CUDA_LAYOUT))
 
 

@@ -4,11 +4,13 @@
     q, sf = core.ops.per_token_cast(x)     # runs on the backend installed for x.device
 """
 
-from tileplug.core import config, ops
+from tileplug.core import config, opdefs, ops
 from tileplug.core.backend import ANY_DEVICE, QUANT_OPS, Backend, Kernel
-from tileplug.core.contracts.quant import Ledger, QuantCall, QuantInputs, QuantOutputs
-from tileplug.core.errors import ContractError, NoBackendError, TileplugError
-from tileplug.core.lowering import LoweringError, describe_call, lower
+from tileplug.core.call import Call, Ledger, QuantMode
+from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
+from tileplug.core.errors import BackendError, ContractError, NoBackendError, TileplugError
+from tileplug.core.lowering import LoweringError, lower
+from tileplug.core.opdefs import BenchCase, Case, OpDef, declare, describe_call
 from tileplug.core.plugins import hookimpl
 from tileplug.core.quant.configs import CastConfig
 from tileplug.core.quant.layouts import ASCEND_LAYOUT, CUDA_LAYOUT, LayoutTraits
@@ -20,6 +22,10 @@ __all__ = [
     "ANY_DEVICE",
     "ASCEND_LAYOUT",
     "Backend",
+    "BackendError",
+    "BenchCase",
+    "Call",
+    "Case",
     "CUDA_LAYOUT",
     "CastConfig",
     "ContractError",
@@ -28,15 +34,19 @@ __all__ = [
     "LayoutTraits",
     "LoweringError",
     "NoBackendError",
+    "OpDef",
     "QUANT_OPS",
     "QuantCall",
     "QuantInputs",
+    "QuantMode",
     "QuantOutputs",
     "TileplugError",
     "config",
+    "declare",
     "describe_call",
     "hookimpl",
     "lower",
+    "opdefs",
     "ops",
     "registry",
     "use_backend",

@@ -38,3 +38,21 @@ class NoBackendError(TileplugError, RuntimeError):
 
 class BackendLoadError(TileplugError):
     """A plugin's entry point could not be loaded (recorded, never raised at dispatch)."""
+
+
+class BackendError(TileplugError, RuntimeError):
+    """A backend's kernel raised while running a call that its ``supports()`` accepted.
+
+    The message names the backend, the op and the call; the original exception is the
+    ``__cause__``. tileplug never falls back to another backend here: the kernel may have
+    written part of the outputs, and a silent retry would hide a backend bug.
+    """
+
+    def __init__(self, backend: str, call: object, error: BaseException) -> None:
+        self.backend = backend
+        self.op = getattr(call, "name", None) or getattr(call, "op", "?")
+        self.call = call
+        text = repr(call)
+        if len(text) > 240:
+            text = text[:237] + "..."
+        super().__init__(f"backend '{backend}' failed running {self.op}: {type(error).__name__}: {error} (call: {text})")

@@ -5,28 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tileplug.core.errors import ContractError, TileplugError
-from tileplug.core.ops.quant import capture_calls
+from tileplug.core.errors import TileplugError
+from tileplug.core.opdefs import describe_call
 from tileplug.core.registry import registry
 
 
 class LoweringError(TileplugError):
     """A backend cannot produce source for a call (no ``lower``, or its kernel declines)."""
-
-
-def describe_call(op: Callable[..., Any] | str, *args: Any, **kwargs: Any):
-    """Check ``op``'s contract for these arguments and return ``(call, inputs)`` without running.
-
-    ``x`` may be a ``meta`` tensor, so calls for any device can be described anywhere.
-    """
-    from tileplug.core import ops
-
-    function = getattr(ops, op, None) if isinstance(op, str) else op
-    if not callable(function) or getattr(function, "__module__", "") != "tileplug.core.ops.quant":
-        raise ContractError("lower", "op", f"a tileplug.core.ops function or its name", op)
-    with capture_calls() as captured:
-        function(*args, **kwargs)
-    return captured[0]
 
 
 def lower(op: Callable[..., Any] | str, *args: Any, backend: str, **kwargs: Any) -> str:
@@ -45,8 +30,8 @@ def lower(op: Callable[..., Any] | str, *args: Any, backend: str, **kwargs: Any)
         raise LoweringError(f"backend '{backend}' does not generate device code, so it has nothing to lower")
     kernel = chosen.kernels.get(call.op)
     if kernel is None:
-        raise LoweringError(f"backend '{backend}' has no {call.op} kernel")
+        raise LoweringError(f"backend '{backend}' has no {call.name} kernel")
     why = kernel.supports(call)
     if why is not None:
-        raise LoweringError(f"backend '{backend}' declines this {call.op} call: {why}")
+        raise LoweringError(f"backend '{backend}' declines this {call.name} call: {why}")
     return chosen.lower(call)

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from tileplug.core.backend import Backend, Kernel
 from tileplug.core.errors import NoBackendError
 from tileplug.core.plugins import ENTRY_POINT_GROUP, new_plugin_manager
@@ -42,43 +44,46 @@ class PluginRecord:
 
 
 class Route:
-    """The cached answer for one call signature: the chosen backend and kernel, the output
-    allocation plan for the backend's layout, and the kernel's prepared launcher.
+    """The cached answer for one call signature: the chosen backend and kernel, the op's
+    declaration, the output allocation plan for the backend's layout (config in force is
+    part of the call, so the plan is fixed per route) and the kernel's launcher.
 
     A kernel may offer ``prepare(call) -> launcher(inputs, outputs)`` (compile, bind, look
-    up once per signature); the launcher is made on the first call with tokens and kept.
+    up once per signature); the launcher is made on the first launch and kept here (the
+    one launcher cache).
     """
 
-    __slots__ = ("backend", "kernel", "traits", "alignment", "plan", "_call", "_launcher", "_lock")
+    __slots__ = ("backend", "kernel", "opdef", "traits", "plan", "result", "_call", "_launcher", "_lock")
 
     def __init__(self, backend: Backend, kernel: Kernel, call: Any) -> None:
-        from tileplug.core import config
+        from tileplug.core import opdefs
 
         self.backend = backend
         self.kernel = kernel
+        self.opdef = opdefs.get(call.name)
         self.traits = backend.traits_for(call.device_type)
-        self.alignment = config.current().token_alignment_bytes
-        self.plan = call.allocation_plan(self.traits, self.alignment)
+        self.plan = self.opdef.outputs(call, self.traits)
+        self.result = self.opdef.result
         self._call = call
         self._launcher: Callable[[Any, Any], None] | None = None
         self._lock = threading.Lock()
 
-    def plan_for(self, call: Any) -> Any:
-        """The allocation plan for ``call`` under the layout traits and column alignment in
-        force now (the cached one unless ``config.host_layout`` / ``token_alignment`` changed)."""
-        from tileplug.core.config import current
+    def check_out(self, call: Any, out: Any, inputs: Any) -> Any:
+        """The caller's ``out=`` checked against this route's plan (ContractError naming ``out``)."""
+        from tileplug.core.call import check_out
 
-        traits = self.backend.traits_for(call.device_type)
-        alignment = current().token_alignment_bytes
-        if traits is self.traits and alignment == self.alignment:
-            return self.plan
-        return call.allocation_plan(traits, alignment)
+        expected = self.plan.allocate(call.tokens, torch.device("meta"))
+        slots = check_out(call.name, expected, out, call.device, [t for t in inputs if isinstance(t, torch.Tensor)])
+        return type(expected)(*slots)
 
-    def launcher(self) -> Callable[[Any, Any], None]:
-        """``launch(inputs, outputs)`` for this signature (prepared once, thread-safe)."""
-        launch = self._launcher
-        if launch is not None:
-            return launch
+    def launch(self, inputs: Any, outputs: Any) -> None:
+        """Run the kernel (its launcher prepared on first use, thread-safe)."""
+        launcher = self._launcher
+        if launcher is None:
+            launcher = self._prepare()
+        launcher(inputs, outputs)
+
+    def _prepare(self) -> Callable[[Any, Any], None]:
         with self._lock:
             if self._launcher is None:
                 prepare = getattr(self.kernel, "prepare", None)

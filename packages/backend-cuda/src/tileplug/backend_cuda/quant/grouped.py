@@ -34,6 +34,7 @@ import tilelang.language as T
 
 from tileplug.backend_cuda.quant import sf_math
 from tileplug.backend_cuda.quant.spec import KernelSpec
+from tileplug.core.call import QuantMode
 
 FMT_MAX = {"e4m3": 448.0, "e2m1": 6.0}
 
@@ -49,9 +50,9 @@ def build_kernel(spec: KernelSpec):
     TC = spec.tile_cols
     NT = 32 * NW
     MODE = spec.mode
-    CAST_BACK = MODE == "cast_back"
-    COMPUTE_SF = MODE in ("cast", "sf_only")
-    WRITE_Q = MODE in ("cast", "precomputed_sf", "cast_back")
+    CAST_BACK = MODE is QuantMode.CAST_BACK
+    COMPUTE_SF = MODE in (QuantMode.CAST, QuantMode.SF_ONLY)
+    WRITE_Q = MODE is not QuantMode.SF_ONLY
     QUANTIZED = spec.quantized_input
     IN_DT = spec.in_dtype
     X_DT = spec.x_storage_dtype
@@ -333,7 +334,7 @@ def build_kernel(spec: KernelSpec):
                                 else:
                                     sf[gr, gc] = value
 
-            if MODE == "precomputed_sf":
+            if MODE is QuantMode.PRECOMPUTED_SF:
                 NROWS = NSLOT if PER_TOKEN else 1
                 for i in T.unroll(NROWS):
                     gr = slot_row(bx, w, i) if PER_TOKEN else bx
@@ -390,13 +391,13 @@ def build_kernel(spec: KernelSpec):
 
     # One prim_func per buffer set (TileLang reads the signature off the annotations).
     if IN_SF is None:
-        if MODE == "cast":
+        if MODE is QuantMode.CAST:
 
             @T.prim_func
             def kernel(x: x_t, q: q_t, sf: sf_t):
                 build(x, None, None, q, sf)
 
-        elif MODE == "sf_only":
+        elif MODE is QuantMode.SF_ONLY:
 
             @T.prim_func
             def kernel(x: x_t, sf: sf_t):
@@ -409,19 +410,19 @@ def build_kernel(spec: KernelSpec):
                 build(x, None, given, q, None)
 
     else:
-        if MODE == "cast":
+        if MODE is QuantMode.CAST:
 
             @T.prim_func
             def kernel(x: x_t, sf_in: sf_in_t, q: q_t, sf: sf_t):
                 build(x, sf_in, None, q, sf)
 
-        elif MODE == "sf_only":
+        elif MODE is QuantMode.SF_ONLY:
 
             @T.prim_func
             def kernel(x: x_t, sf_in: sf_in_t, sf: sf_t):
                 build(x, sf_in, None, None, sf)
 
-        elif MODE == "precomputed_sf":
+        elif MODE is QuantMode.PRECOMPUTED_SF:
 
             @T.prim_func
             def kernel(x: x_t, sf_in: sf_in_t, given: given_t, q: q_t):

@@ -1,14 +1,14 @@
 """The kernel-protocol side shared by the four ops: supports, specs, cached launchers.
 
 A launcher is built once per call signature (a ``QuantCall`` compares on everything but
-the token count and the device): it holds the compiled kernel and the argument order, so
-a call costs one dict lookup, a few attribute reads and the tvm_ffi launch.
+the token count and the device) by ``prepare`` and kept by the dispatcher's route: it holds
+the compiled kernel and the argument order, so a call costs a few attribute reads and the
+tvm_ffi launch.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +16,7 @@ import torch
 
 from tileplug.backend_cuda.quant import jit
 from tileplug.backend_cuda.quant.spec import KernelSpec, common_reason, make_spec
+from tileplug.core.call import QuantMode
 from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
 
 Launcher = Callable[[QuantInputs, QuantOutputs], None]
@@ -54,10 +55,6 @@ class QuantKernel:
     spread = False  # KernelSpec.spread default (where the op's kernel has a spread schedule)
     grid_cols = False  # KernelSpec.grid_cols default
 
-    def __init__(self) -> None:
-        self._launchers: dict[QuantCall, Launcher] = {}
-        self._lock = threading.Lock()
-
     # ------------------------------------------------------------------ protocol
     def supports(self, call: QuantCall) -> str | None:
         if call.op != self.op:
@@ -65,15 +62,15 @@ class QuantKernel:
         return common_reason(call) or self.reason(call)
 
     def __call__(self, call: QuantCall, inputs: QuantInputs, outputs: QuantOutputs) -> None:
-        launch = self._launchers.get(call)
-        if launch is None:
-            launch = self._launcher(call)
-        launch(inputs, outputs)
+        """Run ``call`` directly (the dispatcher does not come here: it keeps the launcher
+        :meth:`prepare` returns in its route, the one launcher cache)."""
+        self.prepare(call)(inputs, outputs)
 
     def prepare(self, call: QuantCall) -> Launcher:
-        """``launch(inputs, outputs)`` bound to ``call``'s signature (compiled on first use);
-        the dispatcher caches it per signature and calls it directly."""
-        return self._launchers.get(call) or self._launcher(call)
+        """``launch(inputs, outputs)`` bound to ``call``'s signature: the kernel compiled (once
+        per specialisation and process, ``jit.compiled``) and its argument order fixed."""
+        spec = self.spec(call)
+        return make_launcher(spec, fast_entry(jit.compiled(spec)))
 
     # ------------------------------------------------------------------ per op
     def reason(self, call: QuantCall) -> str | None:
@@ -101,16 +98,6 @@ class QuantKernel:
     def source(self, call: QuantCall, arch: str = jit.DEFAULT_ARCH) -> str:
         """Generated CUDA source of the kernel serving ``call`` (no GPU needed)."""
         return jit.lower_source(self.spec(call), arch)
-
-    def _launcher(self, call: QuantCall) -> Launcher:
-        with self._lock:
-            launch = self._launchers.get(call)
-        if launch is None:
-            spec = self.spec(call)
-            launch = make_launcher(spec, fast_entry(jit.compiled(spec)))
-            with self._lock:
-                launch = self._launchers.setdefault(call, launch)
-        return launch
 
 
 def fast_entry(jit_kernel: Any) -> Callable[..., Any]:
@@ -161,7 +148,7 @@ def make_launcher(spec: KernelSpec, kernel: Any) -> Launcher:
             x = x.as_strided(x.shape, (-(-x.shape[1] // vec) * vec, 1))
         return x.view(torch.int32) if pairs else x
 
-    if mode == "cast":
+    if mode is QuantMode.CAST:
 
         def launch(inputs: QuantInputs, outputs: QuantOutputs) -> None:
             if quantized:
@@ -169,7 +156,7 @@ def make_launcher(spec: KernelSpec, kernel: Any) -> Launcher:
             else:
                 kernel(row_stride_fixed(inputs.x), outputs.q, sf_arg(outputs.sf))
 
-    elif mode == "sf_only":
+    elif mode is QuantMode.SF_ONLY:
 
         def launch(inputs: QuantInputs, outputs: QuantOutputs) -> None:
             x = row_stride_fixed(inputs.x)
@@ -178,7 +165,7 @@ def make_launcher(spec: KernelSpec, kernel: Any) -> Launcher:
             else:
                 kernel(x, sf_arg(outputs.sf))
 
-    elif mode == "precomputed_sf":
+    elif mode is QuantMode.PRECOMPUTED_SF:
 
         def launch(inputs: QuantInputs, outputs: QuantOutputs) -> None:
             if quantized:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tileplug.core.contracts.quant import MODE_CAST_BACK, QuantCall
+from tileplug.core.call import QuantMode
+from tileplug.core.contracts.quant import QuantCall
 from tileplug.core.quant.layouts import CUDA_LAYOUT
 
 HIDDEN_MULTIPLE = 16
@@ -73,7 +74,7 @@ class KernelSpec:
     """
 
     op: str
-    mode: str
+    mode: QuantMode
     in_dtype: str
     in_sf: SfRead | None
     block: tuple[int, int] | None
@@ -133,7 +134,7 @@ class KernelSpec:
     @property
     def name(self) -> str:
         """A short, unique, identifier-safe name (kernel symbol and cache key text)."""
-        parts = [self.op, self.mode, self.in_dtype.replace("float8_e4m3fn", "e4m3").replace("int8", "e2m1")]
+        parts = [self.op, self.mode.value, self.in_dtype.replace("float8_e4m3fn", "e4m3").replace("int8", "e2m1")]
         if self.in_sf is not None:
             parts.append(f"in{self.in_sf.block[0]}x{self.in_sf.block[1]}{self.in_sf.kind}{self.in_sf.pack}")
         if self.block is not None:
@@ -191,7 +192,7 @@ def make_spec(
     if qin is not None:
         in_sf = SfRead(qin.sf_encoding.kind, qin.sf_encoding.pack_factor, tuple(qin.block))
     vectorize = call.input_alignment >= vector_bytes(call.input_dtype)
-    if call.mode == MODE_CAST_BACK:
+    if call.mode is QuantMode.CAST_BACK:
         return KernelSpec(
             op, call.mode, TL_DTYPES[call.input_dtype], in_sf, None, TL_DTYPES[call.output_dtype], None, False,
             None, False, 0.0, vectorize, warps, rows_per_thread, min_blocks_per_sm, grid_cols=grid_cols,
@@ -231,7 +232,7 @@ def _spreads(call: QuantCall, op: str, sf_kind: str | None) -> bool:
     """Whether ``op``'s kernel has a spread schedule for ``call`` (the flag stays off where it
     would not change the code, so specialisation names stay one per kernel)."""
     cast = call.cast
-    if call.mode not in ("cast", "sf_only"):
+    if call.mode not in (QuantMode.CAST, QuantMode.SF_ONLY):
         return False
     if op == "per_channel":
         return True

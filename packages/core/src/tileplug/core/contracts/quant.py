@@ -8,12 +8,14 @@ device index: it is the selection cache key and the kernel specialisation at onc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
 from tileplug.core import config
+from tileplug.core.call import Call, Ledger, QuantMode
 from tileplug.core.contracts.checks import (
     check_block,
     check_bool,
@@ -38,10 +40,10 @@ PER_BLOCK_SIDES = (16, 32, 64, 128)
 PER_CHANNEL_GROUPS = (32, 128)
 INPUT_BLOCK_SIDES = (1, 16, 32, 64, 128)
 
-MODE_CAST = "cast"
-MODE_SF_ONLY = "sf_only"
-MODE_PRECOMPUTED_SF = "precomputed_sf"
-MODE_CAST_BACK = "cast_back"
+MODE_CAST = QuantMode.CAST
+MODE_SF_ONLY = QuantMode.SF_ONLY
+MODE_PRECOMPUTED_SF = QuantMode.PRECOMPUTED_SF
+MODE_CAST_BACK = QuantMode.CAST_BACK
 
 
 class QuantInputs(NamedTuple):
@@ -59,18 +61,6 @@ class QuantOutputs(NamedTuple):
 
     q: torch.Tensor | None
     sf: torch.Tensor | None
-
-
-class Ledger(NamedTuple):
-    """Bytes an op must move (and flops it must do): the denominator of effective GB/s."""
-
-    bytes_read: int
-    bytes_written: int
-    flops: int
-
-    @property
-    def bytes_total(self) -> int:
-        return self.bytes_read + self.bytes_written
 
 
 class AllocationPlan:
@@ -105,7 +95,8 @@ class AllocationPlan:
         if self.pack_axis == 0:
             rows = -(-rows // self.pack_factor)
         if self.col_major_multiple:
-            padded = -(-rows // self.col_major_multiple) * self.col_major_multiple
+            # at least 1: an empty sf (T = 0) keeps unit strides, so it views like any tensor
+            padded = max(1, -(-rows // self.col_major_multiple) * self.col_major_multiple)
             sf = torch.empty_strided((rows, self.sf_columns), (1, padded), dtype=self.sf_dtype, device=device)
         else:
             sf = torch.empty((rows, self.sf_columns), dtype=self.sf_dtype, device=device)
@@ -113,22 +104,21 @@ class AllocationPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class QuantCall:
-    """Frozen description of one quant-family call.
+class QuantCall(Call):
+    """Frozen description of one quant-family call (a :class:`tileplug.core.call.Call`).
 
-    ``op`` is the public family name, ``mode`` one of cast / sf_only / precomputed_sf /
-    cast_back. ``hidden`` is the logical H. ``cast`` describes the output quantization
-    (None for cast_back), ``quantized_input`` a quantized ``(xq, sf)`` input, ``given_sf`` the
-    caller's sf in cast-only mode, ``output_dtype`` the cast_back result dtype.
-    ``input_alignment`` is the byte alignment (1..16, a power of two) that both the data
-    pointer and the row stride of the input data share, so that a kernel can decline (or
-    specialise away from) 128-bit loads. ``tokens`` and ``device`` do not take part in
-    equality or hashing.
+    ``op`` is the kernel-table key (per_token_cast, per_block_cast, per_channel_cast,
+    cast_back), ``name`` the public op, ``mode`` what it computes. ``hidden`` is the
+    logical H. ``cast`` describes the output quantization (None for cast_back),
+    ``quantized_input`` a quantized ``(xq, sf)`` input, ``given_sf`` the caller's sf in
+    cast-only mode, ``output_dtype`` the cast_back result dtype. ``input_alignment`` is the
+    byte alignment (1..16, a power of two) that both the data pointer and the row stride of
+    the input data share, so that a kernel can decline (or specialise away from) 128-bit
+    loads.
     """
 
-    op: str
-    mode: str
-    device_type: str
+    name: str
+    mode: QuantMode
     hidden: int
     input_dtype: torch.dtype
     cast: CastConfig | None = None
@@ -136,8 +126,6 @@ class QuantCall:
     given_sf: GivenScales | None = None
     output_dtype: torch.dtype | None = None
     input_alignment: int = 16
-    tokens: int = field(default=0, compare=False)
-    device: torch.device | None = field(default=None, compare=False)
 
     # ------------------------------------------------------------------ outputs
     def sf_rows_cols(self) -> tuple[int, int]:
@@ -149,7 +137,7 @@ class QuantCall:
     def allocation_plan(self, traits: LayoutTraits, alignment_bytes: int | None = None) -> AllocationPlan:
         """How to allocate this call's outputs on a backend with ``traits`` for any token count
         (``alignment_bytes``: column-major sf column alignment, default the traits')."""
-        alignment = alignment_bytes or traits.col_major_sf_alignment_bytes
+        alignment = alignment_bytes or self.sf_alignment_bytes or traits.col_major_sf_alignment_bytes
         if self.mode == MODE_CAST_BACK:
             return AllocationPlan(self.hidden, self.output_dtype)
         cast = self.cast
@@ -166,34 +154,7 @@ class QuantCall:
 
     def allocate(self, traits: LayoutTraits) -> QuantOutputs:
         """Fresh output tensors for a backend whose layout traits are ``traits``."""
-        plan = self.allocation_plan(traits, config.current().token_alignment_bytes)
-        return plan.allocate(self.tokens, self.device)
-
-    def check_out(self, out: Any, plan: AllocationPlan) -> QuantOutputs:
-        """Validate a caller's ``out=`` against the outputs ``plan`` would allocate."""
-        expected = plan.allocate(self.tokens, torch.device("meta"))
-        wanted = [t for t in expected if t is not None]
-        given = list(out) if isinstance(out, (tuple, list)) else [out]
-        if len(given) != len(wanted):
-            raise ContractError(self.op, "out", f"{len(wanted)} tensor(s)", describe(out))
-        for have, want in zip(given, wanted):
-            check_tensor(self.op, "out", have)
-            if (
-                have.shape != want.shape
-                or have.dtype != want.dtype
-                or have.stride() != want.stride()
-                or have.device != self.device
-                or have.data_ptr() % 16
-            ):
-                raise ContractError(
-                    self.op,
-                    "out",
-                    f"tensor(shape={tuple(want.shape)}, dtype={want.dtype}, stride={tuple(want.stride())}, "
-                    f"device={self.device.type}, 16-byte aligned data)",
-                    describe(have),
-                )
-        slots = iter(given)
-        return QuantOutputs(*(None if t is None else next(slots) for t in expected))
+        return self.allocation_plan(traits).allocate(self.tokens, self.device)
 
     def result(self, outputs: QuantOutputs) -> Any:
         """What the public op returns: ``(q, sf)``, ``sf``, ``q`` or the cast_back tensor."""
@@ -234,7 +195,11 @@ class QuantCall:
 
 
 def byte_alignment(tensor: torch.Tensor, limit: int = 16) -> int:
-    """Largest power of two ≤ ``limit`` dividing the data address and the row stride in bytes."""
+    """Largest power of two ≤ ``limit`` dividing the data address and the row stride in bytes
+    (``limit`` for tensors without real storage: meta, fake and functional tensors, whose
+    calls only describe shapes)."""
+    if not has_storage(tensor.__class__):
+        return limit
     bits = tensor.data_ptr()
     if tensor.shape[0] > 1:
         bits |= tensor.stride(0) * tensor.element_size()
@@ -334,10 +299,129 @@ def _read_input(
 _cast_configs: dict[tuple, CastConfig] = {}
 """Validated cast configs by their (already checked) arguments: one object per configuration."""
 
+_storage_classes: dict[type, bool] = {}
+
+
+def has_storage(cls: type) -> bool:
+    """Whether tensors of class ``cls`` have a real data pointer: ``torch.Tensor``,
+    ``nn.Parameter`` and user subclasses do; the fake and functional tensors of
+    ``torch.compile`` tracing do not. Decided once per class."""
+    known = _storage_classes.get(cls)
+    if known is None:
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch._subclasses.functional_tensor import FunctionalTensor
+
+        known = _storage_classes[cls] = issubclass(cls, torch.Tensor) and not issubclass(
+            cls, (FakeTensor, FunctionalTensor)
+        )
+    return known
+
+
+class RecentCalls:
+    """LRU memo of checked calls: key (everything the checks read) → QuantCall.
+
+    An entry also holds the config object whose ``id`` is in its key, so that id cannot be
+    reused by another config while the entry lives.
+
+    Hits move to the back, inserts past ``limit`` drop the least recently used entry, so
+    traffic with many token counts keeps its hot signatures (no clear-all cliff).
+    """
+
+    def __init__(self, limit: int = 8192) -> None:
+        self.limit = limit
+        self._entries: OrderedDict[tuple, tuple[QuantCall, Any]] = OrderedDict()
+
+    def get(self, key: tuple) -> QuantCall | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        try:
+            self._entries.move_to_end(key)
+        except KeyError:  # evicted by another thread in between: still a valid call
+            pass
+        return entry[0]
+
+    def put(self, key: tuple, call: QuantCall, current: Any) -> None:
+        entries = self._entries
+        entries[key] = (call, current)
+        while len(entries) > self.limit:
+            try:
+                entries.popitem(last=False)
+            except KeyError:
+                break
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+recent_calls = RecentCalls()
+
+
+def _tensor_key(tensor: Any) -> tuple | None:
+    """What the checks read of a tensor (None: not a tensor with storage → checked path)."""
+    cls = tensor.__class__
+    if cls is not torch.Tensor and not (isinstance(tensor, torch.Tensor) and has_storage(cls)):
+        return None
+    return cls, tensor.dtype, tensor.shape, tensor.stride(), tensor.device, tensor.data_ptr() & 15
+
+
+def _input_key(x: Any) -> tuple | None:
+    if isinstance(x, tuple) and len(x) == 2:
+        data, scales = _tensor_key(x[0]), _tensor_key(x[1])
+        return None if data is None or scales is None else (data, scales)
+    return _tensor_key(x)
+
+
+def _plain(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """Inputs reach kernels detached: the casts are not differentiable, outputs carry no history."""
+    if tensor is not None and tensor.requires_grad:
+        return tensor.detach()
+    return tensor
+
+
+def _inputs_of(x: Any, sf: Any, mode: QuantMode) -> QuantInputs:
+    if isinstance(x, tuple):
+        return QuantInputs(_plain(x[0]), _plain(x[1]), _plain(sf) if mode is MODE_PRECOMPUTED_SF else None)
+    return QuantInputs(_plain(x), None, _plain(sf) if mode is MODE_PRECOMPUTED_SF else None)
+
+
+def _exact(value: Any) -> bool:
+    """str, int, None, or a tuple of ints, each of exactly that class (``True == 1`` must
+    not let a bool hit the memo entry of an int, nor a list-holding tuple fail to hash)."""
+    cls = value.__class__
+    if cls is str or cls is int or value is None:
+        return True
+    return cls is tuple and all(v.__class__ is int for v in value)
+
+
+def _memo_key(name: str, x: Any, sf: Any, mode: QuantMode, arguments: tuple, flags: tuple, current: Any
+              ) -> tuple | None:
+    """The fast-path key of a call (None when an argument is not of an exact, memoisable
+    type: ``arguments`` str / int / None / int tuples, ``flags`` bools)."""
+    for value in arguments:
+        if not _exact(value):
+            return None
+    for flag in flags:
+        if flag.__class__ is not bool:
+            return None
+    x_key = _input_key(x)
+    if x_key is None:
+        return None
+    sf_key = None
+    if mode is MODE_PRECOMPUTED_SF:
+        sf_key = _tensor_key(sf)
+        if sf_key is None:
+            return None
+    return name, mode, x_key, sf_key, arguments, flags, id(current)
+
 
 def _cast_call(
     op: str,
-    mode: str,
+    name: str,
+    mode: QuantMode,
     x: Any,
     fmt: Any,
     block: tuple[int, int],
@@ -349,43 +433,28 @@ def _cast_call(
     use_e4m3_sf: Any,
     sf: Any = None,
 ) -> tuple[QuantCall, QuantInputs]:
-    key = None
-    if (
-        x.__class__ is torch.Tensor
-        and input_block is None
-        and mode != MODE_PRECOMPUTED_SF
-        and fmt.__class__ is str
-        and col_major_sf.__class__ is bool
-        and round_sf.__class__ is bool
-        and use_packed_ue8m0.__class__ is bool
-        and use_e4m3_sf.__class__ is bool
-    ):
-        # Fast path: a plain tensor with exactly-typed arguments seen before. The key holds
-        # everything the checks read, so a hit is a call that already passed them.
-        current = config.current()
-        key = (op, mode, x.dtype, x.shape, x.stride(), x.device, x.data_ptr() & 15, fmt, block,
-               col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, id(current))
-        hit = _recent_calls.get(key)
-        if hit is not None and hit[1] is current:
-            return hit[0], QuantInputs(x)
+    # Fast path: exactly-typed arguments seen before. The key holds everything the checks
+    # read (tensor metadata, arguments, the config in force), so a hit already passed them.
+    current = config.current()
+    key = _memo_key(name, x, sf, mode, (fmt, block, input_block), (col_major_sf, round_sf, use_packed_ue8m0,
+                                                                   use_e4m3_sf), current)
+    if key is not None:
+        hit = recent_calls.get(key)
+        if hit is not None:
+            return hit, _inputs_of(x, sf, mode)
     call, inputs = _checked_cast_call(
-        op, mode, x, fmt, block, input_block, input_block_argument, col_major_sf, round_sf, use_packed_ue8m0,
-        use_e4m3_sf, sf,
+        op, name, mode, x, fmt, block, input_block, input_block_argument, col_major_sf, round_sf, use_packed_ue8m0,
+        use_e4m3_sf, sf, current,
     )
     if key is not None:
-        if len(_recent_calls) >= _RECENT_CALLS_LIMIT:
-            _recent_calls.clear()
-        _recent_calls[key] = (call, current)
+        recent_calls.put(key, call, current)
     return call, inputs
-
-
-_recent_calls: dict[tuple, tuple[QuantCall, Any]] = {}
-_RECENT_CALLS_LIMIT = 4096
 
 
 def _checked_cast_call(
     op: str,
-    mode: str,
+    name: str,
+    mode: QuantMode,
     x: Any,
     fmt: Any,
     block: tuple[int, int],
@@ -395,34 +464,37 @@ def _checked_cast_call(
     round_sf: Any,
     use_packed_ue8m0: Any,
     use_e4m3_sf: Any,
-    sf: Any = None,
+    sf: Any,
+    current: config.RuntimeConfig,
 ) -> tuple[QuantCall, QuantInputs]:
-    quant_format = _check_fmt(op, fmt)
+    quant_format = _check_fmt(name, fmt)
     if col_major_sf.__class__ is not bool:
-        check_bool(op, "use_tma_aligned_col_major_sf", col_major_sf)
-    _check_sf_flags(op, round_sf, use_packed_ue8m0, use_e4m3_sf)
-    data, input_sf, hidden, quantized_input = _read_input(op, x, input_block, input_block_argument)
+        check_bool(name, "use_tma_aligned_col_major_sf", col_major_sf)
+    _check_sf_flags(name, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    data, input_sf, hidden, quantized_input = _read_input(name, x, input_block, input_block_argument)
     if quant_format.values_per_byte == 2 and hidden % 2:
-        raise ContractError(op, "x", "an even hidden size for fmt='e2m1' (two values per byte)", describe(data))
+        raise ContractError(name, "x", "an even hidden size for fmt='e2m1' (two values per byte)", describe(data))
     tokens = data.shape[0]
     given = None
-    if mode == MODE_PRECOMPUTED_SF:
-        encoding, sf_col_major = _check_sf_tensor(op, "sf", sf, data.device, block, tokens, hidden)
+    if mode is MODE_PRECOMPUTED_SF:
+        encoding, sf_col_major = _check_sf_tensor(name, "sf", sf, data.device, block, tokens, hidden)
         given = GivenScales(encoding, sf_col_major)
-    clamp_min = config.current().clamp_min(quant_format.name, use_e4m3_sf)
+    clamp_min = current.clamp_min(quant_format.name, use_e4m3_sf)
     cast_key = (quant_format.name, block, round_sf, use_packed_ue8m0, use_e4m3_sf, col_major_sf, clamp_min)
     cast = _cast_configs.get(cast_key)
     if cast is None:
         cast = CastConfig(quant_format, block, round_sf, use_packed_ue8m0, use_e4m3_sf, col_major_sf, clamp_min)
         _cast_configs[cast_key] = cast
     call = QuantCall(
-        op, mode, data.device.type, hidden, data.dtype, cast, quantized_input, given, None, byte_alignment(data),
-        tokens, data.device,
+        op, data.device.type, name, mode, hidden, data.dtype, cast, quantized_input, given, None,
+        byte_alignment(data), host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,
+        tokens=tokens, device=data.device, empty=tokens == 0 or hidden == 0,
     )
-    return call, QuantInputs(data, input_sf, sf if mode == MODE_PRECOMPUTED_SF else None)
+    inputs = QuantInputs(_plain(data), _plain(input_sf), _plain(sf) if mode is MODE_PRECOMPUTED_SF else None)
+    return call, inputs
 
 
-# ---------------------------------------------------------------------- the four ops
+# ---------------------------------------------------------------------- the four kernels' contracts
 
 
 def per_token_cast(
@@ -434,14 +506,14 @@ def per_token_cast(
     round_sf: Any,
     use_packed_ue8m0: Any,
     use_e4m3_sf: Any,
-    mode: str = MODE_CAST,
+    mode: QuantMode = MODE_CAST,
     sf: Any = None,
+    name: str = "per_token_cast",
 ) -> tuple[QuantCall, QuantInputs]:
-    """Contract of ``per_token_cast`` and its variants: groups ``1 × num_per_channels``."""
-    op = "per_token_cast"
-    group = check_choice(op, "num_per_channels", num_per_channels, PER_TOKEN_GROUPS)
+    """Contract of ``per_token_cast`` and its variants (public op ``name``): groups ``1 × num_per_channels``."""
+    group = check_choice(name, "num_per_channels", num_per_channels, PER_TOKEN_GROUPS)
     return _cast_call(
-        op, mode, x, fmt, (1, group), x_block_size, "x_block_size",
+        "per_token_cast", name, mode, x, fmt, (1, group), x_block_size, "x_block_size",
         use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, sf,
     )
 
@@ -454,14 +526,14 @@ def per_block_cast(
     use_tma_aligned_col_major_sf: Any,
     round_sf: Any,
     use_packed_ue8m0: Any,
-    mode: str = MODE_CAST,
+    mode: QuantMode = MODE_CAST,
     sf: Any = None,
+    name: str = "per_block_cast",
 ) -> tuple[QuantCall, QuantInputs]:
-    """Contract of ``per_block_cast`` and its variants: groups ``bm × bn``."""
-    op = "per_block_cast"
-    block = check_block(op, "block_size", block_size, PER_BLOCK_SIDES, PER_BLOCK_SIDES)
+    """Contract of ``per_block_cast`` and its variants (public op ``name``): groups ``bm × bn``."""
+    block = check_block(name, "block_size", block_size, PER_BLOCK_SIDES, PER_BLOCK_SIDES)
     return _cast_call(
-        op, mode, x, fmt, block, x_block_size, "x_block_size",
+        "per_block_cast", name, mode, x, fmt, block, x_block_size, "x_block_size",
         use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, False, sf,
     )
 
@@ -470,23 +542,32 @@ def per_channel_cast(
     x: Any, fmt: Any, num_per_tokens: Any, round_sf: Any, num_per_channels: Any, use_packed_ue8m0: Any
 ) -> tuple[QuantCall, QuantInputs]:
     """Contract of ``per_channel_cast``: groups ``num_per_tokens × 1``, sf packed along tokens."""
-    op = "per_channel_cast"
-    group = check_choice(op, "num_per_tokens", num_per_tokens, PER_CHANNEL_GROUPS)
+    name = "per_channel_cast"
+    group = check_choice(name, "num_per_tokens", num_per_tokens, PER_CHANNEL_GROUPS)
     return _cast_call(
-        op, MODE_CAST, x, fmt, (group, 1), num_per_channels, "num_per_channels",
+        name, name, MODE_CAST, x, fmt, (group, 1), num_per_channels, "num_per_channels",
         False, round_sf, use_packed_ue8m0, False,
     )
 
 
 def cast_back(x: Any, fmt: Any, x_block_size: Any) -> tuple[QuantCall, QuantInputs]:
     """Contract of ``cast_back``: ``(q, sf)`` of any layout §3 produces → bf16/fp32 [T, H]."""
-    op = "cast_back"
-    output_dtype = OUTPUT_DTYPES[check_choice(op, "fmt", fmt, _OUTPUT_NAMES)]
+    name = "cast_back"
+    current = config.current()
+    key = _memo_key(name, x, None, MODE_CAST_BACK, (fmt, x_block_size), (), current) if isinstance(x, tuple) else None
+    if key is not None:
+        hit = recent_calls.get(key)
+        if hit is not None:
+            return hit, QuantInputs(_plain(x[0]), _plain(x[1]), None)
+    output_dtype = OUTPUT_DTYPES[check_choice(name, "fmt", fmt, _OUTPUT_NAMES)]
     if not isinstance(x, (tuple, list)):
-        raise ContractError(op, "x", "a pair (q, sf) of quantized data and its scales", describe(x))
-    data, input_sf, hidden, quantized_input = _read_input(op, x, x_block_size, "x_block_size")
+        raise ContractError(name, "x", "a pair (q, sf) of quantized data and its scales", describe(x))
+    data, input_sf, hidden, quantized_input = _read_input(name, x, x_block_size, "x_block_size")
     call = QuantCall(
-        op, MODE_CAST_BACK, data.device.type, hidden, data.dtype, None, quantized_input, None, output_dtype,
-        byte_alignment(data), data.shape[0], data.device,
+        name, data.device.type, name, MODE_CAST_BACK, hidden, data.dtype, None, quantized_input, None, output_dtype,
+        byte_alignment(data), host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,
+        tokens=data.shape[0], device=data.device, empty=data.shape[0] == 0 or hidden == 0,
     )
-    return call, QuantInputs(data, input_sf, None)
+    if key is not None:
+        recent_calls.put(key, call, current)
+    return call, QuantInputs(_plain(data), _plain(input_sf), None)

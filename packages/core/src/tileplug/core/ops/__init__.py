@@ -1,4 +1,8 @@
-"""The public ops: ``core.ops.per_token_cast(x)`` runs on the backend installed for ``x.device``."""
+"""The public ops: ``core.ops.per_token_cast(x)`` runs on the backend installed for ``x.device``.
+
+Importing this package declares every op in the op table (``tileplug.core.opdefs``); each
+is also ``torch.ops.tileplug.<name>``.
+"""
 
 from tileplug.core.ops.quant import (
     cast_back,

@@ -1,58 +1,28 @@
-"""Public quantization ops (SPEC.md §3): contract → cached selection → allocate → kernel.
+"""Quantization ops (SPEC §3, docs/spec.md): the public functions and their op-table declarations.
 
 Shapes: ``x`` is ``[T, H]`` bf16/fp32 (any row stride, unit last stride) or a quantized
 pair ``(xq, sf)``; ``q`` is ``[T, H]`` float8_e4m3fn or ``[T, H/2]`` int8 (e2m1, two per
 byte); ``sf`` is ``[ceil(T/bm), ceil(H/bn)]`` groups in the layout the flags ask for
 (packed UE8M0 shrinks the packed axis by the backend's pack factor).
+
+The casts are not differentiable: outputs never carry autograd history, whatever the
+input's ``requires_grad``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
+import itertools
 from typing import Any
 
 import torch
+from torch.compiler import is_compiling
 
+from tileplug.core import config
+from tileplug.core.call import QuantMode
 from tileplug.core.contracts import quant as contracts
-from tileplug.core.contracts.quant import (
-    MODE_CAST,
-    MODE_PRECOMPUTED_SF,
-    MODE_SF_ONLY,
-    QuantCall,
-    QuantInputs,
-)
-from tileplug.core.registry import registry
+from tileplug.core.opdefs import BenchCase, Case, OpDef, allocate_without_backend, declare, run
 
 QuantizedPair = tuple[torch.Tensor, torch.Tensor]
-
-
-_capture: contextvars.ContextVar[list | None] = contextvars.ContextVar("tileplug_capture", default=None)
-
-
-def _run(call: QuantCall, inputs: QuantInputs, out: Any = None) -> Any:
-    captured = _capture.get()
-    if captured is not None:  # core.lower: describe the call, run nothing
-        captured.append((call, inputs))
-        return None
-    route = registry.route(call)
-    plan = route.plan_for(call)
-    outputs = plan.allocate(call.tokens, call.device) if out is None else call.check_out(out, plan)
-    if call.tokens:
-        route.launcher()(inputs, outputs)
-    return call.result(outputs)
-
-
-@contextlib.contextmanager
-def capture_calls() -> Iterator[list[tuple[QuantCall, QuantInputs]]]:
-    """Inside the block, ops check their contract and record ``(call, inputs)`` instead of running."""
-    captured: list[tuple[QuantCall, QuantInputs]] = []
-    token = _capture.set(captured)
-    try:
-        yield captured
-    finally:
-        _capture.reset(token)
 
 
 # ---------------------------------------------------------------------- per token
@@ -68,7 +38,7 @@ def per_token_cast(
     use_packed_ue8m0: bool = False,
     use_e4m3_sf: bool = False,
     out: QuantizedPair | None = None,
-) -> QuantizedPair:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` [T, H] in groups of ``1 × num_per_channels`` → ``(q, sf)``.
 
     ``fmt``: "e4m3" or "e2m1". ``num_per_channels``: 16, 32, 64 or 128. ``x`` may be a
@@ -78,11 +48,13 @@ def per_token_cast(
     column-major sf. ``out``: optional preallocated ``(q, sf)`` of exactly that layout.
     sf: [T, ceil(H/num_per_channels)] (packed: last dim / pack factor).
     """
+    if is_compiling():
+        return PER_TOKEN_CAST.traced(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                                     round_sf, use_packed_ue8m0, use_e4m3_sf, out=out)
     call, inputs = contracts.per_token_cast(
-        x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
-        use_packed_ue8m0, use_e4m3_sf,
+        x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
     )
-    return _run(call, inputs, out)
+    return run(call, inputs, out)
 
 
 def per_token_cast_with_sf_only(
@@ -97,11 +69,14 @@ def per_token_cast_with_sf_only(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Only the scales ``per_token_cast`` would return for the same arguments: sf."""
+    if is_compiling():
+        return PER_TOKEN_CAST_WITH_SF_ONLY.traced(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                                                  round_sf, use_packed_ue8m0, use_e4m3_sf, out=out)
     call, inputs = contracts.per_token_cast(
-        x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
-        use_packed_ue8m0, use_e4m3_sf, MODE_SF_ONLY,
+        x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
+        QuantMode.SF_ONLY, name="per_token_cast_with_sf_only",
     )
-    return _run(call, inputs, out)
+    return run(call, inputs, out)
 
 
 def per_token_cast_with_precomputed_sf(
@@ -114,10 +89,10 @@ def per_token_cast_with_precomputed_sf(
 ) -> torch.Tensor:
     """Quantize ``x`` with the caller's scales ``sf`` (any layout §2 defines, read off its
     dtype and strides): ``inv = 1 / sf``, nothing else computed → q [T, H] (or [T, H/2])."""
-    call, inputs = contracts.per_token_cast(
-        x, fmt, num_per_channels, x_block_size, False, False, False, False, MODE_PRECOMPUTED_SF, sf,
-    )
-    return _run(call, inputs, out)
+    if is_compiling():
+        return PER_TOKEN_CAST_WITH_PRECOMPUTED_SF.traced(x, fmt, num_per_channels, sf, x_block_size, out=out)
+    call, inputs = _precomputed_token(x, fmt, num_per_channels, x_block_size, sf)
+    return run(call, inputs, out)
 
 
 # ---------------------------------------------------------------------- per block
@@ -131,13 +106,17 @@ def per_block_cast(
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
     x_block_size: tuple[int, int] | None = None,
-) -> QuantizedPair:
+    out: QuantizedPair | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` [T, H] in ``bm × bn`` blocks (each side 16, 32, 64 or 128) → ``(q, sf)``
     with sf [ceil(T/bm), ceil(H/bn)]. Flags as in :func:`per_token_cast`."""
+    if is_compiling():
+        return PER_BLOCK_CAST.traced(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                                     x_block_size, out=out)
     call, inputs = contracts.per_block_cast(
         x, fmt, block_size, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
     )
-    return _run(call, inputs)
+    return run(call, inputs, out)
 
 
 def per_block_cast_with_sf_only(
@@ -148,12 +127,17 @@ def per_block_cast_with_sf_only(
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
     x_block_size: tuple[int, int] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Only the scales :func:`per_block_cast` would return: sf [ceil(T/bm), ceil(H/bn)]."""
+    if is_compiling():
+        return PER_BLOCK_CAST_WITH_SF_ONLY.traced(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                                                  use_packed_ue8m0, x_block_size, out=out)
     call, inputs = contracts.per_block_cast(
-        x, fmt, block_size, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, MODE_SF_ONLY,
+        x, fmt, block_size, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, QuantMode.SF_ONLY,
+        name="per_block_cast_with_sf_only",
     )
-    return _run(call, inputs)
+    return run(call, inputs, out)
 
 
 def per_block_cast_with_precomputed_sf(
@@ -162,12 +146,13 @@ def per_block_cast_with_precomputed_sf(
     block_size: tuple[int, int] = (128, 128),
     sf: torch.Tensor | None = None,
     x_block_size: tuple[int, int] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Quantize ``x`` in ``bm × bn`` blocks with the caller's scales ``sf`` → q."""
-    call, inputs = contracts.per_block_cast(
-        x, fmt, block_size, x_block_size, False, False, False, MODE_PRECOMPUTED_SF, sf,
-    )
-    return _run(call, inputs)
+    if is_compiling():
+        return PER_BLOCK_CAST_WITH_PRECOMPUTED_SF.traced(x, fmt, block_size, sf, x_block_size, out=out)
+    call, inputs = _precomputed_block(x, fmt, block_size, x_block_size, sf)
+    return run(call, inputs, out)
 
 
 # ---------------------------------------------------------------------- per channel, cast back
@@ -180,20 +165,325 @@ def per_channel_cast(
     round_sf: bool = False,
     num_per_channels: int | None = None,
     use_packed_ue8m0: bool = False,
-) -> QuantizedPair:
+    out: QuantizedPair | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` [T, H] in groups of ``num_per_tokens × 1`` (32 or 128) → ``(q, sf)``
     with sf [ceil(T/num_per_tokens), H] (packed UE8M0: packed along tokens).
     ``num_per_channels`` is the per-token grouping of a quantized pair input."""
+    if is_compiling():
+        return PER_CHANNEL_CAST.traced(x, fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0, out=out)
     call, inputs = contracts.per_channel_cast(x, fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0)
-    return _run(call, inputs)
+    return run(call, inputs, out)
 
 
 def cast_back(
     x: QuantizedPair,
     fmt: str = "bf16",
     x_block_size: tuple[int, int] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dequantize ``(q, sf)`` of any layout §3 produces: ``float(q) * sf`` expanded over
     ``x_block_size`` groups, rounded once to ``fmt`` ("bf16" or "fp32") → [T, H]."""
+    if is_compiling():
+        return CAST_BACK.traced(x, fmt, x_block_size, out=out)
     call, inputs = contracts.cast_back(x, fmt, x_block_size)
-    return _run(call, inputs)
+    return run(call, inputs, out)
+
+
+# ---------------------------------------------------------------------- declarations
+
+SF_MODES: dict[str, dict[str, bool]] = {
+    "plain": {},
+    "round": {"round_sf": True},
+    "ue8m0": {"round_sf": True, "use_packed_ue8m0": True},
+    "e4m3sf": {"use_e4m3_sf": True},
+}
+"""Scale modes SPEC §2 allows (e4m3-stored sf only for per-token)."""
+
+_SF_OF_MODE = {"plain": "fp32", "round": "fp32", "ue8m0": "ue8m0", "e4m3sf": "e4m3"}
+
+
+def block_of(op: str, kwargs: dict[str, Any]) -> tuple[int, int]:
+    """The output group shape of a quant op called with ``kwargs`` (cast_back: its input's)."""
+    if op.startswith("per_token"):
+        return 1, kwargs.get("num_per_channels", 128)
+    if op.startswith("per_block"):
+        return tuple(kwargs.get("block_size", (128, 128)))
+    if op == "per_channel_cast":
+        return kwargs.get("num_per_tokens", 128), 1
+    return tuple(kwargs["x_block_size"])
+
+
+def _input_block(op: str, kwargs: dict[str, Any]) -> tuple[int, int] | None:
+    """The group shape of the quantized input a call with ``kwargs`` reads (None: plain x)."""
+    if op == "per_channel_cast":
+        group = kwargs.get("num_per_channels")
+        return None if group is None else (1, group)
+    block = kwargs.get("x_block_size")
+    return None if block is None else tuple(block)
+
+
+def _producer(block: tuple[int, int], fmt: str, sf: str, col_major: bool) -> tuple[str, dict[str, Any]]:
+    """The op and kwargs that make a quantized tensor with ``block`` groups, ``fmt`` data and
+    ``sf`` ("fp32", "e4m3" or "ue8m0") scales."""
+    flags = {"fp32": {}, "e4m3": {"use_e4m3_sf": True}, "ue8m0": {"round_sf": True, "use_packed_ue8m0": True}}[sf]
+    if block[0] == 1:
+        return "per_token_cast", {"fmt": fmt, "num_per_channels": block[1], "use_tma_aligned_col_major_sf": col_major,
+                                  **flags}
+    flags.pop("use_e4m3_sf", None)
+    if block[1] == 1:
+        return "per_channel_cast", {"fmt": fmt, "num_per_tokens": block[0], **flags}
+    return "per_block_cast", {"fmt": fmt, "block_size": block, "use_tma_aligned_col_major_sf": col_major, **flags}
+
+
+def _produce(op: str, x: torch.Tensor, kwargs: dict[str, Any]) -> Any:
+    """``op(x, **kwargs)``: run by the backend in force, or only allocated for meta inputs
+    (so shapes are made anywhere, no backend needed)."""
+    if x.device.type == "meta":
+        return allocate_without_backend(op, config.current().host_layout, x, **kwargs)
+    from tileplug.core import ops
+
+    return getattr(ops, op)(x, **kwargs)
+
+
+def quant_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwargs: dict[str, Any],
+                    inputs: dict[str, Any], device: torch.device, seed: int) -> tuple[tuple, dict]:
+    """(args, kwargs) of a quant op at ``[tokens, hidden]`` on ``device``.
+
+    ``inputs`` options: ``row_stride_pad`` (x is a view of ``[T, H + pad]``), and for a
+    quantized input (``x_block_size`` / per-channel ``num_per_channels`` in kwargs, or
+    cast_back) or the given ``sf`` of a precomputed-sf op: ``input_fmt`` ("e4m3"/"e2m1"),
+    ``input_sf`` ("fp32"/"e4m3"/"ue8m0") and ``input_col_major``. Values are a realistic
+    activation (``tileplug.core.testing.activation``) quantized by the backend in force;
+    on ``meta`` only shapes are made.
+    """
+    from tileplug.core.testing import activation
+
+    kwargs = dict(kwargs)
+    pad = inputs.get("row_stride_pad", 0)
+    if device.type == "meta":
+        x = torch.empty(tokens, hidden + pad, dtype=dtype, device=device)
+    else:
+        x = activation(tokens, hidden + pad, dtype, seed=seed).to(device)
+    x = x[:, :hidden]
+    fmt, sf_kind, col_major = inputs.get("input_fmt", "e4m3"), inputs.get("input_sf", "fp32"), inputs.get(
+        "input_col_major", False)
+    block = (1, 128) if op == "cast_back" and "x_block_size" not in kwargs else _input_block(op, kwargs)
+    if op == "cast_back":
+        kwargs.setdefault("x_block_size", block)
+    if block is not None:
+        producer, producer_kwargs = _producer(block, fmt, sf_kind, col_major)
+        x = tuple(_produce(producer, x, producer_kwargs))
+    if op.endswith("_with_precomputed_sf"):
+        producer, producer_kwargs = _producer(block_of(op, kwargs), kwargs.get("fmt", "e4m3"), sf_kind, col_major)
+        plain = x[0] if isinstance(x, tuple) and device.type == "meta" else None
+        source = torch.empty(tokens, hidden, dtype=dtype, device=device) if plain is not None else (
+            activation(tokens, hidden, dtype, seed=seed + 1).to(device))
+        kwargs["sf"] = _produce(producer.replace("_cast", "_cast_with_sf_only") if producer != "per_channel_cast"
+                                else producer, source, producer_kwargs)
+    return (x,), kwargs
+
+
+def compare_quant(case: Case, tokens: int, actual: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    """Outputs equal bytewise (strides too); scales equal on every byte that holds a group
+    (padding of a partly filled packed integer or a padded column is unspecified)."""
+    from tileplug.core.testing import assert_bytes_equal, assert_sf_equal, cpu_copy, require
+
+    kwargs = dict(case.kwargs)
+    require(len(actual) == len(expected), f"{case.id}: {len(actual)} outputs, expected {len(expected)}")
+    for index, (have, want) in enumerate(zip(actual, expected)):
+        is_sf = case.op != "cast_back" and (index == 1 or case.op.endswith("_sf_only"))
+        if is_sf:
+            assert_sf_equal(cpu_copy(have), cpu_copy(want), block_of(case.op, kwargs), tokens, case.hidden,
+                            what=f"{case.id} T={tokens} sf")
+        else:
+            assert_bytes_equal(cpu_copy(have), cpu_copy(want), what=f"{case.id} T={tokens} output {index}",
+                               strides=True)
+
+
+def _cast_grid(hidden: int) -> list[Case]:
+    """Every flag combination SPEC §3 allows for the three casts at one hidden size."""
+    cases = []
+    for fmt, group, mode, col_major in itertools.product(("e4m3", "e2m1"), (16, 32, 64, 128), SF_MODES, (False, True)):
+        flags = {"fmt": fmt, "num_per_channels": group, "use_tma_aligned_col_major_sf": col_major, **SF_MODES[mode]}
+        cases.append(Case.of("per_token_cast", hidden, **flags))
+        cases.append(Case.of("per_token_cast_with_sf_only", hidden, **flags))
+    for fmt, block, mode, col_major in itertools.product(("e4m3", "e2m1"), ((32, 32), (128, 128)), SF_MODES,
+                                                         (False, True)):
+        if mode == "e4m3sf":
+            continue
+        flags = {"fmt": fmt, "block_size": block, "use_tma_aligned_col_major_sf": col_major, **SF_MODES[mode]}
+        cases.append(Case.of("per_block_cast", hidden, **flags))
+        cases.append(Case.of("per_block_cast_with_sf_only", hidden, **flags))
+    for fmt, group, mode in itertools.product(("e4m3", "e2m1"), (32, 128), ("plain", "round", "ue8m0")):
+        cases.append(Case.of("per_channel_cast", hidden, fmt=fmt, num_per_tokens=group, **SF_MODES[mode]))
+    return cases
+
+
+def _input_grid(hidden: int) -> list[Case]:
+    """fp32 inputs, strided rows, given scales of every encoding, re-quantized inputs of
+    every sf layout, cast_back of every layout family."""
+    f32 = torch.float32
+    cases = [
+        Case.of("per_token_cast", hidden, f32, fmt="e4m3", num_per_channels=64),
+        Case.of("per_token_cast", hidden, f32, fmt="e2m1", num_per_channels=64, round_sf=True),
+        Case.of("per_token_cast_with_sf_only", hidden, f32, fmt="e2m1", num_per_channels=64, use_e4m3_sf=True),
+        Case.of("per_block_cast", hidden, f32, fmt="e4m3"),
+        Case.of("per_block_cast", hidden, f32, fmt="e2m1", round_sf=True),
+        Case.of("per_channel_cast", hidden, f32, fmt="e4m3"),
+        Case.of("per_token_cast", hidden, inputs={"row_stride_pad": 48}, num_per_channels=32),
+        Case.of("per_token_cast", hidden, f32, inputs={"row_stride_pad": 3}, num_per_channels=128),
+        Case.of("per_block_cast", hidden, inputs={"row_stride_pad": 8}, block_size=(32, 32)),
+        Case.of("per_channel_cast", hidden, inputs={"row_stride_pad": 1}, num_per_tokens=32),
+    ]
+    for sf_kind, fmt, group, col_major in (("fp32", "e4m3", 128, False), ("e4m3", "e2m1", 16, False),
+                                           ("ue8m0", "e4m3", 32, False), ("ue8m0", "e2m1", 64, True),
+                                           ("fp32", "e4m3", 64, True)):
+        cases.append(Case.of("per_token_cast_with_precomputed_sf", hidden,
+                             inputs={"input_sf": sf_kind, "input_col_major": col_major}, fmt=fmt, num_per_channels=group))
+    for sf_kind, block, col_major in (("fp32", (128, 128), False), ("ue8m0", (32, 32), False),
+                                      ("ue8m0", (128, 128), True)):
+        cases.append(Case.of("per_block_cast_with_precomputed_sf", hidden,
+                             inputs={"input_sf": sf_kind, "input_col_major": col_major}, block_size=block))
+    requant = (
+        ("per_token_cast", {"x_block_size": (1, 32)}, {}),
+        ("per_token_cast", {"x_block_size": (1, 64), "fmt": "e2m1", "round_sf": True},
+         {"input_fmt": "e2m1", "input_sf": "ue8m0", "input_col_major": True}),
+        ("per_token_cast", {"x_block_size": (128, 1), "num_per_channels": 64}, {}),
+        ("per_token_cast", {"x_block_size": (128, 128), "num_per_channels": 64, "round_sf": True},
+         {"input_col_major": True}),
+        ("per_token_cast", {"x_block_size": (1, 16), "num_per_channels": 128}, {"input_fmt": "e2m1"}),
+        ("per_token_cast_with_sf_only", {"x_block_size": (1, 16)}, {"input_sf": "e4m3"}),
+        ("per_token_cast_with_precomputed_sf", {"x_block_size": (1, 32)}, {}),
+        ("per_block_cast", {"x_block_size": (1, 128)}, {}),
+        ("per_block_cast", {"x_block_size": (1, 128), "fmt": "e2m1", "round_sf": True, "use_packed_ue8m0": True},
+         {"input_sf": "ue8m0"}),
+        ("per_channel_cast", {"num_per_channels": 128}, {}),
+        ("per_channel_cast", {"num_per_channels": 32, "num_per_tokens": 32}, {"input_sf": "ue8m0"}),
+    )
+    for op, kwargs, options in requant:
+        cases.append(Case.of(op, hidden, inputs=options, **kwargs))
+    for block, options in (((1, 128), {}), ((128, 128), {}), ((128, 1), {}), ((1, 32), {"input_fmt": "e2m1",
+                           "input_sf": "ue8m0"}), ((32, 1), {"input_sf": "ue8m0"}),
+                           ((1, 16), {"input_fmt": "e2m1", "input_sf": "e4m3", "input_col_major": True})):
+        for out in ("bf16", "fp32"):
+            cases.append(Case.of("cast_back", hidden, inputs=options, fmt=out, x_block_size=block))
+    return cases
+
+
+def quant_cases() -> list[Case]:
+    """The quant family's grid: every flag combination at H = 576 (partial 128-groups) and
+    2048, the input kinds, odd group shapes and model sizes (7168, odd multiples of 16)."""
+    cases: list[Case] = []
+    for hidden in (576, 2048):
+        cases += _cast_grid(hidden) + _input_grid(hidden)
+    cases += [
+        Case.of("per_block_cast", 576, block_size=(16, 64), round_sf=True),
+        Case.of("per_block_cast", 576, block_size=(64, 16), round_sf=True, use_packed_ue8m0=True,
+                use_tma_aligned_col_major_sf=True),
+        Case.of("per_block_cast", 576, block_size=(16, 16)),
+        Case.of("per_block_cast", 576, block_size=(64, 128), fmt="e2m1"),
+        Case.of("per_block_cast", 576, block_size=(128, 32), round_sf=True, use_packed_ue8m0=True),
+        Case.of("per_token_cast", 7168),
+        Case.of("per_token_cast", 7168, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True),
+        Case.of("per_token_cast", 7168, fmt="e2m1", num_per_channels=16),
+        Case.of("per_block_cast", 7168),
+        Case.of("per_channel_cast", 7168),
+        Case.of("cast_back", 7168, fmt="bf16", x_block_size=(1, 128)),
+        Case.of("per_token_cast", 592, torch.float32, fmt="e2m1", num_per_channels=16, round_sf=True,
+                use_packed_ue8m0=True),
+        Case.of("per_token_cast", 1040, num_per_channels=128),
+        Case.of("per_block_cast", 1040, torch.float32, block_size=(64, 64), round_sf=True),
+        Case.of("per_channel_cast", 592, torch.float32, num_per_tokens=32),
+        Case.of("per_token_cast", 16, num_per_channels=16),
+        Case.of("cast_back", 1040, fmt="fp32", x_block_size=(1, 64)),
+    ]
+    return cases
+
+
+def _bench(name: str) -> list[BenchCase]:
+    """The configurations ``tileplug bench`` times (SPEC defaults, DeepGEMM-style UE8M0)."""
+    return {
+        "per_token_cast": [
+            BenchCase.of("per_token_cast", "per_token_cast"),
+            BenchCase.of("per_token_cast/ue8m0-col", "per_token_cast", round_sf=True, use_packed_ue8m0=True,
+                         use_tma_aligned_col_major_sf=True),
+            BenchCase.of("per_token_cast/e2m1-g16", "per_token_cast", fmt="e2m1", num_per_channels=16),
+        ],
+        "per_block_cast": [BenchCase.of("per_block_cast", "per_block_cast", block_size=(128, 128))],
+        "per_channel_cast": [BenchCase.of("per_channel_cast", "per_channel_cast", num_per_tokens=128)],
+        "cast_back": [BenchCase.of("cast_back", "cast_back", fmt="bf16", x_block_size=(1, 128))],
+    }.get(name, [])
+
+
+def _declare(function: Any, kernel: str, contract: Any) -> OpDef:
+    name = function.__name__
+    return declare(OpDef(
+        name=name,
+        kernel=kernel,
+        family="quant",
+        function=function,
+        contract=contract,
+        outputs=lambda call, traits: call.allocation_plan(traits),
+        result=lambda call, outputs: call.result(outputs),
+        ledger=lambda call, traits: call.ledger(traits),
+        cases=lambda: [case for case in quant_cases() if case.op == name],
+        bench=lambda: _bench(name),
+        arguments=lambda *args: quant_arguments(name, *args),
+        compare=compare_quant,
+    ))
+
+
+def _contract(function: Any, builder: Any, parameters: tuple[str, ...], **fixed: Any) -> Any:
+    """The declaration's contract: ``function``'s arguments (positional or keyword, defaults
+    filled, ``out`` ignored) passed on to the contract ``builder`` with ``fixed`` keywords."""
+    import inspect
+
+    signature = inspect.signature(function)
+
+    def contract(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return builder(*(bound.arguments[p] for p in parameters), **fixed)
+
+    return contract
+
+
+def _precomputed_token(x: Any, fmt: Any, group: Any, x_block_size: Any, sf: Any) -> Any:
+    return contracts.per_token_cast(x, fmt, group, x_block_size, False, False, False, False,
+                                    QuantMode.PRECOMPUTED_SF, sf, name="per_token_cast_with_precomputed_sf")
+
+
+def _precomputed_block(x: Any, fmt: Any, block: Any, x_block_size: Any, sf: Any) -> Any:
+    return contracts.per_block_cast(x, fmt, block, x_block_size, False, False, False, QuantMode.PRECOMPUTED_SF, sf,
+                                    name="per_block_cast_with_precomputed_sf")
+
+
+_TOKEN = ("x", "fmt", "num_per_channels", "x_block_size", "use_tma_aligned_col_major_sf", "round_sf",
+          "use_packed_ue8m0", "use_e4m3_sf")
+_BLOCK = ("x", "fmt", "block_size", "x_block_size", "use_tma_aligned_col_major_sf", "round_sf", "use_packed_ue8m0")
+
+PER_TOKEN_CAST = _declare(per_token_cast, "per_token_cast",
+                          _contract(per_token_cast, contracts.per_token_cast, _TOKEN))
+PER_TOKEN_CAST_WITH_SF_ONLY = _declare(
+    per_token_cast_with_sf_only, "per_token_cast",
+    _contract(per_token_cast_with_sf_only, contracts.per_token_cast, _TOKEN, mode=QuantMode.SF_ONLY,
+              name="per_token_cast_with_sf_only"))
+PER_TOKEN_CAST_WITH_PRECOMPUTED_SF = _declare(
+    per_token_cast_with_precomputed_sf, "per_token_cast",
+    _contract(per_token_cast_with_precomputed_sf, _precomputed_token,
+              ("x", "fmt", "num_per_channels", "x_block_size", "sf")))
+PER_BLOCK_CAST = _declare(per_block_cast, "per_block_cast",
+                          _contract(per_block_cast, contracts.per_block_cast, _BLOCK))
+PER_BLOCK_CAST_WITH_SF_ONLY = _declare(
+    per_block_cast_with_sf_only, "per_block_cast",
+    _contract(per_block_cast_with_sf_only, contracts.per_block_cast, _BLOCK, mode=QuantMode.SF_ONLY,
+              name="per_block_cast_with_sf_only"))
+PER_BLOCK_CAST_WITH_PRECOMPUTED_SF = _declare(
+    per_block_cast_with_precomputed_sf, "per_block_cast",
+    _contract(per_block_cast_with_precomputed_sf, _precomputed_block, ("x", "fmt", "block_size", "x_block_size", "sf")))
+PER_CHANNEL_CAST = _declare(
+    per_channel_cast, "per_channel_cast",
+    _contract(per_channel_cast, contracts.per_channel_cast,
+              ("x", "fmt", "num_per_tokens", "round_sf", "num_per_channels", "use_packed_ue8m0")))
+CAST_BACK = _declare(cast_back, "cast_back", _contract(cast_back, contracts.cast_back, ("x", "fmt", "x_block_size")))

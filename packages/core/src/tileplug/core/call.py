@@ -1,0 +1,135 @@
+"""The generic call protocol every op family shares.
+
+A :class:`Call` is the frozen, hashable description of one op call that its contract
+produced: it compares and hashes on everything but the token count, the device index and
+whether there is anything to compute, so it is at once the selection cache key and the
+kernel specialisation. Each family subclasses it with typed fields (``QuantCall``). Modes
+are enums owned here; backends compare against them, never against strings.
+
+``check_out`` validates a caller's ``out=`` tensors against the allocation a plan would
+make, for every family.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from tileplug.core.errors import ContractError
+
+
+class QuantMode(enum.Enum):
+    """What a quant-family call computes."""
+
+    CAST = "cast"  # q and sf
+    SF_ONLY = "sf_only"  # sf only
+    PRECOMPUTED_SF = "precomputed_sf"  # q from the caller's sf
+    CAST_BACK = "cast_back"  # dequantize (q, sf)
+
+
+class Ledger(NamedTuple):
+    """Bytes an op must move (and flops it must do): the denominator of effective GB/s."""
+
+    bytes_read: int
+    bytes_written: int
+    flops: int
+
+    @property
+    def bytes_total(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Base of every family's call.
+
+    ``op`` is the backend kernel-table key (one kernel may serve several public ops, e.g.
+    ``per_token_cast`` and its sf-only variant), ``device_type`` the inputs' device type,
+    ``host_layout`` / ``sf_alignment_bytes`` the configuration that shapes the outputs
+    (``config.host_layout`` and ``config.token_alignment``, read once by the contract).
+    ``tokens``, ``device`` and ``empty`` (nothing to compute: no kernel launch) take no
+    part in equality or hashing.
+    """
+
+    op: str
+    device_type: str
+    host_layout: Any = field(default=None, kw_only=True)
+    sf_alignment_bytes: int | None = field(default=None, kw_only=True)
+    tokens: int = field(default=0, compare=False, kw_only=True)
+    device: torch.device | None = field(default=None, compare=False, kw_only=True)
+    empty: bool = field(default=False, compare=False, kw_only=True)
+
+
+def tensor_extent(tensor: torch.Tensor) -> tuple[int, int]:
+    """``[start, end)`` byte addresses the tensor's elements span (empty: ``(0, 0)``)."""
+    if tensor.numel() == 0:
+        return 0, 0
+    start = tensor.data_ptr()
+    last = sum((size - 1) * abs(stride) for size, stride in zip(tensor.shape, tensor.stride()))
+    return start, start + (last + 1) * tensor.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' byte extents on one device intersect (conservative)."""
+    if a.device != b.device or a.device.type == "meta":
+        return False
+    a_start, a_end = tensor_extent(a)
+    b_start, b_end = tensor_extent(b)
+    return a_start < b_end and b_start < a_end
+
+
+def _describe(value: Any) -> str:
+    from tileplug.core.contracts.checks import describe
+
+    return describe(value)
+
+
+def check_out(op: str, expected: Sequence[torch.Tensor | None], out: Any, device: torch.device | None,
+              inputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Validate ``out`` against ``expected`` (the meta allocation of the plan in force) and
+    return the outputs in the plan's slots (None where the plan has no tensor).
+
+    Each given tensor must match shape, dtype, strides and device, be 16-byte aligned, be
+    writable here (not an inference tensor outside inference mode) and share no bytes with
+    an input. Every failure is a ContractError naming ``out``.
+    """
+    wanted = [t for t in expected if t is not None]
+    given = list(out) if isinstance(out, (tuple, list)) else [out]
+    if len(given) != len(wanted):
+        raise ContractError(op, "out", f"{len(wanted)} tensor(s)", _describe(out))
+    inference_mode = torch.is_inference_mode_enabled()
+    for have, want in zip(given, wanted):
+        if not isinstance(have, torch.Tensor):
+            raise ContractError(op, "out", "a torch.Tensor", _describe(have))
+        if (
+            have.shape != want.shape
+            or have.dtype != want.dtype
+            or have.stride() != want.stride()
+            or have.device != device
+            or have.data_ptr() % 16
+        ):
+            raise ContractError(
+                op, "out",
+                f"tensor(shape={tuple(want.shape)}, dtype={want.dtype}, stride={tuple(want.stride())}, "
+                f"device={device}, 16-byte aligned data)",
+                _describe(have),
+            )
+        if have.is_inference() and not inference_mode:
+            raise ContractError(op, "out", "a tensor writable outside inference mode (made under "
+                                "torch.inference_mode, it can only be written inside it)", _describe(have))
+        if have.requires_grad:
+            raise ContractError(op, "out", "a tensor that does not require grad (outputs are written in place)",
+                                _describe(have))
+        for source in inputs:
+            if source is not None and overlaps(have, source):
+                raise ContractError(op, "out", "tensors sharing no memory with the inputs", _describe(have))
+    for index, first in enumerate(given):
+        for second in given[index + 1:]:
+            if overlaps(first, second):
+                raise ContractError(op, "out", "tensors sharing no memory with each other", _describe(second))
+    slots = iter(given)
+    return [None if t is None else next(slots) for t in expected]

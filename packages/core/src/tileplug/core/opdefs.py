@@ -1,0 +1,395 @@
+"""The op table: every op declared once, with the seven facts everything else derives from.
+
+An :class:`OpDef` holds an op's public function (signature), its contract (arguments →
+``(Call, inputs)``), outputs (``Call`` + layout traits → allocation plan), result (written
+outputs → what the function returns), ledger (bytes and flops), cases (its test grid) and
+bench configurations. ``declare`` adds one to the table and registers it as the
+``torch.library`` custom op ``torch.ops.tileplug.<name>`` with a fake implementation, so
+``torch.compile(fullgraph=True)`` sees one opaque node and shapes propagate on meta and
+fake tensors. The CLI (``info``, ``lower``, ``ledger``, ``bench``, ``demo``), the
+conformance suite and the compile / lowering / GPU test grids read the table; none of
+them names an op.
+
+Eager calls take the short path (:func:`run`): contract → cached route → allocation →
+launch. Under ``torch.compiler.is_compiling()`` the public function calls
+:meth:`OpDef.traced`, which goes through ``torch.ops.tileplug.<name>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import threading
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tileplug.core.errors import BackendError, ContractError
+
+LIBRARY_NAMESPACE = "tileplug"
+
+
+# ---------------------------------------------------------------------- cases
+
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration of an op's test grid, independent of the token count.
+
+    ``op``: public op name; ``hidden``: H; ``dtype``: input dtype; ``kwargs``: the op's
+    keyword arguments; ``inputs``: how the op's family makes the input tensors beyond
+    ``[T, H]`` of ``dtype`` (e.g. the sf encoding of a quantized input, a padded row
+    stride). Both are tuples of ``(name, value)`` pairs so that a case hashes.
+    """
+
+    op: str
+    hidden: int
+    dtype: torch.dtype = torch.bfloat16
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    inputs: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, op: str, hidden: int, dtype: torch.dtype = torch.bfloat16, inputs: Mapping[str, Any] | None = None,
+           **kwargs: Any) -> Case:
+        """``Case.of("per_token_cast", 576, fmt="e2m1")``: kwargs are the op's keyword arguments."""
+        return cls(op, hidden, dtype, tuple(sorted(kwargs.items())), tuple(sorted((inputs or {}).items())))
+
+    @property
+    def id(self) -> str:
+        parts = [f"H={self.hidden}", str(self.dtype).replace("torch.", "")]
+        parts += [f"{k}={_short(v)}" for k, v in self.inputs]
+        parts += [f"{k}={_short(v)}" for k, v in self.kwargs]
+        return f"{self.op}[{','.join(parts)}]"
+
+    def arguments(self, tokens: int, device: str | torch.device = "cpu", seed: int | None = None) -> tuple[tuple, dict]:
+        """(args, kwargs) of this case at ``tokens`` on ``device`` (meta: shapes only)."""
+        return get(self.op).arguments(tokens, self.hidden, self.dtype, dict(self.kwargs), dict(self.inputs),
+                                      torch.device(device), self.hidden * 7 + tokens if seed is None else seed)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "x".join(str(v) for v in value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One configuration ``tileplug bench`` times: ``name`` (unique, comma-free), the op, and
+    its keyword arguments / input options as in :class:`Case`."""
+
+    name: str
+    op: str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    inputs: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, name: str, op: str, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> BenchCase:
+        return cls(name, op, tuple(sorted(kwargs.items())), tuple(sorted((inputs or {}).items())))
+
+    def arguments(self, tokens: int, hidden: int, dtype: torch.dtype, device: torch.device,
+                  seed: int | None = None) -> tuple[tuple, dict]:
+        return get(self.op).arguments(tokens, hidden, dtype, dict(self.kwargs), dict(self.inputs), device,
+                                      tokens if seed is None else seed)
+
+
+# ---------------------------------------------------------------------- the declaration
+
+
+@dataclass(eq=False)
+class OpDef:
+    """One op's declaration (see the module docstring).
+
+    - ``function``: the public function; its signature and type hints give the custom op's
+      schema (``out`` is eager-only and not part of it).
+    - ``contract(*args, **kwargs)`` → ``(call, inputs)``: every check, ContractError naming
+      the argument; ``inputs`` is a sequence of the tensors the kernel reads.
+    - ``outputs(call, traits)`` → a plan with ``allocate(tokens, device)`` (the output tensors
+      a kernel writes, a NamedTuple with None for absent outputs).
+    - ``result(call, outputs)`` → what the function returns.
+    - ``ledger(call, traits)`` → :class:`tileplug.core.call.Ledger`.
+    - ``cases()`` → the op's :class:`Case` grid; ``bench()`` → its :class:`BenchCase` list.
+    - ``arguments(tokens, hidden, dtype, kwargs, inputs, device, seed)`` → (args, kwargs) of a
+      call with those options (values from ``tileplug.core.testing.activation``; meta: shapes).
+    - ``compare(case, tokens, actual, expected)``: asserts a backend's outputs equal the
+      reference's as SPEC says (default: bytewise, strides included).
+    - ``kernel``: the backend kernel-table key (default ``name``); ``family``: e.g. "quant".
+    """
+
+    name: str
+    function: Callable[..., Any]
+    contract: Callable[..., tuple[Any, Sequence[torch.Tensor | None]]]
+    outputs: Callable[[Any, Any], Any]
+    result: Callable[[Any, Any], Any]
+    ledger: Callable[[Any, Any], Any]
+    cases: Callable[[], Sequence[Case]]
+    bench: Callable[[], Sequence[BenchCase]]
+    arguments: Callable[..., tuple[tuple, dict]]
+    compare: Callable[[Case, int, list, list], None] | None = None
+    kernel: str = ""
+    family: str = ""
+    schema: str = field(default="", init=False)
+    _flatten: Callable[..., list] | None = field(default=None, init=False, repr=False)
+    _library_op: Any = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.kernel = self.kernel or self.name
+
+    # ------------------------------------------------------------------ torch.compile path
+    def traced(self, *args: Any, **kwargs: Any) -> Any:
+        """The call through ``torch.ops.tileplug.<name>`` (what the public function does while
+        ``torch.compiler.is_compiling()``): inputs detached, since the ops are not
+        differentiable; ``out=`` is refused (the compiled graph allocates)."""
+        if kwargs.pop("out", None) is not None:
+            raise ContractError(self.name, "out", "None under torch.compile (use the returned tensors)", "a tensor")
+        flat = self._flatten(*args, **kwargs)
+        return self._library_op(*flat)
+
+    def library_op(self) -> Any:
+        """``torch.ops.tileplug.<name>`` (the custom op object)."""
+        return self._library_op
+
+
+_table: dict[str, OpDef] = {}
+_table_lock = threading.Lock()
+
+
+def declare(opdef: OpDef) -> OpDef:
+    """Add ``opdef`` to the table and register its custom op; returns it. Declaring a name
+    twice is an error (an op is declared once)."""
+    with _table_lock:
+        if opdef.name in _table:
+            raise ValueError(f"op '{opdef.name}' is already declared")
+        _register_library_op(opdef)
+        _table[opdef.name] = opdef
+    return opdef
+
+
+def undeclare(name: str) -> None:
+    """Remove an op from the table (tests declaring a toy op clean up with this; its custom
+    op stays registered with torch, which cannot unregister one)."""
+    with _table_lock:
+        _table.pop(name, None)
+
+
+def get(name: str) -> OpDef:
+    """The declaration of public op ``name`` (KeyError if none)."""
+    _load_families()
+    return _table[name]
+
+
+def all_ops() -> list[OpDef]:
+    """Every declared op, in declaration order."""
+    _load_families()
+    return list(_table.values())
+
+
+def names() -> list[str]:
+    """Public names of every declared op."""
+    return [opdef.name for opdef in all_ops()]
+
+
+def kernel_names() -> set[str]:
+    """Kernel-table keys a backend may hold (one per op or family of variants)."""
+    return {opdef.kernel for opdef in all_ops()}
+
+
+def ops_of_kernel(kernel: str) -> list[OpDef]:
+    """The ops a kernel-table key serves."""
+    return [opdef for opdef in all_ops() if opdef.kernel == kernel]
+
+
+def _load_families() -> None:
+    if not _table:
+        import tileplug.core.ops  # noqa: F401 - declares the built-in families
+
+
+# ---------------------------------------------------------------------- eager dispatch
+
+_capture: contextvars.ContextVar[list | None] = contextvars.ContextVar("tileplug_capture", default=None)
+
+
+def run(call: Any, inputs: Sequence[Any], out: Any = None) -> Any:
+    """The eager path of every op: cached route → allocation (or ``out=`` checked against
+    the same plan) → launch (skipped when there is nothing to compute) → result."""
+    from tileplug.core.registry import registry
+
+    if _capture.get() is not None:  # describe_call / core.lower: record, run nothing
+        _capture.get().append((call, inputs))
+        return None
+    route = registry.route(call)
+    if out is None:
+        outputs = route.plan.allocate(call.tokens, call.device)
+    else:
+        outputs = route.check_out(call, out, inputs)
+    if not call.empty:
+        try:
+            route.launch(inputs, outputs)
+        except Exception as error:
+            raise BackendError(route.backend.name, call, error) from error
+    return route.result(call, outputs)
+
+
+@contextlib.contextmanager
+def capture_calls() -> Iterator[list[tuple[Any, Any]]]:
+    """Inside the block, ops check their contract and record ``(call, inputs)`` instead of running."""
+    captured: list[tuple[Any, Any]] = []
+    token = _capture.set(captured)
+    try:
+        yield captured
+    finally:
+        _capture.reset(token)
+
+
+def describe_call(op: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """Check ``op``'s contract for these arguments and return ``(call, inputs)`` without running.
+
+    ``op`` is a public op function or its name; inputs may be ``meta`` tensors, so calls
+    for any device can be described anywhere.
+    """
+    opdef = _opdef_of(op)
+    kwargs.pop("out", None)
+    return opdef.contract(*args, **kwargs)
+
+
+def _opdef_of(op: Callable[..., Any] | str) -> OpDef:
+    _load_families()
+    if isinstance(op, str):
+        opdef = _table.get(op)
+    else:
+        opdef = next((d for d in _table.values() if d.function is op), None)
+    if opdef is None:
+        raise ContractError("describe_call", "op", f"a declared op or its name (one of {', '.join(_table)})", op)
+    return opdef
+
+
+def allocate_without_backend(op: str, traits: Any, *args: Any, **kwargs: Any) -> Any:
+    """What ``op(*args, **kwargs)`` returns, allocated (not computed) for a backend with
+    ``traits``: builds inputs of one op for another on meta without any backend installed."""
+    opdef = get(op)
+    call, _ = opdef.contract(*args, **kwargs)
+    outputs = opdef.outputs(call, traits).allocate(call.tokens, call.device)
+    return opdef.result(call, outputs)
+
+
+# ---------------------------------------------------------------------- torch.library
+
+
+def _schema_type(annotation: Any, name: str) -> list[tuple[str, str]]:
+    """Schema arguments ``[(name, type)]`` of one Python parameter. A tensor-or-pair
+    parameter becomes two: ``name`` and ``name_scales`` (None for a plain tensor)."""
+    origin = typing.get_origin(annotation)
+    members = typing.get_args(annotation) if origin in (typing.Union, types.UnionType) else (annotation,)
+    optional = type(None) in members
+    members = tuple(m for m in members if m is not type(None))
+    pairs = [m for m in members if typing.get_origin(m) is tuple and typing.get_args(m)[:1] == (torch.Tensor,)]
+    if pairs:
+        first = "Tensor?" if optional else "Tensor"
+        return [(name, first), (f"{name}_scales", "Tensor" if members == tuple(pairs) and not optional else "Tensor?")]
+    if members == (torch.Tensor,):
+        return [(name, "Tensor?" if optional else "Tensor")]
+    mark = "?" if optional else ""
+    if len(members) == 1:
+        member = members[0]
+        if member is bool:
+            return [(name, "bool" + mark)]
+        if member is int:
+            return [(name, "int" + mark)]
+        if member is float:
+            return [(name, "float" + mark)]
+        if member is str:
+            return [(name, "str" + mark)]
+        if typing.get_origin(member) is tuple and all(a is int for a in typing.get_args(member)):
+            return [(name, "int[]" + mark)]
+    raise TypeError(f"parameter '{name}': no torch.library schema type for {annotation!r}")
+
+
+def _return_type(annotation: Any) -> str:
+    if annotation is torch.Tensor:
+        return "Tensor"
+    if typing.get_origin(annotation) is tuple and all(a is torch.Tensor for a in typing.get_args(annotation)):
+        return "(" + ", ".join("Tensor" for _ in typing.get_args(annotation)) + ")"
+    raise TypeError(f"return type {annotation!r}: an op returns a tensor or a tuple of tensors")
+
+
+def _register_library_op(opdef: OpDef) -> None:
+    function = opdef.function
+    hints = typing.get_type_hints(function)
+    parameters = [p for p in inspect.signature(function).parameters.values() if p.name != "out"]
+    slots: list[tuple[str, list[tuple[str, str]], Any]] = []
+    for parameter in parameters:
+        slots.append((parameter.name, _schema_type(hints[parameter.name], parameter.name), parameter.default))
+    arguments = ", ".join(f"{kind} {arg}" for _, expanded, _ in slots for arg, kind in expanded)
+    opdef.schema = f"({arguments}) -> {_return_type(hints['return'])}"
+    names = [parameter.name for parameter in parameters]
+    defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    splits = {name for name, expanded, _ in slots if len(expanded) == 2}
+
+    def flatten(*args: Any, **kwargs: Any) -> list:
+        values = dict(defaults)
+        values.update(zip(names, args))
+        values.update(kwargs)
+        flat: list = []
+        for name in names:
+            value = values[name]
+            if name in splits:
+                if isinstance(value, (tuple, list)):
+                    flat.extend(_detached(v) for v in value[:2])
+                    if len(value) != 2:
+                        raise ContractError(opdef.name, name, "a tensor or a pair (xq, sf)", value)
+                else:
+                    flat.extend((_detached(value), None))
+            elif isinstance(value, torch.Tensor):
+                flat.append(_detached(value))
+            elif isinstance(value, tuple):
+                flat.append(list(value))
+            else:
+                flat.append(value)
+        return flat
+
+    def unflatten(flat: Sequence[Any]) -> list:
+        values = iter(flat)
+        rebuilt = []
+        for name in names:
+            value = next(values)
+            if name in splits:
+                scales = next(values)
+                value = value if scales is None else (value, scales)
+            elif isinstance(value, list):
+                value = tuple(value)
+            rebuilt.append(value)
+        return rebuilt
+
+    def implementation(*flat: Any) -> Any:
+        return _owned(opdef.function(*unflatten(flat)), flat)
+
+    def fake(*flat: Any) -> Any:
+        from tileplug.core.registry import registry
+
+        call, _ = opdef.contract(*unflatten(flat))
+        route = registry.route(call)
+        return route.result(call, route.plan.allocate(call.tokens, call.device))
+
+    library_op = torch.library.custom_op(
+        f"{LIBRARY_NAMESPACE}::{opdef.name}", implementation, mutates_args=(), schema=opdef.schema
+    )
+    library_op.register_fake(fake)
+    opdef._flatten = flatten
+    opdef._library_op = library_op
+
+
+def _detached(value: Any) -> Any:
+    return value.detach() if isinstance(value, torch.Tensor) and value.requires_grad else value
+
+
+def _owned(result: Any, flat: Sequence[Any]) -> Any:
+    """A custom op may not return an input (or a view of one): copy any such output."""
+    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+    if isinstance(result, torch.Tensor):
+        return result.clone() if any(result is t for t in tensors) else result
+    return tuple(r.clone() if any(r is t for t in tensors) else r for r in result)
