@@ -67,7 +67,7 @@ class AllocationPlan:
     """Output allocation of one call signature on one layout, for any token count: two
     ``torch.empty`` calls and a little integer math per call.
 
-    ``q_columns`` = 0 means no ``q``; ``sf_dtype`` None means no ``sf``. The sf holds
+    ``q_columns`` None means no ``q``; ``sf_dtype`` None means no ``sf``. The sf holds
     ``ceil(T/bm) × sf_columns`` groups, packed ``pack_factor`` to an integer along
     ``pack_axis``; ``col_major_multiple`` > 0 stores it column-major with columns padded to
     that many elements.
@@ -76,7 +76,7 @@ class AllocationPlan:
     __slots__ = ("q_columns", "q_dtype", "sf_dtype", "bm", "sf_columns", "pack_factor", "pack_axis",
                  "col_major_multiple")
 
-    def __init__(self, q_columns: int, q_dtype: torch.dtype, sf_dtype: torch.dtype | None = None, bm: int = 1,
+    def __init__(self, q_columns: int | None, q_dtype: torch.dtype, sf_dtype: torch.dtype | None = None, bm: int = 1,
                  sf_columns: int = 0, pack_factor: int = 1, pack_axis: int = 1, col_major_multiple: int = 0) -> None:
         self.q_columns = q_columns
         self.q_dtype = q_dtype
@@ -88,15 +88,15 @@ class AllocationPlan:
         self.col_major_multiple = col_major_multiple
 
     def allocate(self, tokens: int, device: torch.device | None) -> QuantOutputs:
-        q = torch.empty((tokens, self.q_columns), dtype=self.q_dtype, device=device) if self.q_columns else None
+        q = torch.empty((tokens, self.q_columns), dtype=self.q_dtype, device=device) if self.q_columns is not None else None
         if self.sf_dtype is None:
             return QuantOutputs(q, None)
         rows = -(-tokens // self.bm)
         if self.pack_axis == 0:
             rows = -(-rows // self.pack_factor)
-        if self.col_major_multiple:
-            # at least 1: an empty sf (T = 0) keeps unit strides, so it views like any tensor
-            padded = max(1, -(-rows // self.col_major_multiple) * self.col_major_multiple)
+        if self.col_major_multiple and rows and self.sf_columns:
+            # (an empty sf, T = 0 or H = 0, is allocated row-major: ordinary strides, viewable)
+            padded = -(-rows // self.col_major_multiple) * self.col_major_multiple
             sf = torch.empty_strided((rows, self.sf_columns), (1, padded), dtype=self.sf_dtype, device=device)
         else:
             sf = torch.empty((rows, self.sf_columns), dtype=self.sf_dtype, device=device)
@@ -141,7 +141,7 @@ class QuantCall(Call):
         if self.mode == MODE_CAST_BACK:
             return AllocationPlan(self.hidden, self.output_dtype)
         cast = self.cast
-        q_columns = 0 if self.mode == MODE_SF_ONLY else self.hidden // cast.fmt.values_per_byte
+        q_columns = None if self.mode == MODE_SF_ONLY else self.hidden // cast.fmt.values_per_byte
         if self.mode == MODE_PRECOMPUTED_SF:
             return AllocationPlan(q_columns, cast.fmt.storage_dtype)
         encoding = cast.sf_encoding(traits)
@@ -287,13 +287,13 @@ def _read_input(
             block = (1, check_choice(op, block_argument, input_block, PER_TOKEN_GROUPS))
         else:
             block = check_block(op, block_argument, input_block, INPUT_BLOCK_SIDES, INPUT_BLOCK_SIDES)
-        hidden = xq.shape[1] * fmt.values_per_byte
+        hidden = int(xq.shape[1]) * fmt.values_per_byte  # int(): a traced (symbolic) H is specialised
         encoding, col_major = _check_sf_tensor(op, "x", x[1], xq.device, block, xq.shape[0], hidden)
         return xq, x[1], hidden, QuantizedInput(fmt, block, encoding, col_major)
     tensor = check_matrix(op, "x", x, FLOAT_INPUT_DTYPES, "bf16/fp32")
     if input_block is not None:
         raise ContractError(op, block_argument, "None when x is a plain (unquantized) tensor", describe(input_block))
-    return tensor, None, tensor.shape[1], None
+    return tensor, None, int(tensor.shape[1]), None
 
 
 _cast_configs: dict[tuple, CastConfig] = {}

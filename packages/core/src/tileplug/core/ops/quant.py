@@ -341,10 +341,10 @@ def _input_grid(hidden: int) -> list[Case]:
                                            ("fp32", "e4m3", 64, True)):
         cases.append(Case.of("per_token_cast_with_precomputed_sf", hidden,
                              inputs={"input_sf": sf_kind, "input_col_major": col_major}, fmt=fmt, num_per_channels=group))
-    for sf_kind, block, col_major in (("fp32", (128, 128), False), ("ue8m0", (32, 32), False),
-                                      ("ue8m0", (128, 128), True)):
+    for sf_kind, fmt, block, col_major in (("fp32", "e4m3", (128, 128), False), ("ue8m0", "e4m3", (32, 32), False),
+                                           ("ue8m0", "e2m1", (128, 128), True), ("fp32", "e2m1", (32, 32), False)):
         cases.append(Case.of("per_block_cast_with_precomputed_sf", hidden,
-                             inputs={"input_sf": sf_kind, "input_col_major": col_major}, block_size=block))
+                             inputs={"input_sf": sf_kind, "input_col_major": col_major}, fmt=fmt, block_size=block))
     requant = (
         ("per_token_cast", {"x_block_size": (1, 32)}, {}),
         ("per_token_cast", {"x_block_size": (1, 64), "fmt": "e2m1", "round_sf": True},
