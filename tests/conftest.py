@@ -1,4 +1,4 @@
-"""Shared pytest setup: device-gated markers skip cleanly where the device is absent."""
+"""Shared pytest setup: tests of an absent device (gpu, npu) are not collected, with one summary line; nvcc tests skip without nvcc."""
 
 from __future__ import annotations
 
@@ -28,17 +28,40 @@ def _npu_reason() -> str | None:
     return None
 
 
+DEVICE_MARKERS = {"gpu": _cuda_reason, "npu": _npu_reason}
+"""Markers of tests that need a device: where it is absent they are not collected at all
+(one summary line says how many and why), so a CPU run's output stays readable."""
+
+_deselected_devices: dict[str, tuple[int, str]] = {}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reasons = {
-        "gpu": _cuda_reason,
-        "npu": _npu_reason,
-        "nvcc": lambda: None if shutil.which("nvcc") else "nvcc is not on PATH",
-    }
-    cached: dict[str, str | None] = {}
+    reasons: dict[str, str | None] = {}
+    kept, dropped = [], []
     for item in items:
-        for marker, probe in reasons.items():
+        absent = None
+        for marker, probe in DEVICE_MARKERS.items():
             if marker in item.keywords:
-                if marker not in cached:
-                    cached[marker] = probe()
-                if cached[marker] is not None:
-                    item.add_marker(pytest.mark.skip(reason=cached[marker]))
+                if marker not in reasons:
+                    reasons[marker] = probe()
+                if reasons[marker] is not None:
+                    absent = marker
+                    break
+        if absent is None:
+            kept.append(item)
+        else:
+            dropped.append(item)
+            count, _ = _deselected_devices.get(absent, (0, ""))
+            _deselected_devices[absent] = (count + 1, reasons[absent])
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    if shutil.which("nvcc") is None:  # compile-only tests: skipped (they need no device, only nvcc)
+        for item in items:
+            if "nvcc" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason="nvcc is not on PATH"))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    for marker, (count, reason) in sorted(_deselected_devices.items()):
+        terminalreporter.write_line(f"tileplug: {count} '{marker}' tests not collected: {reason}")

@@ -25,116 +25,44 @@ pytestmark = pytest.mark.nvcc
 
 ARCH = "sm_90"
 BATCH = 13  # kernels per nvcc translation unit
-H = 576  # partial 128-groups; H is dynamic in every kernel, so one size covers all
-SF_MODES = {
-    "plain": {},
-    "round": {"round_sf": True},
-    "ue8m0": {"round_sf": True, "use_packed_ue8m0": True},
-    "e4m3sf": {"use_e4m3_sf": True},
-}
+TOKENS = 3  # T (and H) are dynamic in every kernel: the token count of the meta inputs is arbitrary
 
-# ------------------------------------------------------------------ the grid
-# A case: (id, op name, input description, kwargs). Inputs are described, not built, so
-# cases cross the process boundary: ("float", dtype name) or ("quant", fmt, sf dtype name,
-# sf shape) plus optional given sf ("sf", dtype name, shape).
+# ------------------------------------------------------------------ the grid, from the op table
+# Every case of every op in the op table, described on meta tensors, mapped to the CUDA
+# kernel specialisation serving it; one entry per distinct specialisation (T and H are
+# runtime values, so many cases share one kernel).
 
 
-def _grid() -> list[tuple]:
-    cases: list[tuple] = []
-    for fmt in ("e4m3", "e2m1"):
-        for i, (group, mode) in enumerate((g, m) for g in (16, 32, 64, 128) for m in SF_MODES):
-            col = bool(i % 2) if mode != "ue8m0" else bool((i // 4) % 2)
-            kwargs = {"fmt": fmt, "num_per_channels": group, "use_tma_aligned_col_major_sf": col, **SF_MODES[mode]}
-            cases.append((f"per_token[{fmt},g{group},{mode},col={col}]", "per_token_cast", ("float", "bfloat16"), kwargs))
-        for mode in ("plain", "ue8m0") if fmt == "e4m3" else ("round", "e4m3sf"):
-            kwargs = {"fmt": fmt, "num_per_channels": 64, **SF_MODES[mode]}
-            cases.append((f"per_token_fp32[{fmt},g64,{mode}]", "per_token_cast", ("float", "float32"), kwargs))
-            cases.append((f"per_token_sf_only[{fmt},g64,{mode}]", "per_token_cast_with_sf_only", ("float", "bfloat16"), kwargs))
-        for block, modes in (((32, 32), ("plain", "round", "ue8m0")), ((128, 128), ("plain", "round", "ue8m0")),
-                             ((16, 64), ("round",)), ((64, 16), ("ue8m0",))):
-            for mode in modes:
-                for col in (False, True) if mode == "ue8m0" and block[0] != 64 else (block[0] == 64,):
-                    kwargs = {"fmt": fmt, "block_size": block, "use_tma_aligned_col_major_sf": col, **SF_MODES[mode]}
-                    cases.append((f"per_block[{fmt},{block[0]}x{block[1]},{mode},col={col}]", "per_block_cast",
-                                  ("float", "bfloat16"), kwargs))
-        cases.append((f"per_block_fp32[{fmt},128x128]", "per_block_cast", ("float", "float32"), {"fmt": fmt}))
-        cases.append((f"per_block_sf_only[{fmt},128x128,ue8m0]", "per_block_cast_with_sf_only", ("float", "bfloat16"),
-                      {"fmt": fmt, **SF_MODES["ue8m0"]}))
-        for group in (32, 128):
-            for mode in ("plain", "round", "ue8m0"):
-                kwargs = {"fmt": fmt, "num_per_tokens": group, **SF_MODES[mode]}
-                cases.append((f"per_channel[{fmt},g{group},{mode}]", "per_channel_cast", ("float", "bfloat16"), kwargs))
-        cases.append((f"per_channel_fp32[{fmt},g128]", "per_channel_cast", ("float", "float32"), {"fmt": fmt}))
-    # precomputed sf of each encoding
-    for name, dtype, shape, kwargs in (
-        ("fp32", "float32", (3, 5), {"num_per_channels": 128}),
-        ("e4m3", "float8_e4m3fn", (3, 36), {"fmt": "e2m1", "num_per_channels": 16}),
-        ("ue8m0", "int32", (3, 5), {"num_per_channels": 32}),
-    ):
-        cases.append((f"per_token_precomputed[{name}]", "per_token_cast_with_precomputed_sf", ("float", "bfloat16"),
-                      kwargs, ("sf", dtype, shape)))
-    cases.append(("per_block_precomputed[fp32]", "per_block_cast_with_precomputed_sf", ("float", "bfloat16"), {},
-                  ("sf", "float32", (1, 5))))
-    cases.append(("per_block_precomputed[ue8m0,32x32]", "per_block_cast_with_precomputed_sf", ("float", "bfloat16"),
-                  {"block_size": (32, 32)}, ("sf", "int32", (1, 5))))
-    # re-quantization of (xq, sf) inputs
-    for ident, op, quant, kwargs in (
-        ("per_token_requant[e4m3,1x32 fp32]", "per_token_cast", ("quant", "e4m3", "float32", (3, 18)), {"x_block_size": (1, 32)}),
-        ("per_token_requant[e2m1,1x64 ue8m0]", "per_token_cast", ("quant", "e2m1", "int32", (3, 3)),
-         {"x_block_size": (1, 64), "fmt": "e2m1", "round_sf": True}),
-        ("per_token_requant[e4m3,128x1 fp32]", "per_token_cast", ("quant", "e4m3", "float32", (1, H)), {"x_block_size": (128, 1)}),
-        ("per_block_requant[e4m3,1x128]", "per_block_cast", ("quant", "e4m3", "float32", (3, 5)), {"x_block_size": (1, 128)}),
-        ("per_channel_requant[e4m3,1x128]", "per_channel_cast", ("quant", "e4m3", "float32", (3, 5)), {"num_per_channels": 128}),
-        ("per_token_requant_sf_only[e4m3sf in]", "per_token_cast_with_sf_only", ("quant", "e4m3", "float8_e4m3fn", (3, 36)),
-         {"x_block_size": (1, 16)}),
-    ):
-        cases.append((ident, op, quant, kwargs))
-    cases.append(("per_token_requant_precomputed[e4m3]", "per_token_cast_with_precomputed_sf",
-                  ("quant", "e4m3", "float32", (3, 18)), {"x_block_size": (1, 32)}, ("sf", "float32", (3, 5))))
-    # cast_back of every sf layout family
-    for ident, quant, block in (
-        ("1x128 fp32", ("quant", "e4m3", "float32", (3, 5)), (1, 128)),
-        ("128x128 fp32", ("quant", "e4m3", "float32", (1, 5)), (128, 128)),
-        ("128x1 fp32", ("quant", "e4m3", "float32", (1, H)), (128, 1)),
-        ("1x32 ue8m0", ("quant", "e2m1", "int32", (3, 5)), (1, 32)),
-        ("32x1 ue8m0", ("quant", "e4m3", "int32", (1, H)), (32, 1)),
-        ("1x16 e4m3sf", ("quant", "e2m1", "float8_e4m3fn", (3, 36)), (1, 16)),
-    ):
-        for out in ("bf16", "fp32"):
-            cases.append((f"cast_back[{ident}->{out}]", "cast_back", quant, {"fmt": out, "x_block_size": block}))
-    return cases
-
-
-GRID = _grid()
-
-
-def _inputs(description: tuple, given: tuple | None) -> tuple[tuple, dict]:
-    meta = torch.device("meta")
-    if description[0] == "float":
-        args: tuple = (torch.empty(3, H, dtype=getattr(torch, description[1]), device=meta),)
-    else:
-        _, fmt, sf_dtype, sf_shape = description
-        xq = (torch.empty(3, H, dtype=torch.float8_e4m3fn, device=meta) if fmt == "e4m3"
-              else torch.empty(3, H // 2, dtype=torch.int8, device=meta))
-        args = ((xq, torch.empty(sf_shape, dtype=getattr(torch, sf_dtype), device=meta)),)
-    extra = {}
-    if given is not None:
-        extra["sf"] = torch.empty(given[2], dtype=getattr(torch, given[1]), device=meta)
-    return args, extra
-
-
-def describe(case: tuple, input_alignment: int | None = None):
-    """(kernel, call) of a grid case."""
+def describe(case, input_alignment: int | None = None):
+    """(kernel, call) of an op-table case on meta tensors."""
     from tileplug.backend_cuda.plugin import _KERNELS
-    from tileplug.core import ops
-    from tileplug.core.lowering import describe_call
+    from tileplug.core import describe_call
 
-    ident, op, description, kwargs = case[:4]
-    args, extra = _inputs(description, case[4] if len(case) > 4 else None)
-    call, _ = describe_call(getattr(ops, op), *args, **kwargs, **extra)
+    args, kwargs = case.arguments(TOKENS, "meta")
+    call, _ = describe_call(case.op, *args, **kwargs)
     if input_alignment is not None:
         call = dataclasses.replace(call, input_alignment=input_alignment)
     return _KERNELS[call.op], call
+
+
+def _grid() -> tuple[list[tuple[str, object]], dict[str, str]]:
+    """([(specialisation name, first case serving it)], {case id: decline reason})."""
+    from tileplug.core import opdefs
+
+    grid: dict[str, object] = {}
+    declined: dict[str, str] = {}
+    for opdef in opdefs.all_ops():
+        for case in opdef.cases():
+            kernel, call = describe(case)
+            reason = kernel.supports(call)
+            if reason is not None:
+                declined[case.id] = reason
+                continue
+            grid.setdefault(kernel.spec(call).name, case)
+    return list(grid.items()), declined
+
+
+GRID, DECLINED = _grid()
 
 
 def nvcc_flags() -> list[str]:
@@ -144,11 +72,11 @@ def nvcc_flags() -> list[str]:
             f"-I{TILELANG_TEMPLATE_PATH}", f"-I{CUTLASS_INCLUDE_DIR}"]
 
 
-def lower_case(case: tuple, input_alignment: int | None = None) -> dict:
-    """Lower one case for sm_90: {"id", "ok", "source" | "error", "spec"}."""
-    result = {"id": case[0], "ok": False}
+def lower_case(entry: tuple, input_alignment: int | None = None) -> dict:
+    """Lower one grid entry ``(name, case)`` for sm_90: {"id", "ok", "source" | "error", "spec"}."""
+    result = {"id": entry[0], "ok": False}
     try:
-        kernel, call = describe(case, input_alignment)
+        kernel, call = describe(entry[1], input_alignment)
         reason = kernel.supports(call)
         if reason is not None:
             result["error"] = f"declined: {reason}"
@@ -205,9 +133,9 @@ def compile_batch(sources: list[str]) -> tuple[list[str | None], dict[str, int]]
     return errors, spills
 
 
-def lower_and_compile(case: tuple, input_alignment: int | None = None, ptx: bool = False) -> dict:
-    """Lower one case for sm_90 and compile it alone."""
-    result = lower_case(case, input_alignment)
+def lower_and_compile(entry: tuple, input_alignment: int | None = None, ptx: bool = False) -> dict:
+    """Lower one grid entry for sm_90 and compile it alone."""
+    result = lower_case(entry, input_alignment)
     if result["ok"]:
         error, result["ptx"], _ = nvcc(result["source"], ptx)
         if error is not None:
@@ -247,10 +175,20 @@ def compiled_grid() -> dict[str, dict]:
     return {r["id"]: r for r in results}
 
 
-@pytest.mark.parametrize("case", GRID, ids=[c[0] for c in GRID])
-def test_specialisation_lowers_and_compiles(case: tuple, compiled_grid: dict[str, dict]) -> None:
-    result = compiled_grid[case[0]]
+@pytest.mark.parametrize("entry", GRID, ids=[name for name, _ in GRID])
+def test_specialisation_lowers_and_compiles(entry: tuple, compiled_grid: dict[str, dict]) -> None:
+    result = compiled_grid[entry[0]]
     assert result["ok"], result.get("error")
+
+
+def test_the_grid_covers_every_case_of_the_op_table() -> None:
+    """Every case is served by a specialisation of the grid or declined with a reason (and
+    the CUDA kernels decline only what their capabilities say: H not a multiple of 16)."""
+    from tileplug.core import opdefs
+
+    total = sum(len(opdef.cases()) for opdef in opdefs.all_ops())
+    assert len(GRID) > 50 and total > len(GRID)
+    assert all("multiple of 16" in reason for reason in DECLINED.values()), DECLINED
 
 
 def test_no_specialisation_spills_registers(compiled_grid: dict[str, dict]) -> None:
@@ -262,12 +200,12 @@ def test_no_specialisation_spills_registers(compiled_grid: dict[str, dict]) -> N
     assert not spilled, f"register spills (bytes): {spilled}"
 
 
-MAIN_PATHS = [c for c in GRID if c[2][0] == "float"]
+MAIN_PATHS = [(name, case) for name, case in GRID if describe(case)[1].quantized_input is None]
 
 
-@pytest.mark.parametrize("case", MAIN_PATHS, ids=[c[0] for c in MAIN_PATHS])
-def test_main_load_path_is_128_bit(case: tuple, compiled_grid: dict[str, dict]) -> None:
-    result = compiled_grid[case[0]]
+@pytest.mark.parametrize("entry", MAIN_PATHS, ids=[name for name, _ in MAIN_PATHS])
+def test_main_load_path_is_128_bit(entry: tuple, compiled_grid: dict[str, dict]) -> None:
+    result = compiled_grid[entry[0]]
     assert result["ok"], result.get("error")
     assert x_loads_are_128_bit(result["source"]), "the x load path is no longer 128-bit vectorized"
 
@@ -275,7 +213,9 @@ def test_main_load_path_is_128_bit(case: tuple, compiled_grid: dict[str, dict]) 
 def test_vector_check_catches_a_scalar_variant() -> None:
     """The check fails on the variant made for 2-byte-aligned rows (scalar loads), and the
     PTX of the aligned variant really holds 128-bit global loads."""
-    case = ("per_token", "per_token_cast", ("float", "bfloat16"), {})
+    from tileplug.core import Case
+
+    case = ("per_token", Case.of("per_token_cast", 576))
     scalar = lower_and_compile(case, input_alignment=2, ptx=True)
     assert scalar["ok"], scalar.get("error")
     assert not x_loads_are_128_bit(scalar["source"])

@@ -33,15 +33,45 @@ import torch
 pytestmark = pytest.mark.gpu
 
 TOKENS = (0, 1, 3, 4001, 8001)
-HIDDEN = (576, 2048, 7168)
 SMALL_T = (0, 1, 3)
 BACKEND = "cuda"
 
 
-def _cases():
-    from tileplug.reference.conformance import cases
+class GridCase:
+    """One case of the op table at one token count (the GPU grid is every case of every op
+    at every count of ``TOKENS``)."""
 
-    return cases(tokens=TOKENS, hidden=HIDDEN)
+    def __init__(self, case, tokens: int) -> None:
+        self.case, self.tokens = case, tokens
+        self.op, self.hidden = case.op, case.hidden
+        self.id = f"{case.id}[T={tokens}]"
+
+
+def _cases() -> list[GridCase]:
+    from tileplug.core import opdefs
+
+    return [GridCase(case, tokens) for opdef in opdefs.all_ops() for case in opdef.cases() for tokens in TOKENS]
+
+
+def _outputs(result) -> list:
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+def _arguments(case, tokens: int, device: torch.device):
+    """(args, kwargs) of an op-table case made on the CPU by the reference in the CUDA sf
+    layout, moved to ``device``."""
+    from tileplug.core import config
+    from tileplug.core.registry import use_backend
+
+    with use_backend("reference"), config.host_layout("cuda"):
+        args, kwargs = case.arguments(tokens, "cpu")
+
+    def moved(value):
+        if isinstance(value, tuple):
+            return tuple(moved(v) for v in value)
+        return value.to(device) if isinstance(value, torch.Tensor) else value
+
+    return moved(args), {k: moved(v) for k, v in kwargs.items()}
 
 
 def _spec_of(op, args, kwargs, alignment: int | None = None):
@@ -59,16 +89,12 @@ def _spec_of(op, args, kwargs, alignment: int | None = None):
 
 def _case_specs(case_list) -> list:
     """Distinct kernel specialisations of the grid cases (contracts on CPU stand-ins)."""
-    from tileplug.core import ops
-    from tileplug.reference.conformance import _arguments
-
     specs = {}
-    for case in case_list:
-        if case.tokens == 0:
+    for grid_case in case_list:
+        if grid_case.tokens == 0:
             continue
-        small = type(case)(case.op, 3, case.hidden, case.dtype, case.kwargs, case.quantized_input, case.row_stride_pad)
-        args, kwargs = _arguments(small, torch.device("cpu"))
-        specs[_spec_of(getattr(ops, case.op), args, kwargs)] = None
+        args, kwargs = _arguments(grid_case.case, 3, torch.device("cpu"))
+        specs[_spec_of(grid_case.op, args, kwargs)] = None
     specs.update(dict.fromkeys(_extra_specs()))
     specs.pop(None, None)
     return list(specs)
@@ -144,12 +170,12 @@ def _memoized_inputs():
     (inputs are never written, so sharing them is safe)."""
     import functools
 
-    from tileplug.reference import conformance
+    from tileplug.core import testing
 
-    original = conformance.activation
-    conformance.activation = functools.lru_cache(maxsize=24)(original)
+    original = testing.activation
+    testing.activation = functools.lru_cache(maxsize=24)(original)
     yield
-    conformance.activation = original
+    testing.activation = original
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -184,15 +210,15 @@ def _oracle_device(case) -> str:
     return "cuda"
 
 
-def _check(case, oracle: str) -> None:
-    from tileplug.core import config, ops
+def _check(grid_case, oracle: str) -> None:
+    from tileplug.core import config, opdefs
     from tileplug.core.registry import registry, use_backend
-    from tileplug.reference.conformance import _arguments, _outputs
-    from tileplug.reference.testing import assert_bytes_equal, assert_sf_equal
 
     device = torch.device("cuda")
-    args, kwargs = _arguments(case, device)
-    op = getattr(ops, case.op)
+    case, tokens = grid_case.case, grid_case.tokens
+    args, kwargs = _arguments(case, tokens, device)
+    opdef = opdefs.get(case.op)
+    op = opdef.function
     with use_backend(BACKEND):
         actual = _outputs(op(*args, **kwargs))
     if oracle == "cpu":
@@ -202,12 +228,7 @@ def _check(case, oracle: str) -> None:
         ref_args, ref_kwargs = args, kwargs
     with use_backend("reference"), config.host_layout(registry.get(BACKEND).traits_for("cuda")):
         expected = _outputs(op(*ref_args, **ref_kwargs))
-    for index, (have, want) in enumerate(zip(actual, expected)):
-        is_sf = case.op != "cast_back" and (index == 1 or case.op.endswith("_sf_only"))
-        if is_sf:
-            assert_sf_equal(_host(have), _host(want), case.block, case.tokens, case.hidden, what=f"{case.id} sf")
-        else:
-            assert_bytes_equal(_host(have), _host(want), what=f"{case.id} output {index}", strides=True)
+    opdef.compare(case, tokens, [_host(t) for t in actual], [_host(t) for t in expected])
 
 
 def pytest_generate_tests(metafunc):  # noqa: D103 - pytest hook
@@ -223,18 +244,17 @@ def test_bytewise_equal_to_reference(case) -> None:
 def test_gpu_oracle_matches_cpu() -> None:
     """The reference on the GPU writes the bytes the reference on the CPU writes (finite
     inputs), so using it as the oracle for the large sizes is sound."""
-    from tileplug.core import config, ops
+    from tileplug.core import config, opdefs
     from tileplug.core.registry import use_backend
-    from tileplug.reference.conformance import _arguments, _outputs, cast_cases
-    from tileplug.reference.testing import assert_bytes_equal
+    from tileplug.core.testing import assert_bytes_equal
 
-    sample = list(cast_cases(257, 576))[::7]
+    sample = [case for opdef in opdefs.all_ops() for case in opdef.cases() if case.hidden == 576][::7]
     for case in sample:
-        args, kwargs = _arguments(case, torch.device("cuda"))
-        op = getattr(ops, case.op)
+        args, kwargs = _arguments(case, 257, torch.device("cuda"))
+        op = opdefs.get(case.op).function
         with use_backend("reference"):
             on_gpu = _outputs(op(*args, **kwargs))
-        cpu_args = tuple(a.cpu() for a in args)
+        cpu_args = tuple(tuple(t.cpu() for t in a) if isinstance(a, tuple) else a.cpu() for a in args)
         cpu_kwargs = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
         with use_backend("reference"), config.host_layout("cuda"):
             on_cpu = _outputs(op(*cpu_args, **cpu_kwargs))
@@ -253,7 +273,7 @@ def test_any_row_stride(pad: int, dtype: torch.dtype) -> None:
     the 128-bit one; both equal the reference."""
     from tileplug.core import config, ops
     from tileplug.core.registry import use_backend
-    from tileplug.reference.testing import activation, assert_bytes_equal, assert_sf_equal
+    from tileplug.core.testing import activation, assert_bytes_equal, assert_sf_equal
 
     for tokens, hidden in ((1, 576), (3, 2048), (4001, 576)):
         base = activation(tokens, hidden + pad, dtype, device="cuda", seed=pad)
@@ -278,7 +298,7 @@ def test_misaligned_data_pointer_and_out() -> None:
     from tileplug.core import config, ops
     from tileplug.core.errors import ContractError
     from tileplug.core.registry import use_backend
-    from tileplug.reference.testing import activation, assert_bytes_equal
+    from tileplug.core.testing import activation, assert_bytes_equal
 
     base = activation(17, 2048 + 1, device="cuda").reshape(-1)
     x = base[1 : 1 + 17 * 2048].view(17, 2048)  # data pointer 2 bytes off: scalar loads
@@ -300,7 +320,7 @@ def test_given_sf_in_any_layout() -> None:
     """Precomputed sf read by strides: fp32 / e4m3 / packed, row- and column-major."""
     from tileplug.core import config, ops
     from tileplug.core.registry import use_backend
-    from tileplug.reference.testing import activation, assert_bytes_equal
+    from tileplug.core.testing import activation, assert_bytes_equal
 
     x = activation(301, 2048, device="cuda")
     for kwargs in ({}, {"use_e4m3_sf": True}, {"round_sf": True, "use_packed_ue8m0": True}):
@@ -317,7 +337,7 @@ def test_given_sf_in_any_layout() -> None:
 def test_requantization_of_every_input_layout() -> None:
     from tileplug.core import config, ops
     from tileplug.core.registry import use_backend
-    from tileplug.reference.testing import activation, assert_bytes_equal, assert_sf_equal
+    from tileplug.core.testing import activation, assert_bytes_equal, assert_sf_equal
 
     tokens, hidden = 1001, 2048
     x = activation(tokens, hidden, device="cuda")
@@ -352,7 +372,7 @@ def test_requantization_of_every_input_layout() -> None:
 
 
 def _nonfinite_input(tokens: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
-    from tileplug.reference.testing import activation
+    from tileplug.core.testing import activation
 
     x = activation(tokens, hidden, dtype, device="cuda", seed=5).clone()
     x[0, 3] = float("inf")
@@ -399,7 +419,7 @@ NONFINITE_KWARGS = [
 def test_nonfinite_inputs(op_name: str, kwargs: dict, dtype: torch.dtype) -> None:
     from tileplug.core import config, ops
     from tileplug.core.registry import use_backend
-    from tileplug.reference.testing import assert_bytes_equal, assert_sf_equal
+    from tileplug.core.testing import assert_bytes_equal, assert_sf_equal
 
     op = getattr(ops, op_name)
     tokens, hidden = 259, 576
@@ -453,7 +473,7 @@ def test_e2m1_encoding_of_every_rounding_boundary() -> None:
 def test_nonfinite_cast_back() -> None:
     from tileplug.core import ops
     from tileplug.core.registry import use_backend
-    from tileplug.reference.testing import assert_bytes_equal
+    from tileplug.core.testing import assert_bytes_equal
 
     x = _nonfinite_input(259, 576, torch.bfloat16)
     for kwargs, block in (({"round_sf": True, "use_packed_ue8m0": True}, (1, 128)), ({"use_e4m3_sf": True}, (1, 128)),
@@ -475,7 +495,7 @@ def test_nonfinite_cast_back() -> None:
 def test_past_two_to_the_31_elements() -> None:
     from tileplug.core import config, ops
     from tileplug.core.registry import use_backend
-    from tileplug.reference.testing import assert_bytes_equal, assert_sf_equal
+    from tileplug.core.testing import assert_bytes_equal, assert_sf_equal
 
     hidden = 7168
     tokens = (2**31) // hidden + 130  # the last rows start past element 2^31
@@ -504,7 +524,7 @@ def test_concurrent_first_calls_compile_once() -> None:
     from tileplug.backend_cuda.quant import jit
     from tileplug.core import config, ops
     from tileplug.core.registry import use_backend
-    from tileplug.reference.testing import activation, assert_bytes_equal, assert_sf_equal
+    from tileplug.core.testing import activation, assert_bytes_equal, assert_sf_equal
 
     # A clamp override nobody else uses makes a specialisation no other test compiled.
     clamps = {("e4m3", False): 3.0e-4}

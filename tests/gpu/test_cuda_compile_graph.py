@@ -1,0 +1,98 @@
+"""CUDA backend under torch.compile and CUDA graphs (GPU host, ``-m gpu``).
+
+- ``torch.compile(fullgraph=True)`` over a function calling every op of the op table on
+  CUDA tensors: no graph break, the eager bytes.
+- CUDA-graph capture of every op, replayed over distinct inputs copied into the captured
+  input buffers: the bytes of eager calls on the same inputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+TOKENS = 257
+
+
+def _outputs(result) -> list[torch.Tensor]:
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+def _moved(value):
+    if isinstance(value, tuple):
+        return tuple(_moved(v) for v in value)
+    return value.cuda() if isinstance(value, torch.Tensor) else value
+
+
+def _calls(seed: int = 0):
+    """Each op with the arguments of a few of its cases, made by the reference on the CPU."""
+    from tileplug.core import config, opdefs
+    from tileplug.core.registry import use_backend
+
+    calls = []
+    for opdef in opdefs.all_ops():
+        cases = opdef.cases()
+        for case in dict.fromkeys((cases[0], cases[len(cases) // 2], cases[-1])):
+            with use_backend("reference"), config.host_layout("cuda"):
+                args, kwargs = case.arguments(TOKENS, "cpu", seed=seed + case.hidden)
+            calls.append((opdef, _moved(args), {k: _moved(v) for k, v in kwargs.items()}))
+    return calls
+
+
+def _run_all(calls):
+    results = []
+    for opdef, args, kwargs in calls:
+        results.extend(_outputs(opdef.function(*args, **kwargs)))
+    return results
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    host = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
+    return host.copy_(tensor)
+
+
+def test_fullgraph_compile_on_cuda_gives_the_eager_bytes() -> None:
+    from tileplug.core.testing import assert_bytes_equal
+
+    calls = _calls()
+    eager = _run_all(calls)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(lambda: _run_all(calls))()
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(lambda: _run_all(calls), fullgraph=True)()
+    torch.cuda.synchronize()
+    for index, (have, want) in enumerate(zip(compiled, eager)):
+        assert_bytes_equal(_host(have), _host(want), what=f"output {index}", strides=True, nan_equal=True)
+
+
+def test_cuda_graph_capture_replays_every_op_over_distinct_inputs() -> None:
+    from tileplug.core.testing import assert_bytes_equal
+
+    captured_calls = _calls(seed=1)
+    _run_all(captured_calls)  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_outputs = _run_all(captured_calls)
+    for seed in (2, 3):
+        fresh = _calls(seed=seed)
+        for (_, args, kwargs), (_, new_args, new_kwargs) in zip(captured_calls, fresh):
+            for old, new in zip(_flat(args, kwargs), _flat(new_args, new_kwargs)):
+                old.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = _run_all(fresh)
+        for index, (have, want) in enumerate(zip(graph_outputs, expected)):
+            assert_bytes_equal(_host(have), _host(want), what=f"seed {seed} output {index}", strides=True,
+                               nan_equal=True)
+
+
+def _flat(args, kwargs) -> list[torch.Tensor]:
+    found = []
+    for value in list(args) + list(kwargs.values()):
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+    return found
