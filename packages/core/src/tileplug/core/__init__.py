@@ -7,7 +7,7 @@
 from tileplug.core import config, ops
 from tileplug.core.backend import ANY_DEVICE, QUANT_OPS, Backend, Kernel
 from tileplug.core.contracts.quant import Ledger, QuantCall, QuantInputs, QuantOutputs
-from tileplug.core.errors import ContractError, NoBackendError, TileplugError
+from tileplug.core.errors import BackendError, ContractError, NoBackendError, TileplugError
 from tileplug.core.lowering import LoweringError, describe_call, lower
 from tileplug.core.plugins import hookimpl
 from tileplug.core.quant.configs import CastConfig
@@ -20,6 +20,7 @@ __all__ = [
     "ANY_DEVICE",
     "ASCEND_LAYOUT",
     "Backend",
+    "BackendError",
     "CUDA_LAYOUT",
     "CastConfig",
     "ContractError",
