@@ -133,8 +133,15 @@ def _distribution_of(entry_point: importlib.metadata.EntryPoint) -> tuple[str, s
     return dist.name or "?", dist.version or "?"
 
 
+class _HookResultError(TypeError):
+    """What a plugin's hook returned is not an iterable of backends (raised by discovery
+    itself, so its message carries no source location)."""
+
+
 def _describe_failure(error: BaseException) -> str:
     """``Type: message (at file:line)`` of an exception, the line being where it was raised."""
+    if isinstance(error, _HookResultError):
+        return f"TypeError: {error}"
     last = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
     where = f" (at {last[0].filename}:{last[0].lineno})" if last else ""
     return f"{type(error).__name__}: {error}{where}"
@@ -152,30 +159,22 @@ def _call_hook(entry_point: importlib.metadata.EntryPoint) -> list[object]:
         if not (impl.hookwrapper or getattr(impl, "wrapper", False))
     ]
     if not implementations:
-        raise TypeError(f"{entry_point.value} implements no tileplug_backends() hook")
+        raise _HookResultError(f"{entry_point.value} implements no tileplug_backends() hook")
     results = manager.hook.tileplug_backends()
     if len(results) < len(implementations):  # pluggy drops None results
-        raise TypeError(
+        raise _HookResultError(
             f"{entry_point.value}: tileplug_backends() returned None "
             "(it must return an iterable of tileplug.core.Backend)"
         )
     provided: list[object] = []
     for returned in results:
         if isinstance(returned, (Backend, str, bytes, Mapping)) or not isinstance(returned, Iterable):
-            raise TypeError(
+            raise _HookResultError(
                 f"{entry_point.value}: tileplug_backends() must return an iterable of "
                 f"tileplug.core.Backend, not {type(returned).__name__}"
             )
         provided.extend(returned)
     return provided
-
-
-def _backend_label(backend: object, position: int) -> str:
-    """How a refusal names the backend: its name when it has a printable one."""
-    name = getattr(backend, "name", None) if isinstance(backend, Backend) else None
-    if isinstance(name, str) and name:
-        return f"backend {name!r}"
-    return f"backend #{position + 1} ({type(backend).__name__})"
 
 
 def _parse_names(text: str | None) -> tuple[str, ...] | None:
@@ -239,11 +238,10 @@ class Registry:
         except BaseException as error:  # noqa: BLE001 - a plugin must never break discovery
             record.load_error = _describe_failure(error)
             return record
-        for position, backend in enumerate(provided):
+        for backend in provided:
             why = self._refusal(backend, distribution)
             if why is not None:
-                label = _backend_label(backend, position)
-                record.refused.append(f"{label} refused: {why}")
+                record.refused.append(f"refused: {why}")
                 continue
             backend.distribution = distribution
             backend.version = version
@@ -262,13 +260,17 @@ class Registry:
         except KeyboardInterrupt:
             raise
         except BaseException as error:  # noqa: BLE001 - e.g. a Mapping whose iteration raises
-            return f"checking it raised {_describe_failure(error)}"
-        owner = reserved_name_owner(backend.name, distribution)
+            return f"backend {backend.name!r}: checking it raised {_describe_failure(error)}"
+        return self._name_conflict(backend.name, distribution)
+
+    def _name_conflict(self, name: str, distribution: str) -> str | None:
+        """Why a backend called ``name`` from ``distribution`` may not take that name (None: it may)."""
+        owner = reserved_name_owner(name, distribution)
         if owner is not None:
-            return f"name '{backend.name}' is reserved for {owner}"
-        taken = self._backends.get(backend.name)
+            return f"backend '{name}': name '{name}' is reserved for {owner}"
+        taken = self._backends.get(name)
         if taken is not None:
-            return f"name '{backend.name}' is already taken by {taken.distribution or 'another plugin'}"
+            return f"backend '{name}': name '{name}' is already taken by {taken.distribution or 'another plugin'}"
         return None
 
     def register(self, backend: Backend) -> None:
@@ -281,11 +283,9 @@ class Registry:
         validate_backend(backend)
         with self._lock:
             distribution = backend.distribution or "(registered in-process)"
-            owner = reserved_name_owner(backend.name, distribution)
-            if owner is not None:
-                raise ValueError(f"backend name '{backend.name}' is reserved for {owner}")
-            if backend.name in self._backends:
-                raise ValueError(f"backend name '{backend.name}' is already registered")
+            conflict = self._name_conflict(backend.name, distribution)
+            if conflict is not None:
+                raise ValueError(conflict)
             backend.distribution = distribution
             self._backends[backend.name] = backend
             self._cache = {}
