@@ -308,12 +308,15 @@ BAD_FIELDS = [
 @pytest.mark.parametrize(("fields", "error", "message"), BAD_FIELDS, ids=[str(f) for f, _, _ in BAD_FIELDS])
 def test_register_refuses_a_malformed_backend_naming_the_field(fields, error, message):
     backend = make_backend(**fields)
-    with pytest.raises(error) as caught:
-        core.registry.register(backend)
-    assert message in str(caught.value)
-    with pytest.raises(error):
-        validate_backend(backend)
-    assert core.registry.get("fixture-inprocess") is None
+    try:
+        with pytest.raises(error) as caught:
+            core.registry.register(backend)
+        assert message in str(caught.value)
+        with pytest.raises(error):
+            validate_backend(backend)
+        assert core.registry.get("fixture-inprocess") is None
+    finally:
+        core.registry.unregister("fixture-inprocess")  # a wrongly accepted backend must not leak
 
 
 def test_register_refuses_reserved_and_taken_names():
