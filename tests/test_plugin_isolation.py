@@ -398,3 +398,15 @@ class Named:
 def test_backend_error_prefers_the_call_name():
     error = core.BackendError("ascend", Named("rms_norm", "norm"), ValueError("bad"))
     assert error.op == "rms_norm" and "failed running rms_norm: ValueError: bad (call: Named(" in str(error)
+
+
+class ExplodingKernels(dict):
+    """A kernels Mapping whose iteration exits the interpreter."""
+
+    def items(self):
+        sys.exit("kernels exploded")
+
+
+def test_a_backend_whose_checking_raises_is_refused_not_fatal():
+    refusal = core.registry._refusal(make_backend(kernels=ExplodingKernels()), "some-distribution")
+    assert refusal.startswith("backend 'fixture-inprocess': checking it raised SystemExit: kernels exploded (at ")

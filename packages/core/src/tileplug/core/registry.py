@@ -140,11 +140,15 @@ class _HookResultError(TypeError):
 
 def _describe_failure(error: BaseException) -> str:
     """``Type: message (at file:line)`` of an exception, the line being where it was raised."""
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - a plugin's exception with a broken __str__
+        text = "<its message could not be printed>"
     if isinstance(error, _HookResultError):
-        return f"TypeError: {error}"
+        return f"TypeError: {text}"
     last = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
     where = f" (at {last[0].filename}:{last[0].lineno})" if last else ""
-    return f"{type(error).__name__}: {error}{where}"
+    return f"{type(error).__name__}: {text}{where}"
 
 
 def _call_hook(entry_point: importlib.metadata.EntryPoint) -> list[object]:
@@ -260,7 +264,9 @@ class Registry:
         except KeyboardInterrupt:
             raise
         except BaseException as error:  # noqa: BLE001 - e.g. a Mapping whose iteration raises
-            return f"backend {backend.name!r}: checking it raised {_describe_failure(error)}"
+            name = backend.__dict__.get("name")
+            label = f"backend '{name}'" if isinstance(name, str) and type(name) is str else "a backend"
+            return f"{label}: checking it raised {_describe_failure(error)}"
         return self._name_conflict(backend.name, distribution)
 
     def _name_conflict(self, name: str, distribution: str) -> str | None:
