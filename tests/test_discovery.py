@@ -118,12 +118,18 @@ def test_broken_plugins_are_recorded_and_harm_no_other(installed, cpu_call):
     assert broken.distribution == "tileplug-test-broken-backend" and broken.version == "0.0.1"
     assert broken.backends == []
     assert broken.error.startswith("RuntimeError: broken on purpose")
+    assert broken.load_error == broken.error and broken.refused == []
     assert "broken.py" in broken.error  # where it failed
     wrong_type = record("not_a_backend")
-    assert wrong_type.backends == []
-    assert "returned LooksLikeABackend, not a tileplug.core.Backend" in wrong_type.error
+    assert wrong_type.backends == [] and wrong_type.load_error is None
+    assert wrong_type.refused == [
+        "refused: tileplug_backends() returned LooksLikeABackend, not a tileplug.core.Backend"]
+    assert wrong_type.error == wrong_type.refused[0]
     bare = record("bare_backend")  # returned one Backend instead of an iterable of them
-    assert bare.backends == [] and "TypeError" in bare.error
+    assert bare.backends == [] and bare.refused == []
+    assert bare.load_error == (
+        "TypeError: tileplug_test_broken_backend.bare_backend: tileplug_backends() must return an iterable of "
+        "tileplug.core.Backend, not Backend")
     names = {b.name for b in core.registry.backends}
     assert {"template", "reference"} <= names
     assert not names & {"not-a-backend", "bare"}

@@ -8,6 +8,9 @@ of its device family, and a table op name → :class:`Kernel`.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -37,18 +40,11 @@ class Kernel(Protocol):
     def __call__(self, call: Any, inputs: Any, outputs: Any) -> None: ...
 
 
-class PreparedKernel(Kernel, Protocol):
-    """A kernel that can bind itself to a call signature once: ``prepare(call)`` returns
-    ``launch(inputs, outputs)``, which the dispatcher caches per signature and calls instead
-    of ``kernel(call, inputs, outputs)`` (compile, argument order and lookups done once)."""
-
-    def prepare(self, call: Any) -> Callable[[Any, Any], None]: ...
-
-
 @dataclass
 class Backend:
     """A backend: ``name`` (unique), ``device_types`` it serves (``"*"`` for all),
-    ``priority`` (higher wins), ``probe()`` → None when usable here else the reason,
+    ``priority`` (higher wins), ``probe()`` → None when usable here else the reason (no
+    probe: always usable),
     ``traits`` of its device family's sf layout, and ``kernels`` op name → Kernel.
 
     ``lower(call)`` returns the generated device source of the kernel for ``call``
@@ -63,7 +59,7 @@ class Backend:
     priority: int
     traits: LayoutTraits
     kernels: Mapping[str, Kernel]
-    probe: Callable[[], str | None] = lambda: None
+    probe: Callable[[], str | None] | None = lambda: None
     lower: Callable[[Any], str] | None = None
     layout_for: Callable[[str], LayoutTraits] | None = None
     capabilities: Callable[[], str] | None = None
@@ -80,10 +76,17 @@ class Backend:
     def unavailable_reason(self) -> str | None:
         """None if usable on this machine, else why not (probed once, then cached)."""
         if self._availability is None:
-            try:
-                reason = self.probe()
-            except Exception as error:  # a probe must never take tileplug down
-                reason = f"availability probe raised {type(error).__name__}: {error}"
+            if self.probe is None:
+                reason = None
+            else:
+                try:
+                    reason = self.probe()
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as error:  # noqa: BLE001 - a probe (even sys.exit) never takes tileplug down
+                    reason = f"availability probe raised {type(error).__name__}: {error}"
+                if reason is not None and not isinstance(reason, str):
+                    reason = f"availability probe returned {type(reason).__name__}, not None or a str: {reason!r}"
             self._availability = (reason,)
         return self._availability[0]
 
@@ -92,3 +95,126 @@ class Backend:
         if self.layout_for is None:
             return self.traits
         return self.layout_for(device_type)
+
+
+# ---------------------------------------------------------------------- validation
+
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+"""What a backend name looks like: it is typed in ``TILEPLUG_BACKEND`` (comma-separated)
+and ``core.use_backend``, so no spaces, commas or other punctuation."""
+
+RESERVED_NAMES: dict[str, str] = {
+    "reference": "tileplug-reference",
+    "cuda": "tileplug-backend-cuda",
+    "ascend": "tileplug-backend-ascend",
+}
+"""Backend name → the only distribution allowed to provide a backend of that name."""
+
+_OPTIONAL_CALLABLES = ("probe", "lower", "layout_for", "capabilities")
+
+
+def known_kernel_names() -> frozenset[str]:
+    """The op names a backend's kernel table may hold.
+
+    ``tileplug.core.opdefs.kernel_names()`` where that module exists (the op table), else
+    :data:`QUANT_OPS`.
+    """
+    if importlib.util.find_spec("tileplug.core.opdefs") is not None:
+        opdefs = importlib.import_module("tileplug.core.opdefs")
+        return frozenset(opdefs.kernel_names())
+    return frozenset(QUANT_OPS)
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """``type (repr)`` of a wrong value, the repr trimmed to ``limit`` characters."""
+    try:
+        text = repr(value)
+    except Exception as error:  # noqa: BLE001 - a broken __repr__ must not hide the real fault
+        text = f"<repr raised {type(error).__name__}>"
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(value).__name__} ({text})"
+
+
+def canonical_distribution_name(name: str) -> str:
+    """A distribution name normalised as PEP 503 does (``Tileplug_Reference`` → ``tileplug-reference``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def reserved_name_owner(name: str, distribution: str) -> str | None:
+    """The distribution that owns ``name`` when ``distribution`` may not use it, else None."""
+    owner = RESERVED_NAMES.get(name)
+    if owner is None or canonical_distribution_name(distribution) == owner:
+        return None
+    return owner
+
+
+def validate_backend(backend: object) -> None:
+    """Check that ``backend`` is a well-formed :class:`Backend`; raise if it is not.
+
+    Raises ``TypeError`` (a field of the wrong type, or not a Backend at all) or
+    ``ValueError`` (a field of the right type with a wrong value); the message names the
+    backend, the field, what was expected and what was found. Reserved names are not
+    checked here (that depends on the distribution: see :func:`reserved_name_owner`).
+    """
+    if not isinstance(backend, Backend):
+        raise TypeError(f"expected a tileplug.core.Backend, got {_shown(backend)}")
+    name = backend.name
+    if not isinstance(name, str):
+        raise TypeError(f"backend name must be a str, got {_shown(name)}")
+    if not NAME_PATTERN.fullmatch(name):
+        raise ValueError(
+            f"backend name must be non-empty, letters, digits, '_' or '-', starting with a letter "
+            f"or '_', got {name!r}"
+        )
+    where = f"backend '{name}'"
+
+    device_types = backend.device_types
+    if isinstance(device_types, str):
+        raise TypeError(
+            f"{where}: device_types must be a tuple of device type names such as ('cpu',), got the "
+            f"bare str {device_types!r} (write ({device_types!r},))"
+        )
+    if not isinstance(device_types, tuple):
+        raise TypeError(f"{where}: device_types must be a tuple of non-empty str, got {_shown(device_types)}")
+    if not device_types:
+        raise ValueError(f"{where}: device_types must name at least one device type, got ()")
+    for device_type in device_types:
+        if not isinstance(device_type, str):
+            raise TypeError(f"{where}: device_types must hold only str, got {_shown(device_type)} in {device_types!r}")
+        if not device_type:
+            raise ValueError(f"{where}: device_types must hold non-empty str, got '' in {device_types!r}")
+
+    priority = backend.priority
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"{where}: priority must be an int, got {_shown(priority)}")
+
+    if not isinstance(backend.traits, LayoutTraits):
+        raise TypeError(f"{where}: traits must be a tileplug.core.LayoutTraits, got {_shown(backend.traits)}")
+
+    kernels = backend.kernels
+    if not isinstance(kernels, Mapping):
+        raise TypeError(f"{where}: kernels must be a Mapping of op name to kernel, got {_shown(kernels)}")
+    known = known_kernel_names()
+    for op, kernel in kernels.items():
+        if not isinstance(op, str) or op not in known:
+            raise ValueError(
+                f"{where}: kernels has an unknown op name {op!r} (known: {', '.join(sorted(known))})"
+            )
+        if not callable(getattr(kernel, "supports", None)):
+            raise TypeError(f"{where}: kernels[{op!r}] has no callable supports(call), got {_shown(kernel)}")
+        if not callable(kernel):
+            raise TypeError(
+                f"{where}: kernels[{op!r}] is not callable (needs __call__(call, inputs, outputs)), "
+                f"got {_shown(kernel)}"
+            )
+        prepare = getattr(kernel, "prepare", None)
+        if prepare is not None and not callable(prepare):
+            raise TypeError(f"{where}: kernels[{op!r}].prepare must be callable or absent, got {_shown(prepare)}")
+
+    for attribute in _OPTIONAL_CALLABLES:
+        value = getattr(backend, attribute)
+        if value is not None and not callable(value):
+            raise TypeError(f"{where}: {attribute} must be callable or None, got {_shown(value)}")
+    if not isinstance(backend.description, str):
+        raise TypeError(f"{where}: description must be a str, got {_shown(backend.description)}")

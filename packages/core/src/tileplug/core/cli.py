@@ -70,11 +70,12 @@ def command_info(args: argparse.Namespace) -> int:
             )
         )
     print(_table(("backend", "distribution", "version", "devices", "priority", "status"), rows))
-    failed = [record for record in registry.records if record.error is not None]
+    # One row per fault: a plugin that failed as a whole, or each backend it handed back
+    # that was refused (malformed, reserved or taken name).
+    failed = [(r.name, r.distribution, r.version, fault) for r in registry.records for fault in r.faults]
     if failed:
-        print("\nplugins that failed to load")
-        print(_table(("entry point", "distribution", "version", "error"),
-                     [(r.name, r.distribution, r.version, r.error) for r in failed]))
+        print("\nplugins that failed to load (or backends they provided that were refused)")
+        print(_table(("entry point", "distribution", "version", "error"), failed))
     forced = registry.forced()
     if forced:
         print(f"\nforced backend(s): {', '.join(forced)} ({BACKEND_ENV_VARIABLE} or use_backend)")

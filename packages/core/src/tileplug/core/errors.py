@@ -36,23 +36,32 @@ class NoBackendError(TileplugError, RuntimeError):
         super().__init__(f"no backend can run {op} on device '{device_type}': {listing}")
 
 
-class BackendLoadError(TileplugError):
-    """A plugin's entry point could not be loaded (recorded, never raised at dispatch)."""
+CALL_DESCRIPTION_LIMIT = 200
+"""How many characters of ``repr(call)`` a :class:`BackendError` message quotes."""
 
 
 class BackendError(TileplugError, RuntimeError):
     """A backend's kernel raised while running a call that its ``supports()`` accepted.
 
-    The message names the backend, the op and the call; the original exception is the
-    ``__cause__``. tileplug never falls back to another backend here: the kernel may have
-    written part of the outputs, and a silent retry would hide a backend bug.
+    tileplug never falls back to another backend here: the kernel may have written part of
+    the outputs, and a silent retry would hide a backend bug and make results depend on
+    which backend happened to work. The dispatcher raises it ``from`` the kernel's own exception, so the traceback keeps
+    both. The message names the backend, the op and the call (its repr, trimmed);
+    ``backend`` (name), ``op`` and ``call`` are kept for programmatic use, ``error`` is the
+    original exception.
     """
 
     def __init__(self, backend: str, call: object, error: BaseException) -> None:
         self.backend = backend
-        self.op = getattr(call, "name", None) or getattr(call, "op", "?")
         self.call = call
-        text = repr(call)
-        if len(text) > 240:
-            text = text[:237] + "..."
-        super().__init__(f"backend '{backend}' failed running {self.op}: {type(error).__name__}: {error} (call: {text})")
+        self.error = error
+        self.op = getattr(call, "name", None) or getattr(call, "op", None) or type(call).__name__
+        try:
+            described = repr(call)
+        except Exception as repr_error:  # noqa: BLE001 - a broken repr must not mask the kernel's error
+            described = f"<{type(call).__name__}: repr raised {type(repr_error).__name__}>"
+        if len(described) > CALL_DESCRIPTION_LIMIT:
+            described = described[: CALL_DESCRIPTION_LIMIT - 3] + "..."
+        super().__init__(
+            f"backend '{backend}' failed running {self.op}: {type(error).__name__}: {error} (call: {described})"
+        )

@@ -1,7 +1,12 @@
 """Backend discovery through entry points, and backend selection per call.
 
-Discovery loads each entry point of the group ``tileplug.backends`` on its own: a plugin
-that fails to import or whose hook raises is recorded with its error and harms no other.
+Discovery loads each entry point of the group ``tileplug.backends`` on its own, in the
+order (distribution, entry-point name): a plugin that fails to import, whose hook raises
+(``SystemExit`` included) or returns something else than Backends, is recorded with its
+error and harms no other. Each backend handed back is checked (see
+:func:`tileplug.core.backend.validate_backend`); a malformed one, one claiming a name
+reserved for another distribution, or one whose name is already taken is refused and
+recorded, and the plugin's other backends still load.
 Selection walks the backends serving the call's device type in priority order (or the
 ones forced with ``TILEPLUG_BACKEND`` / :func:`use_backend`, in the order given) and
 takes the first that is available here and whose kernel accepts the call. The answer is
@@ -16,13 +21,19 @@ import importlib.metadata
 import os
 import threading
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from tileplug.core.backend import Backend, Kernel
+from tileplug.core.backend import (
+    Backend,
+    Kernel,
+    canonical_distribution_name,
+    reserved_name_owner,
+    validate_backend,
+)
 from tileplug.core.errors import NoBackendError
 from tileplug.core.plugins import ENTRY_POINT_GROUP, new_plugin_manager
 
@@ -33,14 +44,32 @@ _forced: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar
 
 @dataclass
 class PluginRecord:
-    """One entry point of the group and what came of loading it."""
+    """One entry point of the group and what came of loading it.
+
+    ``load_error`` says why the plugin as a whole gave nothing (its import, its hook, or
+    what the hook returned failed); ``refused`` holds one reason per backend it handed back
+    that was not registered (malformed, a reserved or already-taken name). ``backends`` are
+    the ones that were registered.
+    """
 
     name: str
     value: str
     distribution: str
     version: str
     backends: list[Backend] = field(default_factory=list)
-    error: str | None = None
+    load_error: str | None = None
+    refused: list[str] = field(default_factory=list)
+
+    @property
+    def faults(self) -> list[str]:
+        """Everything that went wrong with this entry point, one line each (empty: nothing)."""
+        return ([self.load_error] if self.load_error is not None else []) + list(self.refused)
+
+    @property
+    def error(self) -> str | None:
+        """:attr:`faults` joined into one line, or None when the plugin loaded cleanly."""
+        faults = self.faults
+        return "; ".join(faults) if faults else None
 
 
 class Route:
@@ -95,6 +124,68 @@ class Route:
             return self._launcher
 
 
+def _entry_point_order(entry_point: importlib.metadata.EntryPoint) -> tuple[str, str]:
+    """Sort key of entry points: (canonical distribution name, entry-point name)."""
+    distribution, _ = _distribution_of(entry_point)
+    return canonical_distribution_name(distribution), entry_point.name
+
+
+def _distribution_of(entry_point: importlib.metadata.EntryPoint) -> tuple[str, str]:
+    """(name, version) of the distribution declaring ``entry_point`` ("?" where unknown)."""
+    dist = getattr(entry_point, "dist", None)
+    if dist is None:
+        return "?", "?"
+    return dist.name or "?", dist.version or "?"
+
+
+class _HookResultError(TypeError):
+    """What a plugin's hook returned is not an iterable of backends (raised by discovery
+    itself, so its message carries no source location)."""
+
+
+def _describe_failure(error: BaseException) -> str:
+    """``Type: message (at file:line)`` of an exception, the line being where it was raised."""
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - a plugin's exception with a broken __str__
+        text = "<its message could not be printed>"
+    if isinstance(error, _HookResultError):
+        return f"TypeError: {text}"
+    last = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
+    where = f" (at {last[0].filename}:{last[0].lineno})" if last else ""
+    return f"{type(error).__name__}: {text}{where}"
+
+
+def _call_hook(entry_point: importlib.metadata.EntryPoint) -> list[object]:
+    """Import the plugin of ``entry_point`` and return what its ``tileplug_backends()`` hook
+    handed back, as a list (not yet checked); raises on any failure, with the cause."""
+    plugin = entry_point.load()
+    manager = new_plugin_manager()
+    manager.register(plugin, name=entry_point.name)
+    implementations = [
+        impl
+        for impl in manager.hook.tileplug_backends.get_hookimpls()
+        if not (impl.hookwrapper or getattr(impl, "wrapper", False))
+    ]
+    if not implementations:
+        raise _HookResultError(f"{entry_point.value} implements no tileplug_backends() hook")
+    results = manager.hook.tileplug_backends()
+    if len(results) < len(implementations):  # pluggy drops None results
+        raise _HookResultError(
+            f"{entry_point.value}: tileplug_backends() returned None "
+            "(it must return an iterable of tileplug.core.Backend)"
+        )
+    provided: list[object] = []
+    for returned in results:
+        if isinstance(returned, (Backend, str, bytes, Mapping)) or not isinstance(returned, Iterable):
+            raise _HookResultError(
+                f"{entry_point.value}: tileplug_backends() must return an iterable of "
+                f"tileplug.core.Backend, not {type(returned).__name__}"
+            )
+        provided.extend(returned)
+    return provided
+
+
 def _parse_names(text: str | None) -> tuple[str, ...] | None:
     if not text:
         return None
@@ -115,14 +206,19 @@ class Registry:
 
     # ------------------------------------------------------------------ discovery
     def load(self) -> None:
-        """Discover plugins once (thread-safe); later calls do nothing."""
+        """Discover plugins once (thread-safe); later calls do nothing.
+
+        Entry points are loaded in the order (distribution name, entry-point name), so which
+        of two plugins claiming one backend name wins does not depend on ``sys.path``.
+        """
         if self._loaded:
             return
         with self._lock:
             if self._loaded:
                 return
             self._env_forced = _parse_names(os.environ.get(BACKEND_ENV_VARIABLE))
-            for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+            for entry_point in sorted(found, key=_entry_point_order):
                 self._records.append(self._load_entry_point(entry_point))
             self._loaded = True
 
@@ -137,54 +233,71 @@ class Registry:
             self.load()
 
     def _load_entry_point(self, entry_point: importlib.metadata.EntryPoint) -> PluginRecord:
-        dist = getattr(entry_point, "dist", None)
-        record = PluginRecord(
-            entry_point.name,
-            entry_point.value,
-            dist.name if dist is not None else "?",
-            dist.version if dist is not None else "?",
-        )
+        """Import one plugin, call its hook, and register each valid backend it hands back.
+
+        Nothing a plugin does escapes (``SystemExit`` included) but ``KeyboardInterrupt``:
+        every failure ends up in the returned record.
+        """
+        distribution, version = _distribution_of(entry_point)
+        record = PluginRecord(entry_point.name, entry_point.value, distribution, version)
         try:
-            plugin = entry_point.load()
-            manager = new_plugin_manager()
-            manager.register(plugin, name=entry_point.name)
-            if not manager.hook.tileplug_backends.get_hookimpls():
-                raise TypeError(f"{entry_point.value} implements no tileplug_backends() hook")
-            provided = []
-            for returned in manager.hook.tileplug_backends():
-                if isinstance(returned, Backend) or not isinstance(returned, Iterable):
-                    raise TypeError(
-                        f"{entry_point.value}.tileplug_backends() must return an iterable of "
-                        f"tileplug.core.Backend, not {type(returned).__name__}"
-                    )
-                provided.extend(returned)
+            provided = _call_hook(entry_point)
+        except KeyboardInterrupt:
+            raise
         except BaseException as error:  # noqa: BLE001 - a plugin must never break discovery
-            if isinstance(error, (KeyboardInterrupt, SystemExit)):
-                raise
-            last = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
-            where = f" (at {last[0].filename}:{last[0].lineno})" if last else ""
-            record.error = f"{type(error).__name__}: {error}{where}"
+            record.load_error = _describe_failure(error)
             return record
         for backend in provided:
-            if not isinstance(backend, Backend):
-                record.error = f"tileplug_backends() returned {type(backend).__name__}, not a tileplug.core.Backend"
+            why = self._refusal(backend, distribution)
+            if why is not None:
+                record.refused.append(f"refused: {why}")
                 continue
-            if backend.name in self._backends:
-                record.error = f"backend name '{backend.name}' is already taken by another plugin"
-                continue
-            backend.distribution = record.distribution
-            backend.version = record.version
+            backend.distribution = distribution
+            backend.version = version
             self._backends[backend.name] = backend
             record.backends.append(backend)
         return record
 
+    def _refusal(self, backend: object, distribution: str) -> str | None:
+        """Why ``backend`` from ``distribution`` may not be registered (None: it may)."""
+        if not isinstance(backend, Backend):
+            return f"tileplug_backends() returned {type(backend).__name__}, not a tileplug.core.Backend"
+        try:
+            validate_backend(backend)
+        except (TypeError, ValueError) as error:
+            return str(error)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # noqa: BLE001 - e.g. a Mapping whose iteration raises
+            name = backend.__dict__.get("name")
+            label = f"backend '{name}'" if isinstance(name, str) and type(name) is str else "a backend"
+            return f"{label}: checking it raised {_describe_failure(error)}"
+        return self._name_conflict(backend.name, distribution)
+
+    def _name_conflict(self, name: str, distribution: str) -> str | None:
+        """Why a backend called ``name`` from ``distribution`` may not take that name (None: it may)."""
+        owner = reserved_name_owner(name, distribution)
+        if owner is not None:
+            return f"backend '{name}': name '{name}' is reserved for {owner}"
+        taken = self._backends.get(name)
+        if taken is not None:
+            return f"backend '{name}': name '{name}' is already taken by {taken.distribution or 'another plugin'}"
+        return None
+
     def register(self, backend: Backend) -> None:
-        """Add a backend from code (no entry point): for embedding and experiments."""
+        """Add a backend from code (no entry point): for embedding and experiments.
+
+        The backend is checked as a plugin's would be; raises ``TypeError`` or
+        ``ValueError`` saying which field is wrong, or that the name is reserved or taken.
+        """
         self.load()
+        validate_backend(backend)
         with self._lock:
-            if backend.name in self._backends:
-                raise ValueError(f"backend name '{backend.name}' is already registered")
-            backend.distribution = backend.distribution or "(registered in-process)"
+            distribution = backend.distribution or "(registered in-process)"
+            conflict = self._name_conflict(backend.name, distribution)
+            if conflict is not None:
+                raise ValueError(conflict)
+            backend.distribution = distribution
             self._backends[backend.name] = backend
             self._cache = {}
 
