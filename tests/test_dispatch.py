@@ -191,3 +191,52 @@ def test_out_argument_is_written_in_place():
     assert q_out is q and sf_out is sf
     assert_bytes_equal(q, q_expected)
     assert_bytes_equal(sf, sf_expected)
+
+
+class FailingKernel:
+    """Accepts every call, then raises while running it."""
+
+    def supports(self, call):
+        return None
+
+    def __call__(self, call, inputs, outputs):
+        raise RuntimeError("device fell over")
+
+
+class ExitingSupports:
+    def supports(self, call):
+        raise SystemExit(3)
+
+    def __call__(self, call, inputs, outputs):  # pragma: no cover - never selected
+        raise AssertionError("unreachable")
+
+
+def test_a_kernel_raising_at_call_time_raises_backend_error_naming_backend_op_and_call():
+    backend = core.Backend(name="failing", device_types=("cpu",), priority=700, traits=core.CUDA_LAYOUT,
+                           kernels={"per_token_cast": FailingKernel()})
+    core.registry.register(backend)
+    try:
+        with pytest.raises(core.BackendError) as caught:
+            core.ops.per_token_cast_with_sf_only(torch.randn(3, 128))
+    finally:
+        core.registry.unregister("failing")
+    error = caught.value
+    assert error.backend == "failing" and error.op == "per_token_cast_with_sf_only"
+    assert isinstance(error.__cause__, RuntimeError) and "device fell over" in str(error)
+    assert "hidden=128" in str(error)
+    # no silent fallback: with the failing backend gone, the reference runs the same call
+    assert core.ops.per_token_cast_with_sf_only(torch.randn(3, 128)).shape == (3, 1)
+
+
+def test_supports_raising_system_exit_declines_instead_of_exiting():
+    backend = core.Backend(name="exiting", device_types=("cpu",), priority=700, traits=core.CUDA_LAYOUT,
+                           kernels={"per_token_cast": ExitingSupports()})
+    core.registry.register(backend)
+    try:
+        x = torch.randn(2, 128)
+        call, _ = core.describe_call(core.ops.per_token_cast, x)
+        assert core.registry.explain("per_token_cast", call)["exiting"] == "supports() raised SystemExit: 3"
+        q, sf = core.ops.per_token_cast(x)  # the reference runs it
+        assert q.shape == (2, 128)
+    finally:
+        core.registry.unregister("exiting")

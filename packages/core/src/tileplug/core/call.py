@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -62,6 +62,34 @@ class Call:
     tokens: int = field(default=0, compare=False, kw_only=True)
     device: torch.device | None = field(default=None, compare=False, kw_only=True)
     empty: bool = field(default=False, compare=False, kw_only=True)
+
+    def summary(self) -> str:
+        """A one-line description for error messages: the op, the token count and every
+        compared field that is set (enums by value, dtypes by name)."""
+        parts = [f"T={self.tokens}"]
+        for item in fields(self):
+            if not item.compare or item.name in ("op", "name", "host_layout", "device_type"):
+                continue
+            value = getattr(self, item.name)
+            if value is None or value is False:
+                continue
+            parts.append(f"{item.name}={_short(value)}")
+        parts.append(f"device={self.device}")
+        return f"{getattr(self, 'name', None) or self.op}[{', '.join(parts)}]"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, torch.dtype):
+        return str(value).replace("torch.", "")
+    if is_dataclass(value) and isinstance(getattr(value, "name", None), str):
+        return value.name  # a named constant (a format)
+    if is_dataclass(value):
+        inner = ", ".join(f"{f.name}={_short(getattr(value, f.name))}" for f in fields(value)
+                          if getattr(value, f.name) not in (None, False))
+        return f"({inner})"
+    return str(value)
 
 
 def tensor_extent(tensor: torch.Tensor) -> tuple[int, int]:

@@ -36,7 +36,7 @@ class NoBackendError(TileplugError, RuntimeError):
         super().__init__(f"no backend can run {op} on device '{device_type}': {listing}")
 
 
-CALL_DESCRIPTION_LIMIT = 200
+CALL_DESCRIPTION_LIMIT = 300
 """How many characters of ``repr(call)`` a :class:`BackendError` message quotes."""
 
 
@@ -57,7 +57,8 @@ class BackendError(TileplugError, RuntimeError):
         self.error = error
         self.op = getattr(call, "name", None) or getattr(call, "op", None) or type(call).__name__
         try:
-            described = repr(call)
+            summary = getattr(call, "summary", None)
+            described = summary() if callable(summary) else repr(call)
         except Exception as repr_error:  # noqa: BLE001 - a broken repr must not mask the kernel's error
             described = f"<{type(call).__name__}: repr raised {type(repr_error).__name__}>"
         if len(described) > CALL_DESCRIPTION_LIMIT:

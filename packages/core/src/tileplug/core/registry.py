@@ -408,9 +408,14 @@ class Registry:
         if kernel is None:
             return f"has no {op} kernel"
         try:
-            return kernel.supports(call)
-        except Exception as error:  # noqa: BLE001 - a faulty supports() declines, never crashes
+            why = kernel.supports(call)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # noqa: BLE001 - a faulty supports() (even sys.exit) declines, never crashes
             return f"supports() raised {type(error).__name__}: {error}"
+        if why is not None and not isinstance(why, str):
+            return f"supports() returned {type(why).__name__}, not None or a reason string"
+        return why
 
 
 registry = Registry()
