@@ -5,6 +5,7 @@ backend's own layout. Nothing here names an op: an op declared in core is in the
 As a pytest plugin, for a vendor's CI (``pip install "tileplug-reference[conformance]"``)::
 
     python -m pytest -p tileplug.reference.conformance --pyargs tileplug.reference.conformance_tests \\
+        -o consider_namespace_packages=true \\
         --tileplug-backend=acme --tileplug-device=acme
 
 This module is the plugin (options and the suite's parametrization);

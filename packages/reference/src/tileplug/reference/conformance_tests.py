@@ -2,6 +2,7 @@
 at every ``--tileplug-tokens`` count. It needs the plugin for its options::
 
     python -m pytest -p tileplug.reference.conformance --pyargs tileplug.reference.conformance_tests \\
+        -o consider_namespace_packages=true \\
         --tileplug-backend=acme --tileplug-device=acme
 
 (The plugin and the tests are two modules so that pytest parametrizes once: a module
