@@ -5,6 +5,9 @@ A kernel is any object with two methods (the ``tileplug.core.Kernel`` protocol):
 - ``supports(call) -> str | None``: None to accept the call, else a short reason. The
   registry asks once per call *signature* and caches the answer, so decide only from the
   call's compared fields (everything in the QuantCall but ``tokens`` and ``device``).
+  ``call.op`` is the kernel-table key (``per_token_cast`` also for its variants),
+  ``call.name`` the public op, ``call.mode`` a ``tileplug.core.QuantMode`` (compare with
+  ``QuantMode.CAST`` etc., never with strings).
   A declined call falls through to the next backend serving the device (in the end the
   reference), and the reason shows in ``core.registry.explain`` and ``NoBackendError``.
 - ``__call__(call, inputs, outputs)``: write ``outputs`` in place, return nothing. It is
@@ -29,8 +32,13 @@ from tileplug.reference.quant.per_block_cast import per_block_cast as reference_
 from tileplug.reference.quant.per_channel_cast import per_channel_cast as reference_per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast as reference_per_token_cast
 
+DECLINED_FORMATS: set[str] = {"e2m1"}
+"""Formats the template declines, to demonstrate a kernel declining. VENDOR: empty it
+(``DECLINED_FORMATS: set[str] = set()``) or replace the rule in ``supports``; a declined
+call fails the conformance suite, which holds a backend to every case."""
+
 E2M1_REASON = "fmt 'e2m1' is not implemented by the template backend (it declines, the next backend runs it)"
-"""Why the template declines e2m1 calls: the demonstration of a kernel declining."""
+"""Why the template declines e2m1 calls."""
 
 
 def _formats_in(call: QuantCall) -> set[str]:
@@ -63,12 +71,12 @@ class DelegatingToReferenceKernel:
         # Typical rules of a real backend (VENDOR: replace the one below with yours):
         #   if call.hidden % 16:                   return "hidden size must be a multiple of 16"
         #   if call.input_dtype != torch.bfloat16: return "only bf16 input"
-        #   if call.mode == "precomputed_sf":      return "cast with given sf not implemented"
+        #   if call.mode is QuantMode.PRECOMPUTED_SF: return "cast with given sf not implemented"
         #   if call.quantized_input is not None:   return "re-quantization not implemented"
         #   if call.cast is not None and call.cast.block[0] > 64: return "block rows > 64 not implemented"
         # (call.cast is None for cast_back; call.quantized_input is None for a bf16/fp32 x.)
         # Strides are not in the call: inputs.x may have any row stride, handle it.
-        if "e2m1" in _formats_in(call):
+        if _formats_in(call) & DECLINED_FORMATS:
             return E2M1_REASON
         return None
 
@@ -85,5 +93,7 @@ KERNELS: dict[str, DelegatingToReferenceKernel] = {
     "per_channel_cast": DelegatingToReferenceKernel("per_channel_cast", reference_per_channel_cast),
     "cast_back": DelegatingToReferenceKernel("cast_back", reference_cast_back),
 }
-"""Op name → kernel. One kernel serves an op and its variants (``call.mode``: cast,
-sf_only, precomputed_sf). An op left out here falls through to the next backend."""
+"""Kernel-table key (``opdef.kernel``) → kernel. One kernel serves an op and its variants
+(``call.mode``: ``QuantMode.CAST``, ``SF_ONLY``, ``PRECOMPUTED_SF``; e.g. the
+``per_token_cast`` kernel serves ``per_token_cast_with_sf_only`` too). A key left out
+here falls through to the next backend."""

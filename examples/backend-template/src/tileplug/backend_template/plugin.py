@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 
 from tileplug.core import CUDA_LAYOUT, Backend, hookimpl
-from tileplug.backend_template.kernels import KERNELS
+
+from .kernels import KERNELS  # relative: the module keeps working after you rename the package
 
 NAME = "template"
 """What users type in ``TILEPLUG_BACKEND`` / ``core.use_backend``. VENDOR: your backend's name."""

@@ -1,169 +1,127 @@
-"""Conformance suite: every op's cases, run on a named backend, compared bytewise with the
-reference computing the same call on the CPU in the backend's own sf layout.
+"""Conformance suite: every case of every op in the op table (``tileplug.core.opdefs``), run
+on a named backend and compared with the reference computing the same call in the
+backend's own layout. Nothing here names an op: an op declared in core is in the suite.
 
-As a pytest plugin, for a vendor's CI::
+As a pytest plugin, for a vendor's CI (``pip install "tileplug-reference[conformance]"``)::
 
-    pytest -p tileplug.reference.conformance --pyargs tileplug.reference.conformance \
-        --tileplug-backend=mybackend --tileplug-device=cpu
+    python -m pytest -p tileplug.reference.conformance --pyargs tileplug.reference.conformance_tests \\
+        -o consider_namespace_packages=true \\
+        --tileplug-backend=acme --tileplug-device=acme
 
-or from Python: ``for case in cases(): check_case(case, "cuda", "cuda")``.
+This module is the plugin (options and the suite's parametrization);
+:mod:`tileplug.reference.conformance_tests` holds the one test function. Options:
+
+- ``--tileplug-backend=NAME`` (required): the backend to check; it is forced, so nothing
+  falls through to another backend.
+- ``--tileplug-device=TYPE`` (default ``cpu``): where the inputs live.
+- ``--tileplug-tokens=0,1,3,129`` (default): the token counts every case runs at.
+- ``--tileplug-oracle-device=TYPE`` (default ``cpu``): where the reference runs.
+- ``--tileplug-allow-declined``: a case the backend's kernel declines through
+  ``supports()`` is skipped instead of failed (a backend claiming conformance accepts
+  every case; this is for one that does not, yet).
+
+From Python: ``for case, tokens in cases(): check_case(case, tokens, "acme", "acme")``.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from tileplug.core import config, ops
-from tileplug.core.lowering import describe_call
+from tileplug.core import config, opdefs
+from tileplug.core.opdefs import Case, describe_call
 from tileplug.core.registry import registry, use_backend
-from tileplug.reference.testing import activation, assert_bytes_equal, assert_sf_equal, cpu_copy
+from tileplug.core.testing import assert_bytes_equal, cpu_copy, require
 
-SF_MODES: dict[str, dict[str, bool]] = {
-    "plain": {},
-    "round": {"round_sf": True},
-    "ue8m0": {"round_sf": True, "use_packed_ue8m0": True},
-    "e4m3sf": {"use_e4m3_sf": True},
-}
-"""Scale modes SPEC §2 allows (e4m3-stored sf only for per-token)."""
+TOKENS: tuple[int, ...] = (0, 1, 3, 129)
+"""Token counts every case runs at by default (0: empty; 1, 3: tails; 129: more than a 128-row block)."""
+
+__all__ = ["TOKENS", "CaseDeclined", "cases", "check_case", "parse_tokens"]
 
 
-@dataclass(frozen=True)
-class Case:
-    """One conformance case: ``op`` (a ``core.ops`` name) on a [tokens, hidden] input."""
-
-    op: str
-    tokens: int
-    hidden: int
-    dtype: torch.dtype = torch.bfloat16
-    kwargs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-    quantized_input: tuple[int, int] | None = None
-    row_stride_pad: int = 0
-
-    @property
-    def id(self) -> str:
-        flags = ",".join(f"{k}={v}" for k, v in sorted(self.kwargs.items()))
-        extra = f",requant{self.quantized_input}" if self.quantized_input else ""
-        pad = f",stride+{self.row_stride_pad}" if self.row_stride_pad else ""
-        return f"{self.op}[T={self.tokens},H={self.hidden},{str(self.dtype)[6:]}{extra}{pad},{flags}]"
-
-    @property
-    def block(self) -> tuple[int, int]:
-        if self.op.startswith("per_token"):
-            return 1, self.kwargs.get("num_per_channels", 128)
-        if self.op.startswith("per_block"):
-            return self.kwargs.get("block_size", (128, 128))
-        return self.kwargs.get("num_per_tokens", 128), 1
+def cases(tokens: Sequence[int] = TOKENS) -> list[tuple[Case, int]]:
+    """``(case, tokens)`` for every op in the table, every case of its grid and every token count."""
+    return [(case, t) for opdef in opdefs.all_ops() for case in opdef.cases() for t in tokens]
 
 
-def cast_cases(tokens: int, hidden: int, dtype: torch.dtype = torch.bfloat16) -> Iterator[Case]:
-    """Every flag combination SPEC §3 allows for the three casts at one size."""
-    for fmt, group, mode, col_major in itertools.product(("e4m3", "e2m1"), (16, 32, 64, 128), SF_MODES, (False, True)):
-        if fmt == "e2m1" and hidden % 2:
-            continue
-        flags = {"fmt": fmt, "num_per_channels": group, "use_tma_aligned_col_major_sf": col_major, **SF_MODES[mode]}
-        yield Case("per_token_cast", tokens, hidden, dtype, flags)
-        yield Case("per_token_cast_with_sf_only", tokens, hidden, dtype, flags)
-    for fmt, block, mode, col_major in itertools.product(("e4m3", "e2m1"), ((32, 32), (128, 128)), SF_MODES, (False, True)):
-        if mode == "e4m3sf" or (fmt == "e2m1" and hidden % 2):
-            continue
-        flags = {"fmt": fmt, "block_size": block, "use_tma_aligned_col_major_sf": col_major, **SF_MODES[mode]}
-        yield Case("per_block_cast", tokens, hidden, dtype, flags)
-        yield Case("per_block_cast_with_sf_only", tokens, hidden, dtype, flags)
-    for fmt, group, mode in itertools.product(("e4m3", "e2m1"), (32, 128), ("plain", "round", "ue8m0")):
-        if fmt == "e2m1" and hidden % 2:
-            continue
-        yield Case("per_channel_cast", tokens, hidden, dtype, {"fmt": fmt, "num_per_tokens": group, **SF_MODES[mode]})
-
-
-def cases(tokens: tuple[int, ...] = (0, 1, 3, 129), hidden: tuple[int, ...] = (576, 2048)) -> list[Case]:
-    """The suite: casts (all flags), precomputed-sf casts, re-quantization, strided rows, cast_back."""
-    suite: list[Case] = []
-    for t, h in itertools.product(tokens, hidden):
-        suite.extend(cast_cases(t, h))
-        suite.append(Case("per_token_cast", t, h, torch.float32, {"fmt": "e4m3", "num_per_channels": 64}))
-        suite.append(Case("per_token_cast", t, h, torch.bfloat16, {"num_per_channels": 32}, row_stride_pad=48))
-        suite.append(Case("per_token_cast_with_precomputed_sf", t, h, torch.bfloat16, {"num_per_channels": 128}))
-        suite.append(Case("per_block_cast_with_precomputed_sf", t, h, torch.bfloat16, {"block_size": (128, 128)}))
-        suite.append(Case("per_token_cast", t, h, torch.bfloat16, {"num_per_channels": 128}, quantized_input=(1, 32)))
-        suite.append(Case("per_block_cast", t, h, torch.bfloat16, {"block_size": (128, 128)}, quantized_input=(1, 128)))
-        suite.append(Case("per_channel_cast", t, h, torch.bfloat16, {"num_per_tokens": 128}, quantized_input=(1, 128)))
-        for block, extra in (((1, 128), {}), ((128, 128), {"block_size": (128, 128)}), ((128, 1), {})):
-            suite.append(Case("cast_back", t, h, torch.bfloat16, {"fmt": "bf16", "x_block_size": block, **extra}))
-            suite.append(Case("cast_back", t, h, torch.bfloat16, {"fmt": "fp32", "x_block_size": block, **extra}))
-    return suite
-
-
-def _arguments(case: Case, device: torch.device) -> tuple[tuple, dict]:
-    """(args, kwargs) of the case on ``device``, deterministic, made with the reference on the CPU."""
-    x = activation(case.tokens, case.hidden + case.row_stride_pad, case.dtype, seed=case.tokens * 7 + case.hidden)
-    x = x[:, : case.hidden]
-    kwargs = dict(case.kwargs)
-    with use_backend("reference"):
-        if case.op == "cast_back":
-            block = kwargs.pop("x_block_size")
-            if block[0] == 1:
-                pair = ops.per_token_cast(x, num_per_channels=block[1])
-            elif block[1] == 1:
-                pair = ops.per_channel_cast(x, num_per_tokens=block[0])
-            else:
-                pair = ops.per_block_cast(x, block_size=kwargs.pop("block_size"))
-            return ((pair[0].to(device), pair[1].to(device)),), {"fmt": kwargs["fmt"], "x_block_size": block}
-        if case.quantized_input is not None:
-            q, sf = ops.per_token_cast(x, num_per_channels=case.quantized_input[1])
-            argument_name = "num_per_channels" if case.op == "per_channel_cast" else "x_block_size"
-            kwargs[argument_name] = case.quantized_input[1] if case.op == "per_channel_cast" else case.quantized_input
-            return ((q.to(device), sf.to(device)),), kwargs
-        if case.op.endswith("_with_precomputed_sf"):
-            base = getattr(ops, case.op.replace("_with_precomputed_sf", "_with_sf_only"))
-            kwargs["sf"] = base(x, **kwargs).to(device)
-    return (x.to(device),), kwargs
-
-
-def _outputs(result: Any) -> list[torch.Tensor]:
-    return list(result) if isinstance(result, tuple) else [result]
+def parse_tokens(text: str) -> tuple[int, ...]:
+    """``"1,3"`` → ``(1, 3)`` (the ``--tileplug-tokens`` option)."""
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        counts = ()
+    if not counts or any(t < 0 for t in counts):
+        raise ValueError(f"--tileplug-tokens: expected comma-separated token counts >= 0, got {text!r}")
+    return counts
 
 
 class CaseDeclined(Exception):
-    """The backend's kernel declines the case (its supports() reason is the message)."""
+    """The backend's kernel declines the case (its ``supports()`` reason is the message)."""
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    """``value`` on ``device``: tensors keep shape and strides (a padded row stride or a
+    column-major sf stays so), tuples and lists are moved element by element."""
+    if isinstance(value, torch.Tensor):
+        if value.device == device:
+            return value
+        moved = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device)
+        return moved.copy_(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def _outputs(result: Any) -> list[torch.Tensor]:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
 def check_case(
-    case: Case, backend: str, device: str | torch.device, oracle_device: str | torch.device = "cpu"
+    case: Case,
+    tokens: int,
+    backend: str,
+    device: str | torch.device,
+    oracle_device: str | torch.device = "cpu",
 ) -> None:
-    """Run ``case`` on ``backend`` and assert it equals the reference bytewise.
+    """Run ``case`` at ``tokens`` on ``backend`` and raise ``AssertionError`` unless its
+    outputs equal the reference's as the op's ``compare`` says (bytewise, strides
+    included, when the op declares no ``compare``).
 
-    The reference runs on ``oracle_device`` (the CPU by default; the backend's own device
-    makes large cases fast where PyTorch's arithmetic there is IEEE, as on CUDA) in the
-    backend's sf layout. Raises :class:`CaseDeclined` when the backend declines the call
-    through ``supports()`` (a declined call falls through in normal use: not a failure).
+    Inputs are made on the CPU by the reference in the backend's layout
+    (``config.host_layout(backend.traits_for(device.type))``), then moved to ``device``
+    with their strides. The reference runs on ``oracle_device`` (the CPU by default; the
+    backend's own device makes large cases fast where PyTorch's arithmetic there is IEEE,
+    as on CUDA) in the same layout. Raises :class:`CaseDeclined` when the backend's kernel
+    declines the call through ``supports()``.
     """
     device = torch.device(device)
-    chosen = registry.get(backend)
-    assert chosen is not None, f"backend '{backend}' is not installed"
-    args, kwargs = _arguments(case, device)
-    op = getattr(ops, case.op)
-    call, _ = describe_call(op, *args, **kwargs)
-    why = registry.reason_against(chosen, call.op, call)
-    if why is not None:
-        raise CaseDeclined(f"{backend} declines {case.id}: {why}")
-    with use_backend(backend):
-        actual = _outputs(op(*args, **kwargs))
     oracle = torch.device(oracle_device)
-    oracle_args = tuple(tuple(t.to(oracle) for t in a) if isinstance(a, tuple) else a.to(oracle) for a in args)
-    oracle_kwargs = {k: (v.to(oracle) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
-    with use_backend("reference"), config.host_layout(chosen.traits_for(device.type)):
-        expected = [cpu_copy(t) for t in _outputs(op(*oracle_args, **oracle_kwargs))]
+    chosen = registry.get(backend)
+    require(chosen is not None, f"backend '{backend}' is not installed (known: "
+                                f"{', '.join(b.name for b in registry.backends) or 'none'})")
+    opdef = opdefs.get(case.op)
+    traits = chosen.traits_for(device.type)
+    with config.host_layout(traits):
+        with use_backend("reference"):
+            args, kwargs = case.arguments(tokens, "cpu")
+        args, kwargs = _to(args, device), _to(kwargs, device)
+        call, _ = describe_call(case.op, *args, **kwargs)
+        why = registry.reason_against(chosen, call.op, call)
+        if why is not None:
+            raise CaseDeclined(f"{backend} declines {case.id} at T={tokens}: {why}")
+        with use_backend(backend):
+            actual = [cpu_copy(t) for t in _outputs(opdef.function(*args, **kwargs))]
+        oracle_args, oracle_kwargs = _to(args, oracle), _to(kwargs, oracle)
+        with use_backend("reference"):
+            expected = [cpu_copy(t) for t in _outputs(opdef.function(*oracle_args, **oracle_kwargs))]
+    if opdef.compare is not None:
+        opdef.compare(case, tokens, actual, expected)
+        return
+    require(len(actual) == len(expected), f"{case.id} T={tokens}: {len(actual)} outputs, expected {len(expected)}")
     for index, (have, want) in enumerate(zip(actual, expected)):
-        is_sf = case.op != "cast_back" and (index == 1 or case.op.endswith("_sf_only"))
-        if is_sf:
-            assert_sf_equal(cpu_copy(have), want, case.block, case.tokens, case.hidden, what=f"{case.id} sf")
-        else:
-            assert_bytes_equal(cpu_copy(have), want, what=f"{case.id} output {index}", strides=True)
+        assert_bytes_equal(have, want, what=f"{case.id} T={tokens} output {index}", strides=True)
 
 
 # ---------------------------------------------------------------------- pytest plugin
@@ -171,24 +129,46 @@ def check_case(
 
 def pytest_addoption(parser: Any) -> None:
     group = parser.getgroup("tileplug conformance")
-    group.addoption("--tileplug-backend", default=None, help="backend to check against the reference")
-    group.addoption("--tileplug-device", default="cpu", help="device its tensors live on")
+    group.addoption("--tileplug-backend", default=None, help="backend to check against the reference (required)")
+    group.addoption("--tileplug-device", default="cpu", help="device type its inputs live on (default: cpu)")
+    group.addoption("--tileplug-tokens", default=",".join(map(str, TOKENS)),
+                    help=f"comma-separated token counts every case runs at (default: {','.join(map(str, TOKENS))})")
+    group.addoption("--tileplug-oracle-device", default="cpu", help="device the reference runs on (default: cpu)")
+    group.addoption("--tileplug-allow-declined", action="store_true", default=False,
+                    help="skip, instead of fail, the cases the backend declines through supports()")
 
 
-def pytest_generate_tests(metafunc: Any) -> None:
-    if "conformance_case" in metafunc.fixturenames:
-        suite = cases()
-        metafunc.parametrize("conformance_case", suite, ids=[c.id for c in suite])
-
-
-def test_conformance(conformance_case: Case, request: Any) -> None:
-    """One case of the suite (collected when this module runs as a pytest plugin + module)."""
+def parametrize(metafunc: Any) -> None:
+    """Parametrize ``conformance_case`` with the suite at ``--tileplug-tokens`` (called by
+    :mod:`tileplug.reference.conformance_tests`, once, for its own test)."""
     import pytest
 
-    backend = request.config.getoption("--tileplug-backend", default=None)
-    if backend is None:
-        pytest.skip("pass --tileplug-backend=NAME to run the conformance suite")
     try:
-        check_case(conformance_case, backend, request.config.getoption("--tileplug-device"))
+        text = metafunc.config.getoption("--tileplug-tokens")
+    except ValueError:  # the options are not registered
+        raise pytest.UsageError("the conformance suite needs its plugin: -p tileplug.reference.conformance") from None
+    if metafunc.config.getoption("--tileplug-backend") is None:
+        raise pytest.UsageError("the conformance suite needs --tileplug-backend=NAME (the backend to check)")
+    try:
+        tokens = parse_tokens(text)
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+    suite = cases(tokens)
+    metafunc.parametrize("conformance_case", suite, ids=[f"{case.id}-T={t}" for case, t in suite])
+
+
+def run_case(conformance_case: tuple[Case, int], config_: Any) -> None:
+    """The body of the suite's test: a declined case fails (or is skipped with
+    ``--tileplug-allow-declined``)."""
+    import pytest
+
+    backend = config_.getoption("--tileplug-backend")
+    case, tokens = conformance_case
+    try:
+        check_case(case, tokens, backend, config_.getoption("--tileplug-device"),
+                   config_.getoption("--tileplug-oracle-device"))
     except CaseDeclined as declined:
-        pytest.skip(str(declined))
+        if config_.getoption("--tileplug-allow-declined"):
+            pytest.skip(str(declined))
+        pytest.fail(f"{declined} (a conforming backend accepts every case; --tileplug-allow-declined skips them)",
+                    pytrace=False)
