@@ -130,7 +130,8 @@ class QuantCall(Call):
     # ------------------------------------------------------------------ outputs
     def sf_rows_cols(self) -> tuple[int, int]:
         """Group grid ``(ceil(T/bm), ceil(H/bn))`` of the output cast."""
-        assert self.cast is not None, "cast_back has no output scales"
+        if self.cast is None:
+            raise ValueError("cast_back has no output scales")
         bm, bn = self.cast.block
         return ceil_div(self.tokens, bm), ceil_div(self.hidden, bn)
 
