@@ -1,5 +1,5 @@
 """Small helpers written from SPEC.md for the round-trip and property tests: integer layout
-math and byte views, kept independent of tileplug's own implementation of the same math."""
+math and byte views (the byte views kept independent of tileplug's own implementation)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,7 @@ PACK = {"cuda": (4, torch.int32), "ascend": (2, torch.int16)}
 """UE8M0 bytes per packed integer, and the integer dtype, of each device layout."""
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def align(a: int, b: int) -> int:
-    return ceil_div(a, b) * b
+from tileplug.core.quant.sf_math import align, ceil_div  # noqa: E402,F401 - the one copy of the integer math
 
 
 def std(tensor: torch.Tensor) -> torch.Tensor:

@@ -25,9 +25,8 @@ import torch
 def main() -> int:
     import tvm_ffi
 
-    from tileplug.core import ops, registry
+    from tileplug.core import describe_call, ops, registry
     from tileplug.core.benchmark import host_seconds_per_call
-    from tileplug.core.lowering import describe_call
 
     device = torch.device("cuda")
     lines = [
@@ -38,9 +37,10 @@ def main() -> int:
     x = torch.randn(1, 7168, device=device).to(torch.bfloat16)
     call, inputs = describe_call(ops.per_token_cast, x)
     route = registry.route(call)
-    plan = route.plan_for(call)
+    plan = route.plan
     outputs = plan.allocate(call.tokens, call.device)
-    launcher = route.launcher()
+    route.launch(inputs, outputs)
+    launcher = route._launcher
     small = torch.empty(16, device=device)
     a, b, c = (torch.empty(16, device=device) for _ in range(3))
 

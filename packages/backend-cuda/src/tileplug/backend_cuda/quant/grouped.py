@@ -35,8 +35,8 @@ import tilelang.language as T
 from tileplug.backend_cuda.quant import sf_math
 from tileplug.backend_cuda.quant.spec import KernelSpec
 from tileplug.core.call import QuantMode
+from tileplug.core.quant.formats import QUANT_FORMATS
 
-FMT_MAX = {"e4m3": 448.0, "e2m1": 6.0}
 
 
 def build_kernel(spec: KernelSpec):
@@ -66,7 +66,7 @@ def build_kernel(spec: KernelSpec):
         BM, BN = spec.block
         QDT = "float8_e4m3fn" if spec.fmt == "e4m3" else "int8"
         VPB_OUT = 1 if spec.fmt == "e4m3" else 2
-        FMAX = FMT_MAX[spec.fmt]
+        FMAX = QUANT_FORMATS[spec.fmt].max_value
         FRCP = sf_math.f32(1.0 / FMAX)
     PER_TOKEN = BM == 1
     PER_CHANNEL = BN == 1

@@ -169,16 +169,12 @@ def common_reason(call: QuantCall) -> str | None:
     """Declines shared by every CUDA quant kernel (None: nothing to decline)."""
     if call.hidden % HIDDEN_MULTIPLE:
         return f"hidden size must be a multiple of {HIDDEN_MULTIPLE} (got {call.hidden})"
-    if call.input_dtype not in TL_DTYPES:
-        return f"input dtype {call.input_dtype} is not read by the CUDA kernels"
     for what, encoding in (
         ("input sf", None if call.quantized_input is None else call.quantized_input.sf_encoding),
         ("given sf", None if call.given_sf is None else call.given_sf.encoding),
     ):
         if encoding is not None and (encoding.kind, encoding.pack_factor) not in SF_TL_DTYPES:
             return f"{what} encoding {encoding.kind}x{encoding.pack_factor} is not read by the CUDA kernels"
-    if call.cast is not None and call.cast.use_packed_ue8m0 and CUDA_LAYOUT.ue8m0_pack_factor != 4:
-        return "packed UE8M0 output needs 4 bytes per int32"  # pragma: no cover - fixed layout
     return None
 
 

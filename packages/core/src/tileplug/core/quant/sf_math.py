@@ -10,16 +10,16 @@ from dataclasses import dataclass
 
 import torch
 
-from tileplug.core.quant.formats import QuantFormat, saturate_e4m3
+from tileplug.core.quant.formats import E2M1, E4M3, QuantFormat, saturate_e4m3
 
 NONFINITE_EXPONENT = 128
 """Exponent given to a group whose scale is not finite: byte 0xFF, fp32 sf = +inf, inv = 0."""
 
 DEFAULT_CLAMP_MIN: dict[tuple[str, bool], float] = {
     ("e4m3", False): 1e-4,
-    ("e4m3", True): 448.0 * 2.0**-9,
-    ("e2m1", False): 6.0 * 2.0**-126,
-    ("e2m1", True): 6.0 * 2.0**-9,
+    ("e4m3", True): E4M3.max_value * 2.0**-9,
+    ("e2m1", False): E2M1.max_value * 2.0**-126,
+    ("e2m1", True): E2M1.max_value * 2.0**-9,
 }
 """amax lower clamp keyed by (fmt, sf stored as e4m3) (SPEC §2)."""
 
