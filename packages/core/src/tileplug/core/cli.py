@@ -378,7 +378,10 @@ def command_info(args: argparse.Namespace) -> int:
     matrix = []
     for opdef in opdefs.all_ops():
         line: list[str] = [opdef.name]
-        label = ""
+        try:
+            _, label = representative_call(opdef, "cpu", _host_traits())
+        except Exception as error:  # noqa: BLE001 - report, never crash info
+            label = f"no call ({type(error).__name__}: {_one_line(error, 80)})"
         for backend in backends:
             kernel = backend.kernels.get(opdef.kernel)
             if kernel is None:
@@ -386,7 +389,7 @@ def command_info(args: argparse.Namespace) -> int:
                 continue
             device_type = _own_device_type(backend)
             try:
-                call, label = representative_call(opdef, device_type, backend.traits_for(device_type))
+                call, _ = representative_call(opdef, device_type, backend.traits_for(device_type))
             except Exception as error:  # noqa: BLE001 - report, never crash info
                 line.append(f"no call ({type(error).__name__}: {_one_line(error, 80)})")
                 continue
@@ -395,11 +398,6 @@ def command_info(args: argparse.Namespace) -> int:
             except Exception as error:  # noqa: BLE001 - report, never crash info
                 why = f"supports() raised {type(error).__name__}"
             line.append("yes" if why is None else f"no ({why})")
-        if not backends:
-            try:
-                _, label = representative_call(opdef, "cpu", _host_traits())
-            except Exception as error:  # noqa: BLE001
-                label = f"no call ({type(error).__name__})"
         line.append(label)
         matrix.append(line)
     print(_table(("op",) + tuple(b.name for b in backends) + ("call asked about",), matrix))
