@@ -1,4 +1,5 @@
-"""Benchmark machinery behind ``tileplug bench`` and ``tileplug demo``.
+"""Benchmark machinery behind ``tileplug bench`` and ``tileplug demo``, generic over the op
+table: the cases are every op's ``OpDef.bench()``, the bytes its ``OpDef.ledger``.
 
 Effective bandwidth is the op's ledger bytes (what must move) over the median time. The
 device copy (``dst.copy_(src)``) measured in the same process is the ceiling, and
@@ -7,53 +8,33 @@ device copy (``dst.copy_(src)``) measured in the same process is the ceiling, an
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from tileplug.core.contracts.quant import QuantCall, QuantOutputs
-from tileplug.core.lowering import describe_call
+from tileplug.core import opdefs
+from tileplug.core.errors import TileplugError
+from tileplug.core.opdefs import BenchCase, describe_call
 from tileplug.core.registry import registry, use_backend
 
-
-@dataclass(frozen=True)
-class BenchCase:
-    """One benchmarked op configuration: ``make_args(x)`` → (args, kwargs) for ``op``."""
-
-    name: str
-    op: Callable[..., Any]
-    make_args: Callable[[torch.Tensor], tuple[tuple, dict]]
-
-
-def _quantized_input(x: torch.Tensor) -> tuple[tuple, dict]:
-    from tileplug.core import ops
-
-    with use_backend("reference"):
-        pair = ops.per_token_cast(x)
-    return (pair,), {"fmt": "bf16", "x_block_size": (1, 128)}
+COMPILE_PEER = "torch.compile(reference)"
+"""Runner name of the compile peer (``torch.compile`` of the reference kernel)."""
 
 
 def bench_cases() -> dict[str, BenchCase]:
-    """The default op configurations (SPEC defaults, DeepGEMM-style UE8M0 variant included)."""
-    from tileplug.core import ops
-
-    cases = [
-        BenchCase("per_token_cast", ops.per_token_cast, lambda x: ((x,), {})),
-        BenchCase(
-            "per_token_cast/ue8m0-col",
-            ops.per_token_cast,
-            lambda x: ((x,), {"round_sf": True, "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}),
-        ),
-        BenchCase("per_token_cast/e2m1-g16", ops.per_token_cast, lambda x: ((x,), {"fmt": "e2m1", "num_per_channels": 16})),
-        BenchCase("per_block_cast", ops.per_block_cast, lambda x: ((x,), {"block_size": (128, 128)})),
-        BenchCase("per_channel_cast", ops.per_channel_cast, lambda x: ((x,), {"num_per_tokens": 128})),
-        BenchCase("cast_back", ops.cast_back, _quantized_input),
-    ]
-    return {case.name: case for case in cases}
+    """Every op's bench cases (``OpDef.bench()``), by name, in declaration order."""
+    cases: dict[str, BenchCase] = {}
+    for opdef in opdefs.all_ops():
+        for case in opdef.bench():
+            if case.name in cases:
+                raise ValueError(f"bench case name '{case.name}' is declared twice ({cases[case.name].op}, {case.op})")
+            cases[case.name] = case
+    return cases
 
 
 def synchronize(device: torch.device) -> None:
@@ -144,16 +125,19 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None) -> float:
     return 2 * nbytes / seconds / 1e9
 
 
-def compiled_reference(call: QuantCall) -> Callable[[Any], Any]:
-    """``torch.compile`` of the reference kernel for ``call``'s signature (dynamic T)."""
+def compiled_reference(call: Any, opdef: opdefs.OpDef | None = None) -> Callable[[Any], Any]:
+    """``torch.compile`` of the reference kernel for ``call``'s signature (dynamic T): the
+    outputs allocated by the op's plan for the reference's layout, then the kernel run."""
     backend = registry.get("reference")
     if backend is None:
         raise RuntimeError("tileplug-reference is not installed")
-    kernel = backend.kernels[call.op]
-    traits = backend.traits_for(call.device_type)
+    opdef = opdef or opdefs.get(call.name)
+    kernel = backend.kernels[opdef.kernel]
+    plan = opdef.outputs(call, backend.traits_for(call.device_type))
+    tokens, device = call.tokens, call.device
 
     def run(inputs: Any) -> Any:
-        outputs = call.allocate(traits)
+        outputs = plan.allocate(tokens, device)
         kernel(call, inputs, outputs)
         return outputs
 
@@ -208,6 +192,74 @@ def device_name(device: torch.device) -> str:
     return device.type
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _described(case: BenchCase, tokens: int, hidden: int, dtype: torch.dtype, device: torch.device
+               ) -> tuple[tuple, dict, Any, Any]:
+    """(args, kwargs, call, inputs) of ``case`` at [tokens, hidden] on ``device``. On a real
+    device the inputs hold values (made by the backend in force where an input is itself an
+    op's output); for the dry run they are made on meta under the layout of ``device``."""
+    args, kwargs = case.arguments(tokens, hidden, dtype, device)
+    call, inputs = describe_call(case.op, *args, **kwargs)
+    return args, kwargs, call, inputs
+
+
+def _runners(case: BenchCase, tokens: int, hidden: int, dtype: torch.dtype, device: torch.device,
+             backends: list[str], call: Any) -> list[tuple[BenchRow, Any]]:
+    """One row per backend with its ledger bytes (or why it cannot run ``call``), and the backend."""
+    opdef = opdefs.get(case.op)
+    rows = []
+    for name in backends:
+        entry = BenchRow(case.name, tokens, hidden, _dtype_name(dtype), device.type, name)
+        backend = registry.get(name)
+        why = registry.reason_against(backend, call.op, call) if backend else "not installed"
+        if why is not None:
+            entry.note = why
+            rows.append((entry, None))
+            continue
+        entry.ledger_bytes = opdef.ledger(call, backend.traits_for(call.device_type)).bytes_total
+        rows.append((entry, backend))
+    return rows
+
+
+def plan_case(case: BenchCase, tokens: int, hidden: int, dtype: torch.dtype, device: torch.device,
+              backends: list[str], with_compile: bool) -> list[BenchRow]:
+    """What :func:`measure_case` would time, with the ledger bytes of each runner, timing
+    nothing (``tileplug bench --dry-run``): calls are described on meta under each backend's
+    layout for ``device``, then re-homed to ``device``'s type."""
+    from tileplug.core import config
+
+    opdef = opdefs.get(case.op)
+    rows = []
+    runners = list(backends) + ([COMPILE_PEER] if with_compile else [])
+    for name in runners:
+        entry = BenchRow(case.name, tokens, hidden, _dtype_name(dtype), device.type, name)
+        backend = registry.get("reference" if name == COMPILE_PEER else name)
+        if backend is None:
+            entry.note = ("skipped: tileplug-reference is not installed" if name == COMPILE_PEER
+                          else "not installed")
+            rows.append(entry)
+            continue
+        traits = backend.traits_for(device.type)
+        try:
+            with config.host_layout(traits):
+                _, _, call, _ = _described(case, tokens, hidden, dtype, torch.device("meta"))
+            call = dataclasses.replace(call, device_type=device.type)
+        except TileplugError as error:
+            entry.note = f"no call: {error}"
+            rows.append(entry)
+            continue
+        why = registry.reason_against(backend, call.op, call)
+        if why is not None:
+            entry.note = why
+        else:
+            entry.ledger_bytes = opdef.ledger(call, traits).bytes_total
+        rows.append(entry)
+    return rows
+
+
 def measure_case(
     case: BenchCase,
     tokens: int,
@@ -220,104 +272,132 @@ def measure_case(
     with_host_time: bool,
     log: Callable[[str], None] = lambda _: None,
 ) -> list[BenchRow]:
-    """Time ``case`` at [tokens, hidden] on each backend in ``backends`` (+ the compile peer).
+    """Time bench case ``case`` at [tokens, hidden] on each backend in ``backends`` (+ the
+    compile peer, where the reference is installed).
 
     The backend the dispatcher picks by itself is called exactly as a user calls the op;
     the others are forced with ``use_backend`` (whose context manager adds host time)."""
-    from tileplug.reference.testing import activation
-
-    x = activation(tokens, hidden, dtype=dtype, device=device, seed=tokens)
-    args, kwargs = case.make_args(x)
-    call, inputs = describe_call(case.op, *args, **kwargs)
-    rows = []
-    dtype_name = str(dtype).replace("torch.", "")
+    opdef = opdefs.get(case.op)
 
     def row(runner: str) -> BenchRow:
-        return BenchRow(case.name, tokens, hidden, dtype_name, device.type, runner)
+        return BenchRow(case.name, tokens, hidden, _dtype_name(dtype), device.type, runner)
 
     try:
+        args, kwargs, call, inputs = _described(case, tokens, hidden, dtype, device)
+    except TileplugError as error:  # e.g. no backend makes this case's quantized input
+        rows = [row(name) for name in backends]
+        for entry in rows:
+            entry.note = f"inputs not made: {error}"
+        return rows
+    try:
         default_backend = registry.select(call.op, call)[0].name
-    except Exception:  # noqa: BLE001 - no default choice: every runner is forced
+    except TileplugError:  # no default choice: every runner is forced
         default_backend = None
-    for name in backends:
-        entry = row(name)
-        backend = registry.get(name)
-        why = registry.reason_against(backend, call.op, call) if backend else "not installed"
-        if why is not None:
-            entry.note = why
-            rows.append(entry)
+    rows = []
+    for entry, backend in _runners(case, tokens, hidden, dtype, device, backends, call):
+        rows.append(entry)
+        if backend is None:
             continue
-        ledger = call.ledger(backend.traits_for(call.device_type))
-        entry.ledger_bytes = ledger.bytes_total
-
+        name = backend.name
         if name == default_backend:  # what a user's call runs: time it as a user calls it
 
             def run_once() -> Any:
-                return case.op(*args, **kwargs)
+                return opdef.function(*args, **kwargs)
 
         else:
 
             def run_once(name: str = name) -> Any:
                 with use_backend(name):
-                    return case.op(*args, **kwargs)
+                    return opdef.function(*args, **kwargs)
 
         try:
             seconds = median_seconds(run_once, device)
             entry.median_us = seconds * 1e6
-            entry.gbps = ledger.bytes_total / seconds / 1e9
+            entry.gbps = entry.ledger_bytes / seconds / 1e9
             entry.pct_of_copy = 100.0 * entry.gbps / copy_gbps if copy_gbps else None
             if with_host_time:
                 entry.host_us = host_seconds_per_call(run_once, device, calls=200 if device.type == "cpu" else 2000) * 1e6
         except Exception as error:  # noqa: BLE001 - a failing backend is reported, not fatal
             entry.note = f"{type(error).__name__}: {error}"
         log(f"  {case.name} T={tokens} H={hidden} {name}: {entry.median_us or 0:.1f} us")
-        rows.append(entry)
-    if with_compile and registry.get("reference") is not None:
-        entry = row("torch.compile(reference)")
-        try:
-            compiled = compiled_reference(call)
-            seconds = median_seconds(lambda: compiled(inputs), device)
-            ledger = call.ledger(registry.get("reference").traits_for(call.device_type))
-            entry.ledger_bytes = ledger.bytes_total
-            entry.median_us = seconds * 1e6
-            entry.gbps = ledger.bytes_total / seconds / 1e9
-            entry.pct_of_copy = 100.0 * entry.gbps / copy_gbps if copy_gbps else None
-        except Exception as error:  # noqa: BLE001 - the peer may not compile here
-            entry.note = f"did not compile: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+    if with_compile:
+        entry = row(COMPILE_PEER)
+        reference = registry.get("reference")
+        if reference is None:
+            entry.note = "skipped: tileplug-reference is not installed"
+        else:
+            try:
+                compiled = compiled_reference(call, opdef)
+                seconds = median_seconds(lambda: compiled(inputs), device)
+                ledger = opdef.ledger(call, reference.traits_for(call.device_type))
+                entry.ledger_bytes = ledger.bytes_total
+                entry.median_us = seconds * 1e6
+                entry.gbps = ledger.bytes_total / seconds / 1e9
+                entry.pct_of_copy = 100.0 * entry.gbps / copy_gbps if copy_gbps else None
+            except Exception as error:  # noqa: BLE001 - the peer may not compile here
+                entry.note = f"did not compile: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
         rows.append(entry)
     return rows
 
 
-def dispatch_cost(device: torch.device, hidden: int = 7168) -> dict[str, Any]:
-    """Host µs per call of ``core.ops.per_token_cast`` on a 1 × hidden tensor vs calling the
-    selected backend's kernel directly, into preallocated outputs and into fresh
-    ``torch.empty`` outputs (what calling the kernel yourself costs). The dispatch overhead
-    is core's call minus the latter: contract check, cached selection, allocation plan."""
-    from tileplug.core import ops
-    from tileplug.reference.testing import activation
+def dispatch_cost(device: torch.device, hidden: int = 7168, cases: Sequence[str] | None = None
+                  ) -> dict[str, dict[str, Any]]:
+    """Host µs per call at T = 1 of each bench case in ``cases`` (default: every op's first
+    bench case), by case name: the op called through ``core.ops`` vs the launcher its route
+    uses (``kernel.prepare(call)`` where the kernel has one, else ``kernel(call, ...)``)
+    called directly, into preallocated outputs and into fresh outputs allocated by the op's
+    plan (what calling the kernel yourself costs). The dispatch overhead is core's call
+    minus the latter: contract check, cached route, allocation. A case no backend runs here
+    gets ``{"note": why}``."""
+    known = bench_cases()
+    if cases is None:
+        cases = [bench[0].name for bench in (list(d.bench()) for d in opdefs.all_ops()) if bench]
+    costs: dict[str, dict[str, Any]] = {}
+    for name in cases:
+        case = known[name]
+        opdef = opdefs.get(case.op)
+        try:
+            args, kwargs, call, inputs = _described(case, 1, hidden, torch.bfloat16, device)
+            route = registry.route(call)
+        except TileplugError as error:
+            costs[name] = {"note": str(error)}
+            continue
+        kernel = route.kernel
+        prepare = getattr(kernel, "prepare", None)
+        if prepare is not None:
+            launch = prepare(call)
+        else:
 
-    x = activation(1, hidden, device=device)
-    call, inputs = describe_call(ops.per_token_cast, x)
-    backend, kernel = registry.select(call.op, call)
-    outputs = call.allocate(backend.traits_for(call.device_type))
-    q_shape, sf_shape = tuple(outputs.q.shape), tuple(outputs.sf.shape)
+            def launch(inputs: Any, outputs: Any, kernel: Any = kernel, call: Any = call) -> None:
+                kernel(call, inputs, outputs)
 
-    def direct_with_fresh_outputs() -> None:
-        fresh = QuantOutputs(
-            torch.empty(q_shape, dtype=outputs.q.dtype, device=device),
-            torch.empty(sf_shape, dtype=outputs.sf.dtype, device=device),
-        )
-        kernel(call, inputs, fresh)
+        plan = opdef.outputs(call, route.traits)
+        outputs = plan.allocate(call.tokens, device)
+        tokens = call.tokens
 
-    through_core = host_seconds_per_call(lambda: ops.per_token_cast(x), device, calls=3000)
-    direct = host_seconds_per_call(lambda: kernel(call, inputs, outputs), device, calls=3000)
-    direct_fresh = host_seconds_per_call(direct_with_fresh_outputs, device, calls=3000)
-    contract_only = host_seconds_per_call(lambda: describe_call(ops.per_token_cast, x), device, calls=3000)
-    return {
-        "backend": backend.name,
-        "core_call_us": through_core * 1e6,
-        "direct_kernel_us": direct * 1e6,
-        "direct_kernel_fresh_outputs_us": direct_fresh * 1e6,
-        "dispatch_overhead_us": (through_core - direct_fresh) * 1e6,
-        "contract_check_us": contract_only * 1e6,
-    }
+        def through_core() -> Any:
+            return opdef.function(*args, **kwargs)
+
+        def direct() -> None:
+            launch(inputs, outputs)
+
+        def direct_with_fresh_outputs() -> None:
+            launch(inputs, plan.allocate(tokens, device))
+
+        def contract_only() -> Any:
+            return describe_call(case.op, *args, **kwargs)
+
+        core_s = host_seconds_per_call(through_core, device, calls=3000)
+        direct_s = host_seconds_per_call(direct, device, calls=3000)
+        fresh_s = host_seconds_per_call(direct_with_fresh_outputs, device, calls=3000)
+        contract_s = host_seconds_per_call(contract_only, device, calls=3000)
+        costs[name] = {
+            "op": case.op,
+            "backend": route.backend.name,
+            "core_call_us": core_s * 1e6,
+            "direct_kernel_us": direct_s * 1e6,
+            "direct_kernel_fresh_outputs_us": fresh_s * 1e6,
+            "dispatch_overhead_us": (core_s - fresh_s) * 1e6,
+            "contract_check_us": contract_s * 1e6,
+        }
+    return costs

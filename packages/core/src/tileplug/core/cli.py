@@ -1,18 +1,134 @@
-"""The ``tileplug`` command: info, demo, bench, lower, ledger."""
+"""The ``tileplug`` command: info, demo, bench, lower, ledger.
+
+Every command is derived from the op table (``tileplug.core.opdefs``): the ``info`` matrix
+has a row per declared op, ``lower`` and ``ledger`` accept every declared op, ``bench``
+times every op's bench cases and ``demo`` quantizes with every bench case of an op that
+returns a ``(q, sf)`` pair. No op is named here except the demo's inverse (``cast_back``)
+and the default cases of the dispatch-cost measurement.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
+import os
 import sys
+import typing
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-OP_NAMES = ("per_token_cast", "per_block_cast", "per_channel_cast", "cast_back")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+DEMO_INVERSE = "cast_back"
+"""The op ``demo`` round-trips each ``(q, sf)`` pair through (it dequantizes any layout)."""
+
+DEFAULT_DISPATCH_CASES = "per_token_cast,cast_back"
+"""Bench cases whose dispatch cost ``bench`` measures at T = 1 unless told otherwise."""
+
+REPRESENTATIVE_SHAPE = (1, 7168)
+"""[T, H] of the info matrix's call for an op's bench case (a Case brings its own H)."""
+
+INSTALL_HINT = (
+    "no backend is installed: pip install ./packages/reference (or tileplug-reference; "
+    "tileplug-backend-cuda on NVIDIA hosts, tileplug-backend-ascend on Ascend hosts)"
+)
+
+EPILOG = """\
+exit status:
+  0  success
+  2  the command as typed cannot be done: a bad or unknown argument, op, option, backend or
+     device, or a call the op's contract or the named backend rejects (one line on stderr)
+  1  a failure while running: a backend's kernel raised, or an internal error (one line on
+     stderr; set TILEPLUG_DEBUG=1 to see the traceback)
+A closed output pipe (tileplug info | head -1) ends the command quietly.
+"""
+
+
+class UsageError(Exception):
+    """The command line asks for something that cannot be done: one line on stderr, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (raised, reported by :func:`main` with exit status 2)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+# ---------------------------------------------------------------------- argument types
+
+
+def _count(text: str) -> int:
+    """A token count: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _counts(text: str) -> list[int]:
+    """Comma-separated token counts, e.g. ``1,16,128``."""
+    parts = [part.strip() for part in text.split(",")]
+    if not parts or any(not part for part in parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
+    values = []
+    for part in parts:
+        try:
+            values.append(_count(part))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated integers >= 0, got {text!r} ({part!r} is not one)") from None
+    return values
+
+
+def _names(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",")]
+    if any(not name for name in names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
+def _tuples(value: Any) -> Any:
+    """JSON lists become tuples (the ops take shapes as tuples), recursively."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def parse_value(text: str) -> Any:
+    """An option value: JSON when it parses (true, 3, 1.5, [1, 128] → a tuple, null), else the string."""
+    try:
+        return _tuples(json.loads(text))
+    except ValueError:
+        return text
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key, parse_value(value)
+
+
+# ---------------------------------------------------------------------- helpers
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -21,6 +137,11 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
+
+
+def _one_line(text: Any, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _default_device() -> torch.device:
@@ -34,25 +155,190 @@ def _default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _representative_call(op_name: str, device_type: str):
-    """The op's default call at [1, 7168] described on a meta tensor, re-homed to ``device_type``."""
-    from tileplug.core import ops
-    from tileplug.core.lowering import describe_call
+def _device(text: str | None) -> torch.device:
+    """The ``--device`` asked for, checked to exist here (UsageError otherwise)."""
+    if not text:
+        return _default_device()
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        raise UsageError(f"unknown device {text!r} (e.g. cpu, cuda, cuda:1, npu)") from None
+    if device.type == "meta":
+        raise UsageError("device 'meta' holds no data, so nothing can run or be timed on it")
+    if device.type != "cpu":
+        module = getattr(torch, device.type, None)
+        is_available = getattr(module, "is_available", None)
+        try:
+            available = bool(is_available()) if is_available is not None else False
+        except Exception:  # noqa: BLE001 - a probe that raises means "not here"
+            available = False
+        if not available:
+            raise UsageError(f"device {text!r} is not available on this machine "
+                             f"(torch.{device.type}.is_available() is not true)")
+    try:
+        torch.empty(1, device=device)
+    except Exception as error:  # noqa: BLE001 - e.g. cuda:7 on a one-GPU host
+        raise UsageError(f"device {text!r} cannot be used here: {_one_line(error, 160)}") from None
+    return device
 
-    x = torch.empty(1, 7168, dtype=torch.bfloat16, device="meta")
-    if op_name == "cast_back":
-        q = torch.empty(1, 7168, dtype=torch.float8_e4m3fn, device="meta")
-        sf = torch.empty(1, 56, dtype=torch.float32, device="meta")
-        call, _ = describe_call(ops.cast_back, (q, sf), "bf16", x_block_size=(1, 128))
-    else:
-        call, _ = describe_call(getattr(ops, op_name), x)
-    return dataclasses.replace(call, device_type=device_type)
+
+def _opdef(name: str):
+    from tileplug.core import opdefs
+
+    try:
+        return opdefs.get(name)
+    except KeyError:
+        raise UsageError(f"unknown op {name!r}; declared ops: {', '.join(opdefs.names())}") from None
+
+
+def _backend(name: str):
+    from tileplug.core.registry import registry
+
+    backend = registry.get(name)
+    if backend is None:
+        installed = ", ".join(b.name for b in registry.backends) or "none"
+        raise UsageError(f"unknown backend {name!r} (installed: {installed})")
+    return backend
+
+
+def _own_device_type(backend) -> str:
+    """The device type a backend is shown on: its first named one (the reference's '*': cpu)."""
+    return next((d for d in backend.device_types if d != "*"), "cpu")
+
+
+def _mentions_tensor(annotation: Any) -> bool:
+    if annotation is torch.Tensor:
+        return True
+    return any(_mentions_tensor(a) for a in typing.get_args(annotation))
+
+
+def keyword_options(opdef) -> list[str]:
+    """The op's keyword arguments a command line may set: its parameters that are not tensors."""
+    try:
+        hints = typing.get_type_hints(opdef.function)
+    except Exception:  # noqa: BLE001 - unresolvable hints: judge by the parameters alone
+        hints = {}
+    names = []
+    for parameter in inspect.signature(opdef.function).parameters.values():
+        if parameter.name == "out" or parameter.default is inspect.Parameter.empty:
+            continue
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        if _mentions_tensor(hints.get(parameter.name)):
+            continue
+        names.append(parameter.name)
+    return names
+
+
+def input_options(opdef) -> list[str]:
+    """Input options (``-i``) the op's family uses in its declared cases and bench cases."""
+    from tileplug.core import opdefs
+
+    family = [d for d in opdefs.all_ops() if opdef.family and d.family == opdef.family] or [opdef]
+    names: set[str] = set()
+    for member in family:
+        for case in list(member.cases()) + list(member.bench()):
+            names.update(key for key, _ in case.inputs)
+    return sorted(names)
+
+
+def _options(opdef, items: Sequence[tuple[str, Any]] | None, known: list[str], flag: str, what: str) -> dict:
+    options: dict[str, Any] = {}
+    for key, value in items or []:
+        if key not in known:
+            listing = ", ".join(known) if known else "none"
+            raise UsageError(f"{opdef.name}: unknown {what} {key!r} ({flag} {key}=...); known: {listing}")
+        options[key] = value
+    return options
+
+
+def _meta_arguments(opdef, tokens: int, hidden: int, dtype: torch.dtype, kwargs: dict, inputs: dict,
+                    device: torch.device | None = None) -> tuple[tuple, dict]:
+    """``opdef.arguments`` on ``device`` (meta), its failures turned into one-line UsageErrors."""
+    from tileplug.core.errors import TileplugError
+
+    try:
+        return opdef.arguments(tokens, hidden, dtype, dict(kwargs), dict(inputs), device or torch.device("meta"), 0)
+    except TileplugError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as error:
+        raise UsageError(f"{opdef.name}: cannot make its arguments with options {kwargs or {}} and inputs "
+                         f"{inputs or {}}: {type(error).__name__}: {_one_line(error, 160)}") from None
+
+
+def _command_call(args: argparse.Namespace, layout: Any) -> tuple[Any, Any, dict, dict]:
+    """(opdef, call, kwargs, inputs) of ``lower`` / ``ledger``: meta inputs at the command
+    line's shape, made and checked under ``config.host_layout(layout)``."""
+    from tileplug.core import config
+    from tileplug.core.opdefs import describe_call
+
+    opdef = _opdef(args.op)
+    kwargs = _options(opdef, args.option, keyword_options(opdef), "-o", "option")
+    inputs = _options(opdef, args.input, input_options(opdef), "-i", "input option")
+    with config.host_layout(layout):
+        op_args, op_kwargs = _meta_arguments(opdef, args.tokens, args.hidden, DTYPES[args.dtype], kwargs, inputs)
+        call, _ = describe_call(opdef.name, *op_args, **op_kwargs)
+    return opdef, call, kwargs, inputs
+
+
+def representative_call(opdef, device_type: str, traits: Any) -> tuple[Any, str]:
+    """The op's call the info matrix asks each backend about, and its label: the op's first
+    bench case at [1, 7168] bf16, else its first case at T = 1, built on meta under the
+    backend's layout and re-homed to ``device_type``."""
+    from tileplug.core import config
+    from tileplug.core.opdefs import describe_call
+
+    bench = list(opdef.bench())
+    tokens, hidden = REPRESENTATIVE_SHAPE
+    with config.host_layout(traits):
+        if bench:
+            case = bench[0]
+            label = f"bench {case.name} [{tokens}, {hidden}] bf16"
+            op_args, op_kwargs = case.arguments(tokens, hidden, torch.bfloat16, torch.device("meta"), 0)
+        else:
+            cases = list(opdef.cases())
+            if not cases:
+                raise LookupError("the op declares no bench case and no case")
+            case = cases[0]
+            label = f"case {case.id} T={tokens}"
+            op_args, op_kwargs = case.arguments(tokens, "meta", 0)
+        call, _ = describe_call(opdef.name, *op_args, **op_kwargs)
+    return dataclasses.replace(call, device_type=device_type), label
+
+
+# ---------------------------------------------------------------------- version
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the core version and those of the installed backends")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: Any = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
+def version_text() -> str:
+    import tileplug.core
+    from tileplug.core.registry import registry
+
+    lines = [f"tileplug-core {tileplug.core.__version__}"]
+    for backend in registry.backends:
+        lines.append(f"  backend {backend.name} {backend.version or '?'} ({backend.distribution or '?'})")
+    for record in registry.records:
+        if record.error is not None and not record.backends:
+            lines.append(f"  plugin {record.name} {record.version} ({record.distribution}): failed to load")
+    if not registry.backends:
+        lines.append(f"  {INSTALL_HINT}")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------- info
 
 
 def command_info(args: argparse.Namespace) -> int:
+    from tileplug.core import opdefs
     from tileplug.core.registry import BACKEND_ENV_VARIABLE, registry
 
     print("tileplug backends (entry-point group 'tileplug.backends')")
@@ -69,7 +355,10 @@ def command_info(args: argparse.Namespace) -> int:
                 "available" if why is None else f"unavailable: {why}",
             )
         )
-    print(_table(("backend", "distribution", "version", "devices", "priority", "status"), rows))
+    if rows:
+        print(_table(("backend", "distribution", "version", "devices", "priority", "status"), rows))
+    else:
+        print(INSTALL_HINT)
     # One row per fault: a plugin that failed as a whole, or each backend it handed back
     # that was refused (malformed, reserved or taken name).
     failed = [(r.name, r.distribution, r.version, fault) for r in registry.records for fault in r.faults]
@@ -79,24 +368,40 @@ def command_info(args: argparse.Namespace) -> int:
     forced = registry.forced()
     if forced:
         print(f"\nforced backend(s): {', '.join(forced)} ({BACKEND_ENV_VARIABLE} or use_backend)")
-    print("\nop x backend (default flags, [1, 7168] bf16 on the backend's own device type)")
+        for name in forced:
+            if registry.get(name) is None:
+                installed = ", ".join(b.name for b in registry.backends) or "none"
+                print(f"forced backend '{name}' is not installed (installed: {installed}); "
+                      f"calls will find no backend until {BACKEND_ENV_VARIABLE} names one that is")
     backends = registry.backends
+    print("\nop x backend (each op's first bench case at [1, 7168] bf16, else its first case, "
+          "on the backend's own device type)")
     matrix = []
-    for op_name in OP_NAMES:
-        line: list[str] = [op_name]
+    for opdef in opdefs.all_ops():
+        line: list[str] = [opdef.name]
+        try:
+            _, label = representative_call(opdef, "cpu", _host_traits())
+        except Exception as error:  # noqa: BLE001 - report, never crash info
+            label = f"no call ({type(error).__name__}: {_one_line(error, 80)})"
         for backend in backends:
-            kernel = backend.kernels.get(op_name)
+            kernel = backend.kernels.get(opdef.kernel)
             if kernel is None:
                 line.append("-")
                 continue
-            device_type = next((d for d in backend.device_types if d != "*"), "cpu")
+            device_type = _own_device_type(backend)
             try:
-                why = kernel.supports(_representative_call(op_name, device_type))
+                call, _ = representative_call(opdef, device_type, backend.traits_for(device_type))
+            except Exception as error:  # noqa: BLE001 - report, never crash info
+                line.append(f"no call ({type(error).__name__}: {_one_line(error, 80)})")
+                continue
+            try:
+                why = kernel.supports(call)
             except Exception as error:  # noqa: BLE001 - report, never crash info
                 why = f"supports() raised {type(error).__name__}"
             line.append("yes" if why is None else f"no ({why})")
+        line.append(label)
         matrix.append(line)
-    print(_table(("op",) + tuple(b.name for b in backends), matrix))
+    print(_table(("op",) + tuple(b.name for b in backends) + ("call asked about",), matrix))
     for backend in backends:
         if backend.capabilities is not None:
             try:
@@ -105,51 +410,96 @@ def command_info(args: argparse.Namespace) -> int:
                 text = f"capabilities() raised {type(error).__name__}: {error}"
             print(f"\n{backend.name}: {text}")
     print("\n'-' = no kernel for the op; unavailable backends are shown with what they would accept.")
+    if not backends:
+        print(INSTALL_HINT)
     return 0
+
+
+def _host_traits() -> Any:
+    from tileplug.core import config
+
+    return config.current().host_layout
 
 
 # ---------------------------------------------------------------------- demo
 
 
-def command_demo(args: argparse.Namespace) -> int:
-    from tileplug.core import ops
-    from tileplug.core.benchmark import median_seconds
-    from tileplug.core.lowering import describe_call
-    from tileplug.core.registry import registry
-    from tileplug.reference.testing import activation, relative_error
+def _returns_pair(opdef) -> bool:
+    try:
+        annotation = typing.get_type_hints(opdef.function).get("return")
+    except Exception:  # noqa: BLE001
+        return False
+    return typing.get_origin(annotation) is tuple and typing.get_args(annotation) == (torch.Tensor, torch.Tensor)
 
-    device = torch.device(args.device) if args.device else _default_device()
+
+def demo_cases() -> list:
+    """Bench cases of every op of the inverse's family that returns a ``(q, sf)`` pair."""
+    from tileplug.core import opdefs
+
+    if DEMO_INVERSE not in opdefs.names():
+        return []
+    family = opdefs.get(DEMO_INVERSE).family
+    return [case for opdef in opdefs.all_ops() if opdef.family == family and _returns_pair(opdef)
+            for case in opdef.bench()]
+
+
+def command_demo(args: argparse.Namespace) -> int:
+    from tileplug.core import opdefs
+    from tileplug.core.benchmark import median_seconds
+    from tileplug.core.errors import TileplugError
+    from tileplug.core.opdefs import describe_call
+    from tileplug.core.ops.quant import block_of
+    from tileplug.core.registry import registry
+    from tileplug.core.testing import relative_error
+
+    device = _device(args.device)
     tokens, hidden = args.tokens, args.hidden
-    x = activation(tokens, hidden, dtype=torch.bfloat16, device=device)
+    cases = demo_cases()
     print(f"\ndemo: quantize a [{tokens}, {hidden}] bf16 activation (with outlier channels) on {device.type}")
-    cases = [
-        ("per_token_cast e4m3 g128", ops.per_token_cast, {}, (1, 128)),
-        ("per_token_cast e4m3 g128 ue8m0", ops.per_token_cast,
-         {"round_sf": True, "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}, (1, 128)),
-        ("per_token_cast e2m1 g16", ops.per_token_cast, {"fmt": "e2m1", "num_per_channels": 16}, (1, 16)),
-        ("per_block_cast e4m3 128x128", ops.per_block_cast, {"block_size": (128, 128)}, (128, 128)),
-        ("per_channel_cast e4m3 128", ops.per_channel_cast, {"num_per_tokens": 128}, (128, 1)),
-    ]
+    if not registry.backends:
+        print(INSTALL_HINT)
+    inverse = opdefs.get(DEMO_INVERSE) if cases else None
     rows = []
-    for label, op, kwargs, block in cases:
-        call, _ = describe_call(op, x, **kwargs)
-        backend, _ = registry.select(call.op, call)
-        q, sf = op(x, **kwargs)
-        restored = ops.cast_back((q, sf), "fp32", x_block_size=block)
-        error = relative_error(restored, x.float())
-        seconds = median_seconds(lambda: op(x, **kwargs), device)
-        ledger = call.ledger(backend.traits_for(device.type))
-        back_call, _ = describe_call(ops.cast_back, (q, sf), "bf16", x_block_size=block)
-        back_seconds = median_seconds(lambda: ops.cast_back((q, sf), "bf16", x_block_size=block), device)
-        back_bytes = back_call.ledger(backend.traits_for(device.type)).bytes_total
+    for case in cases:
+        opdef = opdefs.get(case.op)
+        kwargs = dict(case.kwargs)
+        try:
+            op_args, op_kwargs = case.arguments(tokens, hidden, torch.bfloat16, device)
+            call, _ = describe_call(case.op, *op_args, **op_kwargs)
+            backend, _ = registry.select(call.op, call)
+        except TileplugError as error:
+            rows.append((case.name, "none", "", "", "", "", "", "", _one_line(error, 160)))
+            continue
+        x = op_args[0]
+        note = ""
+        try:
+            q, sf = opdef.function(*op_args, **op_kwargs)
+            seconds = median_seconds(lambda: opdef.function(*op_args, **op_kwargs), device)
+        except TileplugError as error:
+            rows.append((case.name, backend.name, "", "", "", "", "", "", _one_line(error, 160)))
+            continue
+        ledger = opdef.ledger(call, backend.traits_for(call.device_type))
+        error_text = back_gbps = ""
+        block = block_of(case.op, kwargs)
+        try:
+            restored = inverse.function((q, sf), "fp32", x_block_size=block)
+            error_text = f"{relative_error(restored, x.float()):.4f}"
+            back_call, _ = describe_call(DEMO_INVERSE, (q, sf), "bf16", x_block_size=block)
+            back_backend, _ = registry.select(back_call.op, back_call)
+            back_seconds = median_seconds(lambda: inverse.function((q, sf), "bf16", x_block_size=block), device)
+            back_bytes = inverse.ledger(back_call, back_backend.traits_for(device.type)).bytes_total
+            back_gbps = f"{back_bytes / back_seconds / 1e9:.2f}"
+        except TileplugError as error:
+            error_text = back_gbps = "n/a"
+            note = f"{DEMO_INVERSE}: {_one_line(error, 160)}"
         rows.append((
-            label, backend.name, f"{tuple(q.shape)} {str(q.dtype).replace('torch.', '')}",
-            f"{tuple(sf.shape)} {str(sf.dtype).replace('torch.', '')}", f"{error:.4f}",
-            f"{seconds * 1e6:.0f}", f"{ledger.bytes_total / seconds / 1e9:.2f}",
-            f"{back_bytes / back_seconds / 1e9:.2f}",
+            case.name, backend.name, f"{tuple(q.shape)} {str(q.dtype).replace('torch.', '')}",
+            f"{tuple(sf.shape)} {str(sf.dtype).replace('torch.', '')}", error_text,
+            f"{seconds * 1e6:.0f}", f"{ledger.bytes_total / seconds / 1e9:.2f}", back_gbps, note,
         ))
-    print(_table(("op", "backend", "q", "sf", "round-trip rel err", "us", "GB/s", "cast_back GB/s"), rows))
-    print("round-trip rel err = ||cast_back(q, sf) - x|| / ||x||; GB/s = ledger bytes / median time")
+    print(_table(("op", "backend", "q", "sf", "round-trip rel err", "us", "GB/s", f"{DEMO_INVERSE} GB/s", "note"),
+                 rows))
+    print(f"round-trip rel err = ||{DEMO_INVERSE}(q, sf) - x|| / ||x||; GB/s = ledger bytes / median time")
     return 0
 
 
@@ -157,32 +507,34 @@ def command_demo(args: argparse.Namespace) -> int:
 
 
 def command_bench(args: argparse.Namespace) -> int:
-    from tileplug.core.benchmark import (
-        BenchReport,
-        bench_cases,
-        copy_bandwidth,
-        device_name,
-        dispatch_cost,
-        measure_case,
-    )
+    from tileplug.core import benchmark
     from tileplug.core.registry import registry
 
-    device = torch.device(args.device) if args.device else _default_device()
-    cases = bench_cases()
-    chosen = args.ops.split(",") if args.ops else list(cases)
+    device = _device(args.device)
+    cases = benchmark.bench_cases()
+    chosen = args.ops or list(cases)
     unknown = [name for name in chosen if name not in cases]
     if unknown:
-        print(f"unknown op case(s): {', '.join(unknown)}; known: {', '.join(cases)}", file=sys.stderr)
-        return 2
-    tokens_list = [int(t) for t in args.tokens.split(",")]
-    backends = (
-        args.backends.split(",")
-        if args.backends
-        else [b.name for b in registry.backends if b.serves(device.type) and b.unavailable_reason() is None]
-    )
+        raise UsageError(f"unknown op case(s): {', '.join(unknown)}; bench cases: {', '.join(cases)}")
+    dispatch_cases = args.dispatch_cases or []
+    unknown = [name for name in dispatch_cases if name not in cases]
+    if unknown:
+        raise UsageError(f"unknown dispatch case(s): {', '.join(unknown)}; bench cases: {', '.join(cases)}")
+    tokens_list = args.tokens
+    if args.backends:
+        for name in args.backends:
+            _backend(name)
+        backends = list(args.backends)
+    else:
+        backends = [b.name for b in registry.backends if b.serves(device.type) and b.unavailable_reason() is None]
+    dtype = DTYPES[args.dtype]
+    with_compile = not args.no_compile
+    if args.dry_run:
+        return _bench_dry_run(args, device, [cases[n] for n in chosen], tokens_list, dtype, backends, dispatch_cases)
     log = (lambda text: print(text, file=sys.stderr)) if args.verbose else (lambda text: None)
-    report = BenchReport(device.type, device_name(device), copy_bandwidth(device), torch.__version__)
-    if not args.no_compile:
+    report = benchmark.BenchReport(device.type, benchmark.device_name(device), benchmark.copy_bandwidth(device),
+                                   torch.__version__)
+    if with_compile:
         # The peer gets a fresh dynamo cache per op case and room to specialise on every
         # size; should it still hit the limit, it raises (reported as "did not compile")
         # instead of silently timing eager PyTorch.
@@ -191,17 +543,17 @@ def command_bench(args: argparse.Namespace) -> int:
         dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 4 * len(tokens_list))
         dynamo.config.fail_on_recompile_limit_hit = True
     for name in chosen:
-        if not args.no_compile:
+        if with_compile:
             dynamo.reset()
         for tokens in tokens_list:
             report.rows.extend(
-                measure_case(
-                    cases[name], tokens, args.hidden, DTYPES[args.dtype], device, backends, report.copy_gbps,
-                    with_compile=not args.no_compile, with_host_time=tokens in (1,), log=log,
+                benchmark.measure_case(
+                    cases[name], tokens, args.hidden, dtype, device, backends, report.copy_gbps,
+                    with_compile=with_compile, with_host_time=tokens in (1,), log=log,
                 )
             )
-    if not args.no_dispatch:
-        report.dispatch = dispatch_cost(device, args.hidden)
+    if not args.no_dispatch and dispatch_cases:
+        report.dispatch = benchmark.dispatch_cost(device, args.hidden, dispatch_cases)
     print(f"device: {report.device} ({report.device_name}); copy ceiling {report.copy_gbps:.1f} GB/s; "
           f"torch {report.torch_version}")
     rows = [
@@ -216,12 +568,14 @@ def command_bench(args: argparse.Namespace) -> int:
         for r in report.rows
     ]
     print(_table(("op", "T", "H", "runner", "median us", "GB/s", "% of copy", "host us/call", "note"), rows))
-    if report.dispatch:
-        d = report.dispatch
+    for name, d in report.dispatch.items():
+        if "note" in d:
+            print(f"\ndispatch cost, {name} [1, {args.hidden}] on {device.type}: {d['note']}")
+            continue
         print(
-            f"\ndispatch cost, per_token_cast [1, {args.hidden}] on {device.type} via '{d['backend']}': "
+            f"\ndispatch cost, {name} [1, {args.hidden}] on {device.type} via '{d['backend']}': "
             f"core.ops call {d['core_call_us']:.1f} us; kernel called directly {d['direct_kernel_us']:.1f} us "
-            f"(preallocated outputs), {d['direct_kernel_fresh_outputs_us']:.1f} us (fresh torch.empty outputs); "
+            f"(preallocated outputs), {d['direct_kernel_fresh_outputs_us']:.1f} us (fresh outputs from the plan); "
             f"dispatch overhead {d['dispatch_overhead_us']:.1f} us (contract check alone {d['contract_check_us']:.1f} us)"
         )
     if args.json:
@@ -231,101 +585,172 @@ def command_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_dry_run(args: argparse.Namespace, device: torch.device, cases: list, tokens_list: list[int],
+                   dtype: torch.dtype, backends: list[str], dispatch_cases: list[str]) -> int:
+    from tileplug.core import benchmark
+
+    rows = []
+    for case in cases:
+        for tokens in tokens_list:
+            for entry in benchmark.plan_case(case, tokens, args.hidden, dtype, device, backends,
+                                             with_compile=not args.no_compile):
+                rows.append((entry.case, case.op, entry.tokens, entry.hidden, entry.runner,
+                             entry.ledger_bytes or "", entry.note))
+    print(f"dry run on {device.type}: {len(cases)} case(s) x {len(tokens_list)} token count(s); nothing is timed")
+    print(_table(("op", "declared op", "T", "H", "runner", "ledger bytes", "note"), rows))
+    if dispatch_cases and not args.no_dispatch:
+        print(f"\ndispatch cost would be measured for {', '.join(dispatch_cases)} at [1, {args.hidden}]")
+    return 0
+
+
 # ---------------------------------------------------------------------- lower, ledger
 
 
-def _call_arguments(args: argparse.Namespace):
-    from tileplug.core import ops
-
-    op = getattr(ops, args.op)
-    x = torch.empty(args.tokens, args.hidden, dtype=DTYPES[args.dtype], device="meta")
-    kwargs: dict[str, Any] = {}
-    for item in args.option or []:
-        key, _, value = item.partition("=")
-        kwargs[key] = json.loads(value) if value[:1] in "[{0123456789-tf" and value not in ("e4m3", "e2m1") else value
-        if isinstance(kwargs[key], list):
-            kwargs[key] = tuple(kwargs[key])
-    return op, x, kwargs
-
-
 def command_lower(args: argparse.Namespace) -> int:
-    from tileplug.core.lowering import lower
-
-    op, x, kwargs = _call_arguments(args)
-    print(lower(op, x, backend=args.backend, **kwargs))
+    backend = _backend(args.backend)
+    device_type = _own_device_type(backend)
+    traits = backend.traits_for(device_type)
+    opdef, call, _, _ = _command_call(args, traits)
+    call = dataclasses.replace(call, device_type=device_type)
+    if backend.lower is None:
+        raise UsageError(f"backend '{backend.name}' does not generate device code, so it has nothing to lower")
+    kernel = backend.kernels.get(opdef.kernel)
+    if kernel is None:
+        raise UsageError(f"backend '{backend.name}' has no {opdef.kernel} kernel (for {opdef.name})")
+    why = kernel.supports(call)
+    if why is not None:
+        raise UsageError(f"backend '{backend.name}' declines this {opdef.name} call: {why}")
+    print(backend.lower(call))
     return 0
 
 
 def command_ledger(args: argparse.Namespace) -> int:
-    from tileplug.core.lowering import describe_call
     from tileplug.core.quant.layouts import LAYOUTS
 
-    op, x, kwargs = _call_arguments(args)
-    call, _ = describe_call(op, x, **kwargs)
-    ledger = call.ledger(LAYOUTS[args.layout])
-    print(json.dumps({"op": args.op, "tokens": args.tokens, "hidden": args.hidden, **ledger._asdict(),
+    traits = LAYOUTS[args.layout]
+    opdef, call, kwargs, inputs = _command_call(args, traits)
+    ledger = opdef.ledger(call, traits)
+    print(json.dumps({"op": opdef.name, "tokens": args.tokens, "hidden": args.hidden, "dtype": args.dtype,
+                      "layout": args.layout, "options": {k: _jsonable(v) for k, v in kwargs.items()},
+                      "inputs": {k: _jsonable(v) for k, v in inputs.items()}, **ledger._asdict(),
                       "bytes_total": ledger.bytes_total}, indent=2))
     return 0
 
 
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+# ---------------------------------------------------------------------- parser, main
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tileplug", description="tileplug: pluggable memory-bound LLM kernels")
-    commands = parser.add_subparsers(dest="command", required=True)
+    from tileplug.core.quant.layouts import LAYOUTS
+
+    parser = _Parser(prog="tileplug", description="tileplug: pluggable memory-bound LLM kernels", epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=_VersionAction)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{info,demo,bench,lower,ledger}")
 
     commands.add_parser("info", help="installed backends, availability and the op x backend matrix")
 
-    demo = commands.add_parser("demo", help="quantize a realistic activation with each quant op")
+    demo = commands.add_parser("demo", help="quantize a realistic activation with each cast, round-trip error, GB/s")
     demo.add_argument("--device", help="cpu, cuda, npu (default: the best available)")
-    demo.add_argument("--tokens", type=int, default=512)
-    demo.add_argument("--hidden", type=int, default=7168)
+    demo.add_argument("--tokens", type=_count, default=512)
+    demo.add_argument("--hidden", type=_positive, default=7168)
 
-    bench = commands.add_parser("bench", help="ops x sizes on every available backend, with the copy ceiling")
+    bench = commands.add_parser("bench", help="every op's bench cases x sizes on every available backend")
     bench.add_argument("--device", help="cpu, cuda, npu (default: the best available)")
-    bench.add_argument("--ops", help="comma-separated op cases (default: all)")
-    bench.add_argument("--tokens", default="1,16,128,1024", help="comma-separated token counts")
-    bench.add_argument("--hidden", type=int, default=7168)
+    bench.add_argument("--ops", type=_names, help="comma-separated bench case names (default: all)")
+    bench.add_argument("--tokens", type=_counts, default=[1, 16, 128, 1024], help="comma-separated token counts")
+    bench.add_argument("--hidden", type=_positive, default=7168)
     bench.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    bench.add_argument("--backends", help="comma-separated backend names (default: all available for the device)")
+    bench.add_argument("--backends", type=_names,
+                       help="comma-separated backend names (default: all available for the device)")
     bench.add_argument("--no-compile", action="store_true", help="skip the torch.compile(reference) peer")
     bench.add_argument("--no-dispatch", action="store_true", help="skip the dispatch-cost measurement")
+    bench.add_argument("--dispatch-cases", type=_names, default=_names(DEFAULT_DISPATCH_CASES),
+                       help=f"bench cases whose dispatch cost is measured at T=1 (default: {DEFAULT_DISPATCH_CASES})")
+    bench.add_argument("--dry-run", action="store_true",
+                       help="list the cases x token counts x runners (with ledger bytes) without timing anything")
     bench.add_argument("--json", help="also write the report as JSON to this path")
     bench.add_argument("--verbose", action="store_true", help="log progress to stderr")
 
     for name, helptext in (("lower", "generated device source of one specialisation"),
                            ("ledger", "bytes and flops one call must move")):
         sub = commands.add_parser(name, help=helptext)
-        sub.add_argument("op", choices=[n for n in OP_NAMES if n != "cast_back"] + [
-            "per_token_cast_with_sf_only", "per_token_cast_with_precomputed_sf",
-            "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf"])
-        sub.add_argument("--tokens", type=int, default=1)
-        sub.add_argument("--hidden", type=int, default=7168)
+        sub.add_argument("op", help="a declared op (tileplug info lists them)")
+        sub.add_argument("--tokens", type=_count, default=1)
+        sub.add_argument("--hidden", type=_positive, default=7168)
         sub.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-        sub.add_argument("--option", "-o", action="append", help="op keyword, e.g. -o fmt=e2m1 -o round_sf=true")
+        sub.add_argument("--option", "-o", action="append", type=_key_value, metavar="KEY=VALUE",
+                         help="op keyword argument, JSON when it parses: -o fmt=e2m1 -o round_sf=true "
+                              "-o block_size=[32,32]")
+        sub.add_argument("--input", "-i", action="append", type=_key_value, metavar="KEY=VALUE",
+                         help="input option, e.g. -i input_sf=ue8m0 -i input_fmt=e2m1 -i row_stride_pad=8")
         if name == "lower":
             sub.add_argument("--backend", required=True)
         else:
-            sub.add_argument("--layout", choices=("cuda", "ascend"), default="cuda")
+            sub.add_argument("--layout", choices=sorted(LAYOUTS), default="cuda")
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    handlers = {
-        "info": command_info,
-        "demo": command_demo,
-        "bench": command_bench,
-        "lower": command_lower,
-        "ledger": command_ledger,
-    }
-    try:
-        return handlers[args.command](args)
-    except Exception as error:
-        from tileplug.core.errors import TileplugError
+HANDLERS = {
+    "info": command_info,
+    "demo": command_demo,
+    "bench": command_bench,
+    "lower": command_lower,
+    "ledger": command_ledger,
+}
 
-        if isinstance(error, TileplugError):
-            print(f"tileplug {args.command}: {error}", file=sys.stderr)
-            return 1
+
+def _run(argv: Sequence[str] | None) -> int:
+    from tileplug.core.errors import BackendError, TileplugError
+
+    command = "tileplug"
+    try:
+        args = build_parser().parse_args(argv)
+        command = f"tileplug {args.command}"
+        return HANDLERS[args.command](args)
+    except UsageError as error:
+        text = _one_line(error, 2000)
+        print(text if text.startswith("tileplug") else f"{command}: {text}", file=sys.stderr)
+        return 2
+    except BackendError as error:
+        print(f"{command}: {_one_line(error, 2000)}", file=sys.stderr)
+        return 1
+    except TileplugError as error:  # contract errors, no backend for the call as asked
+        print(f"{command}: {_one_line(error, 2000)}", file=sys.stderr)
+        return 2
+    except (BrokenPipeError, KeyboardInterrupt):
         raise
+    except Exception as error:  # noqa: BLE001 - one line, the traceback only on request
+        if os.environ.get("TILEPLUG_DEBUG"):
+            raise
+        print(f"{command}: internal error: {type(error).__name__}: {_one_line(error, 1000)} "
+              f"(TILEPLUG_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            status = _run(argv)
+        except SystemExit as exit_:  # --help, --version
+            status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        # The reader went away (tileplug info | head -1): say nothing more. Python's recipe:
+        # point stdout at devnull so the interpreter's final flush does not fail again.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 141
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":
