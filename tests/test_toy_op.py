@@ -12,7 +12,6 @@ The CLI runs in process (``cli.main``): the toy op lives only in this process.
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -175,31 +174,15 @@ def test_every_case_of_the_op_matches_the_reference_bytewise(toy):
 
 
 def test_conformance_suite_runs_the_toy_cases(toy):
-    # ---- conformance block -------------------------------------------------------------
-    # tileplug.reference.conformance is being rewritten to be generic over the op table.
-    # Once its cases() includes every declared op's cases and check_case takes
-    # (case, tokens, backend, device), this runs the toy cases through it; until then it
-    # skips, saying which part of that API is missing.
-    conformance = pytest.importorskip("tileplug.reference.conformance")
-    check_case = getattr(conformance, "check_case", None)
-    if check_case is None or not hasattr(conformance, "cases"):
-        pytest.skip("tileplug.reference.conformance has no cases() / check_case() (being rewritten)")
-    parameters = list(inspect.signature(check_case).parameters)
-    toy_suite = [case for case in conformance.cases() if getattr(case, "op", None) == OP]
-    if not toy_suite:
-        pytest.skip("conformance.cases() does not include the toy op's cases yet: conformance.py is not generic "
-                    "over the op table (being rewritten)")
-    if parameters[:4] == ["case", "tokens", "backend", "device"]:
-        for case in toy_suite:
-            for tokens in (0, 1, 3):
-                check_case(case, tokens, BACKEND, "cpu")
-    elif parameters[:3] == ["case", "backend", "device"] and all(hasattr(c, "tokens") for c in toy_suite):
-        for case in toy_suite:
-            check_case(case, BACKEND, "cpu")
-    else:
-        pytest.skip(f"conformance.check_case{inspect.signature(check_case)} does not take "
-                    "(case, tokens, backend, device) yet")
-    # ---- end of conformance block ------------------------------------------------------
+    """The conformance suite finds the toy op through the op table (conformance.py names no
+    op) and checks the toy backend against the reference on every case and token count."""
+    from tileplug.reference import conformance
+
+    toy_suite = [(case, tokens) for case, tokens in conformance.cases() if case.op == OP]
+    assert toy_suite and {tokens for _, tokens in toy_suite} == set(conformance.TOKENS)
+    assert len(toy_suite) == len(core.opdefs.get(OP).cases()) * len(conformance.TOKENS)
+    for case, tokens in toy_suite:
+        conformance.check_case(case, tokens, BACKEND, "cpu")
 
 
 # ---------------------------------------------------------------------- the CLI

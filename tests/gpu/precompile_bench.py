@@ -5,19 +5,23 @@ not a heredoc: the process pool spawns workers that re-import the main module.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 
 def main() -> None:
     from tileplug.backend_cuda.plugin import _KERNELS
     from tileplug.backend_cuda.quant import jit
+    from tileplug.core import config, describe_call
     from tileplug.core.benchmark import bench_cases
-    from tileplug.core.lowering import describe_call
 
     specs = []
     for case in bench_cases().values():
-        args, kwargs = case.make_args(torch.randn(4, 7168, dtype=torch.bfloat16))
-        call, _ = describe_call(case.op, *args, **kwargs)
+        with config.host_layout("cuda"):
+            args, kwargs = case.arguments(4, 7168, torch.bfloat16, torch.device("meta"))
+            call, _ = describe_call(case.op, *args, **kwargs)
+        call = dataclasses.replace(call, device_type="cuda")
         kernel = _KERNELS[call.op]
         if kernel.supports(call) is None:
             specs.append(kernel.spec(call))
