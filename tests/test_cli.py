@@ -321,3 +321,14 @@ def test_keyword_options_come_from_the_signature():
     assert cli.keyword_options(opdefs.get("per_token_cast_with_precomputed_sf")) == [
         "fmt", "num_per_channels", "x_block_size"]  # sf is a tensor input, out is not an option
     assert "x_block_size" in cli.keyword_options(opdefs.get("cast_back"))
+
+
+@pytest.mark.parametrize(("value", "says"), [("input_sf=bogus", "inputs.input_sf"),
+                                             ("input_col_major=1", "inputs.input_col_major"),
+                                             ("row_stride_pad=-2", "inputs.row_stride_pad")])
+def test_bad_input_option_values_name_the_option(value, says, capsys):
+    from tileplug.core import cli
+
+    status = cli.main(["ledger", "per_token_cast_with_precomputed_sf", "-i", value])
+    err = capsys.readouterr().err
+    assert status == 2 and says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

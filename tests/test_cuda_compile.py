@@ -265,7 +265,13 @@ def _known_spill(name: str) -> bool:
     return any(pattern in name for pattern in KNOWN_SPILLS)
 
 
-MAIN_PATHS = [(name, case) for name, case in GRID if describe(case)[1].quantized_input is None]
+def _is_main_path(case) -> bool:
+    """A float input whose rows are 16-byte aligned (misaligned rows get the scalar variant)."""
+    kernel, call = describe(case)
+    return call.quantized_input is None and kernel.spec(call).vectorize
+
+
+MAIN_PATHS = [(name, case) for name, case in GRID if _is_main_path(case)]
 
 
 @pytest.mark.parametrize("entry", MAIN_PATHS, ids=[name for name, _ in MAIN_PATHS])

@@ -231,15 +231,8 @@ def keyword_options(opdef) -> list[str]:
 
 
 def input_options(opdef) -> list[str]:
-    """Input options (``-i``) the op's family uses in its declared cases and bench cases."""
-    from tileplug.core import opdefs
-
-    family = [d for d in opdefs.all_ops() if opdef.family and d.family == opdef.family] or [opdef]
-    names: set[str] = set()
-    for member in family:
-        for case in list(member.cases()) + list(member.bench()):
-            names.update(key for key, _ in case.inputs)
-    return sorted(names)
+    """Input options (``-i``) the op declares (``OpDef.input_options``)."""
+    return sorted(opdef.input_options)
 
 
 def _options(opdef, items: Sequence[tuple[str, Any]] | None, known: list[str], flag: str, what: str) -> dict:

@@ -118,6 +118,8 @@ class OpDef:
       call with those options (values from ``tileplug.core.testing.activation``; meta: shapes).
     - ``compare(case, tokens, actual, expected)``: asserts a backend's outputs equal the
       reference's as SPEC says (default: bytewise, strides included).
+    - ``input_options``: the names ``arguments`` accepts in ``inputs``, each with a one-line
+      description (``tileplug lower/ledger -i``); an unknown one is a ContractError.
     - ``kernel``: the backend kernel-table key (default ``name``); ``family``: e.g. "quant".
     """
 
@@ -131,6 +133,7 @@ class OpDef:
     bench: Callable[[], Sequence[BenchCase]]
     arguments: Callable[..., tuple[tuple, dict]]
     compare: Callable[[Case, int, list, list], None] | None = None
+    input_options: Mapping[str, str] = field(default_factory=dict)
     kernel: str = ""
     family: str = ""
     schema: str = field(default="", init=False)

@@ -20,6 +20,7 @@ from torch.compiler import is_compiling
 from tileplug.core import config
 from tileplug.core.call import QuantMode
 from tileplug.core.contracts import quant as contracts
+from tileplug.core.errors import ContractError
 from tileplug.core.opdefs import BenchCase, Case, OpDef, allocate_without_backend, declare, run
 
 QuantizedPair = tuple[torch.Tensor, torch.Tensor]
@@ -246,6 +247,28 @@ def _produce(op: str, x: torch.Tensor, kwargs: dict[str, Any]) -> Any:
     return getattr(ops, op)(x, **kwargs)
 
 
+INPUT_OPTIONS: dict[str, str] = {
+    "row_stride_pad": "int >= 0: x is a view of [T, H + pad] (a padded row stride)",
+    "input_fmt": "'e4m3' or 'e2m1': the format of a quantized input",
+    "input_sf": "'fp32', 'e4m3' or 'ue8m0': the scales of a quantized input or of the given sf",
+    "input_col_major": "bool: those scales are stored column-major",
+}
+_INPUT_CHOICES: dict[str, tuple] = {
+    "input_fmt": ("e4m3", "e2m1"), "input_sf": ("fp32", "e4m3", "ue8m0"), "input_col_major": (False, True),
+}
+
+
+def _check_input_options(op: str, inputs: dict[str, Any]) -> None:
+    for key, value in inputs.items():
+        if key not in INPUT_OPTIONS:
+            raise ContractError(op, f"inputs.{key}", f"one of {', '.join(INPUT_OPTIONS)}", key)
+        choices = _INPUT_CHOICES.get(key)
+        if choices is not None and (value not in choices or type(value) is not type(choices[0])):
+            raise ContractError(op, f"inputs.{key}", f"one of {', '.join(map(repr, choices))}", repr(value))
+        if key == "row_stride_pad" and (type(value) is not int or value < 0):
+            raise ContractError(op, "inputs.row_stride_pad", "an int >= 0", repr(value))
+
+
 def quant_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwargs: dict[str, Any],
                     inputs: dict[str, Any], device: torch.device, seed: int) -> tuple[tuple, dict]:
     """(args, kwargs) of a quant op at ``[tokens, hidden]`` on ``device``.
@@ -259,6 +282,7 @@ def quant_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwarg
     """
     from tileplug.core.testing import activation
 
+    _check_input_options(op, inputs)
     kwargs = dict(kwargs)
     pad = inputs.get("row_stride_pad", 0)
     if device.type == "meta":
@@ -431,6 +455,7 @@ def _declare(function: Any, kernel: str, contract: Any) -> OpDef:
         bench=lambda: _bench(name),
         arguments=lambda *args: quant_arguments(name, *args),
         compare=compare_quant,
+        input_options=INPUT_OPTIONS,
     ))
 
 
