@@ -109,12 +109,13 @@ def _closure(names: list[str]) -> list[importlib.metadata.Distribution]:
     return list(found.values())
 
 
-def _link_dependencies(target: Path) -> list[str]:
-    """Symlink the top-level entries (packages, modules, dist-info) of torch's and pluggy's
-    closure (and numpy, which torch imports when present) into ``target``; returns their names."""
+def _link_dependencies(target: Path, names: tuple[str, ...] = ("torch", "pluggy", "numpy")) -> list[str]:
+    """Symlink the top-level entries (packages, modules, dist-info) of the closure of
+    ``names`` (default torch, pluggy and numpy, which torch imports when present) into
+    ``target``; returns their names."""
     target.mkdir()
     linked = []
-    for dist in _closure(["torch", "pluggy", "numpy"]):  # numpy: torch warns without it
+    for dist in _closure(list(names)):
         assert not dist.metadata["Name"].lower().startswith("tileplug"), dist.metadata["Name"]
         entries = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
         for entry in sorted(entries):
