@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import re
 
-
-def _align(a: int, b: int) -> int:
-    return -(-a // b) * b
+from tileplug.core.quant.sf_math import align
 
 
 def compiler_ub_bytes(artifact) -> int:
@@ -51,7 +49,7 @@ def primfunc_ub_bytes(prim_func) -> int:
                     count *= int(dim)
                 dtype = tvm.DataType(str(buf.dtype))
                 nbytes = count * dtype.bits * dtype.lanes // 8
-                total[0] += versions.get(buf.data, 1) * _align(nbytes, 32)
+                total[0] += versions.get(buf.data, 1) * align(nbytes, 32)
 
     stmt_functor.post_order_visit(prim_func.body, visit)
     return total[0]

@@ -4,19 +4,11 @@ per-specialisation kernel cache (thread-safe), lowering to Ascend C, and launchi
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from typing import Any
 
 import torch
 
-from tileplug.backend_ascend.device import (
-    UB_BYTES_SIMD,
-    UB_BYTES_SIMT,
-    DeviceTarget,
-    UBBudgetError,
-    dispatch_target,
-    lowering_target,
-)
+from tileplug.backend_ascend.device import DeviceTarget, UBBudgetError, dispatch_target, lowering_target
 from tileplug.backend_ascend.quant.spec import TileSpec, Tiling
 
 KIND_OF_OP = {"per_token_cast": "token", "per_block_cast": "block", "per_channel_cast": "channel", "cast_back": "back"}
@@ -118,7 +110,9 @@ def lower_spec(spec: TileSpec, variant: str | None = None, tiling: Tiling | None
 
 
 def header(spec: TileSpec, tiling: Tiling, target: DeviceTarget) -> str:
-    budget = UB_BYTES_SIMT if spec.uses_simt else UB_BYTES_SIMD
+    """Comment lines that head the Ascend C ``core.lower`` returns: lowered, not verified; the
+    specialisation, the device constants and where they came from, the tile and its UB plan."""
+    budget = tiling.budget
     lines = [
         "// tileplug-backend-ascend: LOWERED to Ascend C by TileLang's Ascend pipeline on a machine",
         "// without an NPU. Not compiled with bisheng, never executed: lowered, not verified.",
@@ -205,10 +199,3 @@ class GroupedKernel:
         if spec.writes_sf:
             args.append(_sf_arg(outputs.sf, spec.col_major))
         kernel(*args)
-
-    def lower(self, call) -> str:
-        return lower_call(call)
-
-
-def with_cores(spec: TileSpec, cores: int) -> TileSpec:
-    return replace(spec, vector_cores=cores)

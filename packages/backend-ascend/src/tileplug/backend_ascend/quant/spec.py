@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tileplug.backend_ascend.device import DeviceTarget, UBBudgetError, check_budget
+from tileplug.backend_ascend.device import UB_BYTES_SIMD, UB_BYTES_SIMT, UBBudgetError, check_budget
+from tileplug.core.quant.sf_math import align, ceil_div
 
 LANES = 64
 """fp32 lanes of one 256-byte vector register."""
@@ -22,14 +23,6 @@ ITEMSIZE = {
 }
 VERSIONS = 2
 """Buffer versions of every buffer that crosses pipeline stages (double buffering)."""
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def align(a: int, b: int) -> int:
-    return ceil_div(a, b) * b
 
 
 @dataclass(frozen=True)
@@ -156,9 +149,8 @@ class TileSpec:
                 p["sf_ub"] = ((align(ng, 8),), "float32", V)
         return p
 
-    def budget(self, target: DeviceTarget | None = None) -> int:
-        from tileplug.backend_ascend.device import UB_BYTES_SIMD, UB_BYTES_SIMT
-
+    def budget(self) -> int:
+        """UB bytes per vector core this kernel may use (less when it has a SIMT region)."""
         return UB_BYTES_SIMT if self.uses_simt else UB_BYTES_SIMD
 
     def width(self) -> int:

@@ -28,9 +28,9 @@ import struct
 import tilelang.ascend.language as T
 from tvm import tirx
 
-from tileplug.backend_ascend.quant.spec import LANES, TileSpec, Tiling, ceil_div
-
-FMT_MAX = {"e4m3": 448.0, "e2m1": 6.0}
+from tileplug.backend_ascend.quant.spec import LANES, TileSpec, Tiling
+from tileplug.core.quant.formats import QUANT_FORMATS
+from tileplug.core.quant.sf_math import ceil_div
 
 
 def _f32(value: float) -> float:
@@ -63,7 +63,7 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
     kind, mode, fmt = spec.kind, spec.mode, spec.fmt
     qin, given = spec.qin, spec.given
     in_bf16 = spec.in_dtype == "bfloat16"
-    fmax = FMT_MAX.get(fmt, 1.0)
+    fmax = QUANT_FORMATS[fmt].max_value if fmt is not None else 1.0
     rcp = _f32(1.0 / _f32(fmax))
     clamp_bits = _bits(_f32(spec.clamp_min))
     writes_q, writes_sf = spec.writes_q, spec.writes_sf
@@ -184,8 +184,8 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
                 T.simd.vsts(q_ub[r, off], T.simd.vcvt(lo, "float8_e4m3fn", round="ROUND_R", sat=True), dist="PK4_B32")
             else:
                 m = T.simd.vabs(y)
-                six = T.simd.vdup(f32(6.0), "float32")
-                m = T.simd.vsel(six, T.simd.vmins(m, f32(6.0)), T.simd.vcmp(m, m, op="ne"))
+                six = T.simd.vdup(f32(fmax), "float32")
+                m = T.simd.vsel(six, T.simd.vmins(m, f32(fmax)), T.simd.vcmp(m, m, op="ne"))
                 lt2 = T.simd.vcmps(m, f32(2.0), op="lt")
                 lt4 = T.simd.vcmps(m, f32(4.0), op="lt")
                 scaled = T.simd.vsel(T.simd.vmuls(m, f32(2.0)), T.simd.vsel(m, T.simd.vmuls(m, f32(0.5)), lt4), lt2)
