@@ -63,16 +63,19 @@ def decline_reason(call) -> str | None:
 
 
 def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
-    """The kernel specialisation of ``call`` on ``target`` (vector cores)."""
+    """The kernel specialisation of ``call`` on ``target`` (vector cores; default: the
+    lowering stand-in). ``TileSpec.mode`` is the value of ``call.mode``, whether core hands a
+    mode string or a mode enum."""
     kind = KIND_OF_OP[call.op]
     cores = (target or lowering_target()).vector_cores
+    mode = getattr(call.mode, "value", call.mode)
     qin = None
     if call.quantized_input is not None:
         q = call.quantized_input
         qin = (q.fmt.name, q.block[0], q.block[1], _sf_kind(q.sf_encoding), bool(q.sf_col_major))
     if kind == "back":
         return TileSpec(
-            kind="back", hidden=call.hidden, block=qin[1:3], fmt=None, mode="cast_back",
+            kind="back", hidden=call.hidden, block=qin[1:3], fmt=None, mode=mode,
             in_dtype=DTYPE_NAMES[call.input_dtype], qin=qin, out_dtype=DTYPE_NAMES[call.output_dtype],
             vector_cores=cores,
         )
@@ -81,7 +84,7 @@ def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
     if call.given_sf is not None:
         given = (_sf_kind(call.given_sf.encoding), bool(call.given_sf.col_major))
     return TileSpec(
-        kind=kind, hidden=call.hidden, block=tuple(cast.block), fmt=cast.fmt.name, mode=call.mode,
+        kind=kind, hidden=call.hidden, block=tuple(cast.block), fmt=cast.fmt.name, mode=mode,
         in_dtype=DTYPE_NAMES[call.input_dtype], round_sf=cast.round_sf, packed=cast.use_packed_ue8m0,
         col_major=cast.col_major_sf, clamp_min=cast.clamp_min, qin=qin, given=given, vector_cores=cores,
     )

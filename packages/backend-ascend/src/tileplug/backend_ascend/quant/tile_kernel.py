@@ -60,7 +60,8 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
     W = tiling.width
     NCF, WT = tiling.full, tiling.tail
     plan = tiling.plan
-    kind, mode, fmt = spec.kind, spec.mode, spec.fmt
+    fmt = spec.fmt
+    is_cast_back = spec.is_cast_back
     qin, given = spec.qin, spec.given
     in_bf16 = spec.in_dtype == "bfloat16"
     fmax = QUANT_FORMATS[fmt].max_value if fmt is not None else 1.0
@@ -167,7 +168,7 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
 
     @T.macro
     def quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off, inv):
-        if kind == "back":
+        if is_cast_back:
             y = T.simd.vmul(T.simd.vld(d_ub[r, off]), T.simd.vld(s_ub[r, off]))
             if spec.out_dtype == "float32":
                 T.simd.vsts(o_ub[r, off], y)
@@ -202,12 +203,12 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
 
     # ---------------------------------------------------------------- one tile, static width w
     def make_tile(w):
-        ng = ceil_div(w, bn) if kind != "back" else 0
+        ng = ceil_div(w, bn) if not is_cast_back else 0
         nfull_groups = w // bn if bn >= LANES else 0
         group_tail = w - nfull_groups * bn if bn >= LANES else 0
         nchunks_full = w // LANES
         chunk_tail = w - nchunks_full * LANES
-        wq = w if fmt == "e4m3" or kind == "back" else w // 2
+        wq = w if fmt == "e4m3" or is_cast_back else w // 2
         wx = w // 2 if (qin is not None and qin[0] == "e2m1") else w
 
         @T.macro
@@ -252,7 +253,7 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
             # one 64-lane register column: bn in {16, 32} (several groups), bn == 1 (a scale per
             # lane), or cast_back (no scales)
             inv = T.simd.alloc_var("float32")
-            if kind == "back":
+            if is_cast_back:
                 inv = T.simd.vdup(f32(1.0), "float32")
             elif bn == 1:
                 halves = [(0, bm), (bm, 2 * bm)] if spec.packed else [(0, bm)]
@@ -287,7 +288,7 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
                     for k in _rest(subs):
                         inv_k = group_inv(T.simd.vsel(acc, zero, lane_mask(*subs[k])), sf_ub, e_ub, gbase + k)
                         inv = T.simd.vsel(inv_k, inv, lane_mask(*subs[k]))
-            if bn != 1 or kind == "back":
+            if bn != 1 or is_cast_back:
                 if writes_q:
                     if R == 1:
                         quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, 0, off, inv)
@@ -304,10 +305,10 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
                         T.simd.vdiv(T.simd.vdup(f32(1.0), "float32"), T.simd.vld(gsf_ub[c * LANES]),
                                     precision="vdiv_0ulp_ftz_true"),
                     )
-            if kind != "back" and bn >= LANES:
+            if not is_cast_back and bn >= LANES:
                 simd_groups_wide(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv)
             else:
-                per = LANES // bn if kind != "back" and bn > 1 else 1
+                per = LANES // bn if not is_cast_back and bn > 1 else 1
                 for c in T.serial(nchunks_full):
                     simd_chunk(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv, c * LANES, c * per, LANES)
                 if chunk_tail > 0:
@@ -474,13 +475,13 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
             else:
                 with T.SimdVF():
                     simd_tile(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv)
-            if (writes_q and fmt == "e2m1" and kind != "back") or (writes_sf and spec.packed):
+            if (writes_q and fmt == "e2m1" and not is_cast_back) or (writes_sf and spec.packed):
                 simt_pack(q_ub, code_ub, e_ub, sfp_ub)
             if writes_sf:
                 store_sf(SF, sf_ub, sfp_ub, rb, col0)
             if writes_q:
-                out_ub = o_ub if kind == "back" else q_ub
-                qc0 = col0 if (fmt == "e4m3" or kind == "back") else col0 // 2
+                out_ub = o_ub if is_cast_back else q_ub
+                qc0 = col0 if (fmt == "e4m3" or is_cast_back) else col0 // 2
                 if R == 1:
                     T.copy(out_ub[0, 0:wq], Q[row0, qc0: qc0 + wq])
                 else:
@@ -542,7 +543,7 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
     def strided(shape, dtype, stride):
         return T.StridedTensor(shape, (stride, 1), dtype)
 
-    if kind == "back":
+    if is_cast_back:
         O_t = T.Tensor((Tn, H), spec.out_dtype)
         XS_t = strided(XS_shape, XS_dtype, SXS)
 
@@ -557,19 +558,21 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
     XS_t = strided(XS_shape, XS_dtype, SXS) if qin is not None else None
     GS_t = strided(GS_shape, GS_dtype, SGS) if given is not None else None
 
-    if mode == "cast" and qin is None:
+    # the signature follows what the mode reads and writes: cast (q, sf), sf_only (sf),
+    # precomputed_sf (given sf in, q out); XS when the input is quantized
+    if writes_q and writes_sf and qin is None:
         @T.prim_func
         def quant_kernel(X: X_t, Q: Q_t, SF: SF_t):
             kernel_body(X, None, None, Q, SF)
-    elif mode == "cast":
+    elif writes_q and writes_sf:
         @T.prim_func
         def quant_kernel(X: X_t, XS: XS_t, Q: Q_t, SF: SF_t):
             kernel_body(X, XS, None, Q, SF)
-    elif mode == "sf_only" and qin is None:
+    elif writes_sf and qin is None:
         @T.prim_func
         def quant_kernel(X: X_t, SF: SF_t):
             kernel_body(X, None, None, None, SF)
-    elif mode == "sf_only":
+    elif writes_sf:
         @T.prim_func
         def quant_kernel(X: X_t, XS: XS_t, SF: SF_t):
             kernel_body(X, XS, None, None, SF)
