@@ -13,8 +13,8 @@ vector core); its values become compile-time constants of the generated Ascend C
 
 UB budget per vector core: 248 KiB when the kernel is pure SIMD, 216 KiB when it has a
 ``T.SimtVF`` region (the SIMT context reserves 32 KiB; TileLang's own Ascend auto-scheduler
-uses the same two limits; ``TileSpec.budget`` picks one). TileLang does not reject a plan over the budget, so every plan is
-checked by :func:`check_budget` before lowering.
+uses the same two limits; ``TileSpec.budget`` picks one). TileLang does not reject a plan over
+the budget, so the kernel builder checks every plan with :func:`check_budget` before tracing.
 """
 
 from __future__ import annotations

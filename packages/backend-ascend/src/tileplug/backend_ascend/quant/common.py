@@ -1,5 +1,6 @@
 """Shared machinery of the Ascend quant kernels: call -> specialisation, declines, the
-per-specialisation kernel cache (thread-safe), lowering to Ascend C, and launching."""
+per-specialisation kernel cache (thread-safe), ``Backend.lower`` (Ascend C with a header), and
+launching. Lowering itself is :mod:`tileplug.backend_ascend.quant.lowered`."""
 
 from __future__ import annotations
 
@@ -90,26 +91,7 @@ def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
     )
 
 
-# ---------------------------------------------------------------------- lowering
-
-
-def lower_spec(spec: TileSpec, variant: str | None = None, tiling: Tiling | None = None):
-    """Trace and lower ``spec`` through TileLang's Ascend pipeline: (artifact, prim_func, tiling)."""
-    import tilelang
-    from tilelang.backend.target import determine_target
-
-    from tileplug.backend_ascend.quant.tile_kernel import build
-
-    tiling = tiling or Tiling(spec)
-    if variant is None:
-        from tileplug.backend_ascend.device import check_budget
-
-        check_budget(tiling.footprint, tiling.budget, spec.describe())
-    prim_func = build(spec, tiling, variant)
-    target = determine_target("ascend", return_object=True)
-    with target:  # SIMT regions need the target context
-        artifact = tilelang.lower(prim_func, target=target)
-    return artifact, prim_func, tiling
+# ---------------------------------------------------------------------- Backend.lower
 
 
 def header(spec: TileSpec, tiling: Tiling, target: DeviceTarget) -> str:
@@ -132,10 +114,12 @@ def header(spec: TileSpec, tiling: Tiling, target: DeviceTarget) -> str:
 
 def lower_call(call) -> str:
     """``Backend.lower``: the Ascend C of ``call`` with the lowering stand-ins, header first."""
+    from tileplug.backend_ascend.quant.lowered import lower_spec
+
     target = lowering_target()
     spec = spec_of(call, target)
-    artifact, _, tiling = lower_spec(spec)
-    return header(spec, tiling, target) + artifact.kernel_source
+    lowered, tiling = lower_spec(spec)
+    return header(spec, tiling, target) + lowered.source
 
 
 # ---------------------------------------------------------------------- running (NPU only)

@@ -5,9 +5,10 @@ annotations against module globals, and postponed annotations break closure-loca
 
 Structure (per vector core ``cid`` of ``T.Kernel(C)``; ``T`` rows are a dynamic symbol):
 
-* loop 1 (``T.Pipelined``, buffers annotated with 2 versions): items ``cid, cid + C, ...`` over
-  (row tile, column tile) pairs whose tile is a full ``W`` columns wide;
-* loop 2 (same): the last, narrower column tile of each row tile when ``W`` does not divide H.
+one loop (:func:`row_loop`: ``T.Pipelined``, cross-stage buffers annotated with 2 versions) over
+the items ``cid, cid + C, ...`` of the (row tile, column tile) pairs; its body branches on the
+tile kind: a full ``W`` columns wide, or the last, narrower column tile of a row tile when ``W``
+does not divide H (a second pipelined loop over the same buffers loses the version rotation).
 
 Per tile: DMA GM->UB of the valid rows only (never a neighbour row), an optional SIMT region
 that decodes a quantized input / given UE8M0 scales into fp32 UB rows, one SIMD region (group
@@ -28,6 +29,7 @@ import struct
 import tilelang.ascend.language as T
 from tvm import tirx
 
+from tileplug.backend_ascend.device import check_budget
 from tileplug.backend_ascend.quant.spec import LANES, TileSpec, Tiling
 from tileplug.core.quant.formats import QUANT_FORMATS
 from tileplug.core.quant.sf_math import ceil_div
@@ -50,9 +52,34 @@ def _subgroups(lanes: int, bn: int):
     return [(lo, min(lo + bn, lanes)) for lo in range(0, lanes, bn)]
 
 
-def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
-    """The prim_func of ``spec`` (``variant``: deliberately bad kernels for the checks' tests:
-    "serial" unpipelined single-buffered loop, "scalar" per-element scalar code)."""
+def row_loop(extent, num_stages: int, versions: dict):
+    """The kernel's loop over its (row tile, column tile) items, as a ``for`` iterator: every
+    cross-stage UB buffer in ``versions`` (buffer -> versions) is annotated, then the loop is
+    ``T.Pipelined`` over ``num_stages`` stages (TileLang inserts the MTE2/V/MTE3 syncs and the
+    version rotation). Looked up by :func:`build` at trace time; tests/ascend_bad_kernels.py
+    swaps it for a serial loop to show the pipelining check failing."""
+    T.annotate_buffer_versions(versions)
+    return T.Pipelined(extent, num_stages=num_stages)
+
+
+def tile_compute(spec: TileSpec, width: int, simd_tile):
+    """The compute step of one tile ``width`` columns wide: a macro that runs ``simd_tile``
+    (group amax, scale math, quantize or dequantize on whole registers) in one ``T.SimdVF``
+    region. Looked up by :func:`build` at trace time; tests/ascend_bad_kernels.py swaps it for
+    per-element scalar code to show the vector check failing."""
+
+    @T.macro
+    def compute(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv):
+        with T.SimdVF():
+            simd_tile(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv)
+
+    return compute
+
+
+def build(spec: TileSpec, tiling: Tiling):
+    """The prim_func of ``spec`` tiled by ``tiling``; raises :class:`UBBudgetError` when the
+    tiling's UB plan does not fit the budget (TileLang would lower it silently)."""
+    check_budget(tiling.footprint, tiling.budget, spec.describe())
     H = spec.hidden
     bm, bn = spec.block
     R = spec.rows
@@ -317,22 +344,6 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
                         nchunks_full * per, chunk_tail,
                     )
 
-        @T.macro
-        def scalar_tile(x_ub, q_ub, sf_ub, nv):
-            # deliberately bad variant: per-element scalar code (e4m3 out, plain sf, bf16/fp32 in)
-            amax = T.alloc_var(T.float32)
-            for j in T.serial(ng):
-                amax = T.float32(0)
-                for k in T.serial(bn):
-                    if j * bn + k < w:
-                        amax = T.max(amax, T.abs(T.Cast("float32", x_ub[0, j * bn + k])))
-                sf_ub[j] = T.max(amax, f32(spec.clamp_min)) / f32(fmax)
-                for k in T.serial(bn):
-                    if j * bn + k < w:
-                        q_ub[0, j * bn + k] = T.Cast(
-                            "float8_e4m3fn", T.Cast("float32", x_ub[0, j * bn + k]) * (f32(fmax) / T.max(amax, f32(spec.clamp_min)))
-                        )
-
         def decode_sf_byte(b):
             bits = T.if_then_else(b == 255, T.int32(0x7FC00000), T.if_then_else(b == 0, T.int32(0x00400000), b << 23))
             return tirx.reinterpret("float32", bits)
@@ -456,6 +467,8 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
                     else:
                         T.copy(sf_ub[0:ng], SF[rb, g0: g0 + ng])
 
+        compute = tile_compute(spec, w, simd_tile)  # module global, looked up at trace time
+
         @T.macro
         def tile(X, XS, GS, Q, SF, bufs, rb, col0):
             x_ub, sfin_ub, d_ub, s_ub, graw_ub, gsf_ub, ginv_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, sfp_ub = bufs
@@ -470,11 +483,7 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
                 load_given(GS, graw_ub, gsf_ub, rb, col0)
             if qin is not None or (precomputed and given[0] == "ue8m0"):
                 simt_prepare(x_ub, sfin_ub, d_ub, s_ub, graw_ub, gsf_ub, row0)
-            if variant == "scalar":
-                scalar_tile(x_ub, q_ub, sf_ub, nv)
-            else:
-                with T.SimdVF():
-                    simd_tile(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv)
+            compute(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv)
             if (writes_q and fmt == "e2m1" and not is_cast_back) or (writes_sf and spec.packed):
                 simt_pack(q_ub, code_ub, e_ub, sfp_ub)
             if writes_sf:
@@ -525,18 +534,12 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
             for n, b in zip(names, bufs):
                 if b is not None and plan[n][2] > 1:
                     versions[b] = plan[n][2]
-            if variant != "serial":
-                T.annotate_buffer_versions(versions)
             # one loop over (row tile, column tile) items; the last column tile of a row tile
             # is narrower when W does not divide H (a second pipelined loop over the same
             # buffers would lose the version rotation)
             per_row = NCF + (1 if WT > 0 else 0)
-            if variant == "serial":
-                for it in T.serial(T.ceildiv(nrb * per_row - cid, C)):
-                    item_body(X, XS, GS, Q, SF, bufs, cid + it * C, per_row)
-            else:
-                for it in T.Pipelined(T.ceildiv(nrb * per_row - cid, C), num_stages=spec.num_buffers):
-                    item_body(X, XS, GS, Q, SF, bufs, cid + it * C, per_row)
+            for it in row_loop(T.ceildiv(nrb * per_row - cid, C), spec.num_buffers, versions):
+                item_body(X, XS, GS, Q, SF, bufs, cid + it * C, per_row)
 
     X_t = T.StridedTensor((Tn, x_cols), (S, 1), x_dtype)
 
