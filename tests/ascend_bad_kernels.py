@@ -7,7 +7,8 @@ production piece replaced, for the duration of the trace only:
 * :func:`serial_loop` -- ``row_loop`` is a ``T.serial`` loop with no buffer versions;
 * :func:`scalar_tiles` -- ``tile_compute`` is per-element scalar code instead of the SIMD region.
 
-Lower the results with ``lowered.lower_prim_func``.
+Lower the results with ``lowered.lower_prim_func`` (never the disk-cached ``lower_spec``:
+its key does not know about these replacements).
 
 No ``from __future__ import annotations``: TileLang parses the macros' source.
 """

@@ -6,7 +6,10 @@ than one buffer version, SIMD hot loop). Each check is also shown failing on a d
 bad kernel (tests/ascend_bad_kernels.py). "Lowered" is all this proves; NPU execution is
 tests/npu/test_ascend_quant.py.
 
-The grid is lowered by a process pool of 2 (CI runs this on a 2-core machine).
+The grid is lowered by a process pool of 2 (CI runs this on a 2-core machine). Lowerings are
+memoised on disk (``$TILEPLUG_ASCEND_LOWER_CACHE``, default ``~/.cache/tileplug/ascend-lower``,
+keyed by the TileSpec, the TileLang version and the backend's sources), so a second run on the
+same machine skips tracing and lowering; the checks always run on the (stored) Ascend C.
 """
 
 from __future__ import annotations
@@ -138,7 +141,7 @@ def _args(builder):
 
 
 def lower_and_check(case) -> dict:
-    """Worker: describe the call, lower it through the backend, run the checks."""
+    """Worker: describe the call, lower it through the backend (disk-cached), run the checks."""
     from tileplug.backend_ascend import lowering_checks as checks
     from tileplug.backend_ascend.quant.common import decline_reason, spec_of
     from tileplug.backend_ascend.quant.lowered import lower_spec

@@ -1,6 +1,6 @@
 """Shared machinery of the Ascend quant kernels: call -> specialisation, declines, the
 per-specialisation kernel cache (thread-safe), ``Backend.lower`` (Ascend C with a header), and
-launching. Lowering itself is :mod:`tileplug.backend_ascend.quant.lowered`."""
+launching. Lowering itself, memoised on disk, is :mod:`tileplug.backend_ascend.quant.lowered`."""
 
 from __future__ import annotations
 
