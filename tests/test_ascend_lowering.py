@@ -3,15 +3,17 @@
 Nothing here executes a kernel: every specialisation of the grid is traced and lowered to
 Ascend C, and the lowered result is checked (UB within budget, pipelined row loop with more
 than one buffer version, SIMD hot loop). Each check is also shown failing on a deliberately
-bad kernel. "Lowered" is all this proves; NPU execution is tests/npu/test_ascend_quant.py.
+bad kernel (tests/ascend_bad_kernels.py). "Lowered" is all this proves; NPU execution is
+tests/npu/test_ascend_quant.py.
 
-The grid is lowered by a process pool of 2 (CI runs this on a 2-core machine); it also writes
-the manifest ``tileplug info`` reports (backend_ascend/lowered_manifest.json).
+The grid is lowered by a process pool of 2 (CI runs this on a 2-core machine). Lowerings are
+memoised on disk (``$TILEPLUG_ASCEND_LOWER_CACHE``, default ``~/.cache/tileplug/ascend-lower``,
+keyed by the TileSpec, the TileLang version and the backend's sources), so a second run on the
+same machine skips tracing and lowering; the checks always run on the (stored) Ascend C.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -24,7 +26,6 @@ from tileplug import core
 pytestmark = pytest.mark.ascend_lower
 
 META = "meta"
-E2M1_CLAMP = {}
 
 
 def _x(tokens, hidden, dtype=torch.bfloat16):
@@ -89,9 +90,8 @@ def grid() -> list[tuple[str, str, tuple, dict]]:
     # per block
     for block in ((16, 16), (32, 32), (64, 128), (128, 128), (128, 32)):
         for fmt, mode in (("e4m3", "plain"), ("e2m1", "ue8m0_colmajor")):
-            if True:
-                cases.append((f"block-{block[0]}x{block[1]}-H7168-{fmt}-{mode}", "per_block_cast", ("x", 7168, "bf16"),
-                              dict(fmt=fmt, block_size=block, **SF_MODES[mode])))
+            cases.append((f"block-{block[0]}x{block[1]}-H7168-{fmt}-{mode}", "per_block_cast", ("x", 7168, "bf16"),
+                          dict(fmt=fmt, block_size=block, **SF_MODES[mode])))
     cases.append(("block-128x128-H576-fp32-round", "per_block_cast", ("x", 576, "fp32"), dict(block_size=(128, 128), round_sf=True)))
     cases.append(("block-sfonly-32x32-H576", "per_block_cast_with_sf_only", ("x", 576, "bf16"), dict(block_size=(32, 32))))
     cases.append(("block-precomputed-128x128-ue8m0-cm", "per_block_cast_with_precomputed_sf",
@@ -141,9 +141,10 @@ def _args(builder):
 
 
 def lower_and_check(case) -> dict:
-    """Worker: describe the call, lower it through the backend, run the three checks."""
+    """Worker: describe the call, lower it through the backend (disk-cached), run the checks."""
     from tileplug.backend_ascend import lowering_checks as checks
-    from tileplug.backend_ascend.quant.common import decline_reason, lower_spec, spec_of
+    from tileplug.backend_ascend.quant.common import decline_reason, spec_of
+    from tileplug.backend_ascend.quant.lowered import lower_spec
 
     name, op, builder, kwargs = case
     args = _args(builder)
@@ -159,10 +160,10 @@ def lower_and_check(case) -> dict:
         result["declined"] = why
         return result
     spec = spec_of(call)
-    artifact, prim_func, tiling = lower_spec(spec)
-    source = artifact.kernel_source
+    lowered, tiling = lower_spec(spec)
+    source = lowered.source
     result["checks"] = {
-        "ub": checks.check_ub(artifact, prim_func, tiling.footprint, tiling.budget),
+        "ub": checks.check_ub(lowered.compiler_ub_bytes, lowered.primfunc_ub_bytes, tiling.footprint, tiling.budget),
         "pipelined": checks.check_pipelined(source),
         "vector": checks.check_vector(source),
         "nonempty": ("__gm__" in source, "kernel has __gm__ parameters"),
@@ -178,27 +179,7 @@ def lowered() -> dict[str, dict]:
     workers = min(2, os.cpu_count() or 1)
     with ProcessPoolExecutor(workers) as pool:
         results = list(pool.map(lower_and_check, CASES, chunksize=4))
-    by_name = {r["name"]: r for r in results}
-    ok = [r for r in results if "checks" in r and all(c[0] for c in r["checks"].values())]
-    counts: dict[str, int] = {}
-    for r in ok:
-        counts[r["op"]] = counts.get(r["op"], 0) + 1
-    import tilelang
-
-    from tileplug.backend_ascend import plugin
-
-    manifest = {
-        "status": "lowered to Ascend C and source-checked; not executed on an NPU",
-        "lowered": counts,
-        "total": len(ok),
-        "grid": len(results),
-        "tilelang": tilelang.__version__,
-    }
-    try:
-        plugin.MANIFEST.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    except OSError:
-        pass
-    return by_name
+    return {r["name"]: r for r in results}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -222,41 +203,52 @@ def _spec(hidden=2048, dtype=torch.float32, **kwargs):
 
 
 def test_lowering_ub_check_fails_on_an_over_budget_plan():
-    """Lowering check (a): an 8-version, whole-row 128x128 per-block plan over the UB budget
-    lowers silently in TileLang, and the UB check catches it; the factory itself refuses it."""
+    """Lowering check (a): an 8-version, whole-row 128-column-group plan at H = 7168 over the UB
+    budget lowers silently in TileLang, and the UB check catches it; the builder refuses it."""
+    import ascend_bad_kernels as bad_kernels
+
     from tileplug.backend_ascend import lowering_checks as checks
     from tileplug.backend_ascend.device import UBBudgetError
-    from tileplug.backend_ascend.quant.common import lower_spec
+    from tileplug.backend_ascend.quant.lowered import lower_prim_func
     from tileplug.backend_ascend.quant.spec import Tiling
+    from tileplug.backend_ascend.quant.tile_kernel import build
 
     bad = replace(_spec(hidden=7168), num_buffers=8)
-    artifact, prim_func, tiling = lower_spec(bad, "huge", Tiling(bad, 7168))
-    ok, detail = checks.check_ub(artifact, prim_func, tiling.footprint, tiling.budget)
+    tiling = Tiling(bad, 7168)
+    prim_func = bad_kernels.over_budget(bad, tiling)
+    artifact = lower_prim_func(prim_func)
+    ok, detail = checks.check_ub(
+        checks.compiler_ub_bytes(artifact), checks.primfunc_ub_bytes(prim_func), tiling.footprint, tiling.budget
+    )
     assert not ok and "over budget" in detail, detail
     with pytest.raises(UBBudgetError):
-        lower_spec(bad, None, Tiling(bad, 7168))
+        build(bad, tiling)
 
 
 def test_lowering_pipeline_check_fails_on_a_serial_loop():
     """Lowering check (b): a plain serial, single-buffered row loop fails the pipelining check."""
-    from tileplug.backend_ascend import lowering_checks as checks
-    from tileplug.backend_ascend.quant.common import lower_spec
+    import ascend_bad_kernels as bad_kernels
 
-    good, _, _ = lower_spec(_spec())
-    bad, _, _ = lower_spec(_spec(), "serial")
-    assert checks.check_pipelined(good.kernel_source)[0]
+    from tileplug.backend_ascend import lowering_checks as checks
+    from tileplug.backend_ascend.quant.lowered import lower_prim_func, lower_spec
+
+    good, _ = lower_spec(_spec())
+    bad = lower_prim_func(bad_kernels.serial_loop(_spec()))
+    assert checks.check_pipelined(good.source)[0]
     ok, detail = checks.check_pipelined(bad.kernel_source)
     assert not ok and "versions=[1]" in detail, detail
 
 
 def test_lowering_vector_check_fails_on_scalar_code():
     """Lowering check (c): per-element scalar code in the kernel body fails the vector check."""
-    from tileplug.backend_ascend import lowering_checks as checks
-    from tileplug.backend_ascend.quant.common import lower_spec
+    import ascend_bad_kernels as bad_kernels
 
-    good, _, _ = lower_spec(_spec())
-    bad, _, _ = lower_spec(_spec(), "scalar")
-    assert checks.check_vector(good.kernel_source)[0]
+    from tileplug.backend_ascend import lowering_checks as checks
+    from tileplug.backend_ascend.quant.lowered import lower_prim_func, lower_spec
+
+    good, _ = lower_spec(_spec())
+    bad = lower_prim_func(bad_kernels.scalar_tiles(_spec()))
+    assert checks.check_vector(good.source)[0]
     ok, detail = checks.check_vector(bad.kernel_source)
     assert not ok and "PIPE_S" in detail and "scalar UB dereference" in detail, detail
 
@@ -280,7 +272,7 @@ def test_lowering_declines_e4m3_stored_sf_with_reason():
             core.lower(core.ops.per_token_cast, _x(3, 576), backend="ascend", use_e4m3_sf=True)
 
 
-def test_tileplug_info_reports_lowered_not_verified(lowered):
+def test_tileplug_info_reports_lowered_not_verified():
     """The backend's capabilities text says what lowered, and never claims verification."""
     from tileplug.backend_ascend import plugin
 

@@ -7,13 +7,14 @@ vector core); its values become compile-time constants of the generated Ascend C
   vector cores = 2 x cube cores (``torch.npu.get_device_properties(i).cube_core_num``; an
   Ascend 950 AI core pairs one cube (AIC) with two vector (AIV) cores), unless
   ``tileplug.core.config.current().ascend_vector_cores`` overrides it.
-* Without an NPU (``core.lower``): :data:`LOWERING_STAND_IN`, an explicit stand-in of
-  64 vector cores (the same override applies), stated in the header of every lowered source.
+* Without an NPU (``core.lower``): :func:`lowering_target`, an explicit stand-in of
+  :data:`STAND_IN_VECTOR_CORES` = 64 vector cores (the same override applies), stated in the
+  header of every lowered source.
 
 UB budget per vector core: 248 KiB when the kernel is pure SIMD, 216 KiB when it has a
 ``T.SimtVF`` region (the SIMT context reserves 32 KiB; TileLang's own Ascend auto-scheduler
-uses the same two limits). TileLang does not reject a plan over the budget, so every plan is
-checked by :func:`check_budget` before lowering.
+uses the same two limits; ``TileSpec.budget`` picks one). TileLang does not reject a plan over
+the budget, so the kernel builder checks every plan with :func:`check_budget` before tracing.
 """
 
 from __future__ import annotations
@@ -43,9 +44,6 @@ class DeviceTarget:
     vector_cores: int
     source: str  # "device", "config override", or "stand-in (no NPU)"
 
-    def ub_budget(self, uses_simt: bool) -> int:
-        return UB_BYTES_SIMT if uses_simt else UB_BYTES_SIMD
-
 
 def lowering_target() -> DeviceTarget:
     """Stand-in constants for lowering on a machine without an NPU (config override honoured)."""
@@ -54,8 +52,6 @@ def lowering_target() -> DeviceTarget:
         return DeviceTarget(override, "config override (ascend_vector_cores)")
     return DeviceTarget(STAND_IN_VECTOR_CORES, f"stand-in: {STAND_IN_VECTOR_CORES} vector cores (no NPU queried)")
 
-
-LOWERING_STAND_IN = DeviceTarget(STAND_IN_VECTOR_CORES, "stand-in")
 
 _device_cores: dict[int, int] = {}
 _lock = threading.Lock()

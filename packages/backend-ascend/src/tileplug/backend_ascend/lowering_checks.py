@@ -1,7 +1,8 @@
 """Checks on a lowered Ascend kernel that can fail (used by tests/test_ascend_lowering.py).
 
-They inspect what TileLang's Ascend pipeline produced -- the lowered artifact, the traced
-prim_func and the Ascend C -- never an execution. Each returns ``(ok, detail)``.
+They inspect what TileLang's Ascend pipeline produced -- UB byte counts taken from the lowered
+artifact and the traced prim_func (:func:`compiler_ub_bytes`, :func:`primfunc_ub_bytes`), and
+the Ascend C -- never an execution. Each check returns ``(ok, detail)``.
 
 * :func:`check_ub` -- UB within the budget. Three numbers must agree and fit: the compiler's
   merged UB size (device function attribute ``dyn_shared_memory_buf``), the prim_func's
@@ -18,12 +19,11 @@ from __future__ import annotations
 
 import re
 
-
-def _align(a: int, b: int) -> int:
-    return -(-a // b) * b
+from tileplug.core.quant.sf_math import align
 
 
 def compiler_ub_bytes(artifact) -> int:
+    """The compiler's merged UB bytes of a lowered artifact (0 when it allocates none)."""
     for _, func in artifact.device_mod.functions.items():
         if func.attrs is not None and "dyn_shared_memory_buf" in func.attrs:
             return int(func.attrs["dyn_shared_memory_buf"])
@@ -31,6 +31,8 @@ def compiler_ub_bytes(artifact) -> int:
 
 
 def primfunc_ub_bytes(prim_func) -> int:
+    """UB bytes of a traced prim_func: each ``alloc_shared`` buffer x its annotated versions,
+    each version 32-byte aligned (how TileLang's Ascend UB merge lays them out)."""
     import tvm
     from tvm import tirx
     from tvm.tirx import stmt_functor
@@ -51,15 +53,15 @@ def primfunc_ub_bytes(prim_func) -> int:
                     count *= int(dim)
                 dtype = tvm.DataType(str(buf.dtype))
                 nbytes = count * dtype.bits * dtype.lanes // 8
-                total[0] += versions.get(buf.data, 1) * _align(nbytes, 32)
+                total[0] += versions.get(buf.data, 1) * align(nbytes, 32)
 
     stmt_functor.post_order_visit(prim_func.body, visit)
     return total[0]
 
 
-def check_ub(artifact, prim_func, plan_bytes: int, budget: int) -> tuple[bool, str]:
-    compiler = compiler_ub_bytes(artifact)
-    traced = primfunc_ub_bytes(prim_func)
+def check_ub(compiler: int, traced: int, plan_bytes: int, budget: int) -> tuple[bool, str]:
+    """``compiler`` / ``traced``: :func:`compiler_ub_bytes` / :func:`primfunc_ub_bytes` of the
+    lowering; ``plan_bytes``: the backend's UB plan; ``budget``: UB bytes per vector core."""
     numbers = f"compiler={compiler} prim_func={traced} plan={plan_bytes} budget={budget}"
     if max(compiler, traced, plan_bytes) > budget:
         return False, "UB over budget: " + numbers

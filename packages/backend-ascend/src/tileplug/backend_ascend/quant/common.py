@@ -1,22 +1,15 @@
 """Shared machinery of the Ascend quant kernels: call -> specialisation, declines, the
-per-specialisation kernel cache (thread-safe), lowering to Ascend C, and launching."""
+per-specialisation kernel cache (thread-safe), ``Backend.lower`` (Ascend C with a header), and
+launching. Lowering itself, memoised on disk, is :mod:`tileplug.backend_ascend.quant.lowered`."""
 
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from typing import Any
 
 import torch
 
-from tileplug.backend_ascend.device import (
-    UB_BYTES_SIMD,
-    UB_BYTES_SIMT,
-    DeviceTarget,
-    UBBudgetError,
-    dispatch_target,
-    lowering_target,
-)
+from tileplug.backend_ascend.device import DeviceTarget, UBBudgetError, dispatch_target, lowering_target
 from tileplug.backend_ascend.quant.spec import TileSpec, Tiling
 
 KIND_OF_OP = {"per_token_cast": "token", "per_block_cast": "block", "per_channel_cast": "channel", "cast_back": "back"}
@@ -71,16 +64,19 @@ def decline_reason(call) -> str | None:
 
 
 def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
-    """The kernel specialisation of ``call`` on ``target`` (vector cores)."""
+    """The kernel specialisation of ``call`` on ``target`` (vector cores; default: the
+    lowering stand-in). ``TileSpec.mode`` is the value of ``call.mode``, whether core hands a
+    mode string or a mode enum."""
     kind = KIND_OF_OP[call.op]
     cores = (target or lowering_target()).vector_cores
+    mode = getattr(call.mode, "value", call.mode)
     qin = None
     if call.quantized_input is not None:
         q = call.quantized_input
         qin = (q.fmt.name, q.block[0], q.block[1], _sf_kind(q.sf_encoding), bool(q.sf_col_major))
     if kind == "back":
         return TileSpec(
-            kind="back", hidden=call.hidden, block=qin[1:3], fmt=None, mode="cast_back",
+            kind="back", hidden=call.hidden, block=qin[1:3], fmt=None, mode=mode,
             in_dtype=DTYPE_NAMES[call.input_dtype], qin=qin, out_dtype=DTYPE_NAMES[call.output_dtype],
             vector_cores=cores,
         )
@@ -89,36 +85,19 @@ def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
     if call.given_sf is not None:
         given = (_sf_kind(call.given_sf.encoding), bool(call.given_sf.col_major))
     return TileSpec(
-        kind=kind, hidden=call.hidden, block=tuple(cast.block), fmt=cast.fmt.name, mode=call.mode,
+        kind=kind, hidden=call.hidden, block=tuple(cast.block), fmt=cast.fmt.name, mode=mode,
         in_dtype=DTYPE_NAMES[call.input_dtype], round_sf=cast.round_sf, packed=cast.use_packed_ue8m0,
         col_major=cast.col_major_sf, clamp_min=cast.clamp_min, qin=qin, given=given, vector_cores=cores,
     )
 
 
-# ---------------------------------------------------------------------- lowering
-
-
-def lower_spec(spec: TileSpec, variant: str | None = None, tiling: Tiling | None = None):
-    """Trace and lower ``spec`` through TileLang's Ascend pipeline: (artifact, prim_func, tiling)."""
-    import tilelang
-    from tilelang.backend.target import determine_target
-
-    from tileplug.backend_ascend.quant.tile_kernel import build
-
-    tiling = tiling or Tiling(spec)
-    if variant is None:
-        from tileplug.backend_ascend.device import check_budget
-
-        check_budget(tiling.footprint, tiling.budget, spec.describe())
-    prim_func = build(spec, tiling, variant)
-    target = determine_target("ascend", return_object=True)
-    with target:  # SIMT regions need the target context
-        artifact = tilelang.lower(prim_func, target=target)
-    return artifact, prim_func, tiling
+# ---------------------------------------------------------------------- Backend.lower
 
 
 def header(spec: TileSpec, tiling: Tiling, target: DeviceTarget) -> str:
-    budget = UB_BYTES_SIMT if spec.uses_simt else UB_BYTES_SIMD
+    """Comment lines that head the Ascend C ``core.lower`` returns: lowered, not verified; the
+    specialisation, the device constants and where they came from, the tile and its UB plan."""
+    budget = tiling.budget
     lines = [
         "// tileplug-backend-ascend: LOWERED to Ascend C by TileLang's Ascend pipeline on a machine",
         "// without an NPU. Not compiled with bisheng, never executed: lowered, not verified.",
@@ -135,10 +114,12 @@ def header(spec: TileSpec, tiling: Tiling, target: DeviceTarget) -> str:
 
 def lower_call(call) -> str:
     """``Backend.lower``: the Ascend C of ``call`` with the lowering stand-ins, header first."""
+    from tileplug.backend_ascend.quant.lowered import lower_spec
+
     target = lowering_target()
     spec = spec_of(call, target)
-    artifact, _, tiling = lower_spec(spec)
-    return header(spec, tiling, target) + artifact.kernel_source
+    lowered, tiling = lower_spec(spec)
+    return header(spec, tiling, target) + lowered.source
 
 
 # ---------------------------------------------------------------------- running (NPU only)
@@ -205,10 +186,3 @@ class GroupedKernel:
         if spec.writes_sf:
             args.append(_sf_arg(outputs.sf, spec.col_major))
         kernel(*args)
-
-    def lower(self, call) -> str:
-        return lower_call(call)
-
-
-def with_cores(spec: TileSpec, cores: int) -> TileSpec:
-    return replace(spec, vector_cores=cores)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tileplug.backend_ascend.device import DeviceTarget, UBBudgetError, check_budget
+from tileplug.backend_ascend.device import UB_BYTES_SIMD, UB_BYTES_SIMT, UBBudgetError, check_budget
+from tileplug.core.quant.sf_math import align, ceil_div
 
 LANES = 64
 """fp32 lanes of one 256-byte vector register."""
@@ -23,13 +24,9 @@ ITEMSIZE = {
 VERSIONS = 2
 """Buffer versions of every buffer that crosses pipeline stages (double buffering)."""
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def align(a: int, b: int) -> int:
-    return ceil_div(a, b) * b
+MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED_SF, MODE_CAST_BACK = "cast", "sf_only", "precomputed_sf", "cast_back"
+"""Values of the call's quant modes (``tileplug.core`` mode strings, or the values of its mode
+enum); :class:`TileSpec`'s properties are the only place they are compared."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +34,8 @@ class TileSpec:
     """Everything a kernel is specialised on (all compile-time constants).
 
     ``kind``: "token" / "block" / "channel" / "back". ``block``: output groups (bm, bn)
-    (cast_back: the input's). ``in_dtype``: TileLang dtype of the data read.
+    (cast_back: the input's). ``mode``: the value of the call's mode (one of the ``MODE_*``
+    strings; compare it only through the properties). ``in_dtype``: TileLang dtype of the data read.
     ``qin``: (fmt, ibm, ibn, sf kind "fp32"|"ue8m0", col_major) of a quantized input.
     ``given``: (sf kind, col_major) of precomputed scales. ``out_dtype``: cast_back result.
     """
@@ -70,16 +68,23 @@ class TileSpec:
 
     @property
     def writes_q(self) -> bool:
-        return self.mode in ("cast", "precomputed_sf", "cast_back")
+        """The kernel writes quantized data (cast_back: the dequantized result)."""
+        return self.mode in (MODE_CAST, MODE_PRECOMPUTED_SF, MODE_CAST_BACK)
 
     @property
     def writes_sf(self) -> bool:
-        return self.mode in ("cast", "sf_only")
+        """The kernel computes and writes scale factors."""
+        return self.mode in (MODE_CAST, MODE_SF_ONLY)
+
+    @property
+    def is_cast_back(self) -> bool:
+        """The kernel dequantizes (``cast_back``) instead of quantizing."""
+        return self.mode == MODE_CAST_BACK
 
     @property
     def uses_simt(self) -> bool:
         return (
-            self.fmt == "e2m1" and self.writes_q and self.kind != "back"
+            self.fmt == "e2m1" and self.writes_q and not self.is_cast_back
             or (self.packed and self.writes_sf)
             or self.qin is not None
             or (self.given is not None and self.given[0] == "ue8m0")
@@ -89,7 +94,7 @@ class TileSpec:
         """Column alignment of a tile start: whole registers, whole groups, whole UE8M0 pairs."""
         bn = self.block[1]
         parts = [LANES]
-        if self.kind != "back":
+        if not self.is_cast_back:
             parts.append(bn)
             if bn > 1 and (self.packed or (self.given and self.given[0] == "ue8m0")):
                 parts.append(2 * bn)
@@ -125,7 +130,7 @@ class TileSpec:
             p["sfin_ub"] = ((R, align(nsi, UB_ALIGN // ITEMSIZE[sdt])), sdt, V)
             p["d_ub"] = ((R, wp), "float32", 1)
             p["s_ub"] = ((R, wp), "float32", 1)
-        ng = ceil_div(width, bn) if self.kind != "back" else 0
+        ng = ceil_div(width, bn) if not self.is_cast_back else 0
         ng64 = align(max(ng, 1), LANES)
         if self.given is not None:
             if self.given[0] == "ue8m0":
@@ -134,7 +139,7 @@ class TileSpec:
             else:
                 p["gsf_ub"] = ((ng64,), "float32", V)
             p["ginv_ub"] = ((ng64,), "float32", 1)
-        if self.kind == "back":
+        if self.is_cast_back:
             p["o_ub"] = ((R, wp), self.out_dtype, V)
         elif self.writes_q:
             if self.fmt == "e4m3":
@@ -156,9 +161,8 @@ class TileSpec:
                 p["sf_ub"] = ((align(ng, 8),), "float32", V)
         return p
 
-    def budget(self, target: DeviceTarget | None = None) -> int:
-        from tileplug.backend_ascend.device import UB_BYTES_SIMD, UB_BYTES_SIMT
-
+    def budget(self) -> int:
+        """UB bytes per vector core this kernel may use (less when it has a SIMT region)."""
         return UB_BYTES_SIMT if self.uses_simt else UB_BYTES_SIMD
 
     def width(self) -> int:

@@ -5,9 +5,10 @@ annotations against module globals, and postponed annotations break closure-loca
 
 Structure (per vector core ``cid`` of ``T.Kernel(C)``; ``T`` rows are a dynamic symbol):
 
-* loop 1 (``T.Pipelined``, buffers annotated with 2 versions): items ``cid, cid + C, ...`` over
-  (row tile, column tile) pairs whose tile is a full ``W`` columns wide;
-* loop 2 (same): the last, narrower column tile of each row tile when ``W`` does not divide H.
+one loop (:func:`row_loop`: ``T.Pipelined``, cross-stage buffers annotated with 2 versions) over
+the items ``cid, cid + C, ...`` of the (row tile, column tile) pairs; its body branches on the
+tile kind: a full ``W`` columns wide, or the last, narrower column tile of a row tile when ``W``
+does not divide H (a second pipelined loop over the same buffers loses the version rotation).
 
 Per tile: DMA GM->UB of the valid rows only (never a neighbour row), an optional SIMT region
 that decodes a quantized input / given UE8M0 scales into fp32 UB rows, one SIMD region (group
@@ -28,9 +29,10 @@ import struct
 import tilelang.ascend.language as T
 from tvm import tirx
 
-from tileplug.backend_ascend.quant.spec import LANES, TileSpec, Tiling, ceil_div
-
-FMT_MAX = {"e4m3": 448.0, "e2m1": 6.0}
+from tileplug.backend_ascend.device import check_budget
+from tileplug.backend_ascend.quant.spec import LANES, TileSpec, Tiling
+from tileplug.core.quant.formats import QUANT_FORMATS
+from tileplug.core.quant.sf_math import ceil_div
 
 
 def _f32(value: float) -> float:
@@ -50,9 +52,34 @@ def _subgroups(lanes: int, bn: int):
     return [(lo, min(lo + bn, lanes)) for lo in range(0, lanes, bn)]
 
 
-def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
-    """The prim_func of ``spec`` (``variant``: deliberately bad kernels for the checks' tests:
-    "serial" unpipelined single-buffered loop, "scalar" per-element scalar code)."""
+def row_loop(extent, num_stages: int, versions: dict):
+    """The kernel's loop over its (row tile, column tile) items, as a ``for`` iterator: every
+    cross-stage UB buffer in ``versions`` (buffer -> versions) is annotated, then the loop is
+    ``T.Pipelined`` over ``num_stages`` stages (TileLang inserts the MTE2/V/MTE3 syncs and the
+    version rotation). Looked up by :func:`build` at trace time; tests/ascend_bad_kernels.py
+    swaps it for a serial loop to show the pipelining check failing."""
+    T.annotate_buffer_versions(versions)
+    return T.Pipelined(extent, num_stages=num_stages)
+
+
+def tile_compute(spec: TileSpec, width: int, simd_tile):
+    """The compute step of one tile ``width`` columns wide: a macro that runs ``simd_tile``
+    (group amax, scale math, quantize or dequantize on whole registers) in one ``T.SimdVF``
+    region. Looked up by :func:`build` at trace time; tests/ascend_bad_kernels.py swaps it for
+    per-element scalar code to show the vector check failing."""
+
+    @T.macro
+    def compute(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv):
+        with T.SimdVF():
+            simd_tile(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv)
+
+    return compute
+
+
+def build(spec: TileSpec, tiling: Tiling):
+    """The prim_func of ``spec`` tiled by ``tiling``; raises :class:`UBBudgetError` when the
+    tiling's UB plan does not fit the budget (TileLang would lower it silently)."""
+    check_budget(tiling.footprint, tiling.budget, spec.describe())
     H = spec.hidden
     bm, bn = spec.block
     R = spec.rows
@@ -60,10 +87,11 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
     W = tiling.width
     NCF, WT = tiling.full, tiling.tail
     plan = tiling.plan
-    kind, mode, fmt = spec.kind, spec.mode, spec.fmt
+    fmt = spec.fmt
+    is_cast_back = spec.is_cast_back
     qin, given = spec.qin, spec.given
     in_bf16 = spec.in_dtype == "bfloat16"
-    fmax = FMT_MAX.get(fmt, 1.0)
+    fmax = QUANT_FORMATS[fmt].max_value if fmt is not None else 1.0
     rcp = _f32(1.0 / _f32(fmax))
     clamp_bits = _bits(_f32(spec.clamp_min))
     writes_q, writes_sf = spec.writes_q, spec.writes_sf
@@ -167,7 +195,7 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
 
     @T.macro
     def quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off, inv):
-        if kind == "back":
+        if is_cast_back:
             y = T.simd.vmul(T.simd.vld(d_ub[r, off]), T.simd.vld(s_ub[r, off]))
             if spec.out_dtype == "float32":
                 T.simd.vsts(o_ub[r, off], y)
@@ -184,8 +212,8 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
                 T.simd.vsts(q_ub[r, off], T.simd.vcvt(lo, "float8_e4m3fn", round="ROUND_R", sat=True), dist="PK4_B32")
             else:
                 m = T.simd.vabs(y)
-                six = T.simd.vdup(f32(6.0), "float32")
-                m = T.simd.vsel(six, T.simd.vmins(m, f32(6.0)), T.simd.vcmp(m, m, op="ne"))
+                six = T.simd.vdup(f32(fmax), "float32")
+                m = T.simd.vsel(six, T.simd.vmins(m, f32(fmax)), T.simd.vcmp(m, m, op="ne"))
                 lt2 = T.simd.vcmps(m, f32(2.0), op="lt")
                 lt4 = T.simd.vcmps(m, f32(4.0), op="lt")
                 scaled = T.simd.vsel(T.simd.vmuls(m, f32(2.0)), T.simd.vsel(m, T.simd.vmuls(m, f32(0.5)), lt4), lt2)
@@ -202,12 +230,12 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
 
     # ---------------------------------------------------------------- one tile, static width w
     def make_tile(w):
-        ng = ceil_div(w, bn) if kind != "back" else 0
+        ng = ceil_div(w, bn) if not is_cast_back else 0
         nfull_groups = w // bn if bn >= LANES else 0
         group_tail = w - nfull_groups * bn if bn >= LANES else 0
         nchunks_full = w // LANES
         chunk_tail = w - nchunks_full * LANES
-        wq = w if fmt == "e4m3" or kind == "back" else w // 2
+        wq = w if fmt == "e4m3" or is_cast_back else w // 2
         wx = w // 2 if (qin is not None and qin[0] == "e2m1") else w
 
         @T.macro
@@ -252,7 +280,7 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
             # one 64-lane register column: bn in {16, 32} (several groups), bn == 1 (a scale per
             # lane), or cast_back (no scales)
             inv = T.simd.alloc_var("float32")
-            if kind == "back":
+            if is_cast_back:
                 inv = T.simd.vdup(f32(1.0), "float32")
             elif bn == 1:
                 halves = [(0, bm), (bm, 2 * bm)] if spec.packed else [(0, bm)]
@@ -287,7 +315,7 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
                     for k in _rest(subs):
                         inv_k = group_inv(T.simd.vsel(acc, zero, lane_mask(*subs[k])), sf_ub, e_ub, gbase + k)
                         inv = T.simd.vsel(inv_k, inv, lane_mask(*subs[k]))
-            if bn != 1 or kind == "back":
+            if bn != 1 or is_cast_back:
                 if writes_q:
                     if R == 1:
                         quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, 0, off, inv)
@@ -304,10 +332,10 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
                         T.simd.vdiv(T.simd.vdup(f32(1.0), "float32"), T.simd.vld(gsf_ub[c * LANES]),
                                     precision="vdiv_0ulp_ftz_true"),
                     )
-            if kind != "back" and bn >= LANES:
+            if not is_cast_back and bn >= LANES:
                 simd_groups_wide(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv)
             else:
-                per = LANES // bn if kind != "back" and bn > 1 else 1
+                per = LANES // bn if not is_cast_back and bn > 1 else 1
                 for c in T.serial(nchunks_full):
                     simd_chunk(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv, c * LANES, c * per, LANES)
                 if chunk_tail > 0:
@@ -315,22 +343,6 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
                         x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv, nchunks_full * LANES,
                         nchunks_full * per, chunk_tail,
                     )
-
-        @T.macro
-        def scalar_tile(x_ub, q_ub, sf_ub, nv):
-            # deliberately bad variant: per-element scalar code (e4m3 out, plain sf, bf16/fp32 in)
-            amax = T.alloc_var(T.float32)
-            for j in T.serial(ng):
-                amax = T.float32(0)
-                for k in T.serial(bn):
-                    if j * bn + k < w:
-                        amax = T.max(amax, T.abs(T.Cast("float32", x_ub[0, j * bn + k])))
-                sf_ub[j] = T.max(amax, f32(spec.clamp_min)) / f32(fmax)
-                for k in T.serial(bn):
-                    if j * bn + k < w:
-                        q_ub[0, j * bn + k] = T.Cast(
-                            "float8_e4m3fn", T.Cast("float32", x_ub[0, j * bn + k]) * (f32(fmax) / T.max(amax, f32(spec.clamp_min)))
-                        )
 
         def decode_sf_byte(b):
             bits = T.if_then_else(b == 255, T.int32(0x7FC00000), T.if_then_else(b == 0, T.int32(0x00400000), b << 23))
@@ -455,6 +467,8 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
                     else:
                         T.copy(sf_ub[0:ng], SF[rb, g0: g0 + ng])
 
+        compute = tile_compute(spec, w, simd_tile)  # module global, looked up at trace time
+
         @T.macro
         def tile(X, XS, GS, Q, SF, bufs, rb, col0):
             x_ub, sfin_ub, d_ub, s_ub, graw_ub, gsf_ub, ginv_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, sfp_ub = bufs
@@ -469,18 +483,14 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
                 load_given(GS, graw_ub, gsf_ub, rb, col0)
             if qin is not None or (precomputed and given[0] == "ue8m0"):
                 simt_prepare(x_ub, sfin_ub, d_ub, s_ub, graw_ub, gsf_ub, row0)
-            if variant == "scalar":
-                scalar_tile(x_ub, q_ub, sf_ub, nv)
-            else:
-                with T.SimdVF():
-                    simd_tile(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv)
-            if (writes_q and fmt == "e2m1" and kind != "back") or (writes_sf and spec.packed):
+            compute(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv)
+            if (writes_q and fmt == "e2m1" and not is_cast_back) or (writes_sf and spec.packed):
                 simt_pack(q_ub, code_ub, e_ub, sfp_ub)
             if writes_sf:
                 store_sf(SF, sf_ub, sfp_ub, rb, col0)
             if writes_q:
-                out_ub = o_ub if kind == "back" else q_ub
-                qc0 = col0 if (fmt == "e4m3" or kind == "back") else col0 // 2
+                out_ub = o_ub if is_cast_back else q_ub
+                qc0 = col0 if (fmt == "e4m3" or is_cast_back) else col0 // 2
                 if R == 1:
                     T.copy(out_ub[0, 0:wq], Q[row0, qc0: qc0 + wq])
                 else:
@@ -524,25 +534,19 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
             for n, b in zip(names, bufs):
                 if b is not None and plan[n][2] > 1:
                     versions[b] = plan[n][2]
-            if variant != "serial":
-                T.annotate_buffer_versions(versions)
             # one loop over (row tile, column tile) items; the last column tile of a row tile
             # is narrower when W does not divide H (a second pipelined loop over the same
             # buffers would lose the version rotation)
             per_row = NCF + (1 if WT > 0 else 0)
-            if variant == "serial":
-                for it in T.serial(T.ceildiv(nrb * per_row - cid, C)):
-                    item_body(X, XS, GS, Q, SF, bufs, cid + it * C, per_row)
-            else:
-                for it in T.Pipelined(T.ceildiv(nrb * per_row - cid, C), num_stages=spec.num_buffers):
-                    item_body(X, XS, GS, Q, SF, bufs, cid + it * C, per_row)
+            for it in row_loop(T.ceildiv(nrb * per_row - cid, C), spec.num_buffers, versions):
+                item_body(X, XS, GS, Q, SF, bufs, cid + it * C, per_row)
 
     X_t = T.StridedTensor((Tn, x_cols), (S, 1), x_dtype)
 
     def strided(shape, dtype, stride):
         return T.StridedTensor(shape, (stride, 1), dtype)
 
-    if kind == "back":
+    if is_cast_back:
         O_t = T.Tensor((Tn, H), spec.out_dtype)
         XS_t = strided(XS_shape, XS_dtype, SXS)
 
@@ -557,19 +561,21 @@ def build(spec: TileSpec, tiling: Tiling, variant: str | None = None):
     XS_t = strided(XS_shape, XS_dtype, SXS) if qin is not None else None
     GS_t = strided(GS_shape, GS_dtype, SGS) if given is not None else None
 
-    if mode == "cast" and qin is None:
+    # the signature follows what the mode reads and writes: cast (q, sf), sf_only (sf),
+    # precomputed_sf (given sf in, q out); XS when the input is quantized
+    if writes_q and writes_sf and qin is None:
         @T.prim_func
         def quant_kernel(X: X_t, Q: Q_t, SF: SF_t):
             kernel_body(X, None, None, Q, SF)
-    elif mode == "cast":
+    elif writes_q and writes_sf:
         @T.prim_func
         def quant_kernel(X: X_t, XS: XS_t, Q: Q_t, SF: SF_t):
             kernel_body(X, XS, None, Q, SF)
-    elif mode == "sf_only" and qin is None:
+    elif writes_sf and qin is None:
         @T.prim_func
         def quant_kernel(X: X_t, SF: SF_t):
             kernel_body(X, None, None, None, SF)
-    elif mode == "sf_only":
+    elif writes_sf:
         @T.prim_func
         def quant_kernel(X: X_t, XS: XS_t, SF: SF_t):
             kernel_body(X, XS, None, None, SF)

@@ -1,0 +1,76 @@
+"""Deliberately bad Ascend kernels, one per lowering check, to show each check failing.
+
+Test-only: each builds the production prim_func (``tile_kernel.build``) with exactly one
+production piece replaced, for the duration of the trace only:
+
+* :func:`over_budget` -- ``check_budget`` skipped, so an over-budget tiling gets traced;
+* :func:`serial_loop` -- ``row_loop`` is a ``T.serial`` loop with no buffer versions;
+* :func:`scalar_tiles` -- ``tile_compute`` is per-element scalar code instead of the SIMD region.
+
+Lower the results with ``lowered.lower_prim_func`` (never the disk-cached ``lower_spec``:
+its key does not know about these replacements).
+
+No ``from __future__ import annotations``: TileLang parses the macros' source.
+"""
+
+from unittest import mock
+
+import tilelang.ascend.language as T
+
+from tileplug.backend_ascend.quant import tile_kernel
+from tileplug.backend_ascend.quant.spec import TileSpec, Tiling
+from tileplug.core.quant.formats import QUANT_FORMATS
+from tileplug.core.quant.sf_math import ceil_div
+
+
+def over_budget(spec: TileSpec, tiling: Tiling):
+    """The prim_func of ``spec`` tiled by ``tiling`` even when its UB plan exceeds the budget
+    (the production builder raises ``UBBudgetError`` there; TileLang itself would not)."""
+    with mock.patch.object(tile_kernel, "check_budget", lambda footprint, budget, what: None):
+        return tile_kernel.build(spec, tiling)
+
+
+def _serial_row_loop(extent, num_stages, versions):
+    """A plain serial loop: no buffer versions annotated, nothing pipelined."""
+    return T.serial(extent)
+
+
+def serial_loop(spec: TileSpec):
+    """The prim_func of ``spec`` with its item loop serial and single-buffered."""
+    with mock.patch.object(tile_kernel, "row_loop", _serial_row_loop):
+        return tile_kernel.build(spec, Tiling(spec))
+
+
+def _scalar_tile_compute(spec: TileSpec, width: int, simd_tile):
+    """Per-element scalar code for one row (e4m3 out, plain fp32 sf, bf16/fp32 in): group amax,
+    scale and quantize element by element on the scalar unit, no SIMD region."""
+    assert spec.kind == "token" and spec.fmt == "e4m3" and spec.writes_q and spec.writes_sf
+    assert spec.qin is None and spec.given is None and not (spec.packed or spec.round_sf)
+    bn = spec.block[1]
+    ng = ceil_div(width, bn)
+    fmax = QUANT_FORMATS[spec.fmt].max_value
+    f32 = T.float32
+
+    @T.macro
+    def compute(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv):
+        amax = T.alloc_var(T.float32)
+        for j in T.serial(ng):
+            amax = T.float32(0)
+            for k in T.serial(bn):
+                if j * bn + k < width:
+                    amax = T.max(amax, T.abs(T.Cast("float32", x_ub[0, j * bn + k])))
+            sf_ub[j] = T.max(amax, f32(spec.clamp_min)) / f32(fmax)
+            for k in T.serial(bn):
+                if j * bn + k < width:
+                    q_ub[0, j * bn + k] = T.Cast(
+                        "float8_e4m3fn",
+                        T.Cast("float32", x_ub[0, j * bn + k]) * (f32(fmax) / T.max(amax, f32(spec.clamp_min))),
+                    )
+
+    return compute
+
+
+def scalar_tiles(spec: TileSpec):
+    """The prim_func of a plain e4m3 per-token ``spec`` whose tiles compute in scalar code."""
+    with mock.patch.object(tile_kernel, "tile_compute", _scalar_tile_compute):
+        return tile_kernel.build(spec, Tiling(spec))
