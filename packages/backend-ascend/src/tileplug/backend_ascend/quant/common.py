@@ -36,8 +36,6 @@ def decline_reason(call) -> str | None:
         return f"no Ascend kernel for {call.op}"
     if call.hidden % 16:
         return f"hidden size must be a multiple of 16 (got {call.hidden})"
-    if call.input_dtype not in DTYPE_NAMES:
-        return f"input dtype {call.input_dtype} is not read by the Ascend kernels"
     cast = call.cast
     if cast is not None:
         if cast.use_e4m3_sf:
@@ -65,11 +63,10 @@ def decline_reason(call) -> str | None:
 
 def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
     """The kernel specialisation of ``call`` on ``target`` (vector cores; default: the
-    lowering stand-in). ``TileSpec.mode`` is the value of ``call.mode``, whether core hands a
-    mode string or a mode enum."""
+    lowering stand-in)."""
     kind = KIND_OF_OP[call.op]
     cores = (target or lowering_target()).vector_cores
-    mode = getattr(call.mode, "value", call.mode)
+    mode = call.mode
     qin = None
     if call.quantized_input is not None:
         q = call.quantized_input

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from tileplug.backend_ascend.device import UB_BYTES_SIMD, UB_BYTES_SIMT, UBBudgetError, check_budget
+from tileplug.core.call import QuantMode
 from tileplug.core.quant.sf_math import align, ceil_div
 
 LANES = 64
@@ -24,9 +25,7 @@ ITEMSIZE = {
 VERSIONS = 2
 """Buffer versions of every buffer that crosses pipeline stages (double buffering)."""
 
-MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED_SF, MODE_CAST_BACK = "cast", "sf_only", "precomputed_sf", "cast_back"
-"""Values of the call's quant modes (``tileplug.core`` mode strings, or the values of its mode
-enum); :class:`TileSpec`'s properties are the only place they are compared."""
+
 
 
 @dataclass(frozen=True)
@@ -34,8 +33,8 @@ class TileSpec:
     """Everything a kernel is specialised on (all compile-time constants).
 
     ``kind``: "token" / "block" / "channel" / "back". ``block``: output groups (bm, bn)
-    (cast_back: the input's). ``mode``: the value of the call's mode (one of the ``MODE_*``
-    strings; compare it only through the properties). ``in_dtype``: TileLang dtype of the data read.
+    (cast_back: the input's). ``mode``: the call's ``QuantMode`` (compared only through the
+    properties). ``in_dtype``: TileLang dtype of the data read.
     ``qin``: (fmt, ibm, ibn, sf kind "fp32"|"ue8m0", col_major) of a quantized input.
     ``given``: (sf kind, col_major) of precomputed scales. ``out_dtype``: cast_back result.
     """
@@ -44,7 +43,7 @@ class TileSpec:
     hidden: int
     block: tuple[int, int]
     fmt: str | None
-    mode: str
+    mode: QuantMode
     in_dtype: str
     round_sf: bool = False
     packed: bool = False
@@ -69,17 +68,17 @@ class TileSpec:
     @property
     def writes_q(self) -> bool:
         """The kernel writes quantized data (cast_back: the dequantized result)."""
-        return self.mode in (MODE_CAST, MODE_PRECOMPUTED_SF, MODE_CAST_BACK)
+        return self.mode is not QuantMode.SF_ONLY
 
     @property
     def writes_sf(self) -> bool:
         """The kernel computes and writes scale factors."""
-        return self.mode in (MODE_CAST, MODE_SF_ONLY)
+        return self.mode in (QuantMode.CAST, QuantMode.SF_ONLY)
 
     @property
     def is_cast_back(self) -> bool:
         """The kernel dequantizes (``cast_back``) instead of quantizing."""
-        return self.mode == MODE_CAST_BACK
+        return self.mode is QuantMode.CAST_BACK
 
     @property
     def uses_simt(self) -> bool:
@@ -184,7 +183,7 @@ class TileSpec:
 
     def describe(self) -> str:
         bm, bn = self.block
-        bits = [self.kind, f"H={self.hidden}", f"{bm}x{bn}", self.fmt or str(self.out_dtype), self.mode, self.in_dtype]
+        bits = [self.kind, f"H={self.hidden}", f"{bm}x{bn}", self.fmt or str(self.out_dtype), self.mode.value, self.in_dtype]
         if self.round_sf:
             bits.append("round_sf")
         if self.packed:
