@@ -240,3 +240,57 @@ def test_supports_raising_system_exit_declines_instead_of_exiting():
         assert q.shape == (2, 128)
     finally:
         core.registry.unregister("exiting")
+
+
+def test_contract_memo_is_lru_without_a_cliff():
+    from tileplug.core.contracts import quant as contracts
+
+    memo = contracts.RecentCalls(limit=64)
+    hot = ("hot",)
+    memo.put(hot, "hot-call", None)
+    for index in range(500):  # far more signatures than the limit, the hot one used throughout
+        memo.put((index,), f"call-{index}", None)
+        assert memo.get(hot) == "hot-call"
+    assert len(memo) == 64 and memo.get((0,)) is None and memo.get((499,)) == "call-499"
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x,
+    lambda x: torch.nn.Parameter(x, requires_grad=False),
+    lambda x: torch.nn.Parameter(x),
+], ids=["tensor", "parameter", "parameter-requiring-grad"])
+def test_fast_path_serves_parameters_and_every_op(make, monkeypatch):
+    """A repeated call skips the checks (``_read_input`` runs only on the checked path)."""
+    from tileplug.core.contracts import quant as contracts
+
+    x = make(torch.randn(3, 256))
+    pair = core.ops.per_token_cast(x)
+    sf = core.ops.per_token_cast_with_sf_only(x)
+    checked = []
+    original = contracts._read_input
+    monkeypatch.setattr(contracts, "_read_input", lambda *a, **k: checked.append(a[0]) or original(*a, **k))
+    calls = {
+        "per_token_cast": lambda: core.ops.per_token_cast(x),
+        "per_block_cast_with_sf_only": lambda: core.ops.per_block_cast_with_sf_only(x),
+        "per_token_cast_with_precomputed_sf": lambda: core.ops.per_token_cast_with_precomputed_sf(x, sf=sf),
+        "per_channel_cast": lambda: core.ops.per_channel_cast(x),
+        "cast_back": lambda: core.ops.cast_back(pair, "bf16", x_block_size=(1, 128)),
+        "requantize": lambda: core.ops.per_token_cast(pair, x_block_size=(1, 128), num_per_channels=64),
+    }
+    for name, call in calls.items():
+        call()
+        checked.clear()
+        result = call()
+        assert checked == [], f"{name}: the second identical call ran the checks again"
+        for output in result if isinstance(result, tuple) else (result,):
+            assert output.grad_fn is None
+
+
+def test_memo_distinguishes_a_bool_from_an_int_argument():
+    x = torch.randn(2, 128)
+    core.ops.per_token_cast(x, round_sf=True)
+    with pytest.raises(core.ContractError, match="'round_sf'"):
+        core.ops.per_token_cast(x, round_sf=1)
+    core.ops.per_block_cast(x, block_size=(16, 16))
+    with pytest.raises(core.ContractError, match="'block_size'"):
+        core.ops.per_block_cast(x, block_size=(16, True))
