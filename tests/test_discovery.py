@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from install_helpers import build_wheels, pip
 import torch
 
 from tileplug import core
@@ -32,20 +33,6 @@ FIXTURE_DISTRIBUTIONS = ("tileplug-backend-template", "tileplug-test-broken-back
 CONTROL_VARIABLES = ("TILEPLUG_BACKEND", "TILEPLUG_TEMPLATE_DISABLE")
 E2M1_REASON = "fmt 'e2m1' is not implemented by the template backend (it declines, the next backend runs it)"
 DISABLED_REASON = "TILEPLUG_TEMPLATE_DISABLE=1 is set"
-
-
-def pip(*args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, f"pip {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-
-
-def build_wheels(directory: Path, *projects: Path) -> list[Path]:
-    pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(directory), *map(str, projects))
-    return sorted(directory.glob("*.whl"))
 
 
 def run_python(code: str, **variables: str) -> subprocess.CompletedProcess:

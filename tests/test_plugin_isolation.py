@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from install_helpers import pip
 import torch
 
 from tileplug import core
@@ -56,15 +57,6 @@ WITH_SIBLING = ("priority_str", "kernels_none", "device_types_str", "reserved_re
 WHOLE_PLUGIN = ("exit_at_import", "hook_none", "hook_exit")
 PROBE_EXIT_REASON = "availability probe raised SystemExit: 5"
 DUP_REFUSAL = "refused: backend 'fixture-dup': name 'fixture-dup' is already taken by tileplug-faulty-plugins"
-
-
-def pip(*args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, f"pip {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
 
 
 def activate(faults: str) -> None:

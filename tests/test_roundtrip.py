@@ -22,7 +22,7 @@ import torch
 
 from tileplug import core
 
-from spec_helpers import PACK, align, ceil_div, raw, std  # tests/: SPEC-derived layout math
+from spec_helpers import PACK, align, ceil_div, raw  # tests/: SPEC-derived layout math
 
 OPS = core.ops
 SMALL_SHAPES = [(0, 576), (0, 7168), (1, 576), (1, 7168), (3, 576), (3, 7168)]

@@ -11,10 +11,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 from tileplug import core
-from tileplug.core import opdefs, testing
+from tileplug.core import testing
 from tileplug.reference import conformance
 
 CHECKS = textwrap.dedent('''

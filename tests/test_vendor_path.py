@@ -19,6 +19,7 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
+from install_helpers import pip
 
 from tileplug import core
 from tileplug.core import opdefs
@@ -45,12 +46,6 @@ def conformance_command() -> list[str]:
     argv = shlex.split(marked_block("conformance-command"))
     assert argv[:3] == ["python", "-m", "pytest"], argv
     return argv
-
-
-def pip(*args: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, f"pip {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
 
 
 def install(project: Path, wheels: Path) -> None:

@@ -495,7 +495,7 @@ def test_nonfinite_cast_back() -> None:
 def test_past_two_to_the_31_elements() -> None:
     from tileplug.core import config, ops
     from tileplug.core.registry import use_backend
-    from tileplug.core.testing import assert_bytes_equal, assert_sf_equal
+    from tileplug.core.testing import assert_bytes_equal
 
     hidden = 7168
     tokens = (2**31) // hidden + 130  # the last rows start past element 2^31

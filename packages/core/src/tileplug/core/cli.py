@@ -605,15 +605,13 @@ def command_lower(args: argparse.Namespace) -> int:
     traits = backend.traits_for(device_type)
     opdef, call, _, _ = _command_call(args, traits)
     call = dataclasses.replace(call, device_type=device_type)
-    if backend.lower is None:
-        raise UsageError(f"backend '{backend.name}' does not generate device code, so it has nothing to lower")
-    kernel = backend.kernels.get(opdef.kernel)
-    if kernel is None:
-        raise UsageError(f"backend '{backend.name}' has no {opdef.kernel} kernel (for {opdef.name})")
-    why = kernel.supports(call)
-    if why is not None:
-        raise UsageError(f"backend '{backend.name}' declines this {opdef.name} call: {why}")
-    print(backend.lower(call))
+    from tileplug.core.lowering import LoweringError, lower_call
+
+    try:
+        source = lower_call(backend, call)
+    except LoweringError as error:  # what the user asked for cannot be lowered: a usage error
+        raise UsageError(str(error)) from None
+    print(source)
     return 0
 
 

@@ -26,6 +26,13 @@ def lower(op: Callable[..., Any] | str, *args: Any, backend: str, **kwargs: Any)
     if chosen is None:
         installed = ", ".join(b.name for b in registry.backends) or "none"
         raise LoweringError(f"backend '{backend}' is not installed (installed: {installed})")
+    return lower_call(chosen, call)
+
+
+def lower_call(chosen: Any, call: Any) -> str:
+    """Generated source of backend ``chosen``'s kernel for a described ``call`` (LoweringError
+    when the backend generates no code, has no kernel for the op or declines the call)."""
+    backend = chosen.name
     if chosen.lower is None:
         raise LoweringError(f"backend '{backend}' does not generate device code, so it has nothing to lower")
     kernel = chosen.kernels.get(call.op)
