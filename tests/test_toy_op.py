@@ -32,9 +32,8 @@ MAX_FACTOR = 8
 
 @dataclass(frozen=True, slots=True)
 class ToyCall(core.Call):
-    """The toy op's call: ``name`` (the public op, which the route looks up), H, factor, dtype."""
+    """The toy op's call: H, factor, dtype (``op``, ``device_type``, ``name`` come from core.Call)."""
 
-    name: str
     hidden: int
     factor: int
     dtype: torch.dtype

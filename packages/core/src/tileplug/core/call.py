@@ -49,6 +49,7 @@ class Call:
 
     ``op`` is the backend kernel-table key (one kernel may serve several public ops, e.g.
     ``per_token_cast`` and its sf-only variant), ``device_type`` the inputs' device type,
+    ``name`` the public op (its declaration in the op table),
     ``host_layout`` / ``sf_alignment_bytes`` the configuration that shapes the outputs
     (``config.host_layout`` and ``config.token_alignment``, read once by the contract).
     ``tokens``, ``device`` and ``empty`` (nothing to compute: no kernel launch) take no
@@ -57,6 +58,7 @@ class Call:
 
     op: str
     device_type: str
+    name: str
     host_layout: Any = field(default=None, kw_only=True)
     sf_alignment_bytes: int | None = field(default=None, kw_only=True)
     tokens: int = field(default=0, compare=False, kw_only=True)

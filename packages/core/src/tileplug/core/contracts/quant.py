@@ -117,7 +117,6 @@ class QuantCall(Call):
     loads.
     """
 
-    name: str
     mode: QuantMode
     hidden: int
     input_dtype: torch.dtype
