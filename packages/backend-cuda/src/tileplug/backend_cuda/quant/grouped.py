@@ -279,7 +279,9 @@ def build_kernel(spec: KernelSpec):
                         job = lane % LPG + t * LPG
                         gr = slot_row(bx, w, job - NSLOT)
                         gcol = slot_col(by, lane, job - NSLOT)
-                        if job >= NSLOT and job < 2 * NSLOT and gr < M and gcol < H:
+                        # The storing lane may lie past H in a partial last group: the group
+                        # exists when its first column does (the lane's own column is not the test).
+                        if job >= NSLOT and job < 2 * NSLOT and gr < M and (gcol // BN) * BN < H:
                             sf[gr, gcol // BN] = dv[t]
                 elif SPREAD_PC:
                     # ---- thread tx takes jobs tx, tx + NT, ...: job j reduces column j % NCOL
