@@ -2,7 +2,7 @@
 """Dispatch cost of ``per_token_cast`` [1, 7168] and ``cast_back`` of its result (a script,
 not a pytest test): host µs per call through ``core.ops`` against the selected backend's
 kernel called directly (``kernel.prepare(call)`` once, then the launcher on fresh
-``torch.empty`` outputs each call), issued back to back with no sync, best of 5 × 3000.
+``torch.empty`` outputs each call), issued back to back with no sync, best of 10 × 3000.
 
 Written against the API both before and after the op table (``core.describe_call``,
 ``registry.select``, ``kernel.prepare``, ``call.allocate``), so one script measures both
@@ -21,7 +21,7 @@ import time
 import torch
 
 
-def per_call(fn, calls: int = 3000, rounds: int = 5, sync=lambda: None) -> float:
+def per_call(fn, calls: int = 3000, rounds: int = 10, sync=lambda: None) -> float:
     for _ in range(100):
         fn()
     sync()
