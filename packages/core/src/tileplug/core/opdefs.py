@@ -342,9 +342,9 @@ def _register_library_op(opdef: OpDef) -> None:
             value = values[name]
             if name in splits:
                 if isinstance(value, (tuple, list)):
-                    flat.extend(_detached(v) for v in value[:2])
                     if len(value) != 2:
                         raise ContractError(opdef.name, name, "a tensor or a pair (xq, sf)", value)
+                    flat.extend(_detached(v) for v in value)
                 else:
                     flat.extend((_detached(value), None))
             elif isinstance(value, torch.Tensor):
