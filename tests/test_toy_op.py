@@ -13,7 +13,6 @@ The CLI runs in process (``cli.main``): the toy op lives only in this process.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import pytest
@@ -21,6 +20,7 @@ import torch
 
 from tileplug import core
 from tileplug.core import cli, opdefs
+from tileplug.core.call import call_type
 from tileplug.core.errors import ContractError
 from tileplug.core.registry import registry
 from tileplug.core.testing import activation, assert_bytes_equal
@@ -30,7 +30,7 @@ BACKEND = "toy"
 MAX_FACTOR = 8
 
 
-@dataclass(frozen=True, slots=True)
+@call_type
 class ToyCall(core.Call):
     """The toy op's call: H, factor, dtype (``op``, ``device_type``, ``name`` come from core.Call)."""
 

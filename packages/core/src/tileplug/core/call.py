@@ -64,6 +64,18 @@ class Call:
     tokens: int = field(default=0, compare=False, kw_only=True)
     device: torch.device | None = field(default=None, compare=False, kw_only=True)
     empty: bool = field(default=False, compare=False, kw_only=True)
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The hash of the compared fields, computed once: the route lookup of every call
+        # hashes the call (see :func:`call_type`, which makes family subclasses use it).
+        names = _COMPARED.get(type(self))
+        if names is None:
+            names = _COMPARED[type(self)] = tuple(f.name for f in fields(self) if f.compare)
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, name) for name in names)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def summary(self) -> str:
         """A one-line description for error messages: the op, the token count and every
@@ -78,6 +90,18 @@ class Call:
             parts.append(f"{item.name}={_short(value)}")
         parts.append(f"device={self.device}")
         return f"{getattr(self, 'name', None) or self.op}[{', '.join(parts)}]"
+
+
+_COMPARED: dict[type, tuple[str, ...]] = {}
+
+
+def call_type(cls: type) -> type:
+    """Decorator of a family's Call subclass: ``@dataclass(frozen=True, slots=True)`` keeping
+    the base class's cached hash (a plain frozen dataclass would generate a hash that re-hashes
+    every field on every lookup)."""
+    made = dataclass(frozen=True, slots=True)(cls)
+    made.__hash__ = Call.__hash__
+    return made
 
 
 def _short(value: Any) -> str:

@@ -232,7 +232,7 @@ def run(call: Any, inputs: Sequence[Any], out: Any = None) -> Any:
         outputs = route.check_out(call, out, inputs)
     if not call.empty:
         try:
-            route.launch(inputs, outputs)
+            (route.launcher or route.prepare())(inputs, outputs)
         except Exception as error:
             raise BackendError(route.backend.name, call, error) from error
     return route.result(call, outputs)

@@ -82,7 +82,7 @@ class Route:
     one launcher cache).
     """
 
-    __slots__ = ("backend", "kernel", "opdef", "traits", "plan", "result", "_call", "_launcher", "_lock")
+    __slots__ = ("backend", "kernel", "opdef", "traits", "plan", "result", "launcher", "_call", "_lock")
 
     def __init__(self, backend: Backend, kernel: Kernel, call: Any) -> None:
         from tileplug.core import opdefs
@@ -94,7 +94,7 @@ class Route:
         self.plan = self.opdef.outputs(call, self.traits)
         self.result = self.opdef.result
         self._call = call
-        self._launcher: Callable[[Any, Any], None] | None = None
+        self.launcher: Callable[[Any, Any], None] | None = None  # set by prepare(), on first launch
         self._lock = threading.Lock()
 
     def check_out(self, call: Any, out: Any, inputs: Any) -> Any:
@@ -107,21 +107,19 @@ class Route:
 
     def launch(self, inputs: Any, outputs: Any) -> None:
         """Run the kernel (its launcher prepared on first use, thread-safe)."""
-        launcher = self._launcher
-        if launcher is None:
-            launcher = self._prepare()
-        launcher(inputs, outputs)
+        (self.launcher or self.prepare())(inputs, outputs)
 
-    def _prepare(self) -> Callable[[Any, Any], None]:
+    def prepare(self) -> Callable[[Any, Any], None]:
+        """The launcher of this signature, made once (the hot path reads ``self.launcher``)."""
         with self._lock:
-            if self._launcher is None:
+            if self.launcher is None:
                 prepare = getattr(self.kernel, "prepare", None)
                 if prepare is not None:
-                    self._launcher = prepare(self._call)
+                    self.launcher = prepare(self._call)
                 else:
                     kernel, call = self.kernel, self._call
-                    self._launcher = lambda inputs, outputs: kernel(call, inputs, outputs)
-            return self._launcher
+                    self.launcher = lambda inputs, outputs: kernel(call, inputs, outputs)
+            return self.launcher
 
 
 def _entry_point_order(entry_point: importlib.metadata.EntryPoint) -> tuple[str, str]:

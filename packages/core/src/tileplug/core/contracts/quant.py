@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from tileplug.core import config
-from tileplug.core.call import Call, Ledger, QuantMode
+from tileplug.core.call import Call, Ledger, QuantMode, call_type
 from tileplug.core.contracts.checks import (
     check_block,
     check_bool,
@@ -74,7 +74,7 @@ class AllocationPlan:
     """
 
     __slots__ = ("q_columns", "q_dtype", "sf_dtype", "bm", "sf_columns", "pack_factor", "pack_axis",
-                 "col_major_multiple")
+                 "col_major_multiple", "allocate")
 
     def __init__(self, q_columns: int | None, q_dtype: torch.dtype, sf_dtype: torch.dtype | None = None, bm: int = 1,
                  sf_columns: int = 0, pack_factor: int = 1, pack_axis: int = 1, col_major_multiple: int = 0) -> None:
@@ -86,8 +86,20 @@ class AllocationPlan:
         self.pack_axis = pack_axis
         self.sf_columns = -(-sf_columns // pack_factor) if pack_axis == 1 else sf_columns
         self.col_major_multiple = col_major_multiple
+        # ``allocate(tokens, device)``: the general method, or for the two most common plans
+        # (a q alone; q and a row-major per-token sf) a closure with nothing left to decide.
+        self.allocate = self._general
+        empty = torch.empty
+        if q_columns is not None and sf_dtype is None:
+            self.allocate = lambda tokens, device: QuantOutputs(
+                empty((tokens, q_columns), dtype=q_dtype, device=device), None)
+        elif q_columns is not None and bm == 1 and pack_axis == 1 and not col_major_multiple:
+            columns = self.sf_columns
+            self.allocate = lambda tokens, device: QuantOutputs(
+                empty((tokens, q_columns), dtype=q_dtype, device=device),
+                empty((tokens, columns), dtype=sf_dtype, device=device))
 
-    def allocate(self, tokens: int, device: torch.device | None) -> QuantOutputs:
+    def _general(self, tokens: int, device: torch.device | None) -> QuantOutputs:
         q = torch.empty((tokens, self.q_columns), dtype=self.q_dtype, device=device) if self.q_columns is not None else None
         if self.sf_dtype is None:
             return QuantOutputs(q, None)
@@ -103,7 +115,7 @@ class AllocationPlan:
         return QuantOutputs(q, sf)
 
 
-@dataclass(frozen=True, slots=True)
+@call_type
 class QuantCall(Call):
     """Frozen description of one quant-family call (a :class:`tileplug.core.call.Call`).
 
@@ -358,6 +370,7 @@ class RecentCalls:
 
 
 recent_calls = RecentCalls()
+_memo_entries = recent_calls._entries
 
 
 def _tensor_key(tensor: Any) -> tuple | None:
@@ -415,7 +428,7 @@ def _memo_key(name: str, x: Any, sf: Any, mode: QuantMode, arguments: tuple, fla
         sf_key = _tensor_key(sf)
         if sf_key is None:
             return None
-    return name, mode, x_key, sf_key, arguments, flags, id(current)
+    return name, x_key, sf_key, arguments, flags, id(current)  # name fixes the mode
 
 
 def _cast_call(
@@ -436,12 +449,32 @@ def _cast_call(
     # Fast path: exactly-typed arguments seen before. The key holds everything the checks
     # read (tensor metadata, arguments, the config in force), so a hit already passed them.
     current = config.current()
-    key = _memo_key(name, x, sf, mode, (fmt, block, input_block), (col_major_sf, round_sf, use_packed_ue8m0,
-                                                                   use_e4m3_sf), current)
+    if (
+        x.__class__ is torch.Tensor
+        and input_block is None
+        and mode is not MODE_PRECOMPUTED_SF
+        and fmt.__class__ is str
+        and col_major_sf.__class__ is bool
+        and round_sf.__class__ is bool
+        and use_packed_ue8m0.__class__ is bool
+        and use_e4m3_sf.__class__ is bool
+    ):  # the common case, spelled out: a plain tensor (block was built by the caller's check)
+        # (no mode: the public op's name fixes it, and an enum hashes in Python, not C)
+        key = (name, x.dtype, x.shape, x.stride(), x.device, x.data_ptr() & 15, fmt, block, col_major_sf,
+               round_sf, use_packed_ue8m0, use_e4m3_sf, id(current))
+    else:  # parameters, subclasses, (xq, sf) pairs, given scales
+        key = _memo_key(name, x, sf, mode, (fmt, block, input_block), (col_major_sf, round_sf, use_packed_ue8m0,
+                                                                       use_e4m3_sf), current)
     if key is not None:
-        hit = recent_calls.get(key)
-        if hit is not None:
-            return hit, _inputs_of(x, sf, mode)
+        entry = _memo_entries.get(key)  # recent_calls.get, inlined: this is the hot path
+        if entry is not None:
+            try:
+                _memo_entries.move_to_end(key)
+            except KeyError:  # evicted by another thread in between: still a valid call
+                pass
+            if x.__class__ is torch.Tensor and not x.requires_grad and sf is None:
+                return entry[0], QuantInputs(x)
+            return entry[0], _inputs_of(x, sf, mode)
     call, inputs = _checked_cast_call(
         op, name, mode, x, fmt, block, input_block, input_block_argument, col_major_sf, round_sf, use_packed_ue8m0,
         use_e4m3_sf, sf, current,

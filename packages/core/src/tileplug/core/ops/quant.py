@@ -448,9 +448,9 @@ def _declare(function: Any, kernel: str, contract: Any) -> OpDef:
         family="quant",
         function=function,
         contract=contract,
-        outputs=lambda call, traits: call.allocation_plan(traits),
-        result=lambda call, outputs: call.result(outputs),
-        ledger=lambda call, traits: call.ledger(traits),
+        outputs=contracts.QuantCall.allocation_plan,  # (call, traits) -> AllocationPlan
+        result=contracts.QuantCall.result,  # (call, outputs) -> (q, sf) / sf / q
+        ledger=contracts.QuantCall.ledger,  # (call, traits) -> Ledger
         cases=lambda: [case for case in quant_cases() if case.op == name],
         bench=lambda: _bench(name),
         arguments=lambda *args: quant_arguments(name, *args),
