@@ -40,7 +40,7 @@ def main() -> int:
     plan = route.plan
     outputs = plan.allocate(call.tokens, call.device)
     route.launch(inputs, outputs)
-    launcher = route._launcher
+    launcher = route.launcher
     small = torch.empty(16, device=device)
     a, b, c = (torch.empty(16, device=device) for _ in range(3))
 
