@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tileplug import core
-from tileplug.reference.testing import assert_bytes_equal
+from tileplug.core.testing import assert_bytes_equal
 
 
 class CountingKernel:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tileplug import core
-from tileplug.reference.testing import activation, assert_bytes_equal, assert_sf_equal
+from tileplug.core.testing import activation, assert_bytes_equal, assert_sf_equal
 
 pytestmark = pytest.mark.npu
 

@@ -5,7 +5,7 @@
 """
 
 from tileplug.core import config, opdefs, ops
-from tileplug.core.backend import ANY_DEVICE, QUANT_OPS, Backend, Kernel
+from tileplug.core.backend import ANY_DEVICE, Backend, Kernel
 from tileplug.core.call import Call, Ledger, QuantMode
 from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
 from tileplug.core.errors import BackendError, ContractError, NoBackendError, TileplugError
@@ -35,7 +35,6 @@ __all__ = [
     "LoweringError",
     "NoBackendError",
     "OpDef",
-    "QUANT_OPS",
     "QuantCall",
     "QuantInputs",
     "QuantMode",

@@ -8,8 +8,6 @@ of its device family, and a table op name → :class:`Kernel`.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,10 +17,6 @@ from tileplug.core.quant.layouts import LayoutTraits
 
 ANY_DEVICE = "*"
 """Device-type wildcard: a backend listing it serves every device type (the reference)."""
-
-QUANT_OPS = ("per_token_cast", "per_block_cast", "per_channel_cast", "cast_back")
-"""Op names a backend's kernel table may hold (one kernel serves an op and its variants)."""
-
 
 @runtime_checkable
 class Kernel(Protocol):
@@ -114,15 +108,11 @@ _OPTIONAL_CALLABLES = ("probe", "lower", "layout_for", "capabilities")
 
 
 def known_kernel_names() -> frozenset[str]:
-    """The op names a backend's kernel table may hold.
+    """The kernel-table keys a backend may hold: those of the op table
+    (``tileplug.core.opdefs.kernel_names()``; one kernel serves an op and its variants)."""
+    from tileplug.core import opdefs
 
-    ``tileplug.core.opdefs.kernel_names()`` where that module exists (the op table), else
-    :data:`QUANT_OPS`.
-    """
-    if importlib.util.find_spec("tileplug.core.opdefs") is not None:
-        opdefs = importlib.import_module("tileplug.core.opdefs")
-        return frozenset(opdefs.kernel_names())
-    return frozenset(QUANT_OPS)
+    return frozenset(opdefs.kernel_names())
 
 
 def _shown(value: object, limit: int = 80) -> str:

@@ -9,7 +9,6 @@ device index: it is the selection cache key and the kernel specialisation at onc
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
