@@ -4,7 +4,7 @@ Run on the GPU host (compute capability >= 9.0)::
 
     hatch run python -m pytest tests/gpu/test_cuda_quant.py -m gpu -q
 
-Every specialisation the module needs (about 190) is compiled up front by
+Every specialisation the module needs (about 220) is compiled up front by
 ``jit.precompile``: a spawned process pool over the host's cores fills TileLang's disk
 cache, then the test process loads them.
 
