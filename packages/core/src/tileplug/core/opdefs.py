@@ -17,13 +17,11 @@ launch. Under ``torch.compiler.is_compiling()`` the public function calls
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import inspect
 import threading
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,17 +212,11 @@ def _load_families() -> None:
 
 # ---------------------------------------------------------------------- eager dispatch
 
-_capture: contextvars.ContextVar[list | None] = contextvars.ContextVar("tileplug_capture", default=None)
-
-
 def run(call: Any, inputs: Sequence[Any], out: Any = None) -> Any:
     """The eager path of every op: cached route → allocation (or ``out=`` checked against
     the same plan) → launch (skipped when there is nothing to compute) → result."""
     from tileplug.core.registry import registry
 
-    if _capture.get() is not None:  # describe_call / core.lower: record, run nothing
-        _capture.get().append((call, inputs))
-        return None
     route = registry.route(call)
     if out is None:
         outputs = route.plan.allocate(call.tokens, call.device)
@@ -236,17 +228,6 @@ def run(call: Any, inputs: Sequence[Any], out: Any = None) -> Any:
         except Exception as error:
             raise BackendError(route.backend.name, call, error) from error
     return route.result(call, outputs)
-
-
-@contextlib.contextmanager
-def capture_calls() -> Iterator[list[tuple[Any, Any]]]:
-    """Inside the block, ops check their contract and record ``(call, inputs)`` instead of running."""
-    captured: list[tuple[Any, Any]] = []
-    token = _capture.set(captured)
-    try:
-        yield captured
-    finally:
-        _capture.reset(token)
 
 
 def describe_call(op: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
