@@ -289,22 +289,18 @@ def quant_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwarg
         x = torch.empty(tokens, hidden + pad, dtype=dtype, device=device)
     else:
         x = activation(tokens, hidden + pad, dtype, seed=seed).to(device)
-    x = x[:, :hidden]
-    fmt, sf_kind, col_major = inputs.get("input_fmt", "e4m3"), inputs.get("input_sf", "fp32"), inputs.get(
-        "input_col_major", False)
+    x = plain = x[:, :hidden]
+    fmt, sf_kind = inputs.get("input_fmt", "e4m3"), inputs.get("input_sf", "fp32")
+    col_major = inputs.get("input_col_major", False)
     block = (1, 128) if op == "cast_back" and "x_block_size" not in kwargs else _input_block(op, kwargs)
     if op == "cast_back":
         kwargs.setdefault("x_block_size", block)
-    if block is not None:
+    if block is not None:  # a quantized (xq, sf) input made from the activation
         producer, producer_kwargs = _producer(block, fmt, sf_kind, col_major)
-        x = tuple(_produce(producer, x, producer_kwargs))
-    if op.endswith("_with_precomputed_sf"):
+        x = tuple(_produce(producer, plain, producer_kwargs))
+    if op.endswith("_with_precomputed_sf"):  # the given scales: the activation's own, in the asked layout
         producer, producer_kwargs = _producer(block_of(op, kwargs), kwargs.get("fmt", "e4m3"), sf_kind, col_major)
-        plain = x[0] if isinstance(x, tuple) and device.type == "meta" else None
-        source = torch.empty(tokens, hidden, dtype=dtype, device=device) if plain is not None else (
-            activation(tokens, hidden, dtype, seed=seed + 1).to(device))
-        kwargs["sf"] = _produce(producer.replace("_cast", "_cast_with_sf_only") if producer != "per_channel_cast"
-                                else producer, source, producer_kwargs)
+        kwargs["sf"] = _produce(producer + "_with_sf_only", plain, producer_kwargs)
     return (x,), kwargs
 
 
