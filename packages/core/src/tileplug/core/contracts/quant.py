@@ -369,7 +369,6 @@ class RecentCalls:
 
 
 recent_calls = RecentCalls()
-_memo_entries = recent_calls._entries
 
 
 def _tensor_key(tensor: Any) -> tuple | None:
@@ -465,15 +464,11 @@ def _cast_call(
         key = _memo_key(name, x, sf, mode, (fmt, block, input_block), (col_major_sf, round_sf, use_packed_ue8m0,
                                                                        use_e4m3_sf), current)
     if key is not None:
-        entry = _memo_entries.get(key)  # recent_calls.get, inlined: this is the hot path
-        if entry is not None:
-            try:
-                _memo_entries.move_to_end(key)
-            except KeyError:  # evicted by another thread in between: still a valid call
-                pass
+        hit = recent_calls.get(key)
+        if hit is not None:
             if x.__class__ is torch.Tensor and not x.requires_grad and sf is None:
-                return entry[0], QuantInputs(x)
-            return entry[0], _inputs_of(x, sf, mode)
+                return hit, QuantInputs(x)  # the common case: nothing to detach
+            return hit, _inputs_of(x, sf, mode)
     call, inputs = _checked_cast_call(
         op, name, mode, x, fmt, block, input_block, input_block_argument, col_major_sf, round_sf, use_packed_ue8m0,
         use_e4m3_sf, sf, current,
@@ -590,7 +585,7 @@ def cast_back(x: Any, fmt: Any, x_block_size: Any) -> tuple[QuantCall, QuantInpu
     if key is not None:
         hit = recent_calls.get(key)
         if hit is not None:
-            return hit, QuantInputs(_plain(x[0]), _plain(x[1]), None)
+            return hit, _inputs_of(x, None, MODE_CAST_BACK)
     output_dtype = OUTPUT_DTYPES[check_choice(name, "fmt", fmt, _OUTPUT_NAMES)]
     if not isinstance(x, (tuple, list)):
         raise ContractError(name, "x", "a pair (q, sf) of quantized data and its scales", describe(x))

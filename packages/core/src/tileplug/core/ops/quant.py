@@ -201,7 +201,8 @@ SF_MODES: dict[str, dict[str, bool]] = {
 }
 """Scale modes SPEC §2 allows (e4m3-stored sf only for per-token)."""
 
-_SF_OF_MODE = {"plain": "fp32", "round": "fp32", "ue8m0": "ue8m0", "e4m3sf": "e4m3"}
+_MODE_OF_SF = {"fp32": "plain", "e4m3": "e4m3sf", "ue8m0": "ue8m0"}
+"""The scale mode (``SF_MODES``) that stores scales of each ``input_sf`` kind."""
 
 
 def block_of(op: str, kwargs: dict[str, Any]) -> tuple[int, int]:
@@ -227,7 +228,7 @@ def _input_block(op: str, kwargs: dict[str, Any]) -> tuple[int, int] | None:
 def _producer(block: tuple[int, int], fmt: str, sf: str, col_major: bool) -> tuple[str, dict[str, Any]]:
     """The op and kwargs that make a quantized tensor with ``block`` groups, ``fmt`` data and
     ``sf`` ("fp32", "e4m3" or "ue8m0") scales."""
-    flags = {"fp32": {}, "e4m3": {"use_e4m3_sf": True}, "ue8m0": {"round_sf": True, "use_packed_ue8m0": True}}[sf]
+    flags = dict(SF_MODES[_MODE_OF_SF[sf]])
     if block[0] == 1:
         return "per_token_cast", {"fmt": fmt, "num_per_channels": block[1], "use_tma_aligned_col_major_sf": col_major,
                                   **flags}
