@@ -347,8 +347,9 @@ def dispatch_cost(device: torch.device, hidden: int = 7168, cases: Sequence[str]
     uses (``kernel.prepare(call)`` where the kernel has one, else ``kernel(call, ...)``)
     called directly, into preallocated outputs and into fresh outputs allocated by the op's
     plan (what calling the kernel yourself costs). The dispatch overhead is core's call
-    minus the latter: contract check, cached route, allocation. A case no backend runs here
-    gets ``{"note": why}``."""
+    minus the latter: contract check, cached route, allocation. ``contract_check_us`` times
+    ``describe_call`` (the declared contract, which binds the arguments by name first). A
+    case no backend runs here gets ``{"note": why}``."""
     known = bench_cases()
     if cases is None:
         cases = [bench[0].name for bench in (list(d.bench()) for d in opdefs.all_ops()) if bench]
@@ -362,16 +363,8 @@ def dispatch_cost(device: torch.device, hidden: int = 7168, cases: Sequence[str]
         except TileplugError as error:
             costs[name] = {"note": str(error)}
             continue
-        kernel = route.kernel
-        prepare = getattr(kernel, "prepare", None)
-        if prepare is not None:
-            launch = prepare(call)
-        else:
-
-            def launch(inputs: Any, outputs: Any, kernel: Any = kernel, call: Any = call) -> None:
-                kernel(call, inputs, outputs)
-
-        plan = opdef.outputs(call, route.traits)
+        launch = route.launcher or route.prepare()  # the launcher the route itself calls
+        plan = route.plan
         outputs = plan.allocate(call.tokens, device)
         tokens = call.tokens
 
