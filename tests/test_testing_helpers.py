@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from tileplug import core
 from tileplug.core import testing
@@ -124,3 +125,15 @@ def test_check_case_with_a_wrong_sf_fails() -> None:
             conformance.check_case(case, 3, "wrong-scale", "cpu")
     finally:
         core.registry.unregister("wrong-scale")
+
+
+def test_moved_keeps_strides_and_moves_keyword_tensors() -> None:
+    """``moved`` (how conformance and the GPU tests put inputs on a device) keeps a padded
+    row stride and a column-major sf as they are, and moves tensors inside tuples and dicts."""
+    padded = torch.randn(3, 600)[:, :576]
+    column_major = torch.randn(5, 3).t()
+    args, kwargs = testing.moved(((padded, column_major),), "meta"), testing.moved({"sf": column_major, "n": 1}, "meta")
+    (moved_x, moved_sf), = args
+    assert moved_x.device.type == "meta" and moved_x.stride() == padded.stride()
+    assert moved_sf.stride() == column_major.stride() and kwargs["sf"].device.type == "meta" and kwargs["n"] == 1
+    assert testing.moved(padded, "cpu") is padded and testing.cpu_copy(padded) is padded

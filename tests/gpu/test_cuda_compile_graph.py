@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tileplug.core.testing import cpu_copy, moved
+
 pytestmark = pytest.mark.gpu
 
 TOKENS = 257
@@ -18,12 +20,6 @@ TOKENS = 257
 
 def _outputs(result) -> list[torch.Tensor]:
     return list(result) if isinstance(result, tuple) else [result]
-
-
-def _moved(value):
-    if isinstance(value, tuple):
-        return tuple(_moved(v) for v in value)
-    return value.cuda() if isinstance(value, torch.Tensor) else value
 
 
 def _calls(seed: int = 0):
@@ -37,7 +33,7 @@ def _calls(seed: int = 0):
         for case in dict.fromkeys((cases[0], cases[len(cases) // 2], cases[-1])):
             with use_backend("reference"), config.host_layout("cuda"):
                 args, kwargs = case.arguments(TOKENS, "cpu", seed=seed + case.hidden)
-            calls.append((opdef, _moved(args), {k: _moved(v) for k, v in kwargs.items()}))
+            calls.append((opdef, moved(args, "cuda"), moved(kwargs, "cuda")))
     return calls
 
 
@@ -46,11 +42,6 @@ def _run_all(calls):
     for opdef, args, kwargs in calls:
         results.extend(_outputs(opdef.function(*args, **kwargs)))
     return results
-
-
-def _host(tensor: torch.Tensor) -> torch.Tensor:
-    host = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
-    return host.copy_(tensor)
 
 
 def test_fullgraph_compile_on_cuda_gives_the_eager_bytes() -> None:
@@ -64,7 +55,7 @@ def test_fullgraph_compile_on_cuda_gives_the_eager_bytes() -> None:
     compiled = torch.compile(lambda: _run_all(calls), fullgraph=True)()
     torch.cuda.synchronize()
     for index, (have, want) in enumerate(zip(compiled, eager)):
-        assert_bytes_equal(_host(have), _host(want), what=f"output {index}", strides=True, nan_equal=True)
+        assert_bytes_equal(cpu_copy(have), cpu_copy(want), what=f"output {index}", strides=True, nan_equal=True)
 
 
 def test_cuda_graph_capture_replays_every_op_over_distinct_inputs() -> None:
@@ -85,7 +76,7 @@ def test_cuda_graph_capture_replays_every_op_over_distinct_inputs() -> None:
         torch.cuda.synchronize()
         expected = _run_all(fresh)
         for index, (have, want) in enumerate(zip(graph_outputs, expected)):
-            assert_bytes_equal(_host(have), _host(want), what=f"seed {seed} output {index}", strides=True,
+            assert_bytes_equal(cpu_copy(have), cpu_copy(want), what=f"seed {seed} output {index}", strides=True,
                                nan_equal=True)
 
 

@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from tileplug.core.testing import cpu_copy
+
 pytestmark = pytest.mark.gpu
 
 TOKENS = (0, 1, 3, 4001, 8001)
@@ -59,19 +61,14 @@ def _outputs(result) -> list:
 
 def _arguments(case, tokens: int, device: torch.device):
     """(args, kwargs) of an op-table case made on the CPU by the reference in the CUDA sf
-    layout, moved to ``device``."""
+    layout, moved to ``device`` with their strides."""
     from tileplug.core import config
     from tileplug.core.registry import use_backend
+    from tileplug.core.testing import moved
 
     with use_backend("reference"), config.host_layout("cuda"):
         args, kwargs = case.arguments(tokens, "cpu")
-
-    def moved(value):
-        if isinstance(value, tuple):
-            return tuple(moved(v) for v in value)
-        return value.to(device) if isinstance(value, torch.Tensor) else value
-
-    return moved(args), {k: moved(v) for k, v in kwargs.items()}
+    return moved(args, device), moved(kwargs, device)
 
 
 def _spec_of(op, args, kwargs, alignment: int | None = None):
@@ -194,41 +191,10 @@ def _precompiled():
 # ---------------------------------------------------------------------- the grid
 
 
-def _host(tensor: torch.Tensor) -> torch.Tensor:
-    """A CPU copy with the same strides. ``Tensor.cpu()`` re-strides a padded column-major sf
-    (it is not dense) to unpadded column-major, so the layout check would compare the copy's
-    strides rather than the kernel's."""
-    if tensor.device.type == "cpu":
-        return tensor
-    host = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
-    return host.copy_(tensor)
-
-
 def _oracle_device(case) -> str:
     if os.environ.get("TILEPLUG_ORACLE", "") == "cpu" or case.tokens in SMALL_T:
         return "cpu"
     return "cuda"
-
-
-def _check(grid_case, oracle: str) -> None:
-    from tileplug.core import config, opdefs
-    from tileplug.core.registry import registry, use_backend
-
-    device = torch.device("cuda")
-    case, tokens = grid_case.case, grid_case.tokens
-    args, kwargs = _arguments(case, tokens, device)
-    opdef = opdefs.get(case.op)
-    op = opdef.function
-    with use_backend(BACKEND):
-        actual = _outputs(op(*args, **kwargs))
-    if oracle == "cpu":
-        ref_args = tuple(tuple(t.cpu() for t in a) if isinstance(a, tuple) else a.cpu() for a in args)
-        ref_kwargs = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
-    else:
-        ref_args, ref_kwargs = args, kwargs
-    with use_backend("reference"), config.host_layout(registry.get(BACKEND).traits_for("cuda")):
-        expected = _outputs(op(*ref_args, **ref_kwargs))
-    opdef.compare(case, tokens, [_host(t) for t in actual], [_host(t) for t in expected])
 
 
 def pytest_generate_tests(metafunc):  # noqa: D103 - pytest hook
@@ -238,7 +204,11 @@ def pytest_generate_tests(metafunc):  # noqa: D103 - pytest hook
 
 
 def test_bytewise_equal_to_reference(case) -> None:
-    _check(case, _oracle_device(case))
+    """The conformance suite's check of the case on the cuda backend (inputs made on the CPU
+    by the reference in the CUDA layout; the op's ``compare``)."""
+    from tileplug.reference.conformance import check_case
+
+    check_case(case.case, case.tokens, BACKEND, "cuda", oracle_device=_oracle_device(case))
 
 
 def test_gpu_oracle_matches_cpu() -> None:
@@ -246,7 +216,7 @@ def test_gpu_oracle_matches_cpu() -> None:
     inputs), so using it as the oracle for the large sizes is sound."""
     from tileplug.core import config, opdefs
     from tileplug.core.registry import use_backend
-    from tileplug.core.testing import assert_bytes_equal
+    from tileplug.core.testing import assert_bytes_equal, moved
 
     sample = [case for opdef in opdefs.all_ops() for case in opdef.cases() if case.hidden == 576][::7]
     for case in sample:
@@ -254,13 +224,11 @@ def test_gpu_oracle_matches_cpu() -> None:
         op = opdefs.get(case.op).function
         with use_backend("reference"):
             on_gpu = _outputs(op(*args, **kwargs))
-        cpu_args = tuple(tuple(t.cpu() for t in a) if isinstance(a, tuple) else a.cpu() for a in args)
-        cpu_kwargs = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
         with use_backend("reference"), config.host_layout("cuda"):
-            on_cpu = _outputs(op(*cpu_args, **cpu_kwargs))
+            on_cpu = _outputs(op(*moved(args, "cpu"), **moved(kwargs, "cpu")))
         for have, want in zip(on_gpu, on_cpu):
             if have.stride() == want.stride():
-                assert_bytes_equal(_host(have), want, what=case.id)
+                assert_bytes_equal(cpu_copy(have), want, what=case.id)
 
 
 # ---------------------------------------------------------------------- strides, alignment
@@ -284,14 +252,14 @@ def test_any_row_stride(pad: int, dtype: torch.dtype) -> None:
                 q, sf = ops.per_token_cast(x, **kwargs)
             with use_backend("reference"), config.host_layout("cuda"):
                 q_ref, sf_ref = ops.per_token_cast(x.cpu(), **kwargs)
-            assert_bytes_equal(_host(q), q_ref, "q")
-            assert_sf_equal(_host(sf), sf_ref, (1, kwargs["num_per_channels"]), tokens, hidden)
+            assert_bytes_equal(cpu_copy(q), q_ref, "q")
+            assert_sf_equal(cpu_copy(sf), sf_ref, (1, kwargs["num_per_channels"]), tokens, hidden)
         with use_backend(BACKEND):
             q, sf = ops.per_block_cast(x, block_size=(32, 32))
         with use_backend("reference"), config.host_layout("cuda"):
             q_ref, sf_ref = ops.per_block_cast(x.cpu(), block_size=(32, 32))
-        assert_bytes_equal(_host(q), q_ref, "q")
-        assert_sf_equal(_host(sf), sf_ref, (32, 32), tokens, hidden)
+        assert_bytes_equal(cpu_copy(q), q_ref, "q")
+        assert_sf_equal(cpu_copy(sf), sf_ref, (32, 32), tokens, hidden)
 
 
 def test_misaligned_data_pointer_and_out() -> None:
@@ -311,9 +279,9 @@ def test_misaligned_data_pointer_and_out() -> None:
             ops.per_token_cast(x, out=(misaligned, out_sf))
     with use_backend("reference"), config.host_layout("cuda"):
         q_ref, sf_ref = ops.per_token_cast(x.cpu())
-    assert_bytes_equal(_host(q), q_ref, "q")
-    assert_bytes_equal(_host(out_q), q_ref, "out q")
-    assert_bytes_equal(_host(out_sf), sf_ref, "out sf")
+    assert_bytes_equal(cpu_copy(q), q_ref, "q")
+    assert_bytes_equal(cpu_copy(out_q), q_ref, "out q")
+    assert_bytes_equal(cpu_copy(out_sf), sf_ref, "out sf")
 
 
 def test_given_sf_in_any_layout() -> None:
@@ -330,8 +298,8 @@ def test_given_sf_in_any_layout() -> None:
             with use_backend(BACKEND):
                 q = ops.per_token_cast_with_precomputed_sf(x, num_per_channels=64, sf=sf)
             with use_backend("reference"), config.host_layout("cuda"):
-                q_ref = ops.per_token_cast_with_precomputed_sf(x.cpu(), num_per_channels=64, sf=_host(sf))
-            assert_bytes_equal(_host(q), q_ref, f"q {kwargs} col={col}")
+                q_ref = ops.per_token_cast_with_precomputed_sf(x.cpu(), num_per_channels=64, sf=cpu_copy(sf))
+            assert_bytes_equal(cpu_copy(q), q_ref, f"q {kwargs} col={col}")
 
 
 def test_requantization_of_every_input_layout() -> None:
@@ -351,21 +319,21 @@ def test_requantization_of_every_input_layout() -> None:
                 q, sf = op(pair, **kwargs)
             with use_backend("reference"), config.host_layout("cuda"):
                 q_ref, sf_ref = op(cpu_pair, **kwargs)
-            assert_bytes_equal(_host(q), q_ref, f"{name} -> {op.__name__} {kwargs} q")
-            assert_sf_equal(_host(sf), sf_ref, out_block, tokens, hidden, f"{name} -> {op.__name__} {kwargs} sf")
+            assert_bytes_equal(cpu_copy(q), q_ref, f"{name} -> {op.__name__} {kwargs} q")
+            assert_sf_equal(cpu_copy(sf), sf_ref, out_block, tokens, hidden, f"{name} -> {op.__name__} {kwargs} sf")
         if block[0] == 1:
             with use_backend(BACKEND):
                 q, sf = ops.per_channel_cast(pair, num_per_channels=block[1])
             with use_backend("reference"), config.host_layout("cuda"):
                 q_ref, sf_ref = ops.per_channel_cast(cpu_pair, num_per_channels=block[1])
-            assert_bytes_equal(_host(q), q_ref, f"{name} -> per_channel q")
-            assert_sf_equal(_host(sf), sf_ref, (128, 1), tokens, hidden, f"{name} -> per_channel sf")
+            assert_bytes_equal(cpu_copy(q), q_ref, f"{name} -> per_channel q")
+            assert_sf_equal(cpu_copy(sf), sf_ref, (128, 1), tokens, hidden, f"{name} -> per_channel sf")
         for fmt in ("bf16", "fp32"):
             with use_backend(BACKEND):
                 y = ops.cast_back(pair, fmt=fmt, x_block_size=block)
             with use_backend("reference"), config.host_layout("cuda"):
                 y_ref = ops.cast_back(cpu_pair, fmt=fmt, x_block_size=block)
-            assert_bytes_equal(_host(y), y_ref, f"{name} cast_back {fmt}")
+            assert_bytes_equal(cpu_copy(y), y_ref, f"{name} cast_back {fmt}")
 
 
 # ---------------------------------------------------------------------- non-finite inputs
@@ -432,19 +400,19 @@ def test_nonfinite_inputs(op_name: str, kwargs: dict, dtype: torch.dtype) -> Non
     block = {"per_token_cast": (1, kwargs.get("num_per_channels", 128)),
              "per_block_cast": kwargs.get("block_size", (128, 128)),
              "per_channel_cast": (kwargs.get("num_per_tokens", 128), 1)}[op_name]
-    assert_bytes_equal(_host(q), _host(q_gpu_ref), "q vs GPU reference")
-    assert_sf_equal(_host(sf), _host(sf_gpu_ref), block, tokens, hidden, "sf vs GPU reference")
+    assert_bytes_equal(cpu_copy(q), cpu_copy(q_gpu_ref), "q vs GPU reference")
+    assert_sf_equal(cpu_copy(sf), cpu_copy(sf_gpu_ref), block, tokens, hidden, "sf vs GPU reference")
     with use_backend("reference"), config.host_layout("cuda"):
         q_cpu_ref, sf_cpu_ref = op(x.cpu(), **kwargs)
     if q.dtype == torch.int8:  # e2m1: a NaN's sign bit is its only platform-dependent part
-        nan_codes = (q_cpu_ref.view(torch.uint8) ^ _host(q).view(torch.uint8))
+        nan_codes = (q_cpu_ref.view(torch.uint8) ^ cpu_copy(q).view(torch.uint8))
         assert bool(((nan_codes == 0) | (nan_codes & 0x77 == 0)).all()), "e2m1 codes differ beyond NaN signs"
     else:
         assert torch.equal(_nan_blind(q), _nan_blind(q_cpu_ref)), "q differs from the CPU reference beyond NaN encodings"
     if sf.dtype != torch.int32:
         assert torch.equal(_nan_blind(sf), _nan_blind(sf_cpu_ref)), "sf differs from the CPU reference beyond NaN encodings"
     else:
-        assert_sf_equal(_host(sf), sf_cpu_ref, block, tokens, hidden, "packed sf vs CPU reference")
+        assert_sf_equal(cpu_copy(sf), sf_cpu_ref, block, tokens, hidden, "packed sf vs CPU reference")
 
 
 def test_e2m1_encoding_of_every_rounding_boundary() -> None:
@@ -485,7 +453,7 @@ def test_nonfinite_cast_back() -> None:
                 y = ops.cast_back(pair, fmt=fmt, x_block_size=block)
             with use_backend("reference"):
                 y_ref = ops.cast_back(pair, fmt=fmt, x_block_size=block)
-            assert_bytes_equal(_host(y), _host(y_ref), f"cast_back {kwargs} {fmt}")
+            assert_bytes_equal(cpu_copy(y), cpu_copy(y_ref), f"cast_back {kwargs} {fmt}")
             assert not torch.isfinite(y[:3].float()).all()
 
 
@@ -538,7 +506,7 @@ def test_concurrent_first_calls_compile_once() -> None:
         with use_backend(BACKEND), config.amax_clamps(clamps):
             q, sf = ops.per_token_cast(x, **kwargs)
         torch.cuda.synchronize()
-        return _host(q), _host(sf)
+        return cpu_copy(q), cpu_copy(sf)
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(run, range(8)))

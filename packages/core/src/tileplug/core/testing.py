@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -21,7 +22,8 @@ from tileplug.core.quant.sf_math import ceil_div
 
 __all__ = [
     "HIDDEN_SIZES", "NAN_FREE_DTYPES", "TOKEN_COUNTS", "activation", "assert_bytes_equal", "assert_sf_equal",
-    "bytes_equal", "canonical_nans", "cpu_copy", "first_difference", "hidden_sizes", "random_shapes", "raw_bytes",
+    "bytes_equal", "canonical_nans", "cpu_copy", "first_difference", "hidden_sizes", "moved", "random_shapes",
+    "raw_bytes",
     "relative_error", "require", "sf_group_bytes", "token_counts",
 ]
 
@@ -65,11 +67,25 @@ def bytes_equal(actual: torch.Tensor, expected: torch.Tensor) -> bool:
     return bool(torch.equal(raw_bytes(actual).cpu(), raw_bytes(expected).cpu()))
 
 
+def moved(value: Any, device: str | torch.device) -> Any:
+    """``value`` on ``device``: a tensor keeps its shape and strides (``.to()`` / ``.cpu()``
+    make a padded row stride or a padded column-major sf dense), a tuple or list element by
+    element, a dict (keyword arguments) value by value; anything else is returned as it is."""
+    device = torch.device(device)
+    if isinstance(value, torch.Tensor):
+        if value.device == device:
+            return value
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device).copy_(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(moved(v, device) for v in value)
+    if isinstance(value, dict):
+        return {key: moved(v, device) for key, v in value.items()}
+    return value
+
+
 def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A CPU copy with the same shape and strides (``.cpu()`` makes padded layouts dense)."""
-    if tensor.device.type == "cpu":
-        return tensor
-    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype).copy_(tensor)
+    """A CPU copy with the same shape and strides (the tensor itself when on the CPU)."""
+    return moved(tensor, "cpu")
 
 
 NAN_FREE_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)

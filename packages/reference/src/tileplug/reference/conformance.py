@@ -33,7 +33,7 @@ import torch
 from tileplug.core import config, opdefs
 from tileplug.core.opdefs import Case, describe_call
 from tileplug.core.registry import registry, use_backend
-from tileplug.core.testing import assert_bytes_equal, cpu_copy, require
+from tileplug.core.testing import assert_bytes_equal, cpu_copy, moved, require
 
 TOKENS: tuple[int, ...] = (0, 1, 3, 129)
 """Token counts every case runs at by default (0: empty; 1, 3: tails; 129: more than a 128-row block)."""
@@ -59,19 +59,6 @@ def parse_tokens(text: str) -> tuple[int, ...]:
 
 class CaseDeclined(Exception):
     """The backend's kernel declines the case (its ``supports()`` reason is the message)."""
-
-
-def _to(value: Any, device: torch.device) -> Any:
-    """``value`` on ``device``: tensors keep shape and strides (a padded row stride or a
-    column-major sf stays so), tuples and lists are moved element by element."""
-    if isinstance(value, torch.Tensor):
-        if value.device == device:
-            return value
-        moved = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device)
-        return moved.copy_(value)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to(v, device) for v in value)
-    return value
 
 
 def _outputs(result: Any) -> list[torch.Tensor]:
@@ -106,14 +93,14 @@ def check_case(
     with config.host_layout(traits):
         with use_backend("reference"):
             args, kwargs = case.arguments(tokens, "cpu")
-        args, kwargs = _to(args, device), _to(kwargs, device)
+        args, kwargs = moved(args, device), moved(kwargs, device)
         call, _ = describe_call(case.op, *args, **kwargs)
         why = registry.reason_against(chosen, call.op, call)
         if why is not None:
             raise CaseDeclined(f"{backend} declines {case.id} at T={tokens}: {why}")
         with use_backend(backend):
             actual = [cpu_copy(t) for t in _outputs(opdef.function(*args, **kwargs))]
-        oracle_args, oracle_kwargs = _to(args, oracle), _to(kwargs, oracle)
+        oracle_args, oracle_kwargs = moved(args, oracle), moved(kwargs, oracle)
         with use_backend("reference"):
             expected = [cpu_copy(t) for t in _outputs(opdef.function(*oracle_args, **oracle_kwargs))]
     if opdef.compare is not None:
