@@ -130,13 +130,14 @@ def test_single_row_with_an_odd_stride_gets_a_checkable_stride() -> None:
 
 def test_prepare_binds_the_compiled_kernel_once_per_specialisation(monkeypatch) -> None:
     """The route keeps the launcher (one launcher cache); prepare itself reuses jit's compiled kernel."""
-    from tileplug.backend_cuda.quant import jit, kernels
+    from tileplug.backend_cuda.quant import jit
 
     compiles = []
     monkeypatch.setattr(jit, "_compile", lambda spec, arch: compiles.append(spec) or Recorder())
     monkeypatch.setattr(jit, "device_arch", lambda: "sm_90")
     monkeypatch.setattr(jit, "_compiled", {})
-    monkeypatch.setattr(kernels, "fast_entry", lambda k: k)
+    monkeypatch.setattr(jit, "_entries", {})
+    monkeypatch.setenv(jit.INDEX_VARIABLE, "off")
     kernel, call, inputs = _call(ops.per_token_cast, torch.empty(3, 576, dtype=torch.bfloat16))
     fresh = type(kernel)()
     launch = fresh.prepare(call)
@@ -151,7 +152,7 @@ def test_concurrent_first_calls_build_one_launcher(monkeypatch) -> None:
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from tileplug.backend_cuda.quant import jit, kernels
+    from tileplug.backend_cuda.quant import jit
 
     compiled = []
 
@@ -163,7 +164,8 @@ def test_concurrent_first_calls_build_one_launcher(monkeypatch) -> None:
     monkeypatch.setattr(jit, "_compile", fake_compile)
     monkeypatch.setattr(jit, "device_arch", lambda: "sm_90")
     monkeypatch.setattr(jit, "_compiled", {})
-    monkeypatch.setattr(kernels, "fast_entry", lambda k: k)
+    monkeypatch.setattr(jit, "_entries", {})
+    monkeypatch.setenv(jit.INDEX_VARIABLE, "off")
     kernel, call, inputs = _call(ops.per_token_cast, torch.empty(3, 576, dtype=torch.bfloat16), num_per_channels=16,
                                  fmt="e2m1")
     call = dataclasses.replace(call)

@@ -73,7 +73,7 @@ def main() -> int:
     import triton.testing
 
     from tileplug.backend_cuda.quant import jit
-    from tileplug.backend_cuda.quant.kernels import fast_entry, make_launcher
+    from tileplug.backend_cuda.quant.kernels import make_launcher
     from tileplug.core import CUDA_LAYOUT
 
     do_bench = triton.testing.do_bench
@@ -97,7 +97,7 @@ def main() -> int:
     jit.precompile(list(specs.values()))
     say(f"{'case':18s} {'T':>6s} {'method':10s} {'op us':>8s} {'op GB/s':>8s} {'copy us':>8s} {'copy GB/s':>9s} {'op/copy':>7s}")
     for case in cases:
-        launch = make_launcher(specs[case], fast_entry(jit.compiled(specs[case])))
+        launch = make_launcher(specs[case], jit.entry(specs[case]))
         for tokens in TOKENS:
             _, call, inputs = sweep_tiles.describe(case, tokens, torch.device("cuda"))
             outputs = call.allocate(CUDA_LAYOUT)

@@ -176,14 +176,14 @@ def copy_gbps(nbytes: int = 2 << 30) -> float:
 
 def run_case(case: str, specs: list, tokens: list[int], copy: float, log) -> list[dict]:
     from tileplug.backend_cuda.quant import jit
-    from tileplug.backend_cuda.quant.kernels import fast_entry, make_launcher
+    from tileplug.backend_cuda.quant.kernels import make_launcher
     from tileplug.core import CUDA_LAYOUT
     from tileplug.core.benchmark import median_seconds
 
     launchers = []
     for spec in specs:
         try:
-            launchers.append(make_launcher(spec, fast_entry(jit.compiled(spec))))
+            launchers.append(make_launcher(spec, jit.entry(spec)))
         except Exception as error:  # noqa: BLE001 - reported per candidate
             launchers.append(f"{type(error).__name__}: {error}"[:300])
     rows = [{"case": case, "candidate": label(s), "spec": s.name, "results": {}} for s in specs]

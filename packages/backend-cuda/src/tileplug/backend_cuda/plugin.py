@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from tileplug.backend_cuda.quant import make_kernels
@@ -13,7 +14,12 @@ MIN_COMPUTE_CAPABILITY = (9, 0)
 
 
 def probe() -> str | None:
-    """None when a GPU of compute capability ≥ 9.0 is visible and TileLang imports, else why not."""
+    """None when a GPU of compute capability ≥ 9.0 is visible and TileLang is installed, else
+    why not. TileLang is located, not imported: its import costs half a second and a warm
+    first call loads kernels from the index without it (a TileLang that is installed but
+    broken surfaces when a kernel is first compiled, as a BackendError naming the backend)."""
+    import importlib.util
+
     import torch
 
     if torch.version.cuda is None:
@@ -23,10 +29,13 @@ def probe() -> str | None:
     capability = torch.cuda.get_device_capability()
     if capability < MIN_COMPUTE_CAPABILITY:
         return f"GPU compute capability {capability[0]}.{capability[1]} is below 9.0"
-    try:
-        import tilelang  # noqa: F401
-    except Exception as error:  # noqa: BLE001 - any import failure makes the backend unavailable
-        return f"tilelang does not import: {type(error).__name__}: {error}"
+    for module in ("tilelang", "tvm_ffi"):
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError) as error:
+            return f"{module} cannot be located: {type(error).__name__}: {error}"
+        if found is None:
+            return f"{module} is not installed (pip install tilelang)"
     return None
 
 
@@ -60,6 +69,21 @@ def capabilities() -> str:
     )
 
 
+def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
+    """Compile the specialisations serving ``calls`` that the kernel index lacks, in parallel
+    processes, for this host's GPU (``TILEPLUG_CUDA_ARCH`` or ``sm_90`` without one); returns
+    how many were compiled."""
+    from tileplug.backend_cuda.quant import jit
+
+    arch = os.environ.get("TILEPLUG_CUDA_ARCH") or (jit.device_arch() if probe() is None else jit.DEFAULT_ARCH)
+    specs = []
+    for call in calls:
+        kernel = _KERNELS.get(call.op)
+        if kernel is not None and kernel.supports(call) is None:
+            specs.append(kernel.spec(call))
+    return jit.precompile(specs, arch=arch, workers=workers, load=False)
+
+
 _KERNELS = make_kernels()
 
 
@@ -74,6 +98,7 @@ def make_backend() -> Backend:
         probe=probe,
         lower=lower,
         capabilities=capabilities,
+        precompile=precompile,
         description="TileLang kernels for SM90/SM100",
     )
 

@@ -9,7 +9,7 @@ of its device family, and a table op name → :class:`Kernel`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -46,6 +46,9 @@ class Backend:
     ``layout_for`` may be given to vary layout traits by device type.
     ``capabilities()`` may return a text ``tileplug info`` prints under the matrix (what
     the backend's kernels accept, how they are checked).
+    ``precompile(calls, workers)`` may compile ahead of time the kernels serving ``calls``
+    (``tileplug precompile``: a warm cache at deployment) and return how many it compiled
+    (the others were cached already).
     """
 
     name: str
@@ -57,6 +60,7 @@ class Backend:
     lower: Callable[[Any], str] | None = None
     layout_for: Callable[[str], LayoutTraits] | None = None
     capabilities: Callable[[], str] | None = None
+    precompile: Callable[[Sequence[Any], int | None], int] | None = None
     description: str = ""
     # Filled in by the registry from the plugin's distribution.
     distribution: str = field(default="", compare=False)
@@ -104,7 +108,7 @@ RESERVED_NAMES: dict[str, str] = {
 }
 """Backend name → the only distribution allowed to provide a backend of that name."""
 
-_OPTIONAL_CALLABLES = ("probe", "lower", "layout_for", "capabilities")
+_OPTIONAL_CALLABLES = ("probe", "lower", "layout_for", "capabilities", "precompile")
 
 
 def known_kernel_names() -> frozenset[str]:

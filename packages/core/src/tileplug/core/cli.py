@@ -1,9 +1,9 @@
-"""The ``tileplug`` command: info, demo, bench, lower, ledger.
+"""The ``tileplug`` command: info, demo, bench, precompile, lower, ledger.
 
 Every command is derived from the op table (``tileplug.core.opdefs``): the ``info`` matrix
 has a row per declared op, ``lower`` and ``ledger`` accept every declared op, ``bench``
 times every op's bench cases and ``demo`` quantizes with every bench case of an op that
-returns a ``(q, sf)`` pair. No op is named here except the demo's inverse (``cast_back``)
+returns a ``(q, sf)`` pair; ``precompile`` compiles the kernels of every case and bench case. No op is named here except the demo's inverse (``cast_back``)
 and the default cases of the dispatch-cost measurement.
 """
 
@@ -592,6 +592,40 @@ def _bench_dry_run(args: argparse.Namespace, device: torch.device, cases: list, 
     return 0
 
 
+# ---------------------------------------------------------------------- precompile
+
+
+def command_precompile(args: argparse.Namespace) -> int:
+    from tileplug.core import precompile
+    from tileplug.core.registry import registry
+
+    # Only the device *type* matters (calls are described on meta): an image can be warmed
+    # for CUDA on a machine without a GPU with --device cuda --backends cuda.
+    try:
+        device = torch.device(args.device) if args.device else _default_device()
+    except RuntimeError as error:
+        raise UsageError(f"--device: {error}") from None
+    ops = args.ops or None
+    for name in ops or []:
+        _opdef(name)
+    if args.backends:
+        chosen = [_backend(name) for name in args.backends]
+    else:
+        chosen = [b for b in registry.backends
+                  if b.serves(device.type) and b.precompile is not None and b.unavailable_reason() is None]
+    if not chosen:
+        why = [f"{b.name}: {b.unavailable_reason()}" for b in registry.backends
+               if b.serves(device.type) and b.precompile is not None and b.unavailable_reason() is not None]
+        print(f"no available backend for {device.type} compiles ahead of time; nothing to do"
+              + (f" ({'; '.join(why)}; name one with --backends to build for it anyway)" if why else ""))
+        return 0
+    for backend in chosen:
+        report = precompile.precompile(backend, device.type, ops, args.workers, args.hidden)
+        print(f"{backend.name}: {report.calls} calls of the op table's grid; compiled {report.compiled} "
+              f"kernel(s) the cache lacked in {report.seconds:.1f} s")
+    return 0
+
+
 # ---------------------------------------------------------------------- lower, ledger
 
 
@@ -637,7 +671,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tileplug", description="tileplug: pluggable memory-bound LLM kernels", epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=_VersionAction)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{info,demo,bench,lower,ledger}")
+    commands = parser.add_subparsers(dest="command", required=True,
+                                     metavar="{info,demo,bench,precompile,lower,ledger}")
 
     commands.add_parser("info", help="installed backends, availability and the op x backend matrix")
 
@@ -663,6 +698,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", help="also write the report as JSON to this path")
     bench.add_argument("--verbose", action="store_true", help="log progress to stderr")
 
+    pre = commands.add_parser("precompile", help="compile ahead of time the kernels of every op's case and bench grid")
+    pre.add_argument("--device", help="cpu, cuda, npu (default: the best available)")
+    pre.add_argument("--ops", type=_names, help="comma-separated declared ops (default: all)")
+    pre.add_argument("--backends", type=_names, help="comma-separated backend names (default: every available "
+                                                      "backend of the device that compiles ahead of time)")
+    pre.add_argument("--workers", type=_positive, help="parallel compile processes (default: the host's cores)")
+    pre.add_argument("--hidden", type=_positive, default=7168, help="H of the bench cases' calls")
+
     for name, helptext in (("lower", "generated device source of one specialisation"),
                            ("ledger", "bytes and flops one call must move")):
         sub = commands.add_parser(name, help=helptext)
@@ -686,6 +729,7 @@ HANDLERS = {
     "info": command_info,
     "demo": command_demo,
     "bench": command_bench,
+    "precompile": command_precompile,
     "lower": command_lower,
     "ledger": command_ledger,
 }

@@ -1,15 +1,34 @@
-"""Compiling and lowering kernel specialisations, each at most once per process.
+"""Compiling, caching and lowering kernel specialisations, each at most once per process.
 
-``compiled(spec)`` returns the TileLang ``JITKernel`` (tvm_ffi execution backend) of a
-:class:`KernelSpec`, compiling it on first use. Concurrent first calls for the same spec
-wait for one compilation (a lock per spec); different specs compile in parallel.
+``entry(spec)`` returns the callable entry point of a :class:`KernelSpec`'s compiled module
+(what a launcher calls). It comes from the *kernel index* when the index holds the spec —
+a directory of compiled modules next to TileLang's own cache, keyed by the spec, the
+architecture, the TileLang version and a hash of the kernel sources, loaded with
+``tvm_ffi.load_module`` without importing TileLang or re-tracing the kernel (a warm first
+call costs milliseconds, not the seconds of TileLang's import, trace and cache lookup).
+On a miss, ``compiled(spec)`` compiles it with TileLang (whose disk cache may still hit)
+and the module is published to the index by an atomic rename, so concurrent processes
+never read a torn file. Concurrent first calls in one process wait for one load (a lock
+per spec); different specs load in parallel.
+
 ``lower_source(spec, arch)`` returns the generated CUDA source without needing a GPU.
+
+Index location: ``TILEPLUG_CUDA_KERNEL_INDEX`` if set (``off`` disables the index), else
+``$TILELANG_CACHE_DIR/tileplug-index`` (TileLang's default ``~/.tilelang/cache``), so an
+empty ``TILELANG_CACHE_DIR`` is a cold start for both.
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import importlib.util
 import os
+import shutil
+import tempfile
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tileplug.backend_cuda.quant.spec import KernelSpec
@@ -23,11 +42,22 @@ PASS_CONFIGS: dict[str, Any] = {
 }
 DEFAULT_ARCH = "sm_90"
 
+INDEX_VARIABLE = "TILEPLUG_CUDA_KERNEL_INDEX"
+INDEX_SOURCES = ("grouped.py", "sf_math.py", "spec.py", "jit.py")
+"""Kernel-defining sources of this package hashed into the index key (with the quant formats
+of core): editing any of them makes every indexed module stale."""
+
 _lock = threading.Lock()
-_spec_locks: dict[KernelSpec, threading.Lock] = {}
+_spec_locks: dict[tuple[KernelSpec, str], threading.RLock] = {}
 _compiled: dict[tuple[KernelSpec, str], Any] = {}
+_entries: dict[tuple[KernelSpec, str], Callable[..., Any]] = {}
 compile_count = 0
-"""Number of compilations this process ran (tests check concurrent first calls compile once)."""
+"""Number of TileLang compilations (``compiled``) this process ran."""
+load_count = 0
+"""Number of specialisations this process made ready (from the index or compiled): tests
+check that concurrent first calls load once."""
+index_hits = 0
+"""How many of those came from the kernel index."""
 
 
 def device_arch() -> str:
@@ -71,17 +101,20 @@ def _compile(spec: KernelSpec, arch: str) -> Any:
     )
 
 
+def _spec_lock(key: tuple[KernelSpec, str]) -> threading.RLock:
+    with _lock:
+        return _spec_locks.setdefault(key, threading.RLock())
+
+
 def compiled(spec: KernelSpec, arch: str | None = None) -> Any:
-    """The compiled kernel of ``spec`` (compiled on first use, once per process)."""
+    """The TileLang ``JITKernel`` of ``spec`` (compiled on first use, once per process)."""
     global compile_count
     arch = arch or device_arch()
     key = (spec, arch)
     kernel = _compiled.get(key)
     if kernel is not None:
         return kernel
-    with _lock:
-        spec_lock = _spec_locks.setdefault(spec, threading.Lock())
-    with spec_lock:
+    with _spec_lock(key):
         kernel = _compiled.get(key)
         if kernel is None:
             kernel = _compile(spec, arch)
@@ -91,14 +124,179 @@ def compiled(spec: KernelSpec, arch: str | None = None) -> Any:
     return kernel
 
 
+def entry(spec: KernelSpec, arch: str | None = None) -> Callable[..., Any]:
+    """The entry point of ``spec``'s compiled module, called with the kernel's tensors: from
+    the kernel index when it holds ``spec``, else compiled (and then published to the index)."""
+    global load_count, index_hits
+    arch = arch or device_arch()
+    key = (spec, arch)
+    function = _entries.get(key)
+    if function is not None:
+        return function
+    with _spec_lock(key):
+        function = _entries.get(key)
+        if function is None:
+            function = _load_indexed(spec, arch)
+            hit = function is not None
+            if function is None:
+                kernel = compiled(spec, arch)
+                _publish(spec, arch, kernel)
+                function = entry_of(kernel)
+            with _lock:
+                load_count += 1
+                index_hits += hit
+                _entries[key] = function
+    return function
+
+
+def entry_of(jit_kernel: Any) -> Callable[..., Any]:
+    """The compiled module's entry function of a TileLang ``JITKernel``, called with the
+    tensors directly.
+
+    ``JITKernel.__call__`` goes through a Python wrapper that sorts inputs from outputs and
+    allocates outputs (we pass every buffer, so it has nothing to do) before calling this
+    same executable; skipping it saves microseconds per call. The executable keeps every
+    argument check of the generated host code (dtypes, shapes, strides, devices, the
+    ``T.assume`` conditions). Falls back to the wrapper if the adapter has no executable.
+    """
+    adapter = getattr(jit_kernel, "adapter", None)
+    for name in ("get_exportable_executable", "_get_executable"):
+        getter = getattr(adapter, name, None)
+        if getter is not None and not getattr(adapter, "result_idx", None):
+            try:
+                return _main_of(getter())
+            except Exception:  # noqa: BLE001 - keep the wrapper path
+                break
+    return jit_kernel
+
+
+def _main_of(module: Any) -> Callable[..., Any]:
+    """``module.main`` (the entry ``Module.__call__`` forwards to, without its Python frame)."""
+    try:
+        return module.main
+    except AttributeError:
+        return module
+
+
+# ---------------------------------------------------------------------- the kernel index
+
+
+def index_dir() -> Path | None:
+    """Directory of the kernel index (None: disabled by ``TILEPLUG_CUDA_KERNEL_INDEX=off``)."""
+    forced = os.environ.get(INDEX_VARIABLE)
+    if forced:
+        return None if forced.strip().lower() in ("off", "0", "false", "none") else Path(forced)
+    tilelang_cache = os.environ.get("TILELANG_CACHE_DIR") or os.path.expanduser("~/.tilelang/cache")
+    return Path(tilelang_cache) / "tileplug-index"
+
+
+_fingerprint: list[str] = []
+
+
+def _source_fingerprint() -> str:
+    """TileLang's version and a hash of the kernel-defining sources (computed once)."""
+    if not _fingerprint:
+        from importlib import metadata
+
+        from tileplug.core.quant import formats
+
+        digest = hashlib.sha256()
+        try:
+            digest.update(metadata.version("tilelang").encode())
+        except metadata.PackageNotFoundError:
+            digest.update(b"tilelang-unknown")
+        here = Path(__file__).parent
+        for path in [here / name for name in INDEX_SOURCES] + [Path(formats.__file__)]:
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+        digest.update(repr(sorted(PASS_CONFIGS.items())).encode())
+        _fingerprint.append(digest.hexdigest()[:16])
+    return _fingerprint[0]
+
+
+def index_path(spec: KernelSpec, arch: str) -> Path | None:
+    """Where the index keeps ``spec``'s module for ``arch`` (None: index disabled)."""
+    root = index_dir()
+    if root is None:
+        return None
+    digest = hashlib.sha256(f"{spec!r}|{arch}".encode()).hexdigest()[:16]
+    return root / _source_fingerprint() / f"{spec.name[:120]}-{arch}-{digest}.so"
+
+
+_runtime: list[Any] = []
+
+
+def _load_runtime() -> None:
+    """Load TileLang's TVM runtime library (it registers the CUDA module loader a compiled
+    module needs) without importing TileLang's Python package."""
+    if _runtime:
+        return
+    found = importlib.util.find_spec("tilelang")
+    if found is None or not found.submodule_search_locations:
+        raise ImportError("tilelang is not installed")
+    library = Path(list(found.submodule_search_locations)[0]) / "lib" / "libtvm_runtime.so"
+    _runtime.append(ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL))
+
+
+def _load_indexed(spec: KernelSpec, arch: str) -> Callable[..., Any] | None:
+    """The indexed module's entry, or None (not indexed, index disabled, or unloadable: an
+    unloadable file is removed and the spec recompiled)."""
+    path = index_path(spec, arch)
+    if path is None or not path.is_file():
+        return None
+    try:
+        _load_runtime()
+        import tvm_ffi
+
+        return _main_of(tvm_ffi.load_module(str(path)))
+    except Exception:  # noqa: BLE001 - a bad entry is a miss, never an error
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        return None
+
+
+def _publish(spec: KernelSpec, arch: str, kernel: Any) -> None:
+    """Put ``kernel``'s module into the index: written beside its final name, then renamed
+    over it (atomic: readers see the whole file or none). Failures only cost the next
+    process a TileLang cache lookup."""
+    path = index_path(spec, arch)
+    if path is None or path.is_file():
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, staging = tempfile.mkstemp(prefix=".staging-", suffix=".so", dir=path.parent)
+        os.close(handle)
+        try:
+            cached = None
+            cache_dir = getattr(kernel, "_tilelang_cache_path", None)
+            for name in ("executable.so", "kernel_lib.so"):
+                if cache_dir and os.path.isfile(os.path.join(cache_dir, name)):
+                    cached = os.path.join(cache_dir, name)
+                    break
+            if cached is not None:
+                shutil.copyfile(cached, staging)
+            else:
+                kernel.export_library(staging)
+            os.replace(staging, path)
+        finally:
+            if os.path.exists(staging):
+                os.unlink(staging)
+    except Exception:  # noqa: BLE001 - the index is an optimisation
+        pass
+
+
 def _compile_only(spec: KernelSpec, arch: str) -> str:
-    _compile(spec, arch)  # fills TileLang's disk cache
+    if index_path(spec, arch) is None or not index_path(spec, arch).is_file():
+        _publish(spec, arch, _compile(spec, arch))  # fills TileLang's disk cache and the index
     return spec.name
 
 
-def precompile(specs, arch: str | None = None, workers: int | None = None) -> None:
-    """Compile many specialisations in parallel processes (spawned: no CUDA state is
-    inherited), then load them into this process from TileLang's disk cache.
+def precompile(specs, arch: str | None = None, workers: int | None = None, load: bool = True) -> int:
+    """Compile the specialisations the kernel index lacks in parallel processes (spawned: no
+    CUDA state is inherited), publishing each to the index, then (``load``) load them all
+    into this process. Returns how many were compiled.
 
     TileLang spends most of a compile in single-threaded Python and nvcc, so a process pool
     scales with the host's cores where threads would not.
@@ -107,12 +305,16 @@ def precompile(specs, arch: str | None = None, workers: int | None = None) -> No
     from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
     arch = arch or device_arch()
-    todo = [spec for spec in dict.fromkeys(specs) if (spec, arch) not in _compiled]
-    if not todo:
-        return
-    workers = max(1, min(len(todo), workers or os.cpu_count() or 1))
+    todo = [spec for spec in dict.fromkeys(specs) if (spec, arch) not in _entries]
+    missing = [spec for spec in todo if index_path(spec, arch) is None or not index_path(spec, arch).is_file()]
+    workers = max(1, min(len(missing), workers or os.cpu_count() or 1))
     if workers > 1:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            list(pool.map(_compile_only, todo, [arch] * len(todo)))
-    with ThreadPoolExecutor(min(8, workers)) as pool:
-        list(pool.map(lambda spec: compiled(spec, arch), todo))
+            list(pool.map(_compile_only, missing, [arch] * len(missing)))
+    if load:
+        with ThreadPoolExecutor(min(8, max(1, len(todo)))) as pool:
+            list(pool.map(lambda spec: entry(spec, arch), todo))
+    elif workers <= 1:
+        for spec in missing:
+            _compile_only(spec, arch)
+    return len(missing)

@@ -67,10 +67,11 @@ class QuantKernel:
         self.prepare(call)(inputs, outputs)
 
     def prepare(self, call: QuantCall) -> Launcher:
-        """``launch(inputs, outputs)`` bound to ``call``'s signature: the kernel compiled (once
-        per specialisation and process, ``jit.compiled``) and its argument order fixed."""
+        """``launch(inputs, outputs)`` bound to ``call``'s signature: the kernel's entry (from
+        the kernel index or compiled, once per specialisation and process: ``jit.entry``)
+        and its argument order fixed."""
         spec = self.spec(call)
-        return make_launcher(spec, fast_entry(jit.compiled(spec)))
+        return make_launcher(spec, jit.entry(spec))
 
     # ------------------------------------------------------------------ per op
     def reason(self, call: QuantCall) -> str | None:
@@ -98,26 +99,6 @@ class QuantKernel:
     def source(self, call: QuantCall, arch: str = jit.DEFAULT_ARCH) -> str:
         """Generated CUDA source of the kernel serving ``call`` (no GPU needed)."""
         return jit.lower_source(self.spec(call), arch)
-
-
-def fast_entry(jit_kernel: Any) -> Callable[..., Any]:
-    """The compiled module's entry point, called with the tensors directly.
-
-    ``JITKernel.__call__`` goes through a Python wrapper that sorts inputs from outputs and
-    allocates outputs (we pass every buffer, so it has nothing to do) before calling this
-    same executable; skipping it saves microseconds per call. The executable keeps every
-    argument check of the generated host code (dtypes, shapes, strides, devices, the
-    ``T.assume`` conditions). Falls back to the wrapper if the adapter has no executable.
-    """
-    adapter = getattr(jit_kernel, "adapter", None)
-    for name in ("get_exportable_executable", "_get_executable"):
-        getter = getattr(adapter, name, None)
-        if getter is not None and not getattr(adapter, "result_idx", None):
-            try:
-                return getter()
-            except Exception:  # noqa: BLE001 - keep the wrapper path
-                break
-    return jit_kernel
 
 
 def _byte_view(spec: KernelSpec) -> Callable[[torch.Tensor], torch.Tensor]:
