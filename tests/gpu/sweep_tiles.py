@@ -64,14 +64,17 @@ SG = {"spread": True, "grid_cols": True}
 # passed with (no knobs). Per block / per channel: warps × rows == the group height.
 CANDIDATES = {
     "per_token": [
-        _c(4, 4), _c(4, 1, column_chunks=4, **S), _c(8, 1, column_chunks=4, **S), _c(4, 1, column_chunks=7, **S),
-        _c(4, 2, column_chunks=4, **S),
+        _c(4, 4), _c(4, 1, column_chunks=4, **S), _c(4, 1, column_chunks=4, **SG), _c(4, 2, column_chunks=4, **SG),
+        _c(1, 2, column_chunks=4, **SG), _c(2, 1, column_chunks=4, **SG), _c(1, 1, column_chunks=7, **SG),
+        _c(2, 2, column_chunks=4, **SG), _c(4, 1, column_chunks=2, **SG),
     ],
     "per_token_ue8m0": [
-        _c(4, 4), _c(4, 1, column_chunks=4), _c(8, 1, column_chunks=4), _c(4, 2, column_chunks=2),
+        _c(4, 4), _c(4, 1, column_chunks=4), _c(4, 1, column_chunks=4, **G), _c(4, 2, column_chunks=4, **G),
+        _c(1, 2, column_chunks=4, **G), _c(2, 1, column_chunks=4, **G), _c(4, 1, column_chunks=2, **G),
     ],
     "per_token_e2m1": [
-        _c(4, 4), _c(4, 1, column_chunks=4, **S), _c(8, 1, column_chunks=4, **S), _c(4, 1, column_chunks=2, **S),
+        _c(4, 4), _c(4, 1, column_chunks=4, **S), _c(4, 1, column_chunks=4, **SG), _c(4, 2, column_chunks=4, **SG),
+        _c(1, 2, column_chunks=4, **SG), _c(2, 1, column_chunks=4, **SG),
     ],
     "per_block": [
         _c(8, 16, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True), _c(16, 8, 1, bf16_pairs=True),
@@ -83,8 +86,8 @@ CANDIDATES = {
     ],
     "cast_back": [
         _c(4, 4), _c(8, 1, column_chunks=4, **G), _c(8, 1, column_chunks=2, **G), _c(4, 1, column_chunks=4, **G),
-        _c(16, 1, column_chunks=4, **G), _c(8, 1, column_chunks=7, **G), _c(4, 1, column_chunks=7, **G),
-        _c(8, 2, column_chunks=2, **G),
+        _c(4, 1, column_chunks=2, **G), _c(2, 1, column_chunks=4, **G), _c(4, 2, column_chunks=2, **G),
+        _c(2, 2, column_chunks=2, **G),
     ],
 }
 

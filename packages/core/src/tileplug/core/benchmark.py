@@ -2,8 +2,15 @@
 table: the cases are every op's ``OpDef.bench()``, the bytes its ``OpDef.ledger``.
 
 Effective bandwidth is the op's ledger bytes (what must move) over the median time. The
-device copy (``dst.copy_(src)``) measured in the same process is the ceiling, and
-``torch.compile`` of the reference is the peer, where it compiles.
+device copy (``dst.copy_(src)``) measured in the same process is the reference line,
+``torch.compile`` of the reference is one peer, where it compiles, and another kernel
+library with the same op names (``PEERS``: TileKernels) is timed in the same process and
+the same way when it is importable.
+
+Two times per runner on CUDA: *eager* (median over calls between CUDA events, L2 flushed
+clean before each: what a user's call costs on the device, launch included) and *graph*
+(the calls captured in one CUDA graph over distinct copies of the inputs whose working set
+exceeds L2, replayed: the kernels alone, no host).
 """
 
 from __future__ import annotations
@@ -24,6 +31,31 @@ from tileplug.core.registry import registry, use_backend
 
 COMPILE_PEER = "torch.compile(reference)"
 """Runner name of the compile peer (``torch.compile`` of the reference kernel)."""
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another kernel library timed beside tileplug: ``module`` holds functions named like
+    tileplug's ops, taking the same arguments (``distribution`` is its PyPI name)."""
+
+    name: str
+    module: str
+    distribution: str
+
+    def module_object(self) -> Any:
+        """The peer's module (imported on first use; raises what its import raises)."""
+        import importlib
+
+        return importlib.import_module(self.module)
+
+
+PEERS = {"tile_kernels": Peer("tile_kernels", "tile_kernels.quant", "tile-kernels")}
+"""Peers ``tileplug bench --peer`` knows, by runner name."""
+
+GRAPH_WORKING_SET = 512 << 20
+"""Bytes of distinct inputs and outputs one graph replay walks through (several times an
+H200's 60 MB L2), up to ``GRAPH_MAX_CALLS`` calls per graph."""
+GRAPH_MAX_CALLS = 512
 
 
 def bench_cases() -> dict[str, BenchCase]:
@@ -115,6 +147,50 @@ def host_seconds_per_call(fn: Callable[[], Any], device: torch.device, calls: in
     return elapsed / calls
 
 
+def _copied(value: Any) -> Any:
+    """A fresh copy of a call argument (tensors keep their strides; tuples are copied item by item)."""
+    if isinstance(value, torch.Tensor):
+        fresh = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+        return fresh.copy_(value) if value.numel() else fresh
+    if isinstance(value, tuple):
+        return tuple(_copied(item) for item in value)
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    return value
+
+
+def graph_seconds_per_call(fn: Callable[..., Any], args: tuple, kwargs: dict, device: torch.device,
+                           ledger_bytes: int, replays: int = 20) -> tuple[float, int]:
+    """(seconds per call, calls per graph) of ``fn(*args, **kwargs)`` captured in one CUDA
+    graph over distinct copies of the arguments, ``GRAPH_WORKING_SET`` bytes in all (at most
+    ``GRAPH_MAX_CALLS`` calls), replayed back to back: the kernel alone, no host time."""
+    calls = max(2, min(GRAPH_MAX_CALLS, -(-GRAPH_WORKING_SET // max(ledger_bytes, 1))))
+    copies = [(_copied(args), _copied(kwargs)) for _ in range(calls)]
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm up outside the capture (compiles, caches)
+        for copy_args, copy_kwargs in copies[:2]:
+            fn(*copy_args, **copy_kwargs)
+    torch.cuda.current_stream(device).wait_stream(side)
+    synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for copy_args, copy_kwargs in copies:
+            fn(*copy_args, **copy_kwargs)
+    graph.replay()
+    synchronize(device)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for start, end in zip(starts, ends):
+        start.record()
+        graph.replay()
+        end.record()
+    synchronize(device)
+    seconds = statistics.median(start.elapsed_time(end) for start, end in zip(starts, ends)) * 1e-3 / calls
+    del graph
+    return seconds, calls
+
+
 def copy_bandwidth(device: torch.device, nbytes: int | None = None) -> float:
     """Device copy bandwidth in GB/s (read + write bytes / median time), the ceiling."""
     if nbytes is None:
@@ -159,6 +235,9 @@ class BenchRow:
     ledger_bytes: int = 0
     pct_of_copy: float | None = None
     host_us: float | None = None
+    graph_us: float | None = None
+    graph_gbps: float | None = None
+    graph_calls: int | None = None
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -271,12 +350,16 @@ def measure_case(
     with_compile: bool,
     with_host_time: bool,
     log: Callable[[str], None] = lambda _: None,
+    peers: Sequence[str] = (),
+    with_graph: bool = False,
 ) -> list[BenchRow]:
     """Time bench case ``case`` at [tokens, hidden] on each backend in ``backends`` (+ the
-    compile peer, where the reference is installed).
+    compile peer, where the reference is installed, and each peer library of ``peers``,
+    called with the same arguments, with the ledger bytes of the default backend's call).
 
     The backend the dispatcher picks by itself is called exactly as a user calls the op;
-    the others are forced with ``use_backend`` (whose context manager adds host time)."""
+    the others are forced with ``use_backend`` (whose context manager adds host time).
+    ``with_graph`` (CUDA) adds the graph-replay time of each runner."""
     opdef = opdefs.get(case.op)
 
     def row(runner: str) -> BenchRow:
@@ -300,26 +383,32 @@ def measure_case(
             continue
         name = backend.name
         if name == default_backend:  # what a user's call runs: time it as a user calls it
-
-            def run_once() -> Any:
-                return opdef.function(*args, **kwargs)
-
+            invoke = opdef.function
         else:
 
-            def run_once(name: str = name) -> Any:
+            def invoke(*call_args: Any, name: str = name, **call_kwargs: Any) -> Any:
                 with use_backend(name):
-                    return opdef.function(*args, **kwargs)
+                    return opdef.function(*call_args, **call_kwargs)
 
-        try:
-            seconds = median_seconds(run_once, device)
-            entry.median_us = seconds * 1e6
-            entry.gbps = entry.ledger_bytes / seconds / 1e9
-            entry.pct_of_copy = 100.0 * entry.gbps / copy_gbps if copy_gbps else None
-            if with_host_time:
-                entry.host_us = host_seconds_per_call(run_once, device, calls=200 if device.type == "cpu" else 2000) * 1e6
-        except Exception as error:  # noqa: BLE001 - a failing backend is reported, not fatal
-            entry.note = f"{type(error).__name__}: {error}"
+        _time_runner(entry, invoke, args, kwargs, device, copy_gbps, with_host_time, with_graph)
         log(f"  {case.name} T={tokens} H={hidden} {name}: {entry.median_us or 0:.1f} us")
+    default_bytes = next((r.ledger_bytes for r in rows if r.runner == default_backend), 0)
+    for peer_name in peers:
+        entry = row(peer_name)
+        rows.append(entry)
+        peer = PEERS[peer_name]
+        try:
+            module = peer.module_object()
+        except Exception as error:  # noqa: BLE001 - any import failure: the peer is not here
+            entry.note = f"not importable (pip install {peer.distribution}): {type(error).__name__}: {error}"
+            continue
+        function = getattr(module, case.op, None)
+        if function is None:
+            entry.note = f"{peer.module} has no {case.op}"
+            continue
+        entry.ledger_bytes = default_bytes
+        _time_runner(entry, function, args, kwargs, device, copy_gbps, with_host_time, with_graph)
+        log(f"  {case.name} T={tokens} H={hidden} {peer_name}: {entry.median_us or 0:.1f} us")
     if with_compile:
         entry = row(COMPILE_PEER)
         reference = registry.get("reference")
@@ -338,6 +427,34 @@ def measure_case(
                 entry.note = f"did not compile: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
         rows.append(entry)
     return rows
+
+
+def _time_runner(entry: BenchRow, invoke: Callable[..., Any], args: tuple, kwargs: dict, device: torch.device,
+                 copy_gbps: float, with_host_time: bool, with_graph: bool) -> None:
+    """Fill ``entry``'s times (eager median, host time, graph replay) of ``invoke(*args,
+    **kwargs)``; a runner that fails is reported in its note, never fatal."""
+
+    def run_once() -> Any:
+        return invoke(*args, **kwargs)
+
+    try:
+        seconds = median_seconds(run_once, device)
+        entry.median_us = seconds * 1e6
+        entry.gbps = entry.ledger_bytes / seconds / 1e9
+        entry.pct_of_copy = 100.0 * entry.gbps / copy_gbps if copy_gbps else None
+        if with_host_time:
+            entry.host_us = host_seconds_per_call(run_once, device, calls=200 if device.type == "cpu" else 2000) * 1e6
+    except Exception as error:  # noqa: BLE001 - a failing backend is reported, not fatal
+        entry.note = f"{type(error).__name__}: {error}"
+        return
+    if with_graph and device.type == "cuda":
+        try:
+            graph_s, entry.graph_calls = graph_seconds_per_call(invoke, args, kwargs, device, entry.ledger_bytes)
+        except Exception as error:  # noqa: BLE001
+            entry.note = f"graph capture failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+            return
+        entry.graph_us = graph_s * 1e6
+        entry.graph_gbps = entry.ledger_bytes / graph_s / 1e9
 
 
 def dispatch_cost(device: torch.device, hidden: int = 7168, cases: Sequence[str] | None = None
@@ -394,3 +511,73 @@ def dispatch_cost(device: torch.device, hidden: int = 7168, cases: Sequence[str]
             "contract_check_us": contract_s * 1e6,
         }
     return costs
+
+
+def peer_ratios(rows: Sequence[BenchRow], peer: str, ours: str) -> list[dict[str, Any]]:
+    """Per (case, T): the peer's time over ``ours`` (> 1: ours is faster), eager and graph."""
+    by_key: dict[tuple[str, int], dict[str, BenchRow]] = {}
+    for entry in rows:
+        by_key.setdefault((entry.case, entry.tokens), {})[entry.runner] = entry
+    ratios = []
+    for (case, tokens), runners in by_key.items():
+        mine, theirs = runners.get(ours), runners.get(peer)
+        if mine is None or theirs is None:
+            continue
+
+        def ratio(a: float | None, b: float | None) -> float | None:
+            return None if not a or not b else b / a
+
+        entry = {"case": case, "tokens": tokens, "eager": ratio(mine.median_us, theirs.median_us),
+                 "graph": ratio(mine.graph_us, theirs.graph_us), "host": ratio(mine.host_us, theirs.host_us)}
+        if any(entry[k] is not None for k in ("eager", "graph", "host")):
+            ratios.append(entry)
+    return ratios
+
+
+def plot_report(report: dict[str, Any], path: str) -> None:
+    """Draw a report (``BenchReport.as_dict()``): one panel per bench case, GB/s against T
+    (log scale) per runner, eager solid and graph replay dashed, the copy line of the run.
+    Needs matplotlib (``pip install tileplug-core[plot]``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [row for row in report["rows"] if row.get("gbps")]
+    cases = list(dict.fromkeys(row["case"] for row in rows))
+    if not cases:
+        raise ValueError("the report has no timed row to plot")
+    columns = min(3, len(cases))
+    lines = -(-len(cases) // columns)
+    figure, axes = plt.subplots(lines, columns, figsize=(5.2 * columns, 3.8 * lines), squeeze=False)
+    runners = list(dict.fromkeys(row["runner"] for row in rows))
+    colours = {runner: f"C{i}" for i, runner in enumerate(runners)}
+    copy = report.get("copy_gbps")
+    for index, case in enumerate(cases):
+        axis = axes[index // columns][index % columns]
+        for runner in runners:
+            mine = sorted((row for row in rows if row["case"] == case and row["runner"] == runner),
+                          key=lambda row: row["tokens"])
+            if not mine:
+                continue
+            tokens = [row["tokens"] for row in mine]
+            axis.plot(tokens, [row["gbps"] for row in mine], "o-", color=colours[runner], label=f"{runner} eager",
+                      markersize=3)
+            graph = [(row["tokens"], row["graph_gbps"]) for row in mine if row.get("graph_gbps")]
+            if graph:
+                axis.plot(*zip(*graph), "s--", color=colours[runner], label=f"{runner} graph", markersize=3,
+                          alpha=0.8)
+        if copy:
+            axis.axhline(copy, color="grey", linestyle=":", label=f"copy {copy:.0f} GB/s")
+        axis.set_xscale("log", base=2)
+        axis.set_title(f"{case} (H={mine[0]['hidden'] if mine else ''})", fontsize=10)
+        axis.set_xlabel("tokens T")
+        axis.set_ylabel("GB/s (ledger bytes / time)")
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=7)
+    for index in range(len(cases), lines * columns):
+        axes[index // columns][index % columns].axis("off")
+    figure.suptitle(f"tileplug bench on {report.get('device_name', report.get('device'))}", fontsize=11)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

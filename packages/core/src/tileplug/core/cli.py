@@ -510,6 +510,12 @@ def command_bench(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"unknown dispatch case(s): {', '.join(unknown)}; bench cases: {', '.join(cases)}")
     tokens_list = args.tokens
+    peers = args.peer or []
+    unknown = [name for name in peers if name not in benchmark.PEERS]
+    if unknown:
+        raise UsageError(f"unknown peer(s): {', '.join(unknown)}; known peers: {', '.join(benchmark.PEERS)}")
+    if args.plot:
+        _require_matplotlib()
     if args.backends:
         for name in args.backends:
             _backend(name)
@@ -539,6 +545,7 @@ def command_bench(args: argparse.Namespace) -> int:
                 benchmark.measure_case(
                     cases[name], tokens, args.hidden, dtype, device, backends, report.copy_gbps,
                     with_compile=with_compile, with_host_time=tokens in (1,), log=log,
+                    peers=peers, with_graph=not args.no_graph,
                 )
             )
     if not args.no_dispatch and dispatch_cases:
@@ -552,11 +559,22 @@ def command_bench(args: argparse.Namespace) -> int:
             "" if r.gbps is None else f"{r.gbps:.2f}",
             "" if r.pct_of_copy is None else f"{r.pct_of_copy:.1f}%",
             "" if r.host_us is None else f"{r.host_us:.1f}",
+            "" if r.graph_us is None else f"{r.graph_us:.2f}",
+            "" if r.graph_gbps is None else f"{r.graph_gbps:.2f}",
             r.note,
         )
         for r in report.rows
     ]
-    print(_table(("op", "T", "H", "runner", "median us", "GB/s", "% of copy", "host us/call", "note"), rows))
+    print(_table(("op", "T", "H", "runner", "median us", "GB/s", "% of copy", "host us/call", "graph us",
+                  "graph GB/s", "note"), rows))
+    ours = next((b.name for b in registry.backends if b.name in backends and b.serves(device.type)), None)
+    for peer in peers:
+        ratios = benchmark.peer_ratios(report.rows, peer, ours) if ours else []
+        if ratios:
+            print(f"\n{peer} time / {ours} time (> 1: {ours} is faster)")
+            print(_table(("op", "T", "eager", "graph", "host"), [
+                (r["case"], r["tokens"], *("" if r[k] is None else f"{r[k]:.2f}" for k in ("eager", "graph", "host")))
+                for r in ratios]))
     for name, d in report.dispatch.items():
         if "note" in d:
             print(f"\ndispatch cost, {name} [1, {args.hidden}] on {device.type}: {d['note']}")
@@ -571,6 +589,30 @@ def command_bench(args: argparse.Namespace) -> int:
         with open(args.json, "w") as handle:
             json.dump(report.as_dict(), handle, indent=2)
         print(f"\nwrote {args.json}")
+    if args.plot:
+        benchmark.plot_report(report.as_dict(), args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'tileplug-core[plot]'") from None
+
+
+def command_plot(args: argparse.Namespace) -> int:
+    from tileplug.core import benchmark
+
+    _require_matplotlib()
+    try:
+        with open(args.report) as handle:
+            report = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"report: cannot read {args.report}: {error}") from None
+    benchmark.plot_report(report, args.output)
+    print(f"wrote {args.output}")
     return 0
 
 
@@ -672,7 +714,7 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True,
-                                     metavar="{info,demo,bench,precompile,lower,ledger}")
+                                     metavar="{info,demo,bench,plot,precompile,lower,ledger}")
 
     commands.add_parser("info", help="installed backends, availability and the op x backend matrix")
 
@@ -696,7 +738,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dry-run", action="store_true",
                        help="list the cases x token counts x runners (with ledger bytes) without timing anything")
     bench.add_argument("--json", help="also write the report as JSON to this path")
+    bench.add_argument("--peer", type=_names, help="comma-separated peer libraries timed beside tileplug in the same "
+                                                   "process, where importable (known: tile_kernels)")
+    bench.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replay column (CUDA only)")
+    bench.add_argument("--plot", metavar="FILE.png", help="draw GB/s against T per runner with the copy line "
+                                                          "(needs matplotlib: tileplug-core[plot])")
     bench.add_argument("--verbose", action="store_true", help="log progress to stderr")
+
+    plot = commands.add_parser("plot", help="draw a saved bench report (bench --json) as GB/s against T")
+    plot.add_argument("report", help="a JSON report written by tileplug bench --json")
+    plot.add_argument("-o", "--output", required=True, metavar="FILE.png")
 
     pre = commands.add_parser("precompile", help="compile ahead of time the kernels of every op's case and bench grid")
     pre.add_argument("--device", help="cpu, cuda, npu (default: the best available)")
@@ -730,6 +781,7 @@ HANDLERS = {
     "demo": command_demo,
     "bench": command_bench,
     "precompile": command_precompile,
+    "plot": command_plot,
     "lower": command_lower,
     "ledger": command_ledger,
 }

@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""A profiling target (run under ``ncu``; a script, not a test): one bench case at one T,
+called a few times by tileplug and, when importable, by TileKernels.
+
+    ncu --clock-control none -k regex:per_block python3 tests/gpu/probe_ncu_target.py per_block_cast 128
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def main() -> int:
+    from tileplug.core import opdefs
+    from tileplug.core.benchmark import bench_cases
+
+    name, tokens = sys.argv[1], int(sys.argv[2])
+    case = bench_cases()[name]
+    args, kwargs = case.arguments(tokens, 7168, torch.bfloat16, torch.device("cuda"))
+    function = opdefs.get(case.op).function
+    runners = [("tileplug", function)]
+    try:
+        import tile_kernels.quant as peer
+
+        runners.append(("tile_kernels", getattr(peer, case.op)))
+    except Exception as error:  # noqa: BLE001
+        print(f"tile_kernels not importable: {error}")
+    for label, run in runners:
+        for _ in range(3):
+            run(*args, **kwargs)
+        torch.cuda.synchronize()
+        print(f"{label}: ran {name} at T={tokens}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
