@@ -14,6 +14,7 @@ directory, now holding what the cold run wrote). tileplug's kernel index lives i
 directory, so cold really is cold for both libraries.
 
     . .gpu-bundle/prelude.sh && python3 tests/gpu/probe_first_call.py   # writes $OUT/first_call.json
+    python3 tests/gpu/probe_first_call.py --profile   # cProfile of a warm first call: $OUT/first_call_profile.txt
 """
 
 from __future__ import annotations
@@ -51,8 +52,19 @@ else:
     import tile_kernels.quant as module
 imported = time.perf_counter()
 function = getattr(module, op)
-function(*args, **kwargs)
-torch.cuda.synchronize()
+if len(sys.argv) > 3:  # profile the first call
+    import cProfile, io, pstats
+    profiler = cProfile.Profile()
+    profiler.enable()
+    function(*args, **kwargs)
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+    open(sys.argv[3], "w").write(text.getvalue())
+else:
+    function(*args, **kwargs)
+    torch.cuda.synchronize()
 first = time.perf_counter()
 function(*args, **kwargs)
 torch.cuda.synchronize()
@@ -68,11 +80,11 @@ CASES = ("per_token", "per_token_ue8m0", "per_token_e2m1", "per_block", "per_cha
 PEER_CASES = ("per_token", "per_block", "cast_back")
 
 
-def run(library: str, case: str, cache: str) -> dict:
+def run(library: str, case: str, cache: str, profile: str | None = None) -> dict:
     env = dict(os.environ, TILELANG_CACHE_DIR=cache)
     env.pop("TILEPLUG_CUDA_KERNEL_INDEX", None)
-    done = subprocess.run([sys.executable, "-c", CHILD, library, case], env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-c", CHILD, library, case] + ([profile] if profile else []), env=env,
+                          capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
         return {"error": (done.stderr or done.stdout)[-600:]}
@@ -80,6 +92,12 @@ def run(library: str, case: str, cache: str) -> dict:
 
 
 def main() -> int:
+    out = os.environ.get("OUT", ".")
+    if "--profile" in sys.argv:  # cProfile of a warm first call of per_token_cast
+        with tempfile.TemporaryDirectory(prefix="first-call-") as cache:
+            run("tileplug", "per_token", cache)
+            print(run("tileplug", "per_token", cache, os.path.join(out, "first_call_profile.txt")))
+        return 0
     try:
         import tile_kernels  # noqa: F401
 
@@ -98,7 +116,6 @@ def main() -> int:
                     results.append(result)
                     shown = {k: (round(v * 1e3, 1) if isinstance(v, float) else v) for k, v in result.items()}
                     print(json.dumps(shown), flush=True)
-    out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "first_call.json"), "w") as handle:
         json.dump(results, handle, indent=1)
     return 0

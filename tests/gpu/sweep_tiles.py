@@ -78,11 +78,15 @@ CANDIDATES = {
     ],
     "per_block": [
         _c(8, 16, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True), _c(16, 8, 1, bf16_pairs=True),
-        _c(8, 16, 1, bf16_pairs=True), _c(32, 4, 1, bf16_pairs=True), _c(4, 32, 1, bf16_pairs=True),
-        _c(16, 8, 2),
+        _c(16, 8, 2, bf16_pairs=True, load_bytes=8), _c(8, 16, 2, bf16_pairs=True, load_bytes=8),
+        _c(8, 16, 1, bf16_pairs=True, load_bytes=8), _c(16, 8, 1, bf16_pairs=True, load_bytes=8),
+        _c(32, 4, 1, bf16_pairs=True, load_bytes=8), _c(16, 8, 2, bf16_pairs=True, grid_cols=True),
     ],
     "per_channel": [
-        _c(16, 8, 2, bf16_pairs=True), _c(8, 16, 1, bf16_pairs=True, **S), _c(16, 8, 2, bf16_pairs=True, **S),
+        _c(16, 8, 2, bf16_pairs=True), _c(8, 16, 1, bf16_pairs=True, **S), _c(8, 16, 1, bf16_pairs=True, **SG),
+        _c(8, 16, 1, bf16_pairs=True, load_bytes=8, **S), _c(8, 16, 2, bf16_pairs=True, load_bytes=8, **S),
+        _c(16, 8, 2, bf16_pairs=True, load_bytes=8, **S), _c(4, 32, 1, bf16_pairs=True, load_bytes=8, **S),
+        _c(8, 16, 1, bf16_pairs=True, load_bytes=8, **SG),
     ],
     "cast_back": [
         _c(4, 4), _c(8, 1, column_chunks=4, **G), _c(8, 1, column_chunks=2, **G), _c(4, 1, column_chunks=4, **G),
@@ -145,6 +149,8 @@ def label(spec) -> str:
         knobs.append("pairs")
     if spec.column_chunks > 1:
         knobs.append(f"k{spec.column_chunks}")
+    if spec.load_bytes != 16:
+        knobs.append(f"l{spec.load_bytes}")
     return f"w{spec.warps}r{spec.rows_per_thread}b{spec.min_blocks_per_sm}" + ("+" + "+".join(knobs) if knobs else "")
 
 

@@ -406,8 +406,13 @@ def measure_case(
         if function is None:
             entry.note = f"{peer.module} has no {case.op}"
             continue
+        try:
+            peer_args, peer_kwargs = peer_arguments(opdef.function, function, args, kwargs)
+        except TypeError as error:
+            entry.note = f"not comparable: {error}"
+            continue
         entry.ledger_bytes = default_bytes
-        _time_runner(entry, function, args, kwargs, device, copy_gbps, with_host_time, with_graph)
+        _time_runner(entry, function, peer_args, peer_kwargs, device, copy_gbps, with_host_time, with_graph)
         log(f"  {case.name} T={tokens} H={hidden} {peer_name}: {entry.median_us or 0:.1f} us")
     if with_compile:
         entry = row(COMPILE_PEER)
@@ -427,6 +432,29 @@ def measure_case(
                 entry.note = f"did not compile: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
         rows.append(entry)
     return rows
+
+
+def peer_arguments(ours: Callable[..., Any], theirs: Callable[..., Any], args: tuple, kwargs: dict
+                   ) -> tuple[tuple, dict]:
+    """The arguments of a call of ``ours`` spelt for ``theirs``: every argument bound with
+    ``ours``' defaults (a peer may have other defaults, or none), the first positionally, the
+    rest by keyword; an argument ``theirs`` does not take must hold ``ours``' default (else
+    TypeError: the peer cannot make the same call)."""
+    import inspect
+
+    signature = inspect.signature(ours)
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    accepted = inspect.signature(theirs).parameters
+    values = list(bound.arguments.items())
+    first_name, first = values[0]
+    named = {}
+    for name, value in values[1:]:
+        if name in accepted:
+            named[name] = value
+        elif value is not signature.parameters[name].default and value != signature.parameters[name].default:
+            raise TypeError(f"the peer has no argument '{name}' (this case sets it to {value!r})")
+    return (first,), named
 
 
 def _time_runner(entry: BenchRow, invoke: Callable[..., Any], args: tuple, kwargs: dict, device: torch.device,

@@ -86,6 +86,10 @@ class QuantKernel:
         """128-bit chunks of each of its rows a thread owns (``KernelSpec.column_chunks``)."""
         return 1
 
+    def load_bytes(self, call: QuantCall) -> int:
+        """Bytes of a float input row one thread loads at once (``KernelSpec.load_bytes``)."""
+        return 16
+
     # ------------------------------------------------------------------ helpers
     def spec(self, call: QuantCall) -> KernelSpec:
         """The specialisation serving ``call``."""
@@ -94,6 +98,7 @@ class QuantKernel:
             spread=knob_override(self.tile_op, "spread", self.spread),
             grid_cols=knob_override(self.tile_op, "grid_cols", self.grid_cols),
             column_chunks=chunks_override(self.tile_op, self.column_chunks(call)),
+            load_bytes=int(os.environ.get(f"TILEPLUG_CUDA_LOAD_BYTES_{self.tile_op.upper()}") or self.load_bytes(call)),
         )
 
     def source(self, call: QuantCall, arch: str = jit.DEFAULT_ARCH) -> str:
