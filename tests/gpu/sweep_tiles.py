@@ -65,33 +65,25 @@ SG = {"spread": True, "grid_cols": True}
 CANDIDATES = {
     "per_token": [
         _c(4, 4), _c(4, 1, column_chunks=4, **S), _c(4, 1, column_chunks=4, **SG), _c(4, 2, column_chunks=4, **SG),
-        _c(1, 2, column_chunks=4, **SG), _c(2, 1, column_chunks=4, **SG), _c(1, 1, column_chunks=7, **SG),
-        _c(2, 2, column_chunks=4, **SG), _c(4, 1, column_chunks=2, **SG),
+        _c(8, 1, column_chunks=4, **SG), _c(2, 1, column_chunks=4, **SG), _c(4, 1, column_chunks=7, **SG),
     ],
     "per_token_ue8m0": [
         _c(4, 4), _c(4, 1, column_chunks=4), _c(4, 1, column_chunks=4, **G), _c(4, 2, column_chunks=4, **G),
-        _c(1, 2, column_chunks=4, **G), _c(2, 1, column_chunks=4, **G), _c(4, 1, column_chunks=2, **G),
+        _c(4, 1, column_chunks=7, **G),
     ],
     "per_token_e2m1": [
         _c(4, 4), _c(4, 1, column_chunks=4, **S), _c(4, 1, column_chunks=4, **SG), _c(4, 2, column_chunks=4, **SG),
-        _c(1, 2, column_chunks=4, **SG), _c(2, 1, column_chunks=4, **SG),
     ],
     "per_block": [
-        _c(8, 16, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True), _c(16, 8, 1, bf16_pairs=True),
-        _c(16, 8, 2, bf16_pairs=True, load_bytes=8), _c(8, 16, 2, bf16_pairs=True, load_bytes=8),
-        _c(8, 16, 1, bf16_pairs=True, load_bytes=8), _c(16, 8, 1, bf16_pairs=True, load_bytes=8),
-        _c(32, 4, 1, bf16_pairs=True, load_bytes=8), _c(16, 8, 2, bf16_pairs=True, grid_cols=True),
+        _c(8, 16, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True, grid_cols=True),
+        _c(16, 8, 1, bf16_pairs=True, grid_cols=True),
     ],
     "per_channel": [
         _c(16, 8, 2, bf16_pairs=True), _c(8, 16, 1, bf16_pairs=True, **S), _c(8, 16, 1, bf16_pairs=True, **SG),
-        _c(8, 16, 1, bf16_pairs=True, load_bytes=8, **S), _c(8, 16, 2, bf16_pairs=True, load_bytes=8, **S),
-        _c(16, 8, 2, bf16_pairs=True, load_bytes=8, **S), _c(4, 32, 1, bf16_pairs=True, load_bytes=8, **S),
-        _c(8, 16, 1, bf16_pairs=True, load_bytes=8, **SG),
     ],
     "cast_back": [
-        _c(4, 4), _c(8, 1, column_chunks=4, **G), _c(8, 1, column_chunks=2, **G), _c(4, 1, column_chunks=4, **G),
-        _c(4, 1, column_chunks=2, **G), _c(2, 1, column_chunks=4, **G), _c(4, 2, column_chunks=2, **G),
-        _c(2, 2, column_chunks=2, **G),
+        _c(4, 4), _c(8, 1, column_chunks=4, **G), _c(8, 1, column_chunks=2, **G), _c(4, 1, column_chunks=2, **G),
+        _c(4, 1, column_chunks=4, **G), _c(4, 2, column_chunks=2, **G), _c(8, 1, column_chunks=7, **G),
     ],
 }
 

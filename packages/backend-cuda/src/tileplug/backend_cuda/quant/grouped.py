@@ -378,7 +378,14 @@ def build_kernel(spec: KernelSpec):
     def build(x, sf_in, given, q, sf):
         if spec.grid_cols:  # column tiles of a row tile adjacent in launch order
             with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT) as bid:
-                tile(x, sf_in, given, q, sf, bid // T.ceildiv(H, TC), bid % T.ceildiv(H, TC))
+                # The tile coordinates, divided once in 32-bit registers: left inline, every
+                # offset re-derived them with a 64-bit floor division by the runtime column
+                # count (a division subroutine per load and store).
+                row_tile = T.alloc_var("int32")
+                col_tile = T.alloc_var("int32")
+                row_tile = T.truncdiv(bid, T.ceildiv(H, TC))
+                col_tile = T.truncmod(bid, T.ceildiv(H, TC))
+                tile(x, sf_in, given, q, sf, row_tile, col_tile)
         else:
             with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT) as (bx, by):
                 tile(x, sf_in, given, q, sf, bx, by)
