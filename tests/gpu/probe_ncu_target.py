@@ -14,22 +14,23 @@ import torch
 
 def main() -> int:
     from tileplug.core import opdefs
-    from tileplug.core.benchmark import bench_cases
+    from tileplug.core.benchmark import bench_cases, peer_arguments
 
     name, tokens = sys.argv[1], int(sys.argv[2])
     case = bench_cases()[name]
     args, kwargs = case.arguments(tokens, 7168, torch.bfloat16, torch.device("cuda"))
     function = opdefs.get(case.op).function
-    runners = [("tileplug", function)]
+    runners = [("tileplug", function, args, kwargs)]
     try:
         import tile_kernels.quant as peer
 
-        runners.append(("tile_kernels", getattr(peer, case.op)))
+        theirs = getattr(peer, case.op)
+        runners.append(("tile_kernels", theirs, *peer_arguments(function, theirs, args, kwargs)))
     except Exception as error:  # noqa: BLE001
         print(f"tile_kernels not importable: {error}")
-    for label, run in runners:
+    for label, run, run_args, run_kwargs in runners:
         for _ in range(3):
-            run(*args, **kwargs)
+            run(*run_args, **run_kwargs)
         torch.cuda.synchronize()
         print(f"{label}: ran {name} at T={tokens}")
     return 0
