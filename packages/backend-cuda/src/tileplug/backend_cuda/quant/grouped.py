@@ -378,14 +378,20 @@ def build_kernel(spec: KernelSpec):
     def build(x, sf_in, given, q, sf):
         if spec.grid_cols:  # column tiles of a row tile adjacent in launch order
             with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT) as bid:
-                # The tile coordinates, divided once in 32-bit registers: left inline, every
-                # offset re-derived them with a 64-bit floor division by the runtime column
-                # count (a division subroutine per load and store).
-                row_tile = T.alloc_var("int32")
-                col_tile = T.alloc_var("int32")
-                row_tile = T.truncdiv(bid, T.ceildiv(H, TC))
-                col_tile = T.truncmod(bid, T.ceildiv(H, TC))
-                tile(x, sf_in, given, q, sf, row_tile, col_tile)
+                if CAST_BACK:
+                    # cast_back keeps the inlined coordinates (every offset re-derives them
+                    # with a 64-bit floor division): held in registers, as below, its stores
+                    # ran at half the speed (GPU sweep 2026-12-01; the cause is not found).
+                    tile(x, sf_in, given, q, sf, bid // T.ceildiv(H, TC), bid % T.ceildiv(H, TC))
+                else:
+                    # The tile coordinates, divided once in 32-bit registers: inlined, every
+                    # offset re-derived them with a 64-bit floor division by the runtime
+                    # column count (per token, 1 x 128: 93.7% -> 101.9% of copy at T = 65536).
+                    row_tile = T.alloc_var("int32")
+                    col_tile = T.alloc_var("int32")
+                    row_tile = T.truncdiv(bid, T.ceildiv(H, TC))
+                    col_tile = T.truncmod(bid, T.ceildiv(H, TC))
+                    tile(x, sf_in, given, q, sf, row_tile, col_tile)
         else:
             with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT) as (bx, by):
                 tile(x, sf_in, given, q, sf, bx, by)

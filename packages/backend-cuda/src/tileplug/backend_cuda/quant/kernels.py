@@ -86,6 +86,10 @@ class QuantKernel:
         """128-bit chunks of each of its rows a thread owns (``KernelSpec.column_chunks``)."""
         return 1
 
+    def grid_columns(self, call: QuantCall) -> bool:
+        """``KernelSpec.grid_cols`` of the kernel serving ``call`` (default: the class's)."""
+        return self.grid_cols
+
     def load_bytes(self, call: QuantCall) -> int:
         """Bytes of a float input row one thread loads at once (``KernelSpec.load_bytes``)."""
         return 16
@@ -96,7 +100,7 @@ class QuantKernel:
         return make_spec(
             call, self.tile_op, *self.geometry(call),
             spread=knob_override(self.tile_op, "spread", self.spread),
-            grid_cols=knob_override(self.tile_op, "grid_cols", self.grid_cols),
+            grid_cols=knob_override(self.tile_op, "grid_cols", self.grid_columns(call)),
             column_chunks=chunks_override(self.tile_op, self.column_chunks(call)),
             load_bytes=int(os.environ.get(f"TILEPLUG_CUDA_LOAD_BYTES_{self.tile_op.upper()}") or self.load_bytes(call)),
         )
