@@ -16,7 +16,8 @@ class Noop:
     def __call__(self, call, inputs, outputs): pass
 
 core.registry.register(core.Backend(name="noop", device_types=("cpu",), priority=10**6, traits=core.CUDA_LAYOUT,
-                                    kernels={"per_token_cast": Noop(), "cast_back": Noop()}))
+                                    kernels={"per_token_cast": Noop(), "cast_back": Noop(), "per_block_cast": Noop(),
+                                             "per_channel_cast": Noop()}))
 def per_call(fn, calls=20000, rounds=7):
     for _ in range(2000): fn()
     best = 1e9
@@ -29,6 +30,8 @@ x = torch.randn(1, 7168).to(torch.bfloat16)
 q = torch.empty(1, 7168, dtype=torch.float8_e4m3fn); sf = torch.ones(1, 56)
 res = {}
 res["per_token_cast"] = per_call(lambda: core.ops.per_token_cast(x))
+res["per_block_cast"] = per_call(lambda: core.ops.per_block_cast(x, block_size=(128, 128)))
+res["per_channel_cast"] = per_call(lambda: core.ops.per_channel_cast(x, num_per_tokens=128))
 res["cast_back"] = per_call(lambda: core.ops.cast_back((q, sf), "bf16", x_block_size=(1, 128)))
 p = torch.nn.Parameter(x, requires_grad=False)
 res["per_token_cast(Parameter)"] = per_call(lambda: core.ops.per_token_cast(p))

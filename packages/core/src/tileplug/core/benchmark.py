@@ -392,7 +392,9 @@ def measure_case(
 
         _time_runner(entry, invoke, args, kwargs, device, copy_gbps, with_host_time, with_graph)
         log(f"  {case.name} T={tokens} H={hidden} {name}: {entry.median_us or 0:.1f} us")
-    default_bytes = next((r.ledger_bytes for r in rows if r.runner == default_backend), 0)
+    # A peer moves the bytes of the call the dispatcher would run (else of the first runner that has them).
+    default_bytes = next((r.ledger_bytes for r in rows if r.runner == default_backend and r.ledger_bytes),
+                         next((r.ledger_bytes for r in rows if r.ledger_bytes), 0))
     for peer_name in peers:
         entry = row(peer_name)
         rows.append(entry)

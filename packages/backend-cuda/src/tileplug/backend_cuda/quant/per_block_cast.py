@@ -21,13 +21,21 @@ MIN_BLOCKS_PER_SM = 2  # ≤ 128 registers: two tiles share an SM (one loads whi
 class PerBlockCast(QuantKernel):
     op = "per_block_cast"
     tile_op = "per_block"
-    # GPU sweep 2026-12-01, 128 x 128, 16 warps x 8 rows x 2 CTAs/SM: grid_cols 98.5% / 101.7% of
-    # copy at T = 16384 / 65536 against 88.6% / 94.2% on the 2-D grid (6.6 against 6.3 us at T = 128).
-    grid_cols = True
+
+    def grid_columns(self, call: QuantCall) -> bool:
+        # GPU sweep 2026-12-01, 128 x 128 e4m3, 16 warps x 8 rows x 2 CTAs/SM: grid_cols 98.5% /
+        # 101.7% of copy at T = 16384 / 65536 against 88.6% / 94.2% on the 2-D grid (6.6 against
+        # 6.3 us at T = 128). Only on the lean path: the others run 8 warps x 2 CTAs/SM, where the
+        # two registers of the tile coordinates spill 8 bytes (ptxas, tests/test_cuda_compile.py).
+        return self._lean(call)
+
+    @staticmethod
+    def _lean(call: QuantCall) -> bool:
+        return call.cast.fmt.name == "e4m3" and not call.cast.round_sf and call.quantized_input is None
 
     def geometry(self, call: QuantCall) -> tuple[int, int, int, bool]:
         bm = call.cast.block[0]
-        lean = call.cast.fmt.name == "e4m3" and not call.cast.round_sf and call.quantized_input is None
+        lean = self._lean(call)
         # The power-of-two and e2m1 paths need more registers: at 16 warps x 2 CTAs (<= 64
         # registers) they spill, so they keep 8 warps x 2 CTAs (<= 128 registers).
         warps, _, min_blocks = tile_override("per_block", (WARPS if lean else 8, 0, MIN_BLOCKS_PER_SM))
