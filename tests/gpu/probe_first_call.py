@@ -13,6 +13,11 @@ directory: ``cold`` (empty cache: the kernel is compiled), then ``warm`` (the sa
 directory, now holding what the cold run wrote). tileplug's kernel index lives inside that
 directory, so cold really is cold for both libraries.
 
+Python bytecode: where the packages' directories are not writable (the GPU host's unpacked
+bundle), every process would compile every imported module from source, which a pip-installed
+package never does; set ``PYTHONPYCACHEPREFIX`` to a writable directory so the warm runs find
+bytecode, as an installed package would.
+
     . .gpu-bundle/prelude.sh && python3 tests/gpu/probe_first_call.py   # writes $OUT/first_call.json
     python3 tests/gpu/probe_first_call.py --profile   # cProfile of a warm first call: $OUT/first_call_profile.txt
 """
@@ -77,7 +82,7 @@ print(json.dumps({"import_s": imported - begin, "first_s": first - imported, "se
 """
 
 CASES = ("per_token", "per_token_ue8m0", "per_token_e2m1", "per_block", "per_channel", "cast_back")
-PEER_CASES = ("per_token", "per_block", "cast_back")
+PEER_CASES = tuple(os.environ.get("FIRST_CALL_PEER_CASES", "per_token,per_block,cast_back").split(","))
 
 
 def run(library: str, case: str, cache: str, profile: str | None = None) -> dict:
