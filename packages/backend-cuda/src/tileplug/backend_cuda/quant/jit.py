@@ -101,51 +101,54 @@ def _compile(spec: KernelSpec, arch: str) -> Any:
     )
 
 
-def _spec_lock(key: tuple[KernelSpec, str]) -> threading.RLock:
+def _once(cache: dict, spec: KernelSpec, arch: str | None, make: Callable[[KernelSpec, str], Any]) -> Any:
+    """``cache[(spec, arch)]``, made by ``make(spec, arch)`` the first time: one maker per key
+    at a time (concurrent first calls wait for it; different keys proceed in parallel)."""
+    key = (spec, arch or device_arch())
+    value = cache.get(key)
+    if value is not None:
+        return value
     with _lock:
-        return _spec_locks.setdefault(key, threading.RLock())
+        spec_lock = _spec_locks.setdefault(key, threading.RLock())
+    with spec_lock:
+        value = cache.get(key)
+        if value is None:
+            value = make(*key)
+            with _lock:
+                cache[key] = value
+    return value
 
 
 def compiled(spec: KernelSpec, arch: str | None = None) -> Any:
     """The TileLang ``JITKernel`` of ``spec`` (compiled on first use, once per process)."""
+    return _once(_compiled, spec, arch, _counted_compile)
+
+
+def _counted_compile(spec: KernelSpec, arch: str) -> Any:
     global compile_count
-    arch = arch or device_arch()
-    key = (spec, arch)
-    kernel = _compiled.get(key)
-    if kernel is not None:
-        return kernel
-    with _spec_lock(key):
-        kernel = _compiled.get(key)
-        if kernel is None:
-            kernel = _compile(spec, arch)
-            with _lock:
-                compile_count += 1
-                _compiled[key] = kernel
+    kernel = _compile(spec, arch)
+    with _lock:
+        compile_count += 1
     return kernel
 
 
 def entry(spec: KernelSpec, arch: str | None = None) -> Callable[..., Any]:
     """The entry point of ``spec``'s compiled module, called with the kernel's tensors: from
     the kernel index when it holds ``spec``, else compiled (and then published to the index)."""
+    return _once(_entries, spec, arch, _load)
+
+
+def _load(spec: KernelSpec, arch: str) -> Callable[..., Any]:
     global load_count, index_hits
-    arch = arch or device_arch()
-    key = (spec, arch)
-    function = _entries.get(key)
-    if function is not None:
-        return function
-    with _spec_lock(key):
-        function = _entries.get(key)
-        if function is None:
-            function = _load_indexed(spec, arch)
-            hit = function is not None
-            if function is None:
-                kernel = compiled(spec, arch)
-                _publish(spec, arch, kernel)
-                function = entry_of(kernel)
-            with _lock:
-                load_count += 1
-                index_hits += hit
-                _entries[key] = function
+    function = _load_indexed(spec, arch)
+    hit = function is not None
+    if function is None:
+        kernel = compiled(spec, arch)
+        _publish(spec, arch, kernel)
+        function = entry_of(kernel)
+    with _lock:
+        load_count += 1
+        index_hits += hit
     return function
 
 
