@@ -3,8 +3,9 @@
 Every command is derived from the op table (``tileplug.core.opdefs``): the ``info`` matrix
 has a row per declared op, ``lower`` and ``ledger`` accept every declared op, ``bench``
 times every op's bench cases and ``demo`` quantizes with every bench case of an op that
-returns a ``(q, sf)`` pair; ``precompile`` compiles the kernels of every case and bench case. No op is named here except the demo's inverse (``cast_back``)
-and the default cases of the dispatch-cost measurement.
+returns a ``(q, sf)`` pair; ``precompile`` compiles the kernels of every case and bench
+case. No op is named here except the demo's inverse (``cast_back``) and the default cases of
+the dispatch-cost measurement.
 """
 
 from __future__ import annotations
@@ -567,7 +568,9 @@ def command_bench(args: argparse.Namespace) -> int:
     ]
     print(_table(("op", "T", "H", "runner", "median us", "GB/s", "% of copy", "host us/call", "graph us",
                   "graph GB/s", "note"), rows))
-    ours = next((b.name for b in registry.backends if b.name in backends and b.serves(device.type)), None)
+    # Peers are compared with the backend a user's call would get (the highest priority timed).
+    timed = [b for b in registry.backends if b.name in backends and b.serves(device.type)]
+    ours = max(timed, key=lambda b: b.priority).name if timed else None
     for peer in peers:
         ratios = benchmark.peer_ratios(report.rows, peer, ours) if ours else []
         if ratios:
