@@ -62,6 +62,8 @@ def capabilities() -> str:
         "  by strides), re-quantized (xq, sf) inputs; bf16/fp32 input, any row stride (128-bit loads when rows are\n"
         "  16-byte aligned, scalar loads otherwise); T and H dynamic: one kernel per configuration.\n"
         "  Declined: H not a multiple of 16 (falls through to the reference).\n"
+        "  Kernel cache: compiled modules are indexed next to TileLang's cache ($TILELANG_CACHE_DIR/tileplug-index,\n"
+        "  TILEPLUG_CUDA_KERNEL_INDEX=DIR|off) and loaded without importing TileLang; `tileplug precompile` fills it.\n"
         "  Status: every specialisation of the CI grid lowers for sm_90 and compiles with nvcc; bit-exactness vs\n"
         "  the reference is checked on the GPU host (tests/gpu/test_cuda_quant.py, -m gpu).\n"
         "  Not honoured: config.pdl (TileLang 0.1.15's tvm_ffi launcher sets no programmatic-dependent-launch\n"
