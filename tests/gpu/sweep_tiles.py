@@ -141,8 +141,6 @@ def label(spec) -> str:
         knobs.append("pairs")
     if spec.column_chunks > 1:
         knobs.append(f"k{spec.column_chunks}")
-    if spec.load_bytes != 16:
-        knobs.append(f"l{spec.load_bytes}")
     return f"w{spec.warps}r{spec.rows_per_thread}b{spec.min_blocks_per_sm}" + ("+" + "+".join(knobs) if knobs else "")
 
 

@@ -39,18 +39,24 @@ def probe() -> str | None:
     return None
 
 
+def _target_arch() -> str:
+    """The architecture code is generated for: ``TILEPLUG_CUDA_ARCH``, else the visible GPU's,
+    else ``sm_90`` (no GPU needed to lower or precompile)."""
+    from tileplug.backend_cuda.quant import jit
+
+    forced = os.environ.get("TILEPLUG_CUDA_ARCH")
+    if forced:
+        return forced
+    return jit.device_arch() if probe() is None else jit.DEFAULT_ARCH
+
+
 def lower(call: Any) -> str:
     """Generated CUDA source of the kernel serving ``call`` (works without a GPU: the arch is
     the device's when one is visible, else ``sm_90``; ``TILEPLUG_CUDA_ARCH`` overrides)."""
-    from tileplug.backend_cuda.quant import jit
-
     kernel = _KERNELS.get(call.op)
     if kernel is None:
         raise ValueError(f"the cuda backend has no {call.op} kernel")
-    arch = os.environ.get("TILEPLUG_CUDA_ARCH") or jit.DEFAULT_ARCH
-    if not os.environ.get("TILEPLUG_CUDA_ARCH") and probe() is None:
-        arch = jit.device_arch()
-    return kernel.source(call, arch)
+    return kernel.source(call, _target_arch())
 
 
 def capabilities() -> str:
@@ -77,7 +83,7 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     how many were compiled."""
     from tileplug.backend_cuda.quant import jit
 
-    arch = os.environ.get("TILEPLUG_CUDA_ARCH") or (jit.device_arch() if probe() is None else jit.DEFAULT_ARCH)
+    arch = _target_arch()
     specs = []
     for call in calls:
         kernel = _KERNELS.get(call.op)

@@ -151,25 +151,15 @@ def host_seconds_per_call(fn: Callable[[], Any], device: torch.device, calls: in
     return best
 
 
-def _copied(value: Any) -> Any:
-    """A fresh copy of a call argument (tensors keep their strides; tuples are copied item by item)."""
-    if isinstance(value, torch.Tensor):
-        fresh = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
-        return fresh.copy_(value) if value.numel() else fresh
-    if isinstance(value, tuple):
-        return tuple(_copied(item) for item in value)
-    if isinstance(value, list):
-        return [_copied(item) for item in value]
-    return value
-
-
 def graph_seconds_per_call(fn: Callable[..., Any], args: tuple, kwargs: dict, device: torch.device,
                            ledger_bytes: int, replays: int = 20) -> tuple[float, int]:
     """(seconds per call, calls per graph) of ``fn(*args, **kwargs)`` captured in one CUDA
     graph over distinct copies of the arguments, ``GRAPH_WORKING_SET`` bytes in all (at most
     ``GRAPH_MAX_CALLS`` calls), replayed back to back: the kernel alone, no host time."""
+    from tileplug.core.testing import moved
+
     calls = max(2, min(GRAPH_MAX_CALLS, -(-GRAPH_WORKING_SET // max(ledger_bytes, 1))))
-    copies = [(_copied(args), _copied(kwargs)) for _ in range(calls)]
+    copies = [moved((args, kwargs), device, fresh=True) for _ in range(calls)]
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):  # warm up outside the capture (compiles, caches)
@@ -453,7 +443,7 @@ def peer_arguments(ours: Callable[..., Any], theirs: Callable[..., Any], args: t
     bound.apply_defaults()
     accepted = inspect.signature(theirs).parameters
     values = list(bound.arguments.items())
-    first_name, first = values[0]
+    first = values[0][1]
     named = {}
     for name, value in values[1:]:
         if name in accepted:
@@ -552,15 +542,15 @@ def peer_ratios(rows: Sequence[BenchRow], peer: str, ours: str) -> list[dict[str
     by_key: dict[tuple[str, int], dict[str, BenchRow]] = {}
     for entry in rows:
         by_key.setdefault((entry.case, entry.tokens), {})[entry.runner] = entry
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if not a or not b else b / a
+
     ratios = []
     for (case, tokens), runners in by_key.items():
         mine, theirs = runners.get(ours), runners.get(peer)
         if mine is None or theirs is None:
             continue
-
-        def ratio(a: float | None, b: float | None) -> float | None:
-            return None if not a or not b else b / a
-
         entry = {"case": case, "tokens": tokens, "eager": ratio(mine.median_us, theirs.median_us),
                  "graph": ratio(mine.graph_us, theirs.graph_us), "host": ratio(mine.host_us, theirs.host_us)}
         if any(entry[k] is not None for k in ("eager", "graph", "host")):
@@ -604,7 +594,8 @@ def plot_report(report: dict[str, Any], path: str) -> None:
         if copy:
             axis.axhline(copy, color="grey", linestyle=":", label=f"copy {copy:.0f} GB/s")
         axis.set_xscale("log", base=2)
-        axis.set_title(f"{case} (H={mine[0]['hidden'] if mine else ''})", fontsize=10)
+        hidden = next(row["hidden"] for row in rows if row["case"] == case)
+        axis.set_title(f"{case} (H={hidden})", fontsize=10)
         axis.set_xlabel("tokens T")
         axis.set_ylabel("GB/s (ledger bytes / time)")
         axis.grid(True, alpha=0.3)

@@ -38,17 +38,15 @@ def grid_calls(backend: Any, device_type: str, ops: Sequence[str] | None = None,
     traits = backend.traits_for(device_type)
     calls: list[Any] = []
     names = list(ops) if ops else opdefs.names()
+    meta = torch.device("meta")
     for name in names:
         opdef = opdefs.get(name)
-        described = []
+        makers = [(case.arguments, (3, "meta")) for case in opdef.cases()]
+        makers += [(bench.arguments, (1, hidden, torch.bfloat16, meta)) for bench in opdef.bench()]
         with config.host_layout(traits):
-            for case in opdef.cases():
-                described.append(lambda case=case: case.arguments(3, "meta"))
-            for bench in opdef.bench():
-                described.append(lambda bench=bench: bench.arguments(1, hidden, torch.bfloat16, torch.device("meta")))
-            for arguments in described:
+            for make, arguments in makers:
                 try:
-                    args, kwargs = arguments()
+                    args, kwargs = make(*arguments)
                     call, _ = opdefs.describe_call(opdef.name, *args, **kwargs)
                 except TileplugError:
                     continue  # a case another layout makes (its quantized input) is not this backend's

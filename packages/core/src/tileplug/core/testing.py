@@ -67,19 +67,20 @@ def bytes_equal(actual: torch.Tensor, expected: torch.Tensor) -> bool:
     return bool(torch.equal(raw_bytes(actual).cpu(), raw_bytes(expected).cpu()))
 
 
-def moved(value: Any, device: str | torch.device) -> Any:
+def moved(value: Any, device: str | torch.device, fresh: bool = False) -> Any:
     """``value`` on ``device``: a tensor keeps its shape and strides (``.to()`` / ``.cpu()``
     make a padded row stride or a padded column-major sf dense), a tuple or list element by
-    element, a dict (keyword arguments) value by value; anything else is returned as it is."""
+    element, a dict (keyword arguments) value by value; anything else is returned as it is.
+    A tensor already on ``device`` is returned as it is, or copied when ``fresh``."""
     device = torch.device(device)
     if isinstance(value, torch.Tensor):
-        if value.device == device:
+        if value.device == device and not fresh:
             return value
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device).copy_(value)
     if isinstance(value, (tuple, list)):
-        return type(value)(moved(v, device) for v in value)
+        return type(value)(moved(v, device, fresh) for v in value)
     if isinstance(value, dict):
-        return {key: moved(v, device) for key, v in value.items()}
+        return {key: moved(v, device, fresh) for key, v in value.items()}
     return value
 
 

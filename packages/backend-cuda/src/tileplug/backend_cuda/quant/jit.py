@@ -244,9 +244,9 @@ def _load_runtime() -> None:
 def _load_indexed(spec: KernelSpec, arch: str) -> Callable[..., Any] | None:
     """The indexed module's entry, or None (not indexed, index disabled, or unloadable: an
     unloadable file is removed and the spec recompiled)."""
-    path = index_path(spec, arch)
-    if path is None or not path.is_file():
+    if not _indexed(spec, arch):
         return None
+    path = index_path(spec, arch)
     try:
         _load_runtime()
         import tvm_ffi
@@ -290,8 +290,14 @@ def _publish(spec: KernelSpec, arch: str, kernel: Any) -> None:
         pass
 
 
+def _indexed(spec: KernelSpec, arch: str) -> bool:
+    """Whether the kernel index holds ``spec`` for ``arch`` (False when the index is off)."""
+    path = index_path(spec, arch)
+    return path is not None and path.is_file()
+
+
 def _compile_only(spec: KernelSpec, arch: str) -> str:
-    if index_path(spec, arch) is None or not index_path(spec, arch).is_file():
+    if not _indexed(spec, arch):
         _publish(spec, arch, _compile(spec, arch))  # fills TileLang's disk cache and the index
     return spec.name
 
@@ -299,7 +305,8 @@ def _compile_only(spec: KernelSpec, arch: str) -> str:
 def precompile(specs, arch: str | None = None, workers: int | None = None, load: bool = True) -> int:
     """Compile the specialisations the kernel index lacks in parallel processes (spawned: no
     CUDA state is inherited), publishing each to the index, then (``load``) load them all
-    into this process. Returns how many were compiled.
+    into this process. Returns how many the index lacked (each compiled through TileLang, whose
+    own disk cache may still hit; with the index off, every one).
 
     TileLang spends most of a compile in single-threaded Python and nvcc, so a process pool
     scales with the host's cores where threads would not.
@@ -309,15 +316,15 @@ def precompile(specs, arch: str | None = None, workers: int | None = None, load:
 
     arch = arch or device_arch()
     todo = [spec for spec in dict.fromkeys(specs) if (spec, arch) not in _entries]
-    missing = [spec for spec in todo if index_path(spec, arch) is None or not index_path(spec, arch).is_file()]
+    missing = [spec for spec in todo if not _indexed(spec, arch)]
     workers = max(1, min(len(missing), workers or os.cpu_count() or 1))
     if workers > 1:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             list(pool.map(_compile_only, missing, [arch] * len(missing)))
+    elif not load:  # one worker: compile here (with ``load`` the entries below compile)
+        for spec in missing:
+            _compile_only(spec, arch)
     if load:
         with ThreadPoolExecutor(min(8, max(1, len(todo)))) as pool:
             list(pool.map(lambda spec: entry(spec, arch), todo))
-    elif workers <= 1:
-        for spec in missing:
-            _compile_only(spec, arch)
     return len(missing)

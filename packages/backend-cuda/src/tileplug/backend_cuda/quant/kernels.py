@@ -90,10 +90,6 @@ class QuantKernel:
         """``KernelSpec.grid_cols`` of the kernel serving ``call`` (default: the class's)."""
         return self.grid_cols
 
-    def load_bytes(self, call: QuantCall) -> int:
-        """Bytes of a float input row one thread loads at once (``KernelSpec.load_bytes``)."""
-        return 16
-
     # ------------------------------------------------------------------ helpers
     def spec(self, call: QuantCall) -> KernelSpec:
         """The specialisation serving ``call``."""
@@ -102,7 +98,6 @@ class QuantKernel:
             spread=knob_override(self.tile_op, "spread", self.spread),
             grid_cols=knob_override(self.tile_op, "grid_cols", self.grid_columns(call)),
             column_chunks=chunks_override(self.tile_op, self.column_chunks(call)),
-            load_bytes=int(os.environ.get(f"TILEPLUG_CUDA_LOAD_BYTES_{self.tile_op.upper()}") or self.load_bytes(call)),
         )
 
     def source(self, call: QuantCall, arch: str = jit.DEFAULT_ARCH) -> str:

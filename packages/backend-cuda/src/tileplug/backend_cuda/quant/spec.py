@@ -70,10 +70,7 @@ class KernelSpec:
     are written together) instead of row tiles adjacent. ``column_chunks`` (per-token
     tiles only): each thread owns that many 128-bit chunks of each of its rows, ``32 × VEC``
     columns apart, so one CTA covers that many times more columns of a row (its rows' sf
-    values then fill whole 32-byte sectors instead of 8 bytes per CTA). ``load_bytes`` (float
-    inputs): bytes of one row a thread loads at once, 16 or 8; 8 halves a tile's columns, so
-    a block or channel tile spans one 128-column group and small token counts get twice the
-    CTAs.
+    values then fill whole 32-byte sectors instead of 8 bytes per CTA).
     """
 
     op: str
@@ -95,7 +92,6 @@ class KernelSpec:
     spread: bool = False
     grid_cols: bool = False
     column_chunks: int = 1
-    load_bytes: int = 16
 
     # --------------------------------------------------------------- derived constants
     @property
@@ -117,9 +113,9 @@ class KernelSpec:
         """Logical values one thread owns per row: one 128-bit load of a float input, or 16
         quantized values (16 bytes of e4m3, 8 bytes of e2m1)."""
         if self.in_dtype == "bfloat16":
-            return self.load_bytes // 2
+            return 8
         if self.in_dtype == "float32":
-            return self.load_bytes // 4
+            return 4
         return 16
 
     @property
@@ -161,8 +157,6 @@ class KernelSpec:
             parts.append("gcols")
         if self.column_chunks > 1:
             parts.append(f"k{self.column_chunks}")
-        if self.load_bytes != 16:
-            parts.append(f"l{self.load_bytes}")
         return "_".join(parts)
 
 
@@ -186,7 +180,7 @@ def common_reason(call: QuantCall) -> str | None:
 
 def make_spec(
     call: QuantCall, op: str, warps: int, rows_per_thread: int, min_blocks_per_sm: int = 1, bf16_pairs: bool = False,
-    spread: bool = False, grid_cols: bool = False, column_chunks: int = 1, load_bytes: int = 16,
+    spread: bool = False, grid_cols: bool = False, column_chunks: int = 1,
 ) -> KernelSpec:
     """The kernel specialisation serving ``call`` (assumes ``common_reason(call)`` is None)."""
     in_sf = None
@@ -227,7 +221,6 @@ def make_spec(
         spread and _spreads(call, op, sf_kind),
         grid_cols,
         column_chunks if cast.block[0] == 1 else 1,
-        load_bytes if qin is None else 16,
     )
 
 
