@@ -130,7 +130,7 @@ def test_single_row_with_an_odd_stride_gets_a_checkable_stride() -> None:
 
 def test_prepare_binds_the_compiled_kernel_once_per_specialisation(monkeypatch) -> None:
     """The route keeps the launcher (one launcher cache); prepare itself reuses jit's compiled kernel."""
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
 
     compiles = []
     monkeypatch.setattr(jit, "_compile", lambda spec, arch: compiles.append(spec) or Recorder())
@@ -152,7 +152,7 @@ def test_concurrent_first_calls_build_one_launcher(monkeypatch) -> None:
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
 
     compiled = []
 

@@ -26,7 +26,7 @@ CHILD = textwrap.dedent(
     import json, sys, torch
     from tileplug.core import describe_call, ops
     from tileplug.backend_cuda.plugin import _KERNELS
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
     call, _ = describe_call(ops.cast_back, (torch.empty(3, 256, dtype=torch.float8_e4m3fn, device="meta"),
                                             torch.empty(3, 2, device="meta")), "bf16", (1, 128))
     entry = jit.entry(_KERNELS["cast_back"].spec(call), "sm_90")
@@ -53,7 +53,7 @@ def _cast_back_spec():
 
 
 def test_a_fresh_process_loads_an_indexed_kernel_without_tilelang(tmp_path) -> None:
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
 
     index = str(tmp_path / "index")
     first = _child(index)
@@ -78,7 +78,7 @@ def test_a_fresh_process_loads_an_indexed_kernel_without_tilelang(tmp_path) -> N
 def test_index_paths_differ_per_specialisation_and_architecture(monkeypatch, tmp_path) -> None:
     import dataclasses
 
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
 
     monkeypatch.setenv(jit.INDEX_VARIABLE, str(tmp_path))
     spec = _cast_back_spec()
@@ -91,7 +91,7 @@ def test_index_paths_differ_per_specialisation_and_architecture(monkeypatch, tmp
 
 
 def test_index_defaults_to_tilelang_cache_dir(monkeypatch, tmp_path) -> None:
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
 
     monkeypatch.delenv(jit.INDEX_VARIABLE, raising=False)
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path))

@@ -12,7 +12,7 @@ import torch
 
 def main() -> None:
     from tileplug.backend_cuda.plugin import _KERNELS
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
     from tileplug.core import config, describe_call
     from tileplug.core.benchmark import bench_cases
 

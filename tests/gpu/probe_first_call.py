@@ -76,7 +76,7 @@ torch.cuda.synchronize()
 second = time.perf_counter()
 extra = {}
 if library == "tileplug":
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
     extra = {"compiles": jit.compile_count, "index_hits": jit.index_hits, "tilelang_imported": "tilelang" in sys.modules}
 print(json.dumps({"import_s": imported - begin, "first_s": first - imported, "second_s": second - first, **extra}))
 """

@@ -45,7 +45,7 @@ def main() -> int:
     a, b, c = (torch.empty(16, device=device) for _ in range(3))
 
     from tileplug.backend_cuda.plugin import _KERNELS
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
 
     kernel = _KERNELS[call.op]
     spec = kernel.spec(call)

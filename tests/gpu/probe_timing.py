@@ -72,7 +72,7 @@ def methods(fn, do_bench) -> dict[str, float]:
 def main() -> int:
     import triton.testing
 
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.quant.kernels import make_launcher
     from tileplug.core import CUDA_LAYOUT
 

@@ -82,8 +82,9 @@ CANDIDATES = {
         _c(16, 8, 2, bf16_pairs=True), _c(8, 16, 1, bf16_pairs=True, **S), _c(8, 16, 1, bf16_pairs=True, **SG),
     ],
     "cast_back": [
-        _c(4, 4), _c(8, 1, column_chunks=4, **G), _c(8, 1, column_chunks=2, **G), _c(4, 1, column_chunks=2, **G),
-        _c(4, 1, column_chunks=4, **G), _c(4, 2, column_chunks=2, **G), _c(8, 1, column_chunks=7, **G),
+        _c(4, 4), _c(8, 1, column_chunks=4, inline_coords=True, **G), _c(8, 1, column_chunks=4, **G),
+        _c(4, 1, column_chunks=4, inline_coords=True, **G), _c(4, 1, column_chunks=4, **G),
+        _c(4, 1, column_chunks=2, **G), _c(4, 2, column_chunks=4, **G), _c(8, 1, column_chunks=7, **G),
     ],
 }
 
@@ -130,13 +131,14 @@ def candidate_specs(case: str) -> list:
     base = kernel.spec(call)
     specs = []
     for knobs in CANDIDATES[case]:
-        fields = {"spread": False, "grid_cols": False, "bf16_pairs": False, "column_chunks": 1, **knobs}
+        fields = {"spread": False, "grid_cols": False, "bf16_pairs": False, "column_chunks": 1, "inline_coords": False,
+                  **knobs}
         specs.append(dataclasses.replace(base, **fields))
     return specs
 
 
 def label(spec) -> str:
-    knobs = [k for k in ("spread", "grid_cols") if getattr(spec, k)]
+    knobs = [k for k in ("spread", "grid_cols", "inline_coords") if getattr(spec, k)]
     if spec.bf16_pairs:
         knobs.append("pairs")
     if spec.column_chunks > 1:
@@ -174,7 +176,7 @@ def copy_gbps(nbytes: int = 2 << 30) -> float:
 
 
 def run_case(case: str, specs: list, tokens: list[int], copy: float, log) -> list[dict]:
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.quant.kernels import make_launcher
     from tileplug.core import CUDA_LAYOUT
     from tileplug.core.benchmark import median_seconds
@@ -291,7 +293,7 @@ def main() -> int:
     log(f"{len(unique)} specialisations, {len(every) * len(tokens)} timings; estimate: compile ~{compile_estimate:.0f} s "
         f"on {workers} processes, timing ~{time_estimate:.0f} s (+ inputs, verification, copy)")
 
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
 
     if args.dry_run:
         if args.no_compile:

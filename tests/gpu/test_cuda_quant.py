@@ -179,7 +179,7 @@ def _memoized_inputs():
 def _precompiled():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
 
     started = time.perf_counter()
     specs = _case_specs(_cases())
@@ -489,7 +489,7 @@ def test_past_two_to_the_31_elements() -> None:
 
 
 def test_concurrent_first_calls_compile_once() -> None:
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
     from tileplug.core import config, ops
     from tileplug.core.registry import use_backend
     from tileplug.core.testing import activation, assert_bytes_equal, assert_sf_equal

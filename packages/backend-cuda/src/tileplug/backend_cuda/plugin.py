@@ -42,7 +42,7 @@ def probe() -> str | None:
 def _target_arch() -> str:
     """The architecture code is generated for: ``TILEPLUG_CUDA_ARCH``, else the visible GPU's,
     else ``sm_90`` (no GPU needed to lower or precompile)."""
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
 
     forced = os.environ.get("TILEPLUG_CUDA_ARCH")
     if forced:
@@ -81,7 +81,7 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     """Compile the specialisations serving ``calls`` that the kernel index lacks, in parallel
     processes, for this host's GPU (``TILEPLUG_CUDA_ARCH`` or ``sm_90`` without one); returns
     how many were compiled."""
-    from tileplug.backend_cuda.quant import jit
+    from tileplug.backend_cuda import jit
 
     arch = _target_arch()
     specs = []

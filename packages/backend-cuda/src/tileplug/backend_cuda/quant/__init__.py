@@ -1,5 +1,5 @@
 """CUDA kernels of the quantization family (TileLang): one module per op, shared tile
-kernel (``grouped``), scale math macros (``sf_math``) and compilation (``jit``)."""
+kernel (``grouped``), scale math macros (``sf_math``); compilation is the backend's ``jit``."""
 
 from tileplug.backend_cuda.quant.cast_back import CastBack
 from tileplug.backend_cuda.quant.per_block_cast import PerBlockCast

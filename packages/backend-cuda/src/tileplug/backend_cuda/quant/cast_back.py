@@ -25,6 +25,7 @@ class CastBack(QuantKernel):
     op = "cast_back"
     tile_op = "cast_back"
     grid_cols = True
+    inline_coords = True  # GPU sweep 2026-12-01: in registers, the stores ran at half the speed (cause not found)
 
     def geometry(self, call: QuantCall) -> tuple[int, int, int]:
         return tile_override("cast_back", (WARPS, ROWS_PER_THREAD, 1))

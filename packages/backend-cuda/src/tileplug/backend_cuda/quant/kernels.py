@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tileplug.backend_cuda.quant import jit
+from tileplug.backend_cuda import jit
 from tileplug.backend_cuda.quant.spec import KernelSpec, common_reason, make_spec
 from tileplug.core.call import QuantMode
 from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
@@ -54,6 +54,7 @@ class QuantKernel:
     tile_op = ""  # KernelSpec.op
     spread = False  # KernelSpec.spread default (where the op's kernel has a spread schedule)
     grid_cols = False  # KernelSpec.grid_cols default
+    inline_coords = False  # KernelSpec.inline_coords default
 
     # ------------------------------------------------------------------ protocol
     def supports(self, call: QuantCall) -> str | None:
@@ -98,6 +99,7 @@ class QuantKernel:
             spread=knob_override(self.tile_op, "spread", self.spread),
             grid_cols=knob_override(self.tile_op, "grid_cols", self.grid_columns(call)),
             column_chunks=chunks_override(self.tile_op, self.column_chunks(call)),
+            inline_coords=knob_override(self.tile_op, "inline_coords", self.inline_coords),
         )
 
     def source(self, call: QuantCall, arch: str = jit.DEFAULT_ARCH) -> str:

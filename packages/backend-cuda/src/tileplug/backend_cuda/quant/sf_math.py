@@ -150,4 +150,4 @@ def e2m1_code(y):
     a = T.min(bits & 0x7FFFFFFF, E2M1_MAX_BITS)
     normal = T.shift_right(a + 0x1FFFFF + (T.shift_right(a, 22) & 1), 22) - 252
     small = T.cast(T.nearbyint(T.reinterpret(a, "float32") * T.float32(2.0)), "int32")
-    return (T.shift_right(bits, 28) & 8) | T.if_then_else(a >= ONE_BITS, normal, small)
+    return (T.shift_right(bits, 28) & 8) | T.Select(a >= ONE_BITS, normal, small)

@@ -70,7 +70,9 @@ class KernelSpec:
     are written together) instead of row tiles adjacent. ``column_chunks`` (per-token
     tiles only): each thread owns that many 128-bit chunks of each of its rows, ``32 × VEC``
     columns apart, so one CTA covers that many times more columns of a row (its rows' sf
-    values then fill whole 32-byte sectors instead of 8 bytes per CTA).
+    values then fill whole 32-byte sectors instead of 8 bytes per CTA). ``inline_coords``
+    (with ``grid_cols``): the tile coordinates are re-derived from the block index in every
+    offset (64-bit floor divisions) instead of divided once into 32-bit registers.
     """
 
     op: str
@@ -92,6 +94,13 @@ class KernelSpec:
     spread: bool = False
     grid_cols: bool = False
     column_chunks: int = 1
+    inline_coords: bool = False
+
+    def build(self):
+        """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``)."""
+        from tileplug.backend_cuda.quant.grouped import build_kernel
+
+        return build_kernel(self)
 
     # --------------------------------------------------------------- derived constants
     @property
@@ -157,6 +166,8 @@ class KernelSpec:
             parts.append("gcols")
         if self.column_chunks > 1:
             parts.append(f"k{self.column_chunks}")
+        if self.inline_coords:
+            parts.append("inl")
         return "_".join(parts)
 
 
@@ -180,7 +191,7 @@ def common_reason(call: QuantCall) -> str | None:
 
 def make_spec(
     call: QuantCall, op: str, warps: int, rows_per_thread: int, min_blocks_per_sm: int = 1, bf16_pairs: bool = False,
-    spread: bool = False, grid_cols: bool = False, column_chunks: int = 1,
+    spread: bool = False, grid_cols: bool = False, column_chunks: int = 1, inline_coords: bool = False,
 ) -> KernelSpec:
     """The kernel specialisation serving ``call`` (assumes ``common_reason(call)`` is None)."""
     in_sf = None
@@ -192,7 +203,7 @@ def make_spec(
         return KernelSpec(
             op, call.mode, TL_DTYPES[call.input_dtype], in_sf, None, TL_DTYPES[call.output_dtype], None, False,
             None, False, 0.0, vectorize, warps, rows_per_thread, min_blocks_per_sm, grid_cols=grid_cols,
-            column_chunks=column_chunks,
+            column_chunks=column_chunks, inline_coords=inline_coords and grid_cols,
         )
     cast = call.cast
     given = None
@@ -221,6 +232,7 @@ def make_spec(
         spread and _spreads(call, op, sf_kind),
         grid_cols,
         column_chunks if cast.block[0] == 1 else 1,
+        inline_coords and grid_cols,
     )
 
 

@@ -1,6 +1,11 @@
 """Compiling, caching and lowering kernel specialisations, each at most once per process.
 
-``entry(spec)`` returns the callable entry point of a :class:`KernelSpec`'s compiled module
+Shared by every kernel family of the backend. A *spec* is a frozen, hashable dataclass of
+a kernel's compile-time constants with a ``name`` (identifier-safe, unique per
+specialisation: the device symbol and the index file name) and ``build()`` (its TileLang
+``PrimFunc``); e.g. ``quant.spec.KernelSpec``.
+
+``entry(spec)`` returns the callable entry point of a spec's compiled module
 (what a launcher calls). It comes from the *kernel index* when the index holds the spec —
 a directory of compiled modules next to TileLang's own cache, keyed by the spec, the
 architecture, the TileLang version and a hash of the kernel sources, loaded with
@@ -31,7 +36,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tileplug.backend_cuda.quant.spec import KernelSpec
+from typing import Protocol
+
+
+class KernelSpec(Protocol):
+    """What this module needs of a spec (see the module docstring)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def build(self) -> Any: ...
+
 
 PASS_CONFIGS: dict[str, Any] = {
     # Every store is bounds-checked by the kernel itself; TileLang's extra guards would only
@@ -43,9 +58,8 @@ PASS_CONFIGS: dict[str, Any] = {
 DEFAULT_ARCH = "sm_90"
 
 INDEX_VARIABLE = "TILEPLUG_CUDA_KERNEL_INDEX"
-INDEX_SOURCES = ("grouped.py", "sf_math.py", "spec.py", "jit.py")
-"""Kernel-defining sources of this package hashed into the index key (with the quant formats
-of core): editing any of them makes every indexed module stale."""
+"""The index key hashes every Python source of this package (all kernel families) and the
+quant formats of core: editing any of them makes every indexed module stale."""
 
 _lock = threading.Lock()
 _spec_locks: dict[tuple[KernelSpec, str], threading.RLock] = {}
@@ -73,9 +87,7 @@ def device_arch() -> str:
 
 def prim_func(spec: KernelSpec):
     """The TileLang ``PrimFunc`` of ``spec``."""
-    from tileplug.backend_cuda.quant.grouped import build_kernel
-
-    return build_kernel(spec)
+    return spec.build()
 
 
 def lower_source(spec: KernelSpec, arch: str = DEFAULT_ARCH) -> str:
@@ -209,7 +221,7 @@ def _source_fingerprint() -> str:
         except metadata.PackageNotFoundError:
             digest.update(b"tilelang-unknown")
         here = Path(__file__).parent
-        for path in [here / name for name in INDEX_SOURCES] + [Path(formats.__file__)]:
+        for path in sorted(here.rglob("*.py")) + [Path(formats.__file__)]:
             digest.update(path.name.encode())
             digest.update(path.read_bytes())
         digest.update(repr(sorted(PASS_CONFIGS.items())).encode())
