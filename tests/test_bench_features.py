@@ -99,3 +99,45 @@ def test_plot_draws_every_case(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     data = (tmp_path / "plot.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10000
+
+
+def _adapter_signatures(module: str) -> dict[str, list[tuple[str, str | None]]]:
+    """Functions of a peer adapter module, read from its source (the peer library itself is
+    not installed here): name -> [(parameter, default source or None)]."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    tree = ast.parse(open(spec.origin).read())
+    signatures = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            params = node.args.args
+            defaults = [None] * (len(params) - len(node.args.defaults)) + [ast.unparse(d) for d in node.args.defaults]
+            signatures[node.name] = [(p.arg, d) for p, d in zip(params, defaults)]
+    return signatures
+
+
+@pytest.mark.parametrize("peer", sorted(benchmark.PEERS))
+def test_peer_adapters_take_the_ops_arguments(peer: str) -> None:
+    """An adapter stands for a tileplug op: same parameter names, order and defaults (so the
+    bench binds a case's arguments the same way for both); its names are declared ops."""
+    import inspect
+
+    from tileplug.core import opdefs
+
+    adapters = _adapter_signatures(benchmark.PEERS[peer].module)
+    assert adapters, f"{peer}: no adapter functions"
+    declared = set(opdefs.names())
+    checked = 0
+    for name, parameters in adapters.items():
+        if name not in declared:
+            continue  # an op declared on another branch; checked once it is in the table
+        ours = inspect.signature(opdefs.get(name).function).parameters
+        expected = [(p.name, None if p.default is inspect.Parameter.empty else repr(p.default)) for p in ours.values()]
+        assert [p for p, _ in parameters] == [p for p, _ in expected], f"{peer}.{name}"
+        for (param, theirs), (_, mine) in zip(parameters, expected):
+            if mine is not None:
+                assert theirs is not None and eval(theirs) == eval(mine), f"{peer}.{name}({param}): {theirs} != {mine}"
+        checked += 1
+    assert checked or not declared & set(adapters)

@@ -22,7 +22,7 @@ def main() -> int:
     function = opdefs.get(case.op).function
     runners = [("tileplug", function, args, kwargs)]
     try:
-        import tile_kernels.quant as peer
+        import tileplug.core.peers.tile_kernels as peer
 
         theirs = getattr(peer, case.op)
         runners.append(("tile_kernels", theirs, *peer_arguments(function, theirs, args, kwargs)))

@@ -3,9 +3,9 @@ table: the cases are every op's ``OpDef.bench()``, the bytes its ``OpDef.ledger`
 
 Effective bandwidth is the op's ledger bytes (what must move) over the median time. The
 device copy (``dst.copy_(src)``) measured in the same process is the reference line,
-``torch.compile`` of the reference is one peer, where it compiles, and another kernel
-library with the same op names (``PEERS``: TileKernels) is timed in the same process and
-the same way when it is importable.
+``torch.compile`` of the reference is one peer, where it compiles, and other kernel
+libraries (``PEERS``: TileKernels, Liger, through the adapters of ``tileplug.core.peers``)
+are timed in the same process and the same way when they are importable.
 
 Two times per runner on CUDA: *eager* (median over calls between CUDA events, L2 flushed
 clean before each: what a user's call costs on the device, launch included) and *graph*
@@ -36,7 +36,8 @@ COMPILE_PEER = "torch.compile(reference)"
 @dataclass(frozen=True)
 class Peer:
     """Another kernel library timed beside tileplug: ``module`` holds functions named like
-    tileplug's ops, taking the same arguments (``distribution`` is its PyPI name)."""
+    tileplug's ops, taking the same arguments (an adapter module of ``tileplug.core.peers``;
+    ``distribution`` is the library's PyPI name)."""
 
     name: str
     module: str
@@ -49,8 +50,11 @@ class Peer:
         return importlib.import_module(self.module)
 
 
-PEERS = {"tile_kernels": Peer("tile_kernels", "tile_kernels.quant", "tile-kernels")}
-"""Peers ``tileplug bench --peer`` knows, by runner name."""
+PEERS = {
+    "tile_kernels": Peer("tile_kernels", "tileplug.core.peers.tile_kernels", "tile-kernels"),
+    "liger": Peer("liger", "tileplug.core.peers.liger", "liger-kernel"),
+}
+"""Peers ``tileplug bench --peer`` knows, by runner name (their adapters: ``tileplug.core.peers``)."""
 
 GRAPH_WORKING_SET = 512 << 20
 """Bytes of distinct inputs and outputs one graph replay walks through (several times an

@@ -98,6 +98,12 @@ def _counts(text: str) -> list[int]:
     return values
 
 
+def _peer_names() -> list[str]:
+    from tileplug.core.benchmark import PEERS
+
+    return list(PEERS)
+
+
 def _names(text: str) -> list[str]:
     names = [part.strip() for part in text.split(",")]
     if any(not name for name in names):
@@ -742,7 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="list the cases x token counts x runners (with ledger bytes) without timing anything")
     bench.add_argument("--json", help="also write the report as JSON to this path")
     bench.add_argument("--peer", type=_names, help="comma-separated peer libraries timed beside tileplug in the same "
-                                                   "process, where importable (known: tile_kernels)")
+                                                   "process, where importable (known: " + ", ".join(_peer_names()) + ")")
     bench.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replay column (CUDA only)")
     bench.add_argument("--plot", metavar="FILE.png", help="draw GB/s against T per runner with the copy line "
                                                           "(needs matplotlib: tileplug-core[plot])")
