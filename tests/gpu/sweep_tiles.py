@@ -59,6 +59,7 @@ def _c(warps, rows, blocks=1, **knobs):
 S = {"spread": True}
 G = {"grid_cols": True}
 SG = {"spread": True, "grid_cols": True}
+H16 = {"lanes_per_row": 16}  # two rows of 16 lanes per warp: 128-column block / channel tiles
 
 # The first candidate of each list is the oracle: the geometry the bytewise GPU tests
 # passed with (no knobs). Per block / per channel: warps × rows == the group height.
@@ -75,11 +76,15 @@ CANDIDATES = {
         _c(4, 4), _c(4, 1, column_chunks=4, **S), _c(4, 1, column_chunks=4, **SG), _c(4, 2, column_chunks=4, **SG),
     ],
     "per_block": [
-        _c(8, 16, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True, grid_cols=True),
-        _c(16, 8, 1, bf16_pairs=True, grid_cols=True),
+        _c(8, 16, 2, bf16_pairs=True), _c(16, 8, 2, bf16_pairs=True, grid_cols=True),
+        _c(16, 4, 2, bf16_pairs=True, grid_cols=True, **H16), _c(16, 4, 1, bf16_pairs=True, grid_cols=True, **H16),
+        _c(8, 8, 2, bf16_pairs=True, grid_cols=True, **H16), _c(16, 4, 2, bf16_pairs=True, **H16),
+        _c(32, 2, 1, bf16_pairs=True, grid_cols=True, **H16),
     ],
     "per_channel": [
-        _c(16, 8, 2, bf16_pairs=True), _c(8, 16, 1, bf16_pairs=True, **S), _c(8, 16, 1, bf16_pairs=True, **SG),
+        _c(16, 8, 2, bf16_pairs=True), _c(8, 16, 1, bf16_pairs=True, **S), _c(8, 8, 1, bf16_pairs=True, **S, **H16),
+        _c(16, 4, 1, bf16_pairs=True, **S, **H16), _c(16, 4, 2, bf16_pairs=True, **S, **H16),
+        _c(8, 8, 2, bf16_pairs=True, **S, **H16), _c(4, 16, 1, bf16_pairs=True, **S, **H16),
     ],
     "cast_back": [
         _c(4, 4), _c(8, 1, column_chunks=4, inline_coords=True, **G), _c(8, 1, column_chunks=4, **G),
@@ -132,7 +137,7 @@ def candidate_specs(case: str) -> list:
     specs = []
     for knobs in CANDIDATES[case]:
         fields = {"spread": False, "grid_cols": False, "bf16_pairs": False, "column_chunks": 1, "inline_coords": False,
-                  **knobs}
+                  "lanes_per_row": 32, **knobs}
         specs.append(dataclasses.replace(base, **fields))
     return specs
 
@@ -143,6 +148,8 @@ def label(spec) -> str:
         knobs.append("pairs")
     if spec.column_chunks > 1:
         knobs.append(f"k{spec.column_chunks}")
+    if spec.lanes_per_row != 32:
+        knobs.append(f"h{spec.lanes_per_row}")
     return f"w{spec.warps}r{spec.rows_per_thread}b{spec.min_blocks_per_sm}" + ("+" + "+".join(knobs) if knobs else "")
 
 

@@ -88,7 +88,7 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     for call in calls:
         kernel = _KERNELS.get(call.op)
         if kernel is not None and kernel.supports(call) is None:
-            specs.append(kernel.spec(call))
+            specs.extend(kernel.specs(call))
     return jit.precompile(specs, arch=arch, workers=workers, load=False)
 
 

@@ -5,7 +5,10 @@ Geometry. A CTA of ``warps`` warps owns a tile of ``warps × rows_per_thread`` r
 *slots*: slot ``s`` is row ``tile_row·TM + (s // chunks)·warps + w`` and the ``VEC``
 consecutive columns from ``((tile_col·chunks + s % chunks)·32 + l)·VEC`` (one 128-bit load
 of a bf16/fp32 row, 16 values of a quantized row) for lane ``l``; block and channel tiles
-have one chunk, so a slot is a row. All loads of a thread are issued before any math (bytes
+have one chunk, so a slot is a row. With ``lanes_per_row = 16`` (block and channel tiles) a
+slot is two rows, lanes 0–15 on the first and 16–31 on the second, each 16 × ``VEC`` columns
+wide: the tile is half as wide and twice as tall per warp, and the group reductions add a
+shuffle across the half warps. All loads of a thread are issued before any math (bytes
 in flight), data stays in registers between the amax pass and the quantize pass (one read
 of ``x`` from DRAM). Rows run along ``blockIdx.x`` (no 65535 limit).
 
@@ -71,14 +74,20 @@ def build_kernel(spec: KernelSpec):
     PER_TOKEN = BM == 1
     PER_CHANNEL = BN == 1
     CPT = spec.column_chunks
+    LR = spec.lanes_per_row  # lanes along a row: 32, or 16 (a warp holds two rows per slot)
+    RG = 32 // LR  # rows a warp holds per slot
     NSLOT = RPT * CPT  # (row, column chunk) pairs of a thread: slot s = row s // CPT, chunk s % CPT
     if not PER_TOKEN:
         assert TM == BM, "a block/channel tile is exactly one group row"
         assert CPT == 1, "column chunks are a per-token tile knob"
+    else:
+        assert LR == 32, "half-warp rows are a block/channel tile knob"
     if not PER_CHANNEL:
         assert BN % VEC == 0
     LPG = 1 if PER_CHANNEL else BN // VEC  # lanes per group
+    assert LPG <= LR, "a group's lanes lie in one row"
     SHUFFLES = [1 << k for k in range(LPG.bit_length() - 1)]
+    ROW_SHUFFLES = [LR << k for k in range(RG.bit_length() - 1)]  # the rows of one warp's slot
     NSF = VEC if PER_CHANNEL else 1  # scales per thread-row
     ROUND = spec.round_sf
     E4M3_SF = spec.sf_kind == "e4m3"
@@ -92,7 +101,8 @@ def build_kernel(spec: KernelSpec):
     SPREAD_PT = spec.spread and PER_TOKEN and COMPUTE_SF and not ROUND and not E4M3_SF and LPG >= 2
     SPREAD_PC = spec.spread and PER_CHANNEL and not PER_TOKEN and COMPUTE_SF
     ROUNDS = -(-2 * NSLOT // LPG)
-    NCOL = 32 * NSF  # columns of a per-channel tile (== TC)
+    NCOL = LR * NSF  # columns of a per-channel tile (== TC)
+    WARP_STRIDE = 32 * NSF  # entries of one warp in ``red``
     NJOB = 2 * NCOL
     JR = -(-NJOB // NT)
 
@@ -112,13 +122,17 @@ def build_kernel(spec: KernelSpec):
     OR, OC, OS0, OS1 = T.dynamic("OR"), T.dynamic("OC"), T.dynamic("OS0"), T.dynamic("OS1")
 
     # ------------------------------------------------------------ trace-time helpers
-    def slot_row(bx, w, s):
-        """Row of a thread's slot ``s`` (warp ``w`` of row tile ``bx``)."""
-        return bx * TM + (s // CPT) * NW + w
+    def slot_row(bx, w, lane, s):
+        """Row of a thread's slot ``s`` (lane ``lane`` of warp ``w`` of row tile ``bx``)."""
+        if RG == 1:
+            return bx * TM + (s // CPT) * NW + w
+        return bx * TM + ((s // CPT) * NW + w) * RG + lane // LR
 
     def slot_col(by, lane, s):
         """First column of a thread's slot ``s`` (lane ``lane`` of column tile ``by``)."""
-        return ((by * CPT + s % CPT) * 32 + lane) * VEC
+        if RG == 1:
+            return ((by * CPT + s % CPT) * 32 + lane) * VEC
+        return ((by * CPT + s % CPT) * LR + lane % LR) * VEC
 
     def read_sf(buf, read, gr, gc):
         """fp32 scale of group (gr, gc) of an sf tensor described by ``read``."""
@@ -175,7 +189,7 @@ def build_kernel(spec: KernelSpec):
             tx = T.get_thread_binding()
             lane = tx % 32
             w = tx // 32
-            c0 = (by * 32 + lane) * VEC  # block / channel tiles (one chunk per row)
+            c0 = slot_col(by, lane, 0)  # block / channel tiles (one chunk per row)
             xv = T.alloc_local((NSLOT * XVEC,), X_DT)
             amax = T.alloc_local((NSLOT if PER_TOKEN else NSF,), "int32")
             inv = T.alloc_local((NSLOT if PER_TOKEN else NSF,), "float32")
@@ -196,7 +210,7 @@ def build_kernel(spec: KernelSpec):
 
             # ---- loads: every row of the thread first (bytes in flight) ----
             for i in T.unroll(NSLOT):
-                r = slot_row(bx, w, i)
+                r = slot_row(bx, w, lane, i)
                 c = slot_col(by, lane, i)
                 if r < M and c < H:
                     if spec.vectorize:
@@ -223,7 +237,7 @@ def build_kernel(spec: KernelSpec):
 
             if CAST_BACK:
                 for i in T.unroll(NSLOT):
-                    r = slot_row(bx, w, i)
+                    r = slot_row(bx, w, lane, i)
                     c = slot_col(by, lane, i)
                     # e4m3 pairs convert in one instruction each (vectorized casts), as
                     # do the bf16 pairs of the store (ncu, T = 128: 447,616 -> 390,528 warp instructions)
@@ -262,6 +276,9 @@ def build_kernel(spec: KernelSpec):
                                 amax[0] = T.max(amax[0], amax_key(xv, sin, i, j))
                     for d in SHUFFLES:
                         amax[0] = T.max(amax[0], T.shfl_xor(amax[0], d))
+                    for d in ROW_SHUFFLES:
+                        for e in T.unroll(NSF):
+                            amax[e] = T.max(amax[e], T.shfl_xor(amax[e], d))
                     for e in T.unroll(NSF):
                         red[(w * 32 + lane) * NSF + e] = amax[e]
                     T.sync_threads()
@@ -269,7 +286,7 @@ def build_kernel(spec: KernelSpec):
                         for e in T.unroll(NSF):
                             amax[e] = red[lane * NSF + e]
                             for v in T.unroll(NW - 1):
-                                amax[e] = T.max(amax[e], red[((v + 1) * 32 + lane) * NSF + e])
+                                amax[e] = T.max(amax[e], red[(v + 1) * WARP_STRIDE + lane * NSF + e])
                 if SPREAD_PT:
                     # ---- lane k of a group divides jobs k, k + LPG, ...: job < NSLOT is the
                     # inverse FMAX / c of slot job, job - NSLOT < NSLOT the scale c / FMAX of that slot ----
@@ -287,7 +304,7 @@ def build_kernel(spec: KernelSpec):
                         inv[i] = T.shfl_sync(dv[i // LPG], i % LPG, LPG)
                     for t in T.unroll(ROUNDS):
                         job = lane % LPG + t * LPG
-                        gr = slot_row(bx, w, job - NSLOT)
+                        gr = slot_row(bx, w, lane, job - NSLOT)
                         gcol = slot_col(by, lane, job - NSLOT)
                         # The storing lane may lie past H in a partial last group: the group
                         # exists when its first column does (the lane's own column is not the test).
@@ -303,7 +320,7 @@ def build_kernel(spec: KernelSpec):
                         if job < NJOB:
                             sel[0] = red[col]
                             for v in T.unroll(NW - 1):
-                                sel[0] = T.max(sel[0], red[(v + 1) * NCOL + col])
+                                sel[0] = T.max(sel[0], red[(v + 1) * WARP_STRIDE + col])
                             if job < NCOL:
                                 res[col] = sf_math.group_inverse(sel[0], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF)
                             elif gc < H:
@@ -314,7 +331,7 @@ def build_kernel(spec: KernelSpec):
                                     sf[bx, gc] = value
                     T.sync_threads()
                     for e in T.unroll(NSF):
-                        inv[e] = res[lane * NSF + e]
+                        inv[e] = res[(lane % LR) * NSF + e]
                 # ---- scales: store (first lane of a group / first warp of a block) and invert ----
                 if not (SPREAD_PT or SPREAD_PC):
                     NROWS = NSLOT if PER_TOKEN else 1
@@ -324,13 +341,13 @@ def build_kernel(spec: KernelSpec):
                                 amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF
                             )
                         if PER_TOKEN:
-                            gr = slot_row(bx, w, i)
+                            gr = slot_row(bx, w, lane, i)
                             gcol = slot_col(by, lane, i)
                             ok = (gr < M) and (gcol < H) and (lane % LPG == 0)
                         else:
                             gr = bx
                             gcol = c0
-                            ok = (w == 0) and (c0 < H) and (lane % LPG == 0)
+                            ok = (w == 0) and (lane < LR) and (c0 < H) and (lane % LPG == 0)
                         if ok:
                             for e in T.unroll(NSF):
                                 gc = (gcol + e) if PER_CHANNEL else (gcol // BN)
@@ -349,7 +366,7 @@ def build_kernel(spec: KernelSpec):
             if MODE is QuantMode.PRECOMPUTED_SF:
                 NROWS = NSLOT if PER_TOKEN else 1
                 for i in T.unroll(NROWS):
-                    gr = slot_row(bx, w, i) if PER_TOKEN else bx
+                    gr = slot_row(bx, w, lane, i) if PER_TOKEN else bx
                     gcol = slot_col(by, lane, i) if PER_TOKEN else c0
                     if (gr < M or not PER_TOKEN) and gcol < H:
                         for e in T.unroll(NSF):
@@ -362,7 +379,7 @@ def build_kernel(spec: KernelSpec):
             if WRITE_Q and not CAST_BACK:
                 # ---- quantize from registers and store ----
                 for i in T.unroll(NSLOT):
-                    r = slot_row(bx, w, i)
+                    r = slot_row(bx, w, lane, i)
                     c = slot_col(by, lane, i)
                     si = i if PER_TOKEN else 0
                     for j in T.unroll(VEC):

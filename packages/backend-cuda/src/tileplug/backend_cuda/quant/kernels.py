@@ -21,6 +21,11 @@ from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
 
 Launcher = Callable[[QuantInputs, QuantOutputs], None]
 
+SMALL_TOKENS = 2048
+"""Calls of at most this many rows run an op's small-T specialisation where it has one
+(GPU sweep 2026-12-01, H200: the half-width block / channel tiles win at T = 128 and 1024
+and lose at T = 16384)."""
+
 
 def tile_override(op: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
     """``(warps, rows_per_thread, min_blocks_per_sm)`` of an op's tile; the variable
@@ -70,9 +75,25 @@ class QuantKernel:
     def prepare(self, call: QuantCall) -> Launcher:
         """``launch(inputs, outputs)`` bound to ``call``'s signature: the kernel's entry (from
         the kernel index or compiled, once per specialisation and process: ``jit.entry``)
-        and its argument order fixed."""
+        and its argument order fixed. Where the op has a small-T specialisation, calls of at
+        most ``SMALL_TOKENS`` rows run it instead (loaded at the first such call); every
+        specialisation writes the same bytes, so which one ran never shows in the output."""
         spec = self.spec(call)
-        return make_launcher(spec, jit.entry(spec))
+        launch = make_launcher(spec, jit.entry(spec))
+        small = self.small_tokens_spec(call)
+        if small is None:
+            return launch
+        launch_small: list[Launcher] = []
+
+        def by_tokens(inputs: QuantInputs, outputs: QuantOutputs) -> None:
+            if inputs.x.shape[0] > SMALL_TOKENS:
+                launch(inputs, outputs)
+            else:
+                if not launch_small:
+                    launch_small.append(make_launcher(small, jit.entry(small)))
+                launch_small[0](inputs, outputs)
+
+        return by_tokens
 
     # ------------------------------------------------------------------ per op
     def reason(self, call: QuantCall) -> str | None:
@@ -91,6 +112,11 @@ class QuantKernel:
         """``KernelSpec.grid_cols`` of the kernel serving ``call`` (default: the class's)."""
         return self.grid_cols
 
+    def small_tokens_spec(self, call: QuantCall) -> KernelSpec | None:
+        """The specialisation serving calls of at most ``SMALL_TOKENS`` rows, where the op has
+        one (default: none, :meth:`spec` serves every T)."""
+        return None
+
     # ------------------------------------------------------------------ helpers
     def spec(self, call: QuantCall) -> KernelSpec:
         """The specialisation serving ``call``."""
@@ -101,6 +127,11 @@ class QuantKernel:
             column_chunks=chunks_override(self.tile_op, self.column_chunks(call)),
             inline_coords=knob_override(self.tile_op, "inline_coords", self.inline_coords),
         )
+
+    def specs(self, call: QuantCall) -> list[KernelSpec]:
+        """Every specialisation a call of this signature may run (precompile, compile grids)."""
+        small = self.small_tokens_spec(call)
+        return [self.spec(call)] + ([small] if small is not None else [])
 
     def source(self, call: QuantCall, arch: str = jit.DEFAULT_ARCH) -> str:
         """Generated CUDA source of the kernel serving ``call`` (no GPU needed)."""

@@ -73,6 +73,8 @@ class KernelSpec:
     values then fill whole 32-byte sectors instead of 8 bytes per CTA). ``inline_coords``
     (with ``grid_cols``): the tile coordinates are re-derived from the block index in every
     offset (64-bit floor divisions) instead of divided once into 32-bit registers.
+    ``lanes_per_row`` (block and channel tiles): 16 puts two rows in each warp's slot, so a
+    tile is half as wide (128 bf16 columns) and twice as many CTAs cover a small T.
     """
 
     op: str
@@ -95,6 +97,7 @@ class KernelSpec:
     grid_cols: bool = False
     column_chunks: int = 1
     inline_coords: bool = False
+    lanes_per_row: int = 32
 
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``)."""
@@ -134,11 +137,11 @@ class KernelSpec:
 
     @property
     def tile_rows(self) -> int:
-        return self.warps * self.rows_per_thread
+        return self.warps * self.rows_per_thread * (32 // self.lanes_per_row)
 
     @property
     def tile_cols(self) -> int:
-        return 32 * self.vec * self.column_chunks
+        return self.lanes_per_row * self.vec * self.column_chunks
 
     @property
     def name(self) -> str:
@@ -168,6 +171,8 @@ class KernelSpec:
             parts.append(f"k{self.column_chunks}")
         if self.inline_coords:
             parts.append("inl")
+        if self.lanes_per_row != 32:
+            parts.append(f"h{self.lanes_per_row}")
         return "_".join(parts)
 
 
@@ -192,6 +197,7 @@ def common_reason(call: QuantCall) -> str | None:
 def make_spec(
     call: QuantCall, op: str, warps: int, rows_per_thread: int, min_blocks_per_sm: int = 1, bf16_pairs: bool = False,
     spread: bool = False, grid_cols: bool = False, column_chunks: int = 1, inline_coords: bool = False,
+    lanes_per_row: int = 32,
 ) -> KernelSpec:
     """The kernel specialisation serving ``call`` (assumes ``common_reason(call)`` is None)."""
     in_sf = None
@@ -233,6 +239,7 @@ def make_spec(
         grid_cols,
         column_chunks if cast.block[0] == 1 else 1,
         inline_coords and grid_cols,
+        lanes_per_row if cast.block[0] > 1 else 32,
     )
 
 
