@@ -231,7 +231,7 @@ def wants_grad(*tensors: torch.Tensor | None) -> bool:
     a differentiable op's public function then goes through :meth:`OpDef.traced`."""
     if not torch.is_grad_enabled():
         return False
-    return any(t is not None and t.requires_grad for t in tensors)
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def _written_into(op: str, result: Any, given: Mapping[str, Any], slots: Mapping[str, int]) -> Any:
