@@ -174,6 +174,14 @@ def layer_norm_backward(
 # ---------------------------------------------------------------------- autograd (through the op table)
 
 
+def _unit_last_stride(gradient: torch.Tensor | None) -> torch.Tensor | None:
+    """An incoming gradient as the backward ops read it (autograd hands e.g. expanded ones,
+    stride 0, for the gradient of a sum)."""
+    if gradient is None or gradient.stride(-1) == 1 or gradient.shape[-1] <= 1:
+        return gradient
+    return gradient.contiguous()
+
+
 def _rms_norm_setup(ctx: Any, inputs: tuple, output: list) -> None:
     x, weight, _, residual, weight_offset, out_scale, _ = inputs
     normalized_input = output[1] if residual is not None else x
@@ -184,8 +192,8 @@ def _rms_norm_setup(ctx: Any, inputs: tuple, output: list) -> None:
 
 def _rms_norm_backward(ctx: Any, grads: list) -> tuple:
     normalized_input, weight, rstd = ctx.saved_tensors
-    grad_y = grads[0] if grads[0] is not None else torch.zeros_like(normalized_input)
-    grad_residual_out = grads[1] if ctx.residual else None
+    grad_y = _unit_last_stride(grads[0]) if grads[0] is not None else torch.zeros_like(normalized_input)
+    grad_residual_out = _unit_last_stride(grads[1]) if ctx.residual else None
     grad_x, grad_weight = rms_norm_backward(grad_y, normalized_input, weight, rstd, ctx.weight_offset,
                                             ctx.out_scale, grad_residual_out)
     grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
@@ -202,8 +210,8 @@ def _layer_norm_setup(ctx: Any, inputs: tuple, output: list) -> None:
 
 def _layer_norm_backward(ctx: Any, grads: list) -> tuple:
     normalized_input, weight, mean, rstd = ctx.saved_tensors
-    grad_y = grads[0] if grads[0] is not None else torch.zeros_like(normalized_input)
-    grad_residual_out = grads[1] if ctx.residual else None
+    grad_y = _unit_last_stride(grads[0]) if grads[0] is not None else torch.zeros_like(normalized_input)
+    grad_residual_out = _unit_last_stride(grads[1]) if ctx.residual else None
     grad_x, grad_weight, grad_bias = layer_norm_backward(grad_y, normalized_input, weight, mean, rstd,
                                                          grad_residual_out)
     grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
