@@ -165,3 +165,20 @@ def test_quant_contracts_unchanged_by_the_shared_cast_config():
         ops.per_token_cast(X, use_packed_ue8m0=True)
     with pytest.raises(core.ContractError, match="'fmt'"):
         ops.per_block_cast(X.float(), fmt="int4")
+
+
+def test_the_contract_memo_keeps_every_check():
+    from tileplug.core.contracts import norm as contracts
+
+    x = _x(3, 64)
+    ops.rms_norm(x, W, eps=1)  # an int eps is a number: accepted and memoized
+    size = len(contracts.recent_calls)
+    ops.rms_norm(x, W, eps=1)
+    assert len(contracts.recent_calls) == size  # the second call hit the memo
+    with pytest.raises(core.ContractError, match="'eps'"):
+        ops.rms_norm(x, W, eps=True)  # True == 1, but a bool is not a number here
+    with pytest.raises(core.ContractError, match="'x'"):
+        ops.rms_norm(x.t().contiguous().t(), W)  # other strides: another key, checked
+    with core.config.host_layout("ascend"):  # another config in force: checked again, another call
+        call, _, _ = contracts.rms_norm(x, W, 1, None, 0.0, 1.0, None, None, False)
+    assert call.host_layout is not contracts.rms_norm(x, W, 1, None, 0.0, 1.0, None, None, False)[0].host_layout
