@@ -339,3 +339,35 @@ def test_gradcheck_in_fp64_on_the_reference():
     assert torch.autograd.gradcheck(lambda x, w, b, r: ops.layer_norm(x, w, b, residual=r), (x, w, b, r))
     assert torch.autograd.gradcheck(lambda x: ops.layer_norm(x, return_stats=True), (x,))
     assert torch.autograd.gradcheck(lambda x: ops.rms_norm(x), (x,))
+
+
+# ---------------------------------------------------------------------- the op table's comparison
+
+
+def _nudged(tensor: torch.Tensor, steps: int) -> torch.Tensor:
+    """``tensor`` moved ``steps`` representable values up (positive elements) / down (negative)."""
+    view = {2: torch.int16, 4: torch.int32}[tensor.element_size()]
+    return (tensor.view(view) + steps).view(tensor.dtype)
+
+
+def test_compare_allows_the_spec_tolerances_and_no_more():
+    from tileplug.core import opdefs
+
+    opdef = opdefs.get("rms_norm")
+    case = core.Case.of("rms_norm", 64, BF16, inputs={"residual": True}, return_rstd=True)
+    args, kwargs = case.arguments(3, "cpu")
+    y, residual_out, rstd = opdef.function(*args, **kwargs)
+    opdef.compare(case, 3, [_nudged(y, 1), _nudged(residual_out, 1), _nudged(rstd, 4)], [y, residual_out, rstd])
+    with pytest.raises(AssertionError, match="more than 1 ulp"):
+        opdef.compare(case, 3, [_nudged(y, 2), residual_out, rstd], [y, residual_out, rstd])
+    with pytest.raises(AssertionError, match="more than 4 ulp"):
+        opdef.compare(case, 3, [y, residual_out, _nudged(rstd, 5)], [y, residual_out, rstd])
+    fp32_case = core.Case.of("rms_norm", 64, F32, return_rstd=True)  # rstd has x's dtype: still a statistic
+    y, rstd = opdefs.get("rms_norm").function(*fp32_case.arguments(3, "cpu")[0], **fp32_case.arguments(3, "cpu")[1])
+    opdef.compare(fp32_case, 3, [y, _nudged(rstd, 3)], [y, rstd])
+    backward = opdefs.get("rms_norm_backward")
+    back_case = core.Case.of("rms_norm_backward", 64, F32)
+    grad_x, grad_weight = backward.function(*back_case.arguments(3, "cpu")[0])
+    backward.compare(back_case, 3, [grad_x, grad_weight * (1 + 5e-6)], [grad_x, grad_weight])
+    with pytest.raises(AssertionError, match="relative error"):
+        backward.compare(back_case, 3, [grad_x, grad_weight * (1 + 5e-5)], [grad_x, grad_weight])
