@@ -158,3 +158,21 @@ def test_out_is_refused_under_compile_for_a_non_written_op():
     out = core.ops.per_token_cast(x)
     with pytest.raises(Exception, match="out"):
         torch.compile(lambda x: core.ops.per_token_cast(x, out=out), fullgraph=True)(x)
+
+
+def test_compiled_token_count_is_dynamic():
+    import torch._dynamo.testing
+
+    counter = torch._dynamo.testing.CompileCounter()
+    weight = torch.randn(576).to(BF16)
+
+    def norms(x, r):
+        return (*ops.rms_norm(x, weight, residual=r, return_rstd=True), *ops.rms_norm_per_token_cast(x, weight),
+                ops.layer_norm(x, weight))
+
+    compiled = torch.compile(norms, fullgraph=True, dynamic=True, backend=counter)
+    for tokens in (5, 17, 130):
+        x, r = activation(tokens, 576, BF16, seed=tokens), activation(tokens, 576, BF16, seed=tokens + 1)
+        for have, want in zip(compiled(x, r), norms(x, r)):
+            assert_bytes_equal(have, want, strides=True)
+    assert counter.frame_count == 1

@@ -165,7 +165,8 @@ class NormCall(Call):
             layer = self.op == LAYER_NORM_BACKWARD
             read = 2 * elements * size + weight + statistics * (2 if layer else 1)
             read += elements * size if self.grad_residual else 0
-            gradients = (weight and vector * 4) + (vector * 4 if layer else 0)
+            reduced = vector * self.statistics_dtype.itemsize  # grad_weight / grad_bias, compute dtype
+            gradients = (reduced if self.weight_dtype is not None else 0) + (reduced if layer else 0)
             return Ledger(read, elements * size + gradients, 8 * elements)
         read = elements * size * (2 if self.residual else 1) + weight + bias
         written = elements * size if self.residual else 0
@@ -361,7 +362,7 @@ def _call(op: str, x: torch.Tensor, tensors: tuple, **fields: Any) -> NormCall:
     alignment = min(_alignment(t) for t in (x, *tensors))
     return NormCall(op, x.device.type, op, int(x.shape[-1]), _heads(x), x.dtype, alignment=alignment,
                     host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,
-                    tokens=int(x.shape[0]), device=x.device, empty=x.numel() == 0, **fields)
+                    tokens=x.shape[0], device=x.device, empty=x.numel() == 0, **fields)
 
 
 def _plain(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -421,7 +422,7 @@ def _checked_rms_norm_per_token_cast(x: Any, weight: Any, eps: Any, fmt: Any, nu
     given = _written_pair(op, x, residual, (x, weight, residual), None, residual_out)
     quant = QuantCall("per_token_cast", x.device.type, "per_token_cast", MODE_CAST, width, x.dtype, cast,
                       host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,
-                      tokens=int(x.shape[0]), device=x.device, empty=x.numel() == 0)
+                      tokens=x.shape[0], device=x.device, empty=x.numel() == 0)
     call = _call(op, x, (residual, *(given or ())), weight_dtype=None if weight is None else weight.dtype,
                  residual=residual is not None, eps=eps, weight_offset=offset, out_scale=scale, quant=quant,
                  unquantized=unquantized)
