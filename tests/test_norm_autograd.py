@@ -176,3 +176,12 @@ def test_compiled_token_count_is_dynamic():
         for have, want in zip(compiled(x, r), norms(x, r)):
             assert_bytes_equal(have, want, strides=True)
     assert counter.frame_count == 1
+
+
+def test_the_custom_op_called_directly_without_statistics_still_differentiates():
+    x = torch.randn(4, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(16, dtype=torch.float64, requires_grad=True)
+    rms = torch.ops.tileplug.rms_norm
+    assert torch.autograd.gradcheck(lambda x, w: rms(x, w, 1e-6, None, 0.0, 1.0, False)[0], (x, weight))
+    layer = torch.ops.tileplug.layer_norm
+    assert torch.autograd.gradcheck(lambda x, w: layer(x, w, None, 1e-5, None, False)[0], (x, weight))

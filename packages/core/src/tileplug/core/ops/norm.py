@@ -183,15 +183,19 @@ def _unit_last_stride(gradient: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _rms_norm_setup(ctx: Any, inputs: tuple, output: list) -> None:
-    x, weight, _, residual, weight_offset, out_scale, _ = inputs
+    x, weight, eps, residual, weight_offset, out_scale, return_rstd = inputs
     normalized_input = output[1] if residual is not None else x
-    ctx.save_for_backward(normalized_input, weight, output[-1])
-    ctx.mark_non_differentiable(output[-1])  # rstd: a statistic, no gradient flows through it
-    ctx.weight_offset, ctx.out_scale, ctx.residual = weight_offset, out_scale, residual is not None
+    rstd = output[-1] if return_rstd else None  # the public function always asks for it while recording
+    if rstd is not None:
+        ctx.mark_non_differentiable(rstd)  # a statistic: no gradient flows through it
+    ctx.save_for_backward(normalized_input, weight, rstd)
+    ctx.eps, ctx.weight_offset, ctx.out_scale, ctx.residual = eps, weight_offset, out_scale, residual is not None
 
 
 def _rms_norm_backward(ctx: Any, grads: list) -> tuple:
     normalized_input, weight, rstd = ctx.saved_tensors
+    if rstd is None:  # torch.ops.tileplug.rms_norm called directly without return_rstd: recompute it
+        rstd = rms_norm(normalized_input, eps=ctx.eps, return_rstd=True)[1]
     grad_y = _unit_last_stride(grads[0]) if grads[0] is not None else torch.zeros_like(normalized_input)
     grad_residual_out = _unit_last_stride(grads[1]) if ctx.residual else None
     grad_x, grad_weight = rms_norm_backward(grad_y, normalized_input, weight, rstd, ctx.weight_offset,
@@ -201,15 +205,20 @@ def _rms_norm_backward(ctx: Any, grads: list) -> tuple:
 
 
 def _layer_norm_setup(ctx: Any, inputs: tuple, output: list) -> None:
-    x, weight, bias, _, residual, _ = inputs
+    x, weight, bias, eps, residual, return_stats = inputs
     normalized_input = output[1] if residual is not None else x
-    ctx.save_for_backward(normalized_input, weight, output[-2], output[-1])
-    ctx.mark_non_differentiable(output[-2], output[-1])  # mean, rstd: statistics, no gradient through them
-    ctx.residual, ctx.bias_dtype = residual is not None, None if bias is None else bias.dtype
+    mean, rstd = (output[-2], output[-1]) if return_stats else (None, None)
+    if return_stats:
+        ctx.mark_non_differentiable(mean, rstd)  # statistics: no gradient flows through them
+    ctx.save_for_backward(normalized_input, weight, mean, rstd)
+    ctx.eps, ctx.residual = eps, residual is not None
+    ctx.bias_dtype = None if bias is None else bias.dtype
 
 
 def _layer_norm_backward(ctx: Any, grads: list) -> tuple:
     normalized_input, weight, mean, rstd = ctx.saved_tensors
+    if rstd is None:  # called directly without return_stats: recompute them
+        _, mean, rstd = layer_norm(normalized_input, eps=ctx.eps, return_stats=True)
     grad_y = _unit_last_stride(grads[0]) if grads[0] is not None else torch.zeros_like(normalized_input)
     grad_residual_out = _unit_last_stride(grads[1]) if ctx.residual else None
     grad_x, grad_weight, grad_bias = layer_norm_backward(grad_y, normalized_input, weight, mean, rstd,
