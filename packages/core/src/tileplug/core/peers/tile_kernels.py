@@ -51,9 +51,12 @@ def rms_norm_per_token_cast(x: torch.Tensor, weight: torch.Tensor | None = None,
                             fmt: str = "e4m3", num_per_channels: int = 128, residual: torch.Tensor | None = None,
                             weight_offset: float = 0.0, out_scale: float = 1.0, round_sf: bool = False,
                             use_packed_ue8m0: bool = False, use_tma_aligned_col_major_sf: bool = False,
-                            return_unquantized: bool = False, residual_out: torch.Tensor | None = None) -> object:
-    """``norm_forward_and_per_token_cast`` with tileplug's arguments (no ``weight_offset``)."""
+                            use_e4m3_sf: bool = False, return_unquantized: bool = False,
+                            residual_out: torch.Tensor | None = None) -> object:
+    """``norm_forward_and_per_token_cast`` with tileplug's arguments (no ``weight_offset``, no
+    e4m3-stored sf)."""
     _refuse("weight_offset", weight_offset, 0.0)
+    _refuse("use_e4m3_sf", use_e4m3_sf, False)
     return norm_forward_and_per_token_cast(
         x, weight, eps, fmt, num_per_channels, residual, out_scale,
         use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, round_sf=round_sf,
