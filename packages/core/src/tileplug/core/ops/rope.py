@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.compiler import is_compiling
 
+from tileplug.core.call import IN_PLACE_PLAN
 from tileplug.core.contracts import rope as contracts
 from tileplug.core.errors import ContractError
 from tileplug.core.opdefs import BenchCase, Case, OpDef, declare, run
@@ -382,7 +383,7 @@ APPLY_ROTARY = _declare(
     apply_rotary,
     _contract(apply_rotary, contracts.apply_rotary,
               ("query", "cos_sin_cache", "key", "positions", "interleaved", "conjugate", "seqlen_offset")),
-    outputs=lambda call, traits: contracts.IN_PLACE_PLAN, result=lambda call, outputs: None,
+    outputs=lambda call, traits: IN_PLACE_PLAN, result=lambda call, outputs: None,
     compare=compare_rotary, mutates=("query", "key"))
 RMS_NORM_ROPE = _declare(
     rms_norm_rope, _contract(rms_norm_rope, contracts.rms_norm_rope, _NORM),
