@@ -3,8 +3,9 @@ optional ``mean`` / ``rstd``; 2-D and per-head 3-D; bf16 / fp16 / fp32; any row 
 in place through ``out=x`` / ``residual_out=residual``.
 
 Per row, in registers (``rows.RowMacros``), two passes over the on-chip values:
-``mean = sum(s) / D``; ``var = sum((s − mean)²) / D`` (the centered values of columns past
-``D`` are masked to 0, so the statistic covers the true ``D``); ``rstd = 1 / sqrt(var + eps)``;
+``mean = sum(s) / D``; ``var = sum((s − mean)²) / D`` (both sums over the true ``D`` in the
+reference's pairwise order, ``rows.row_sum``: the statistics are the reference's, bit for
+bit); ``rstd = 1 / sqrt(var + eps)``;
 ``y = round_to(x.dtype, ((s − mean) · rstd) · float(w) + float(b))``, each operation rounded
 separately (IEEE intrinsics: no FMA contraction), no multiplication without a weight and no
 addition without a bias (as the reference).
@@ -38,7 +39,6 @@ def build(spec: NormKernelSpec):
     BDT = spec.bias_dtype
     VEC = spec.vec
     VALUES = rows.VALUES
-    CHUNKS = rows.CHUNKS
     D = spec.hidden
     EPS = f32(spec.eps)
     x_t = row_buffer(spec, "x", IN, M)
@@ -51,13 +51,7 @@ def build(spec: NormKernelSpec):
     rstd_t = statistic_buffer(spec, "rstd", M, spec.stats)
     STRIDES = aligned_strides(spec, x_t, y_t, *((r_t, ro_t) if spec.residual else ()))
     W_LOCAL, B_LOCAL = WDT or "float32", BDT or "float32"  # (unused without a weight / bias)
-    CHUNK_INDICES, VALUE_INDICES = list(range(CHUNKS)), list(range(VEC))  # unrolled while tracing
 
-    def centered(s, mean, lane, k, j):
-        """``s − mean`` of value ``j`` of the thread's vector ``k``, 0 past D."""
-        value = T.ieee_sub(T.cast(s[k * VEC + j], "float32"), mean)
-        inside = rows.in_row(k, j, lane)
-        return value if inside is True else T.if_then_else(inside, value, T.float32(0.0))
 
     def output(c, wv, bv, i, rstd):
         value = T.ieee_mul(c[i], rstd)
@@ -81,9 +75,9 @@ def build(spec: NormKernelSpec):
             bv = T.alloc_local((VALUES,), B_LOCAL)
             c = T.alloc_local((VALUES,), "float32")
             yv = T.alloc_local((VALUES,), IN)
+            terms = T.alloc_local((VALUES,), "float32")
             acc = T.alloc_local((1,), "float32")
-            sums = T.alloc_shared((rows.ROW_WARPS,), "float32")
-            squares = T.alloc_shared((rows.ROW_WARPS,), "float32")
+            tree = rows.tree_buffer()
 
             rows.load_input(x, residual, s, rv, t, n, lane, valid)
             if WDT is not None:
@@ -91,19 +85,17 @@ def build(spec: NormKernelSpec):
             if BDT is not None:
                 rows.load_vector(bias, bv, lane, BDT)
             # pass 1: the mean
-            acc[0] = T.float32(0.0)
             for i in T.unroll(VALUES):
-                acc[0] = acc[0] + T.cast(s[i], "float32")
-            rows.row_sum(acc, sums, tx)
+                terms[i] = T.cast(s[i], "float32")
+            rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
             row_mean = T.ieee_fdiv(acc[0], T.float32(D))
+            rows.reuse_barrier()  # every lane has read the sum before the buffer is written again
             # pass 2: the variance of the centered values (held for the output)
-            for k in CHUNK_INDICES:
-                for j in VALUE_INDICES:
-                    c[k * VEC + j] = centered(s, row_mean, lane, k, j)
-            acc[0] = T.float32(0.0)
             for i in T.unroll(VALUES):
-                acc[0] = acc[0] + c[i] * c[i]
-            rows.row_sum(acc, squares, tx)
+                c[i] = T.ieee_sub(T.cast(s[i], "float32"), row_mean)
+            for i in T.unroll(VALUES):
+                terms[i] = T.ieee_mul(c[i], c[i])
+            rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
             row_rstd = T.ieee_fdiv(T.float32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_fdiv(acc[0], T.float32(D)),
                                                                           T.float32(EPS))))
             for i in T.unroll(VALUES):

@@ -4,8 +4,9 @@
 in place.
 
 Per row, in registers (``rows.RowMacros``): ``s = round_to(x.dtype, x + residual)``;
-``rstd = 1 / sqrt(sum(s²) / D + eps)`` (the sum by the tile's two-stage reduction; the
-division, square root and reciprocal correctly rounded, as the reference's);
+``rstd = 1 / sqrt(sum(s²) / D + eps)`` (the squares rounded, then added in the reference's
+pairwise order by ``rows.row_sum``; the division, square root and reciprocal correctly
+rounded, as the reference's: the statistic is the reference's, bit for bit);
 ``y = round_to(x.dtype, (s · rstd) · ((float(w) + weight_offset) · out_scale))`` with each
 product and sum rounded separately (IEEE intrinsics: no FMA contraction changes them).
 
@@ -54,15 +55,14 @@ class RmsNormMacros:
             return normalized if factor is None else T.ieee_mul(normalized, factor)
 
         @T.macro
-        def normalize(x, weight, residual, residual_out, rstd_out, s, rv, wv, yv, acc, partials, t, n, lane, valid,
+        def normalize(x, weight, residual, residual_out, rstd_out, s, rv, wv, yv, terms, acc, tree, t, n, lane, valid,
                       tx):
             rows.load_input(x, residual, s, rv, t, n, lane, valid)
             if WDT is not None:
                 rows.load_vector(weight, wv, lane, WDT)
-            acc[0] = T.float32(0.0)
             for i in T.unroll(VALUES):
-                acc[0] = acc[0] + T.cast(s[i], "float32") * T.cast(s[i], "float32")
-            rows.row_sum(acc, partials, tx)
+                terms[i] = T.ieee_mul(T.cast(s[i], "float32"), T.cast(s[i], "float32"))
+            rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
             rstd = T.ieee_fdiv(T.float32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_fdiv(acc[0], T.float32(D)),
                                                                       T.float32(EPS))))
             for i in T.unroll(VALUES):
@@ -76,16 +76,16 @@ class RmsNormMacros:
 
     @staticmethod
     def locals(spec: NormKernelSpec, rows: RowMacros):
-        """(s, rv, wv, yv, acc, partials): the thread's row, residual, weight and output
-        values, its fp32 partial sum, and the shared partials of a row spread over warps."""
+        """(s, rv, wv, yv, terms, acc, tree): the thread's row, residual, weight and output
+        values, the fp32 terms of its sum, the row's sum, and the shared buffer of the reduction."""
         VALUES = rows.VALUES
         s = T.alloc_local((VALUES,), spec.in_dtype)
         rv = T.alloc_local((VALUES,), spec.in_dtype)
         wv = T.alloc_local((VALUES,), spec.weight_dtype or "float32")
         yv = T.alloc_local((VALUES,), spec.in_dtype)
+        terms = T.alloc_local((VALUES,), "float32")
         acc = T.alloc_local((1,), "float32")
-        partials = T.alloc_shared((rows.ROW_WARPS,), "float32")
-        return s, rv, wv, yv, acc, partials
+        return s, rv, wv, yv, terms, acc, rows.tree_buffer()
 
 
 def build(spec: NormKernelSpec):
@@ -112,8 +112,8 @@ def build(spec: NormKernelSpec):
                 T.assume(stride % VEC == 0)
             tx = T.get_thread_binding()
             t, n, lane, valid = rows.coords(bx, tx)
-            s, rv, wv, yv, acc, partials = RmsNormMacros.locals(spec, rows)
-            rms.normalize(x, weight, residual, residual_out, rstd, s, rv, wv, yv, acc, partials, t, n, lane, valid,
+            s, rv, wv, yv, terms, acc, tree = RmsNormMacros.locals(spec, rows)
+            rms.normalize(x, weight, residual, residual_out, rstd, s, rv, wv, yv, terms, acc, tree, t, n, lane, valid,
                           tx)
             rows.store_row(y, yv, t, n, lane, valid)
 

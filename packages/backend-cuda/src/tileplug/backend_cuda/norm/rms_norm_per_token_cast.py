@@ -99,11 +99,11 @@ def build(spec: NormKernelSpec):
                 T.assume(stride % VEC == 0)
             tx = T.get_thread_binding()
             t, n, lane, valid = rows.coords(bx, tx)
-            s, rv, wv, yv, acc, partials = RmsNormMacros.locals(spec, rows)
+            s, rv, wv, yv, terms, acc, tree = RmsNormMacros.locals(spec, rows)
             amax = T.alloc_local((rows.CHUNKS,), "int32")
             inv = T.alloc_local((rows.CHUNKS,), "float32")
             qv = T.alloc_local((VEC // VPB,), QDT)
-            rms.normalize(x, weight, residual, residual_out, x, s, rv, wv, yv, acc, partials, t, n, lane, valid, tx)
+            rms.normalize(x, weight, residual, residual_out, x, s, rv, wv, yv, terms, acc, tree, t, n, lane, valid, tx)
             if quant.unquantized:
                 rows.store_row(y, yv, t, n, lane, valid)
             for k in CHUNK_INDICES:

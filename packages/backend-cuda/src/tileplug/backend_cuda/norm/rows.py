@@ -12,13 +12,16 @@ because no thread writes a column another thread reads.
 Tails: a column ``>= D`` or a row ``>= R`` loads 0, is never stored, and is masked to 0
 wherever it could enter a statistic with a non-zero value (LayerNorm's centered values).
 
-Reduction (:meth:`RowMacros.row_sum`), in fp32, in an order that depends only on ``D`` and
-the tile (never on ``T``, the row's position or the SM count): each thread adds its values
-in column order; the ``lanes`` of a row (at most one warp's 32) combine with xor shuffles
-at distances 16, 8, …, 1 — IEEE addition is commutative, so every lane ends with the same
-bits; a row spread over several warps then meets in shared memory, where every thread adds
-the warps' partial sums in warp order. Several rows per CTA (short rows) never share a
-shuffle group, so a non-finite value stays in its row.
+Reduction (:meth:`RowMacros.row_sum`, planned by ``spec.reduction_plan``): the reference's
+own order, ``tileplug.core.norm.formulas.row_sum`` (a pairwise halving tree), so a row's
+statistics are the reference's bit for bit — and depend on that row alone, never on ``T``,
+the row's position or the SM count. Where ``D = chunks · lanes · VEC`` exactly, the tree's
+first levels pair a lane's chunk ``c`` with its chunk ``c + chunks/2`` (same lane, same
+value: in registers) while the chunk count is even; the remaining ``width`` values (else
+all ``D``) go to shared memory, where the row's lanes run one tree level per barrier
+(``__syncwarp`` for a row within one warp, ``__syncthreads`` for a row over several). A
+thread holding its whole row (``lanes == 1``) adds in registers. Several rows per CTA use
+disjoint parts of the buffer, so a non-finite value stays in its row.
 
 Buffers: a 2-D row buffer is ``[M, D]`` with row stride ``S0``; a 3-D one ``[M, N, D]``
 with strides ``(S0, S1)``; ``row = t · N + n``. Strides are runtime values; every offset
@@ -31,7 +34,7 @@ import struct
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.spec import NormKernelSpec
+from tileplug.backend_cuda.norm.spec import NormKernelSpec, reduction_plan
 
 
 def f32(value: float) -> float:
@@ -56,12 +59,20 @@ class RowMacros:
         self.THREADS = tile.threads
         self.VALUES = self.CHUNKS * self.VEC  # values of a row one thread holds
         self.HEADS = spec.heads  # None: 2-D buffers
-        self.ROW_WARPS = max(1, self.LANES // 32)  # warps sharing one row (> 1 only with one row per CTA)
-        self.XOR_STEPS = [d for d in (16, 8, 4, 2, 1) if d < min(self.LANES, 32)]
         self.rows_total = rows_total
         self.vectorize = spec.vectorize
         D, VEC, LANES, CHUNKS, HEADS = self.D, self.VEC, self.LANES, self.CHUNKS, self.HEADS
         vectorize = self.vectorize
+        plan = reduction_plan(D, tile, VEC)  # the reference's tree on this tile (Python lists: unrolled while tracing)
+        LOCAL_ONLY = plan.local_steps is not None
+        LOCAL_STEPS = plan.local_steps
+        FOLD_STEPS = plan.fold_steps
+        EXACT = plan.exact
+        WRITTEN_CHUNKS = list(range(plan.written_chunks))
+        WIDTH = plan.width
+        LEVELS = plan.levels
+        VALUE_INDICES = list(range(VEC))
+        self.WIDTH = WIDTH
         # chunk k of some lane may lie (partly) past D: only those chunks test their columns
         PARTIAL = [(k + 1) * LANES * VEC > D for k in range(CHUNKS)]
         KS = list(range(CHUNKS))
@@ -145,18 +156,47 @@ class RowMacros:
                     s[i] = T.cast(T.ieee_add(T.cast(s[i], "float32"), T.cast(rv[i], "float32")), spec.in_dtype)
 
         @T.macro
-        def row_sum(acc, partials, tx):
-            """``acc[0]`` (this thread's fp32 partial) → the row's total in every thread of the row
-            (``partials``: shared ``[ROW_WARPS]`` fp32, one buffer per reduction of a kernel)."""
-            for d in self.XOR_STEPS:
-                acc[0] = acc[0] + T.shfl_xor(acc[0], d)
-            if self.ROW_WARPS > 1:
-                if tx % 32 == 0:
-                    partials[tx // 32] = acc[0]
+        def barrier():
+            if LANES <= 32:
+                T.sync_warp()
+            else:
                 T.sync_threads()
-                acc[0] = partials[0]
-                for v in T.unroll(self.ROW_WARPS - 1):
-                    acc[0] = acc[0] + partials[v + 1]
+
+        @T.macro
+        def row_sum(terms, tree, acc, lane, slot):
+            """``acc[0]`` = the row's sum of the fp32 ``terms`` the threads hold (``terms[k·VEC + j]``
+            at the column of value ``j`` of vector ``k``), added in the reference's order
+            (:func:`tree_levels`); ``terms`` is consumed, ``tree`` is the shared buffer of
+            :meth:`RowMacros.tree_buffer` (one per CTA, reusable after :meth:`reuse_barrier`)."""
+            if LOCAL_ONLY:
+                for i, partner in LOCAL_STEPS:
+                    terms[i] = T.ieee_add(terms[i], terms[partner])
+                acc[0] = terms[0]
+            else:
+                for i, partner in FOLD_STEPS:
+                    terms[i] = T.ieee_add(terms[i], terms[partner])
+                base = slot * WIDTH
+                for c in WRITTEN_CHUNKS:
+                    col = (c * LANES + lane) * VEC
+                    if EXACT:
+                        for j in T.vectorized(VEC):
+                            tree[base + col + j] = terms[c * VEC + j]
+                    else:
+                        for j in VALUE_INDICES:
+                            if col + j < D:
+                                tree[base + col + j] = terms[c * VEC + j]
+                barrier()
+                for h, last, rounds in LEVELS:
+                    for offset, whole in rounds:
+                        i = lane + offset
+                        partner = i + h if last is None else T.if_then_else(i == h - 1, last, i + h)
+                        if whole:
+                            tree[base + i] = T.ieee_add(tree[base + i], tree[base + partner])
+                        else:
+                            if i < h:
+                                tree[base + i] = T.ieee_add(tree[base + i], tree[base + partner])
+                    barrier()
+                acc[0] = tree[base]
 
         @T.macro
         def store_statistic(buf, t, n, lane, valid, value):
@@ -172,10 +212,20 @@ class RowMacros:
         self.load_vector = load_vector
         self.store_row = store_row
         self.row_sum = row_sum
+        self.reuse_barrier = barrier
         self.store_statistic = store_statistic
         self.partial = PARTIAL
 
     # ------------------------------------------------------------------ trace-time helpers
+    def tree_buffer(self):
+        """The shared fp32 buffer of :meth:`row_sum` (``rows · WIDTH``; a thread holding its
+        whole row needs none: one element)."""
+        return T.alloc_shared((1 if self.LANES == 1 else self.ROWS * self.WIDTH,), "float32")
+
+    def slot(self, tx):
+        """Row of thread ``tx`` within its CTA."""
+        return tx // self.LANES
+
     def coords(self, bx, tx):
         """(t, n, lane, valid) of thread ``tx`` in CTA ``bx``."""
         row = bx * self.ROWS + tx // self.LANES

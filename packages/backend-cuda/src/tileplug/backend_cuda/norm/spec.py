@@ -77,6 +77,63 @@ def row_tile(hidden: int, dtype: torch.dtype) -> RowTile | None:
     return RowTile(32 * best[0], 1, best[1])
 
 
+def tree_levels(width: int) -> list[tuple[int, int, int]]:
+    """The reference's pairwise tree (``tileplug.core.norm.formulas.row_sum``) on ``width``
+    values kept in place: per level ``(w, h, last)`` — value ``i < h`` becomes ``v[i] + v[i + h]``,
+    where ``v[w − 1]`` is found at index ``last`` (an odd level carries its last value to the
+    next level without moving it, so the new last value stays where it was)."""
+    levels = []
+    last = width - 1
+    while width > 1:
+        half = width // 2
+        levels.append((width, half, last))
+        if width % 2 == 0:
+            last = half - 1
+        width = half + width % 2
+    return levels
+
+
+@dataclass(frozen=True)
+class ReductionPlan:
+    """How a row tile adds a row's ``D`` terms in the reference's order (``rows.row_sum``).
+
+    A thread's terms are ``terms[k · VEC + j]`` (column ``(k · lanes + lane) · VEC + j``).
+    ``local_steps``: with one lane per row, the whole tree as in-place ``(i, partner)``
+    additions on the thread's terms (None otherwise). Else ``exact`` (``D = chunks · lanes ·
+    VEC``): ``fold_steps`` are the tree's first levels on the thread's chunks, in place, after
+    which its first ``written_chunks`` chunks hold the ``width`` values the shared-memory
+    levels start from (not exact: every term within ``D``, ``width = D``). ``levels``: per
+    shared-memory level ``(h, last, rounds)`` — value ``i < h`` becomes ``v[i] + v[last if i ==
+    h − 1 else i + h]`` (``last`` None: ``i + h``), lane ``l`` taking ``i = l + offset`` for each
+    round ``(offset, whole)`` (``whole``: every lane of the round has a value)."""
+
+    local_steps: list[tuple[int, int]] | None
+    exact: bool
+    fold_steps: list[tuple[int, int]]
+    written_chunks: int
+    width: int
+    levels: list[tuple[int, int | None, list[tuple[int, bool]]]]
+
+
+def reduction_plan(hidden: int, tile: RowTile, vec: int) -> ReductionPlan:
+    """The :class:`ReductionPlan` of ``D = hidden`` on ``tile`` with ``vec`` values per vector."""
+    lanes, chunks = tile.lanes, tile.chunks
+    if lanes == 1:
+        steps = [(i, last if (w % 2 == 0 and i == h - 1) else i + h) for w, h, last in tree_levels(hidden)
+                 for i in range(h)]
+        return ReductionPlan(steps, False, [], chunks, hidden, [])
+    exact = hidden == chunks * lanes * vec
+    folds = ((chunks & -chunks).bit_length() - 1) if exact else 0
+    fold_steps = [(c * vec + j, (c + (chunks >> (level + 1))) * vec + j)
+                  for level in range(folds) for c in range(chunks >> (level + 1)) for j in range(vec)]
+    written = chunks >> folds
+    width = written * lanes * vec if exact else hidden
+    levels = [(h, None if (w % 2 or last == w - 1) else last,
+               [(r * lanes, (r + 1) * lanes <= h) for r in range(-(-h // lanes))])
+              for w, h, last in tree_levels(width)]
+    return ReductionPlan(None, exact, fold_steps, written, width, levels)
+
+
 @dataclass(frozen=True)
 class QuantSpec:
     """The per-token cast ending ``rms_norm_per_token_cast`` (groups ``1 × group`` along the
