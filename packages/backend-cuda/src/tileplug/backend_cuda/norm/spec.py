@@ -20,7 +20,9 @@ CTA of ``lanes × rows`` threads covers ``rows`` rows of capacity ``lanes · chu
   pair wasting the fewest vector slots, then chunks closest to 4 (bytes in flight per
   thread), then fewer warps (D = 7168 bf16: 7 warps × 4 vectors, no waste; 16384: 16 × 4).
 
-Rows longer than 16 warps × 8 vectors (bf16 D > 32768, fp32 D > 16384) are declined.
+Rows longer than 16 warps × 8 vectors (bf16 D > 32768, fp32 D > 16384) are declined, and so
+are rows above 12288 values that no tile covers exactly (their reduction buffer would pass
+48 KB of shared memory; see ``reduction_plan``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ MEDIUM_ROWS_PER_CTA = 4
 LONG_ROW_WARPS = range(4, 17)
 LONG_ROW_CHUNKS = range(1, 9)
 MAX_VECTORS = LONG_ROW_WARPS[-1] * 32 * LONG_ROW_CHUNKS[-1]
+MAX_SHARED_BYTES = 48 * 1024  # the reduction's buffer stays within the default dynamic shared memory
 
 
 @dataclass(frozen=True)
@@ -234,9 +237,14 @@ def common_reason(call: NormCall) -> str | None:
     for what, dtype in (("weight", call.weight_dtype), ("bias", call.bias_dtype)):
         if dtype is not None and dtype not in TL_DTYPES:
             return f"{what} dtype {dtype} is not served by the CUDA kernels (bf16, fp16, fp32)"
-    if row_tile(call.hidden, call.input_dtype) is None:
+    tile = row_tile(call.hidden, call.input_dtype)
+    if tile is None:
         return (f"a row of D = {call.hidden} {call.input_dtype} values does not fit one CTA's registers "
                 f"(at most {MAX_VECTORS * vector_width(call.input_dtype)})")
+    shared = tile.rows * reduction_plan(call.hidden, tile, vector_width(call.input_dtype)).width * 4
+    if shared > MAX_SHARED_BYTES:
+        return (f"D = {call.hidden} has no exact row tile: its reduction would need {shared} bytes of shared memory "
+                f"(more than {MAX_SHARED_BYTES})")
     return None
 
 
