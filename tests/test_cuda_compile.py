@@ -40,8 +40,9 @@ def describe(case, input_alignment: int | None = None):
 
     args, kwargs = case.arguments(TOKENS, "meta")
     call, _ = describe_call(case.op, *args, **kwargs)
-    if input_alignment is not None:
-        call = dataclasses.replace(call, input_alignment=input_alignment)
+    if input_alignment is not None:  # the field the family's call has (quant: input_alignment, norm: alignment)
+        field = "input_alignment" if hasattr(call, "input_alignment") else "alignment"
+        call = dataclasses.replace(call, **{field: input_alignment})
     return _KERNELS[call.op], call
 
 
@@ -299,7 +300,7 @@ def _known_spill(name: str) -> bool:
 def _is_main_path(case) -> bool:
     """A float input whose rows are 16-byte aligned (misaligned rows get the scalar variant)."""
     kernel, call = describe(case)
-    return call.quantized_input is None and kernel.spec(call).vectorize
+    return getattr(call, "quantized_input", None) is None and kernel.spec(call).vectorize
 
 
 MAIN_PATHS = [(name, case) for name, case in GRID if _is_main_path(case)]

@@ -6,7 +6,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tileplug.backend_cuda.quant import make_kernels
+from tileplug.backend_cuda.norm import make_kernels as make_norm_kernels
+from tileplug.backend_cuda.quant import make_kernels as make_quant_kernels
 from tileplug.core import CUDA_LAYOUT, Backend, hookimpl
 
 PRIORITY = 100
@@ -68,6 +69,17 @@ def capabilities() -> str:
         "  by strides), re-quantized (xq, sf) inputs; bf16/fp32 input, any row stride (128-bit loads when rows are\n"
         "  16-byte aligned, scalar loads otherwise); T and H dynamic: one kernel per configuration.\n"
         "  Declined: H not a multiple of 16 (falls through to the reference).\n"
+        "rms_norm, layer_norm (weight/bias any of bf16/fp16/fp32, residual add with residual_out, in place\n"
+        "  through out=x / residual_out=residual, weight_offset, out_scale, rstd / mean+rstd), rms_norm_per_token_cast\n"
+        "  (every sf option of per_token_cast, bytewise equal to rms_norm then per_token_cast on this backend);\n"
+        "  2-D [T, D] and per-head 3-D [T, N, D]; bf16/fp16/fp32 (cast: bf16/fp32); any row strides (128-bit loads\n"
+        "  and stores when every row is 16-byte aligned and D a multiple of 8 bf16 / 4 fp32, per element\n"
+        "  otherwise); the row stays in registers (one read of x), fp32 statistics added in the reference's pairwise\n"
+        "  order (register folds, then shared memory): the reference's bytes, batch-invariant; T dynamic, one\n"
+        "  kernel per D and configuration.\n"
+        "  Declined: fp64 (gradcheck dtype), rows longer than 16 warps x 8 vectors (bf16 D > 32768, fp32 D > 16384),\n"
+        "  rows above 12288 values without an exact tile (> 48 KB of shared memory), 3-D casts whose D is not a\n"
+        "  multiple of the group; rms_norm_backward / layer_norm_backward have no CUDA kernel yet (reference).\n"
         "  Kernel cache: compiled modules are indexed next to TileLang's cache ($TILELANG_CACHE_DIR/tileplug-index,\n"
         "  TILEPLUG_CUDA_KERNEL_INDEX=DIR|off) and loaded without importing TileLang; `tileplug precompile` fills it.\n"
         "  Status: every specialisation of the CI grid lowers for sm_90 and compiles with nvcc; bit-exactness vs\n"
@@ -92,7 +104,7 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     return jit.precompile(specs, arch=arch, workers=workers, load=False)
 
 
-_KERNELS = make_kernels()
+_KERNELS = {**make_quant_kernels(), **make_norm_kernels()}
 
 
 def make_backend() -> Backend:

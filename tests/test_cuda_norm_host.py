@@ -1,0 +1,258 @@
+"""CUDA norm kernels, host side and without a GPU: the row tile, the reduction plan
+(emulated here in fp32, it must add a row in the reference's order: bit-identical sums),
+declines, specialisation keys and the launchers' argument marshalling."""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+
+from tileplug.backend_cuda.norm.spec import MAX_VECTORS, RowTile, reduction_plan, row_tile, vector_width
+from tileplug.core.norm.formulas import row_sum
+
+HIDDEN_SIZES = (1, 2, 3, 7, 8, 16, 63, 64, 100, 128, 576, 1000, 1024, 1536, 2048, 2880, 3072, 4096, 5120, 7168,
+                8192, 12288, 16384)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def emulate_row_sum(terms: torch.Tensor, hidden: int, tile: RowTile, vec: int) -> torch.Tensor:
+    """The kernel's ``rows.row_sum`` on one row of fp32 ``terms`` [D], step by step in fp32:
+    the thread layout, the in-register folds, the shared-memory levels (each an IEEE fp32 add)."""
+    plan = reduction_plan(hidden, tile, vec)
+    lanes, chunks = tile.lanes, tile.chunks
+    local = torch.zeros(lanes, chunks * vec, dtype=torch.float32)
+    for lane in range(lanes):
+        for k in range(chunks):
+            for j in range(vec):
+                col = (k * lanes + lane) * vec + j
+                if col < hidden:
+                    local[lane, k * vec + j] = terms[col]
+    if plan.local_steps is not None:
+        values = local[0].clone()
+        for i, partner in plan.local_steps:
+            values[i] = values[i] + values[partner]
+        return values[0]
+    for i, partner in plan.fold_steps:
+        local[:, i] = local[:, i] + local[:, partner]
+    tree = torch.full((plan.width,), float("nan"), dtype=torch.float32)
+    for lane in range(lanes):
+        for c in range(plan.written_chunks):
+            for j in range(vec):
+                col = (c * lanes + lane) * vec + j
+                if plan.exact or col < hidden:
+                    tree[col] = local[lane, c * vec + j]
+    for h, last, rounds in plan.levels:
+        before = tree.clone()  # every lane reads before any writes (one barrier per level)
+        for offset, _ in rounds:
+            for lane in range(lanes):
+                i = lane + offset
+                if i < h:
+                    partner = last if (last is not None and i == h - 1) else i + h
+                    tree[i] = before[i] + before[partner]
+    return tree[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hidden", HIDDEN_SIZES)
+def test_reduction_plan_adds_in_the_reference_order(hidden: int, dtype: torch.dtype) -> None:
+    """Bit-identical to ``formulas.row_sum`` (values of mixed sign and magnitude, so any other
+    order would show), on the tile the kernel uses for this D and dtype."""
+    tile = row_tile(hidden, dtype)
+    generator = torch.Generator().manual_seed(hidden)
+    terms = (torch.randn(hidden, generator=generator) * torch.exp(4 * torch.randn(hidden, generator=generator)))
+    expected = row_sum(terms.unsqueeze(0))[0]
+    actual = emulate_row_sum(terms, hidden, tile, vector_width(dtype))
+    assert actual.view(torch.int32) == expected.view(torch.int32), (hidden, dtype, tile, actual, expected)
+
+
+def test_the_emulation_would_see_another_order() -> None:
+    """Sanity of the test above: a sequential sum of the same values differs in its bits."""
+    generator = torch.Generator().manual_seed(0)
+    terms = torch.randn(7168, generator=generator) * torch.exp(4 * torch.randn(7168, generator=generator))
+    sequential = torch.zeros((), dtype=torch.float32)
+    for value in terms:
+        sequential = sequential + value
+    assert sequential.view(torch.int32) != row_sum(terms.unsqueeze(0))[0].view(torch.int32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_row_tile_covers_every_size_up_to_the_limit(dtype: torch.dtype) -> None:
+    """Every D from 1 to the largest served gets a tile of 32..512 threads whose capacity
+    covers D (short rows: several rows per CTA; long rows: one, 4..16 warps)."""
+    vec = vector_width(dtype)
+    for hidden in list(range(1, 1100)) + list(range(1100, MAX_VECTORS * vec + 1, 97)) + [MAX_VECTORS * vec]:
+        tile = row_tile(hidden, dtype)
+        assert tile is not None, hidden
+        assert tile.lanes * tile.chunks * vec >= hidden, (hidden, tile)
+        assert tile.threads % 32 == 0 and 32 <= tile.threads <= 512, (hidden, tile)
+        assert tile.rows == 1 or tile.lanes <= 32, (hidden, tile)
+    assert row_tile(MAX_VECTORS * vec + 1, dtype) is None
+
+
+def test_row_tiles_of_model_sizes() -> None:
+    """The geometry of the sizes models use (bf16): D = 7168 is 7 warps × 4 vectors, no idle slot."""
+    assert row_tile(64, torch.bfloat16) == RowTile(8, 16, 1)
+    assert row_tile(576, torch.bfloat16) == RowTile(32, 4, 3)
+    assert row_tile(4096, torch.bfloat16) == RowTile(128, 1, 4)
+    assert row_tile(7168, torch.bfloat16) == RowTile(224, 1, 4)
+    assert row_tile(16384, torch.bfloat16) == RowTile(512, 1, 4)
+    assert row_tile(16384, torch.float32) == RowTile(512, 1, 8)
+
+
+# ---------------------------------------------------------------------- declines and specs
+
+
+def _kernel_call(op, *args, **kwargs):
+    from tileplug.backend_cuda.plugin import _KERNELS
+    from tileplug.core.lowering import describe_call
+
+    call, inputs = describe_call(op, *args, **kwargs)
+    return _KERNELS[call.op], call, inputs
+
+
+def test_norm_kernels_are_in_the_cuda_table() -> None:
+    from tileplug.backend_cuda.plugin import make_backend
+
+    backend = make_backend()
+    assert {"rms_norm", "layer_norm", "rms_norm_per_token_cast"} <= set(backend.kernels)
+    assert "rms_norm" in backend.capabilities() and "batch-invariant" in backend.capabilities()
+
+
+def test_declines_name_their_reason() -> None:
+    from tileplug.core import ops
+
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(2, 64, dtype=torch.float64))
+    assert "float64" in kernel.supports(call)
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(2, 64), torch.empty(64, dtype=torch.float64))
+    assert "weight dtype" in kernel.supports(call)
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(2, 16385, dtype=torch.float32))
+    assert "does not fit" in kernel.supports(call)
+    kernel, call, _ = _kernel_call(ops.layer_norm, torch.empty(2, 32768, dtype=torch.bfloat16))
+    assert kernel.supports(call) is None
+    kernel, call, _ = _kernel_call(ops.rms_norm_per_token_cast, torch.empty(2, 4, 96, dtype=torch.bfloat16),
+                                   num_per_channels=64)
+    assert "straddle" in kernel.supports(call)
+    kernel, call, _ = _kernel_call(ops.rms_norm_per_token_cast, torch.empty(2, 4, 128, dtype=torch.bfloat16),
+                                   num_per_channels=64)
+    assert kernel.supports(call) is None
+
+
+def test_specialisation_ignores_the_token_count() -> None:
+    """One compiled kernel serves every T of a configuration (T is a runtime value)."""
+    from tileplug.core import ops
+
+    specs = set()
+    for tokens in (1, 7, 4001):
+        x = torch.empty(tokens, 7168, dtype=torch.bfloat16)
+        kernel, call, _ = _kernel_call(ops.rms_norm, x, torch.empty(7168, dtype=torch.bfloat16), residual=x.clone())
+        specs.add(kernel.spec(call))
+    assert len(specs) == 1
+
+
+def test_vectorized_only_where_every_row_is_aligned() -> None:
+    from tileplug.core import ops
+
+    weight = torch.empty(576, dtype=torch.bfloat16)
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(4, 576, dtype=torch.bfloat16), weight)
+    assert kernel.spec(call).vectorize
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(4, 584, dtype=torch.bfloat16)[:, :576], weight)
+    assert kernel.spec(call).vectorize  # a row stride of 584 values keeps 16-byte rows
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(4, 579, dtype=torch.bfloat16)[:, :576], weight)
+    assert not kernel.spec(call).vectorize
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(4, 100, dtype=torch.bfloat16))
+    assert not kernel.spec(call).vectorize  # D = 100 is no multiple of 8 bf16
+    x = torch.empty(4, 576, dtype=torch.bfloat16)
+    kernel, call, _ = _kernel_call(ops.rms_norm, x, weight, residual=torch.empty(4, 577, dtype=torch.bfloat16)[:, 1:])
+    assert not kernel.spec(call).vectorize  # the residual's rows are not aligned
+
+
+# ---------------------------------------------------------------------- launchers
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.args: tuple = ()
+
+    def __call__(self, *args) -> None:
+        self.args = args
+
+
+def _launch(op, *args, **kwargs):
+    from tileplug.backend_cuda.norm.kernels import make_launcher
+    from tileplug.core import CUDA_LAYOUT
+
+    kernel, call, inputs = _kernel_call(op, *args, **kwargs)
+    outputs = call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, None)
+    recorder = Recorder()
+    make_launcher(kernel.spec(call), recorder, kernel.arguments(call))(inputs, outputs)
+    return kernel.spec(call), inputs, outputs, recorder.args
+
+
+def test_launcher_passes_x_for_absent_buffers() -> None:
+    from tileplug.core import ops
+
+    x = torch.randn(3, 576, dtype=torch.bfloat16)
+    _, inputs, outputs, args = _launch(ops.rms_norm, x)
+    assert args[0] is x and args[1] is x and args[2] is x and args[3] is outputs.y and args[4] is x and args[5] is x
+    weight, residual = torch.randn(576, dtype=torch.bfloat16), torch.randn(3, 576, dtype=torch.bfloat16)
+    _, inputs, outputs, args = _launch(ops.rms_norm, x, weight, residual=residual, return_rstd=True)
+    assert args[1] is weight and args[2] is residual and args[4] is outputs.residual_out and args[5] is outputs.rstd
+    bias = torch.randn(576)
+    _, inputs, outputs, args = _launch(ops.layer_norm, x, None, bias, return_stats=True)
+    assert args[1] is x and args[2] is bias and args[6] is outputs.mean and args[7] is outputs.rstd
+
+
+def test_launcher_gives_a_single_row_an_aligned_stride() -> None:
+    """T = 1 from a buffer whose row stride (7171) is no multiple of 8: the contract ignores
+    the unused stride, the kernel's check reads it, so the launcher passes a view with one."""
+    from tileplug.core import ops
+
+    x = torch.randn(2, 7171, dtype=torch.bfloat16)[:1, :7168]
+    spec, inputs, outputs, args = _launch(ops.rms_norm, x, torch.randn(7168, dtype=torch.bfloat16))
+    assert spec.vectorize
+    assert args[0].stride(0) % 8 == 0 and args[0].data_ptr() == x.data_ptr() and torch.equal(args[0], x)
+
+
+def test_launcher_copies_a_misaligned_weight() -> None:
+    from tileplug.core import ops
+
+    x = torch.randn(3, 576, dtype=torch.bfloat16)
+    weight = torch.randn(577, dtype=torch.bfloat16)[1:]
+    _, inputs, outputs, args = _launch(ops.rms_norm, x, weight)
+    assert args[1].data_ptr() % 16 == 0 and torch.equal(args[1], weight)
+    aligned = torch.randn(576, dtype=torch.bfloat16)
+    _, inputs, outputs, args = _launch(ops.rms_norm, x, aligned)
+    assert args[1] is aligned
+
+
+def test_fused_launcher_hands_packed_scales_as_bytes() -> None:
+    from tileplug.core import ops
+
+    x = torch.randn(5, 512, dtype=torch.bfloat16)
+    _, _, outputs, args = _launch(ops.rms_norm_per_token_cast, x, round_sf=True, use_packed_ue8m0=True,
+                                  use_tma_aligned_col_major_sf=True, num_per_channels=32)
+    assert args[-1].dtype == torch.uint8 and args[-1].data_ptr() == outputs.sf.data_ptr()
+    assert args[-1].shape == (outputs.sf.shape[1], 4 * outputs.sf.shape[0])  # column-major: transposed bytes
+    _, _, outputs, args = _launch(ops.rms_norm_per_token_cast, x)
+    assert args[-1] is outputs.sf
+
+
+def test_core_lower_of_a_norm_op_on_meta_tensors() -> None:
+    pytest.importorskip("tilelang")
+    from tileplug import core
+
+    x = torch.empty(1, 7168, dtype=torch.bfloat16, device="meta")
+    weight = torch.empty(7168, dtype=torch.bfloat16, device="meta")
+    source = core.lower(core.ops.rms_norm, x, weight, backend="cuda")
+    assert "__global__" in source and "*(uint4*)(x +" in source and "__fdiv_rn" in source
+
+
+def test_rows_without_an_exact_long_tile_are_declined() -> None:
+    from tileplug.core import ops
+
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(2, 16000, dtype=torch.bfloat16))
+    assert "shared memory" in kernel.supports(call)
+    for hidden in (12288, 14336, 16384, 18432, 32768):
+        kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(2, hidden, dtype=torch.bfloat16))
+        assert kernel.supports(call) is None, hidden
