@@ -45,12 +45,16 @@ def _describe(case):
 
 def _grid() -> tuple[list[tuple[str, object]], dict[str, str]]:
     """([(specialisation, first case it serves)], {case id: decline reason}): every case of
-    every op in the op table, one entry per distinct Ascend kernel specialisation."""
+    every op in the op table that the Ascend kernel table holds, one entry per distinct
+    Ascend kernel specialisation."""
+    from tileplug.backend_ascend.quant import KERNELS
     from tileplug.backend_ascend.quant.common import decline_reason, spec_of
 
     grid: dict[str, object] = {}
     declined: dict[str, str] = {}
     for opdef in core.opdefs.all_ops():
+        if opdef.kernel not in KERNELS:  # no Ascend kernel: routes to the reference, nothing to lower
+            continue
         for case in opdef.cases():
             call = _describe(case)
             why = decline_reason(call)

@@ -44,10 +44,11 @@ def test_empty_shapes_give_ordinary_empty_outputs_without_a_launch(opdef, tokens
         size = case.hidden if hidden is None else hidden
         args, kwargs = opdef.arguments(tokens, size, case.dtype, dict(case.kwargs), dict(case.inputs),
                                        torch.device("cpu"), 0)
-        outputs = _outputs(opdef.function(*args, **kwargs))
+        outputs = opdef.produced(opdef.function(*args, **kwargs), *args, **kwargs)
         meta_args, meta_kwargs = opdef.arguments(tokens, size, case.dtype, dict(case.kwargs), dict(case.inputs),
                                                  torch.device("meta"), 0)
-        expected = _outputs(opdef.library_op()(*opdef._flatten(*meta_args, **meta_kwargs)))
+        expected = opdef.produced(opdef.library_op()(*opdef._flatten(*meta_args, **meta_kwargs)), *meta_args,
+                                  **meta_kwargs)
         assert [(t.shape, t.dtype) for t in outputs] == [(t.shape, t.dtype) for t in expected], case.id
         for tensor in outputs:
             assert tensor.numel() == 0
@@ -111,5 +112,11 @@ def test_inputs_requiring_grad_give_outputs_without_history(opdef):
     args, kwargs = case.arguments(3, "cpu")
     args = tuple(tuple(t.detach().requires_grad_(t.is_floating_point() and t.dtype.itemsize > 1)
                        for t in a) if isinstance(a, tuple) else a.detach().requires_grad_() for a in args)
-    for output in _outputs(opdef.function(*args, **kwargs)):
+    result = opdef.function(*args, **kwargs)
+    if opdef.mutates:  # in place: nothing returned, the written inputs stay leaves (no history recorded)
+        assert result is None
+        for written in opdef.produced(result, *args, **kwargs):
+            assert written.grad_fn is None and written.is_leaf
+        return
+    for output in _outputs(result):
         assert output.grad_fn is None and not output.requires_grad

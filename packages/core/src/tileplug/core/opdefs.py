@@ -119,6 +119,11 @@ class OpDef:
     - ``input_options``: the names ``arguments`` accepts in ``inputs``, each with a one-line
       description (``tileplug lower/ledger -i``); an unknown one is a ContractError.
     - ``kernel``: the backend kernel-table key (default ``name``); ``family``: e.g. "quant".
+    - ``mutates``: the tensor parameters an in-place op writes (its function returns None,
+      its plan allocates nothing, its kernels write those inputs, which the contract's
+      inputs hold under the same names); the custom op declares them mutated
+      (``Tensor(a!)`` in the schema), so ``torch.compile`` functionalizes them.
+      :meth:`produced` gives them back as the call's outputs.
     """
 
     name: str
@@ -134,6 +139,7 @@ class OpDef:
     input_options: Mapping[str, str] = field(default_factory=dict)
     kernel: str = ""
     family: str = ""
+    mutates: tuple[str, ...] = ()
     schema: str = field(default="", init=False)
     _flatten: Callable[..., list] | None = field(default=None, init=False, repr=False)
     _library_op: Any = field(default=None, init=False, repr=False)
@@ -154,6 +160,16 @@ class OpDef:
     def library_op(self) -> Any:
         """``torch.ops.tileplug.<name>`` (the custom op object)."""
         return self._library_op
+
+    def produced(self, result: Any, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        """The tensors a call ``function(*args, **kwargs)`` that returned ``result`` produced:
+        the returned tensors, or for an in-place op the mutated arguments it was given (an
+        absent optional one left out). What tests and the conformance suite compare."""
+        if not self.mutates:
+            return list(result) if isinstance(result, (tuple, list)) else [result]
+        bound = inspect.signature(self.function).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return [bound.arguments[name] for name in self.mutates if bound.arguments[name] is not None]
 
 
 _table: dict[str, OpDef] = {}
@@ -294,11 +310,24 @@ def _schema_type(annotation: Any, name: str) -> list[tuple[str, str]]:
 
 
 def _return_type(annotation: Any) -> str:
+    if annotation is None or annotation is type(None):
+        return "()"
     if annotation is torch.Tensor:
         return "Tensor"
     if typing.get_origin(annotation) is tuple and all(a is torch.Tensor for a in typing.get_args(annotation)):
         return "(" + ", ".join("Tensor" for _ in typing.get_args(annotation)) + ")"
-    raise TypeError(f"return type {annotation!r}: an op returns a tensor or a tuple of tensors")
+    raise TypeError(f"return type {annotation!r}: an op returns a tensor, a tuple of tensors or (in place) None")
+
+
+def _mutated_schema(slots: list[tuple[str, list[tuple[str, str]], Any]], mutates: tuple[str, ...]) -> None:
+    """Mark the mutated tensor parameters of ``slots`` with alias annotations ``Tensor(a!)``."""
+    known = {name: expanded for name, expanded, _ in slots}
+    for index, name in enumerate(mutates):
+        expanded = known.get(name)
+        if expanded is None or len(expanded) != 1 or not expanded[0][1].startswith("Tensor"):
+            raise TypeError(f"mutated parameter '{name}': not a tensor parameter of the function")
+        argument, kind = expanded[0]
+        expanded[0] = (argument, kind.replace("Tensor", f"Tensor({chr(ord('a') + index)}!)", 1))
 
 
 def _register_library_op(opdef: OpDef) -> None:
@@ -308,8 +337,13 @@ def _register_library_op(opdef: OpDef) -> None:
     slots: list[tuple[str, list[tuple[str, str]], Any]] = []
     for parameter in parameters:
         slots.append((parameter.name, _schema_type(hints[parameter.name], parameter.name), parameter.default))
+    returns = _return_type(hints["return"])
+    if opdef.mutates:
+        if returns != "()":
+            raise TypeError(f"op '{opdef.name}' mutates {opdef.mutates}: its function must return None")
+        _mutated_schema(slots, opdef.mutates)
     arguments = ", ".join(f"{kind} {arg}" for _, expanded, _ in slots for arg, kind in expanded)
-    opdef.schema = f"({arguments}) -> {_return_type(hints['return'])}"
+    opdef.schema = f"({arguments}) -> {returns}"
     names = [parameter.name for parameter in parameters]
     defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
     splits = {name for name, expanded, _ in slots if len(expanded) == 2}
@@ -350,17 +384,20 @@ def _register_library_op(opdef: OpDef) -> None:
         return rebuilt
 
     def implementation(*flat: Any) -> Any:
-        return _owned(opdef.function(*unflatten(flat)), flat)
+        result = opdef.function(*unflatten(flat))
+        return None if opdef.mutates else _owned(result, flat)
 
     def fake(*flat: Any) -> Any:
         from tileplug.core.registry import registry
 
         call, _ = opdef.contract(*unflatten(flat))
+        if opdef.mutates:  # in place: the mutated inputs are the outputs, nothing to allocate
+            return None
         route = registry.route(call)
         return route.result(call, route.plan.allocate(call.tokens, call.device))
 
     library_op = torch.library.custom_op(
-        f"{LIBRARY_NAMESPACE}::{opdef.name}", implementation, mutates_args=(), schema=opdef.schema
+        f"{LIBRARY_NAMESPACE}::{opdef.name}", implementation, mutates_args=opdef.mutates, schema=opdef.schema
     )
     library_op.register_fake(fake)
     opdef._flatten = flatten

@@ -22,9 +22,9 @@ from tileplug.core.quant.sf_math import ceil_div
 
 __all__ = [
     "HIDDEN_SIZES", "NAN_FREE_DTYPES", "TOKEN_COUNTS", "activation", "assert_bytes_equal", "assert_sf_equal",
-    "bytes_equal", "canonical_nans", "cpu_copy", "first_difference", "hidden_sizes", "moved", "random_shapes",
+    "assert_within_ulps", "bytes_equal", "canonical_nans", "cpu_copy", "first_difference", "hidden_sizes", "moved", "random_shapes",
     "raw_bytes",
-    "relative_error", "require", "sf_group_bytes", "token_counts",
+    "relative_error", "require", "sf_group_bytes", "token_counts", "ulp_distance",
 ]
 
 TOKEN_COUNTS = (0, 1, 3, 4001)
@@ -123,6 +123,53 @@ def assert_bytes_equal(
     if nan_equal:
         actual, expected = canonical_nans(actual), canonical_nans(expected)
     require(bytes_equal(actual, expected), f"{what}: {first_difference(actual, expected)}")
+
+
+_BITS_DTYPES = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
+                torch.float64: torch.int64}
+
+
+def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """How many representable values of the (shared) float dtype lie between each pair of
+    elements, int64, on the CPU: 0 equal (``+0`` and ``-0`` too), 1 neighbours. A pair with
+    exactly one NaN is ``2^62`` apart; two NaNs are 0 apart (SPEC §4: a NaN output is
+    compared as "non-finite", not by its payload)."""
+    require(actual.dtype == expected.dtype and actual.dtype in _BITS_DTYPES,
+            f"ulp_distance: float dtypes that match, got {actual.dtype} and {expected.dtype}")
+    require(actual.shape == expected.shape, f"ulp_distance: shape {tuple(actual.shape)} != {tuple(expected.shape)}")
+    bits_dtype = _BITS_DTYPES[actual.dtype]
+    width = bits_dtype.itemsize * 8
+    magnitude_mask = (1 << (width - 1)) - 1
+
+    def ordered(tensor: torch.Tensor) -> torch.Tensor:
+        # sign-magnitude bits → a monotonic integer line (negative floats mirrored below 0)
+        bits = tensor.detach().cpu().contiguous().view(bits_dtype).to(torch.int64)
+        magnitude = bits & magnitude_mask
+        return torch.where(bits < 0, -magnitude, magnitude)
+
+    distance = (ordered(actual) - ordered(expected)).abs()
+    nan_a, nan_e = torch.isnan(actual.detach().cpu()), torch.isnan(expected.detach().cpu())
+    distance = torch.where(nan_a & nan_e, 0, distance)
+    return torch.where(nan_a ^ nan_e, 1 << 62, distance)
+
+
+def assert_within_ulps(actual: torch.Tensor, expected: torch.Tensor, ulps: int = 1, what: str = "tensor") -> None:
+    """Assert every element of ``actual`` is within ``ulps`` units in the last place of
+    ``expected`` in their dtype (SPEC §4: "≤ 1 ulp" = equal or a neighbour); NaN only where
+    ``expected`` has NaN. Dtype and shape must match."""
+    require(actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}")
+    require(actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}")
+    if actual.numel() == 0:
+        return
+    distance = ulp_distance(actual, expected)
+    worst = int(distance.max())
+    if worst > ulps:
+        index = tuple(int(i) for i in (distance == worst).nonzero()[0])
+        count = int((distance > ulps).sum())
+        raise AssertionError(
+            f"{what}: {count} element(s) differ by more than {ulps} ulp; worst {worst} ulp at {index}: "
+            f"actual {actual.detach().cpu()[index].item()!r} vs expected {expected.detach().cpu()[index].item()!r}"
+        )
 
 
 def sf_group_bytes(sf: torch.Tensor, block: tuple[int, int], tokens: int, hidden: int) -> torch.Tensor:

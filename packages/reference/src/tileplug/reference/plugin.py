@@ -10,6 +10,7 @@ from tileplug.reference.quant.cast_back import cast_back
 from tileplug.reference.quant.per_block_cast import per_block_cast
 from tileplug.reference.quant.per_channel_cast import per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast
+from tileplug.reference.rope.apply_rotary import apply_rotary
 
 PRIORITY = -1000
 """Lowest: every other backend for a device type is tried first."""
@@ -47,6 +48,7 @@ def make_backend() -> Backend:
             "per_block_cast": ReferenceKernel(per_block_cast),
             "per_channel_cast": ReferenceKernel(per_channel_cast),
             "cast_back": ReferenceKernel(cast_back),
+            "apply_rotary": ReferenceKernel(apply_rotary),
         },
         layout_for=layout_for,
         description="exact PyTorch model of SPEC.md, any device, slow",

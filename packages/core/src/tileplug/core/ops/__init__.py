@@ -14,8 +14,10 @@ from tileplug.core.ops.quant import (
     per_token_cast_with_precomputed_sf,
     per_token_cast_with_sf_only,
 )
+from tileplug.core.ops.rope import apply_rotary
 
 __all__ = [
+    "apply_rotary",
     "cast_back",
     "per_block_cast",
     "per_block_cast_with_precomputed_sf",
