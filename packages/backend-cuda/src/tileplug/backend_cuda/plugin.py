@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tileplug.backend_cuda.quant import make_kernels
+from tileplug.backend_cuda import quant, rope
 from tileplug.core import CUDA_LAYOUT, Backend, hookimpl
 
 PRIORITY = 100
@@ -68,6 +68,11 @@ def capabilities() -> str:
         "  by strides), re-quantized (xq, sf) inputs; bf16/fp32 input, any row stride (128-bit loads when rows are\n"
         "  16-byte aligned, scalar loads otherwise); T and H dynamic: one kernel per configuration.\n"
         "  Declined: H not a multiple of 16 (falls through to the reference).\n"
+        "apply_rotary: query and key in one launch, 3-D/4-D, NeoX/GPT-J, conjugate, implicit/int32/int64 positions\n"
+        "  + seqlen_offset, any even R <= D (channels past R never touched), bf16/fp16/fp32, any strides (QKV views);\n"
+        "  128-bit loads when R/2 is a multiple of 16 bytes of values and pointers/strides are 16-byte aligned (checked\n"
+        "  per call; scalar loads otherwise); cos/sin row kept in registers across a token's heads; T, heads, D, strides,\n"
+        "  cache length and offset dynamic. Declined: R/2 above 1024 slots per head.\n"
         "  Kernel cache: compiled modules are indexed next to TileLang's cache ($TILELANG_CACHE_DIR/tileplug-index,\n"
         "  TILEPLUG_CUDA_KERNEL_INDEX=DIR|off) and loaded without importing TileLang; `tileplug precompile` fills it.\n"
         "  Status: every specialisation of the CI grid lowers for sm_90 and compiles with nvcc; bit-exactness vs\n"
@@ -92,7 +97,7 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     return jit.precompile(specs, arch=arch, workers=workers, load=False)
 
 
-_KERNELS = make_kernels()
+_KERNELS = {**quant.make_kernels(), **rope.make_kernels()}
 
 
 def make_backend() -> Backend:
