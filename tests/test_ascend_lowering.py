@@ -45,15 +45,16 @@ def _describe(case):
 
 def _grid() -> tuple[list[tuple[str, object]], dict[str, str]]:
     """([(specialisation, first case it serves)], {case id: decline reason}): every case of
-    every op in the op table that the Ascend kernel table holds, one entry per distinct
-    Ascend kernel specialisation."""
-    from tileplug.backend_ascend.quant import KERNELS
+    every op in the op table, one entry per distinct Ascend kernel specialisation."""
     from tileplug.backend_ascend.quant.common import decline_reason, spec_of
 
+    from tileplug.backend_ascend.plugin import make_backend
+
+    table = make_backend().kernels
     grid: dict[str, object] = {}
     declined: dict[str, str] = {}
     for opdef in core.opdefs.all_ops():
-        if opdef.kernel not in KERNELS:  # no Ascend kernel: routes to the reference, nothing to lower
+        if opdef.kernel not in table:  # no Ascend kernel yet: the op falls to the reference
             continue
         for case in opdef.cases():
             call = _describe(case)

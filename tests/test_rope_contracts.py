@@ -88,3 +88,66 @@ def test_the_memo_does_not_let_a_bad_call_through():
         core.ops.apply_rotary(q, CACHE, interleaved=0)
     with pytest.raises(core.ContractError, match="'conjugate'"):
         core.ops.apply_rotary(q, CACHE, conjugate=None)
+
+
+X = torch.randn(T, N, D).to(torch.bfloat16)
+WEIGHT = torch.ones(D, dtype=torch.bfloat16)
+
+FUSED_CASES = {
+    "x 4-D": ({"x": X.unsqueeze(0)}, "x", r"3-D \[T, N, D\]"),
+    "x 2-D": ({"x": X[:, 0]}, "x", r"3-D \[T, N, D\]"),
+    "x int": ({"x": torch.zeros(T, N, D, dtype=torch.int32)}, "x", "dtype in"),
+    "x non-unit last stride": ({"x": torch.randn(T, N, 2 * D).to(torch.bfloat16)[..., ::2]}, "x", "unit stride"),
+    "weight shape": ({"weight": torch.ones(D + 1)}, "weight", r"\[D\] = \[64\]"),
+    "weight int": ({"weight": torch.ones(D, dtype=torch.int32)}, "weight", "bf16, fp16, fp32 or fp64"),
+    "weight on another device": ({"weight": WEIGHT.to("meta")}, "weight", "a tensor on cpu"),
+    "weight missing": ({"weight": None}, "weight", "a torch.Tensor"),
+    "cache wider than a head": ({"cos_sin_cache": make_cos_sin_cache(4, 2 * D)}, "cos_sin_cache", "R <= D"),
+    "positions [T, 1]": ({"positions": torch.zeros(T, 1, dtype=torch.int64)}, "positions", r"shape \[T\]"),
+    "eps zero": ({"eps": 0.0}, "eps", "> 0"),
+    "eps nan": ({"eps": float("nan")}, "eps", "finite"),
+    "weight_offset str": ({"weight_offset": "1"}, "weight_offset", "a finite float"),
+    "interleaved int": ({"interleaved": 0}, "interleaved", "a bool"),
+    "offset float": ({"seqlen_offset": 0.5}, "seqlen_offset", "an int"),
+}
+
+CAST_CASES = {
+    "x fp16 (per_token_cast takes bf16 / fp32)": ({"x": X.half()}, "x", "dtype in"),
+    "groups wider than a head": ({"num_per_channels": 128}, "num_per_channels", "at most the head width D = 64"),
+    "groups of 48": ({"num_per_channels": 48}, "num_per_channels", "one of"),
+    "fmt e5m2": ({"fmt": "e5m2"}, "fmt", "one of"),
+    "packed without round_sf": ({"use_packed_ue8m0": True}, "use_packed_ue8m0", "unless round_sf"),
+    "round_sf not a bool": ({"round_sf": 1}, "round_sf", "a bool"),
+    "col-major not a bool": ({"use_tma_aligned_col_major_sf": "no"}, "use_tma_aligned_col_major_sf", "a bool"),
+    "return_unquantized not a bool": ({"return_unquantized": 1}, "return_unquantized", "a bool"),
+    "e2m1 with odd N·D": ({"x": torch.randn(T, 1, 17).to(torch.bfloat16), "weight": torch.ones(17),
+                           "cos_sin_cache": make_cos_sin_cache(8, 16), "fmt": "e2m1", "num_per_channels": 16},
+                          "x", "an even N·D"),
+}
+
+
+def _fused_arguments(changes):
+    arguments = {"x": X, "weight": WEIGHT, "cos_sin_cache": CACHE}
+    arguments.update(changes)
+    return arguments
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=list(FUSED_CASES))
+@pytest.mark.parametrize("op", ["rms_norm_rope", "rms_norm_rope_per_token_cast"])
+def test_fused_bad_input_names_the_argument(op, case):
+    changes, argument, says = FUSED_CASES[case]
+    arguments = _fused_arguments(changes)
+    if op.endswith("cast"):
+        arguments["num_per_channels"] = 64
+    with pytest.raises(core.ContractError, match=f"{op}: argument '{argument}': expected .*{says}") as caught:
+        getattr(core.ops, op)(**arguments)
+    assert caught.value.argument == argument
+
+
+@pytest.mark.parametrize("case", CAST_CASES, ids=list(CAST_CASES))
+def test_fused_cast_bad_input_names_the_argument(case):
+    changes, argument, says = CAST_CASES[case]
+    arguments = {"num_per_channels": 64, **_fused_arguments(changes)}
+    with pytest.raises(core.ContractError, match=f"argument '{argument}': expected .*{says}") as caught:
+        core.ops.rms_norm_rope_per_token_cast(**arguments)
+    assert caught.value.argument == argument

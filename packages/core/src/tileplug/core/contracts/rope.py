@@ -20,16 +20,18 @@ import torch
 
 from tileplug.core import config
 from tileplug.core.call import Call, Ledger, call_type
-from tileplug.core.contracts.checks import check_bool, check_same_device, check_tensor, describe
+from tileplug.core.contracts.checks import check_bool, check_choice, check_same_device, check_tensor, describe
+from tileplug.core.contracts.norm import check_rows
 from tileplug.core.contracts.quant import (
+    FLOAT_INPUT_DTYPES,
     PER_TOKEN_GROUPS,
     AllocationPlan,
     RecentCalls,
+    cast_config,
     has_storage,
 )
 from tileplug.core.errors import ContractError
 from tileplug.core.quant.configs import CastConfig
-from tileplug.core.quant.formats import QUANT_FORMATS
 from tileplug.core.quant.layouts import LayoutTraits, column_length
 from tileplug.core.quant.sf_math import ceil_div
 
@@ -444,23 +446,12 @@ def _checked_rotary(name: str, query: Any, cos_sin_cache: Any, key: Any, positio
 
 def _check_cast(name: str, fmt: Any, num_per_channels: Any, round_sf: Any, use_packed_ue8m0: Any,
                 use_tma_aligned_col_major_sf: Any, head_dim: int, current: Any) -> CastConfig:
-    """The per-token cast of ``y.view(T, N·D)``: the quant family's options, groups ≤ D."""
-    quant_format = QUANT_FORMATS.get(fmt) if fmt.__class__ is str else None
-    if quant_format is None:
-        raise ContractError(name, "fmt", f"one of {', '.join(map(repr, QUANT_FORMATS))}", describe(fmt))
-    if num_per_channels.__class__ is not int or num_per_channels not in PER_TOKEN_GROUPS:
-        raise ContractError(name, "num_per_channels", f"one of {', '.join(map(str, PER_TOKEN_GROUPS))}",
-                            describe(num_per_channels))
-    if num_per_channels > head_dim:
+    """The per-token cast of ``y.view(T, N·D)``: ``per_token_cast``'s own checks and cast
+    configuration object (:func:`tileplug.core.contracts.quant.cast_config`), groups ≤ D."""
+    group = check_choice(name, "num_per_channels", num_per_channels, PER_TOKEN_GROUPS)
+    if group > head_dim:
         raise ContractError(name, "num_per_channels", f"at most the head width D = {head_dim}", num_per_channels)
-    for flag, value in (("round_sf", round_sf), ("use_packed_ue8m0", use_packed_ue8m0),
-                        ("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)):
-        check_bool(name, flag, value)
-    if use_packed_ue8m0 and not round_sf:
-        raise ContractError(name, "use_packed_ue8m0", "False unless round_sf=True (UE8M0 needs power-of-two sf)",
-                            True)
-    return CastConfig(quant_format, (1, num_per_channels), round_sf, use_packed_ue8m0, False,
-                      use_tma_aligned_col_major_sf, current.clamp_min(quant_format.name, False))
+    return cast_config(name, fmt, (1, group), use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, False, current)
 
 
 def _check_float(name: str, argument: str, value: Any, positive: bool = False) -> float:
@@ -503,7 +494,8 @@ def _checked_norm_rope(name: str, x: Any, weight: Any, cos_sin_cache: Any, posit
                        round_sf: Any,
                        use_packed_ue8m0: Any, use_tma_aligned_col_major_sf: Any, return_unquantized: Any,
                        current: Any) -> NormRopeCall:
-    x = _check_heads(name, "x", x, (3,))
+    # the chain's dtypes: apply_rotary's, and per_token_cast's (bf16 / fp32) for the quantized op
+    x = check_rows(name, "x", x, FLOAT_INPUT_DTYPES if quantize else HEAD_DTYPES, dims=(3,))
     tokens, heads, head_dim = (int(size) for size in x.shape)
     device = x.device
     weight = check_tensor(name, "weight", weight)

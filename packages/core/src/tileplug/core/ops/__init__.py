@@ -14,11 +14,20 @@ from tileplug.core.ops.quant import (
     per_token_cast_with_precomputed_sf,
     per_token_cast_with_sf_only,
 )
-from tileplug.core.ops.rope import apply_rotary
+from tileplug.core.ops.norm import (
+    layer_norm,
+    layer_norm_backward,
+    rms_norm,
+    rms_norm_backward,
+    rms_norm_per_token_cast,
+)
+from tileplug.core.ops.rope import apply_rotary, rms_norm_rope, rms_norm_rope_per_token_cast
 
 __all__ = [
     "apply_rotary",
     "cast_back",
+    "layer_norm",
+    "layer_norm_backward",
     "per_block_cast",
     "per_block_cast_with_precomputed_sf",
     "per_block_cast_with_sf_only",
@@ -26,4 +35,9 @@ __all__ = [
     "per_token_cast",
     "per_token_cast_with_precomputed_sf",
     "per_token_cast_with_sf_only",
+    "rms_norm",
+    "rms_norm_backward",
+    "rms_norm_per_token_cast",
+    "rms_norm_rope",
+    "rms_norm_rope_per_token_cast",
 ]
