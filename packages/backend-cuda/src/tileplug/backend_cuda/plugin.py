@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tileplug.backend_cuda import quant, rope
+from tileplug.backend_cuda import norm, quant, rope
 from tileplug.core import CUDA_LAYOUT, Backend, hookimpl
 
 PRIORITY = 100
@@ -68,6 +68,16 @@ def capabilities() -> str:
         "  by strides), re-quantized (xq, sf) inputs; bf16/fp32 input, any row stride (128-bit loads when rows are\n"
         "  16-byte aligned, scalar loads otherwise); T and H dynamic: one kernel per configuration.\n"
         "  Declined: H not a multiple of 16 (falls through to the reference).\n"
+        "rms_norm, layer_norm (weight/bias any of bf16/fp16/fp32, residual add with residual_out, in place\n"
+        "  through out=x / residual_out=residual, weight_offset, out_scale, rstd / mean+rstd), rms_norm_per_token_cast\n"
+        "  (every sf option of per_token_cast, bytewise equal to rms_norm then per_token_cast on this backend);\n"
+        "  2-D [T, D] and per-head 3-D [T, N, D]; bf16/fp16/fp32 (cast: bf16/fp32); any row strides (128-bit loads\n"
+        "  and stores when every row is 16-byte aligned and D a multiple of 8 bf16 / 4 fp32, per element\n"
+        "  otherwise); the row stays in registers, fp32 statistics by a warp-shuffle + shared-memory tree whose\n"
+        "  order depends on D only (batch-invariant); T dynamic, one kernel per D and configuration.\n"
+        "  Declined: fp64 (gradcheck dtype), rows longer than 16 warps x 8 vectors (bf16 D > 32768, fp32 D > 16384),\n"
+        "  3-D casts whose D is not a multiple of the group; rms_norm_backward / layer_norm_backward have no CUDA\n"
+        "  kernel yet (the reference serves them).\n"
         "apply_rotary: query and key in one launch, 3-D/4-D, NeoX/GPT-J, conjugate, implicit/int32/int64 positions\n"
         "  + seqlen_offset, any even R <= D (channels past R never touched), bf16/fp16/fp32, any strides (QKV views);\n"
         "  128-bit loads when R/2 is a multiple of 16 bytes of values and pointers/strides are 16-byte aligned (checked\n"
@@ -97,7 +107,7 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     return jit.precompile(specs, arch=arch, workers=workers, load=False)
 
 
-_KERNELS = {**quant.make_kernels(), **rope.make_kernels()}
+_KERNELS = {**quant.make_kernels(), **norm.make_kernels(), **rope.make_kernels()}
 
 
 def make_backend() -> Backend:

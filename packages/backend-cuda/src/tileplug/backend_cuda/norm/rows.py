@@ -1,0 +1,292 @@
+"""Shared TileLang pieces of the CUDA norm kernels: the row tile, its loads, its two-stage
+reduction and its stores (one module per op builds its kernel from these).
+
+Layout (``spec.RowTile``): thread ``tx`` of a CTA works on row ``bx · rows + tx // lanes``
+at lane ``l = tx % lanes``; it holds ``chunks`` vectors of ``VEC`` values of that row,
+vector ``k`` being columns ``[(k · lanes + l) · VEC, + VEC)``. Every row buffer is read once
+from global memory into registers (one 128-bit load per vector where the spec vectorizes,
+else per element), kept there for every pass, and each thread writes back exactly the
+columns it read: an output may be its input itself (``out=x``, ``residual_out=residual``)
+because no thread writes a column another thread reads.
+
+Tails: a column ``>= D`` or a row ``>= R`` loads 0, is never stored, and is masked to 0
+wherever it could enter a statistic with a non-zero value (LayerNorm's centered values).
+
+Reduction (:meth:`RowMacros.row_sum`, planned by ``spec.reduction_plan``): the reference's
+own order, ``tileplug.core.norm.formulas.row_sum`` (a pairwise halving tree), so a row's
+statistics are the reference's bit for bit — and depend on that row alone, never on ``T``,
+the row's position or the SM count. Where ``D = chunks · lanes · VEC`` exactly, the tree's
+first levels pair a lane's chunk ``c`` with its chunk ``c + chunks/2`` (same lane, same
+value: in registers) while the chunk count is even; the remaining ``width`` values (else
+all ``D``) go to shared memory, where the row's lanes run one tree level per barrier
+(``__syncwarp`` for a row within one warp, ``__syncthreads`` for a row over several). A
+thread holding its whole row (``lanes == 1``) adds in registers. Several rows per CTA use
+disjoint parts of the buffer, so a non-finite value stays in its row.
+
+Buffers: a 2-D row buffer is ``[M, D]`` with row stride ``S0``; a 3-D one ``[M, N, D]``
+with strides ``(S0, S1)``; ``row = t · N + n``. Strides are runtime values; every offset
+is 64-bit (TileLang's index math), so tensors past 2^31 elements are fine.
+
+No ``from __future__ import annotations``: TileLang evaluates macro annotations.
+"""
+
+import struct
+
+import tilelang.language as T
+
+from tileplug.backend_cuda.norm.spec import NormKernelSpec, reduction_plan
+
+
+def f32(value: float) -> float:
+    """``value`` rounded to the nearest fp32 (host side: a scalar parameter in the compute dtype)."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+class RowMacros:
+    """The trace-time constants of a spec's row tile and the macros over them.
+
+    Macros take the per-thread coordinates ``(t, n, lane, valid)`` made by :meth:`coords`:
+    token, head, lane within the row, and whether the row exists (``row < R``)."""
+
+    def __init__(self, spec: NormKernelSpec, rows_total) -> None:
+        tile = spec.tile
+        self.spec = spec
+        self.D = spec.hidden
+        self.VEC = spec.vec
+        self.LANES = tile.lanes
+        self.ROWS = tile.rows
+        self.CHUNKS = tile.chunks
+        self.THREADS = tile.threads
+        self.VALUES = self.CHUNKS * self.VEC  # values of a row one thread holds
+        self.HEADS = spec.heads  # None: 2-D buffers
+        self.rows_total = rows_total
+        self.vectorize = spec.vectorize
+        D, VEC, LANES, CHUNKS, HEADS = self.D, self.VEC, self.LANES, self.CHUNKS, self.HEADS
+        vectorize = self.vectorize
+        plan = reduction_plan(D, tile, VEC)  # the reference's tree on this tile (Python lists: unrolled while tracing)
+        LOCAL_ONLY = plan.local_steps is not None
+        LOCAL_STEPS = plan.local_steps
+        FOLD_STEPS = plan.fold_steps
+        EXACT = plan.exact
+        WRITTEN_CHUNKS = list(range(plan.written_chunks))
+        WIDTH = plan.width
+        LEVELS = plan.levels
+        VALUE_INDICES = list(range(VEC))
+        self.WIDTH = WIDTH
+        # chunk k of some lane may lie (partly) past D: only those chunks test their columns
+        PARTIAL = [(k + 1) * LANES * VEC > D for k in range(CHUNKS)]
+        KS = list(range(CHUNKS))
+
+        def load(buf, t, n, col):
+            return buf[t, col] if HEADS is None else buf[t, n, col]
+
+        def chunk_ok(k, col, valid):
+            """Whether the thread's whole vector ``k`` (first column ``col``) is stored/loaded."""
+            if not PARTIAL[k]:
+                return valid
+            return col < D if valid is True else T.And(valid, col < D)
+
+        @T.macro
+        def store(buf, t, n, col, value):
+            if HEADS is None:
+                buf[t, col] = value
+            else:
+                buf[t, n, col] = value
+
+        @T.macro
+        def load_row(src, dst, t, n, lane, valid, dtype):
+            """``dst[k·VEC + j]`` = column ``(k·lanes + lane)·VEC + j`` of the row (0 past D or R)."""
+            for k in KS:
+                col = (k * LANES + lane) * VEC
+                if vectorize:
+                    if chunk_ok(k, col, valid):
+                        for j in T.vectorized(VEC):
+                            dst[k * VEC + j] = load(src, t, n, col + j)
+                    else:
+                        for j in T.unroll(VEC):
+                            dst[k * VEC + j] = T.cast(0, dtype)
+                else:
+                    for j in T.unroll(VEC):
+                        if valid and col + j < D:
+                            dst[k * VEC + j] = load(src, t, n, col + j)
+                        else:
+                            dst[k * VEC + j] = T.cast(0, dtype)
+
+        @T.macro
+        def load_vector(src, dst, lane, dtype):
+            """A ``[D]`` vector (weight, bias) at the thread's columns (0 past D)."""
+            for k in KS:
+                col = (k * LANES + lane) * VEC
+                if vectorize:
+                    if chunk_ok(k, col, True):
+                        for j in T.vectorized(VEC):
+                            dst[k * VEC + j] = src[col + j]
+                    else:
+                        for j in T.unroll(VEC):
+                            dst[k * VEC + j] = T.cast(0, dtype)
+                else:
+                    for j in T.unroll(VEC):
+                        if col + j < D:
+                            dst[k * VEC + j] = src[col + j]
+                        else:
+                            dst[k * VEC + j] = T.cast(0, dtype)
+
+        @T.macro
+        def store_row(dst, values, t, n, lane, valid):
+            """Columns of the thread (``values`` in the buffer's dtype) into the row, within D."""
+            for k in KS:
+                col = (k * LANES + lane) * VEC
+                if vectorize:
+                    if chunk_ok(k, col, valid):
+                        for j in T.vectorized(VEC):
+                            store(dst, t, n, col + j, values[k * VEC + j])
+                else:
+                    for j in T.unroll(VEC):
+                        if valid and col + j < D:
+                            store(dst, t, n, col + j, values[k * VEC + j])
+
+        @T.macro
+        def load_input(x, residual, s, rv, t, n, lane, valid):
+            """``s`` = the thread's values of ``x`` — with a residual ``round_to(x.dtype, x + residual)``
+            (added in fp32), the values ``residual_out`` receives."""
+            load_row(x, s, t, n, lane, valid, spec.in_dtype)
+            if spec.residual:
+                load_row(residual, rv, t, n, lane, valid, spec.in_dtype)
+                for i in T.unroll(self.VALUES):
+                    s[i] = T.cast(T.ieee_add(T.cast(s[i], "float32"), T.cast(rv[i], "float32")), spec.in_dtype)
+
+        @T.macro
+        def barrier():
+            if LANES <= 32:
+                T.sync_warp()
+            else:
+                T.sync_threads()
+
+        @T.macro
+        def row_sum(terms, tree, acc, lane, slot):
+            """``acc[0]`` = the row's sum of the fp32 ``terms`` the threads hold (``terms[k·VEC + j]``
+            at the column of value ``j`` of vector ``k``), added in the reference's order
+            (:func:`tree_levels`); ``terms`` is consumed, ``tree`` is the shared buffer of
+            :meth:`RowMacros.tree_buffer` (one per CTA, reusable after :meth:`reuse_barrier`)."""
+            if LOCAL_ONLY:
+                for i, partner in LOCAL_STEPS:
+                    terms[i] = T.ieee_add(terms[i], terms[partner])
+                acc[0] = terms[0]
+            else:
+                for i, partner in FOLD_STEPS:
+                    terms[i] = T.ieee_add(terms[i], terms[partner])
+                base = slot * WIDTH
+                for c in WRITTEN_CHUNKS:
+                    col = (c * LANES + lane) * VEC
+                    if EXACT:
+                        for j in T.vectorized(VEC):
+                            tree[base + col + j] = terms[c * VEC + j]
+                    else:
+                        for j in VALUE_INDICES:
+                            if col + j < D:
+                                tree[base + col + j] = terms[c * VEC + j]
+                barrier()
+                for h, last, rounds in LEVELS:
+                    for offset, whole in rounds:
+                        i = lane + offset
+                        partner = i + h if last is None else T.if_then_else(i == h - 1, last, i + h)
+                        if whole:
+                            tree[base + i] = T.ieee_add(tree[base + i], tree[base + partner])
+                        else:
+                            if i < h:
+                                tree[base + i] = T.ieee_add(tree[base + i], tree[base + partner])
+                    barrier()
+                acc[0] = tree[base]
+
+        @T.macro
+        def store_statistic(buf, t, n, lane, valid, value):
+            """One fp32 value per row (``[M]`` or ``[M, N]``), written by the row's first lane."""
+            if valid and lane == 0:
+                if HEADS is None:
+                    buf[t] = value
+                else:
+                    buf[t, n] = value
+
+        self.load_row = load_row
+        self.load_input = load_input
+        self.load_vector = load_vector
+        self.store_row = store_row
+        self.row_sum = row_sum
+        self.reuse_barrier = barrier
+        self.store_statistic = store_statistic
+        self.partial = PARTIAL
+
+    # ------------------------------------------------------------------ trace-time helpers
+    def tree_buffer(self):
+        """The shared fp32 buffer of :meth:`row_sum` (``rows · WIDTH``; a thread holding its
+        whole row needs none: one element)."""
+        return T.alloc_shared((1 if self.LANES == 1 else self.ROWS * self.WIDTH,), "float32")
+
+    def slot(self, tx):
+        """Row of thread ``tx`` within its CTA."""
+        return tx // self.LANES
+
+    def coords(self, bx, tx):
+        """(t, n, lane, valid) of thread ``tx`` in CTA ``bx``."""
+        row = bx * self.ROWS + tx // self.LANES
+        lane = tx % self.LANES
+        if self.HEADS is None:
+            return row, 0, lane, row < self.rows_total
+        return row // self.HEADS, row % self.HEADS, lane, row < self.rows_total
+
+    def column(self, k: int, lane):
+        """First column of the thread's vector ``k``."""
+        return (k * self.LANES + lane) * self.VEC
+
+    def in_row(self, k: int, j: int, lane):
+        """Whether value ``j`` of vector ``k`` lies within D (a Python True where it always does)."""
+        if self.vectorize and not self.partial[k]:
+            return True
+        if (k + 1) * self.LANES * self.VEC <= self.D:
+            return True
+        return self.column(k, lane) + j < self.D
+
+    def grid(self):
+        """CTAs of the launch: ``ceil(R / rows)`` along blockIdx.x (no 65535 limit)."""
+        return T.ceildiv(self.rows_total, self.ROWS)
+
+
+# ---------------------------------------------------------------------- buffer types
+
+
+def row_buffer(spec: NormKernelSpec, prefix: str, dtype: str, rows, present: bool = True):
+    """A row buffer ``[M, D]`` / ``[M, N, D]`` with its own runtime strides; an absent one
+    (the launcher passes ``x`` in its place, never read) gets its own runtime shape."""
+    if not present:
+        if spec.heads is None:
+            return T.StridedTensor((T.dynamic(prefix + "A"), T.dynamic(prefix + "B")), (T.dynamic(prefix + "C"), 1),
+                                   spec.in_dtype)
+        return T.StridedTensor((T.dynamic(prefix + "A"), T.dynamic(prefix + "B"), T.dynamic(prefix + "E")),
+                               (T.dynamic(prefix + "C"), T.dynamic(prefix + "F"), 1), spec.in_dtype)
+    if spec.heads is None:
+        return T.StridedTensor((rows, spec.hidden), (T.dynamic(prefix + "S0"), 1), dtype)
+    return T.StridedTensor((rows, spec.heads, spec.hidden), (T.dynamic(prefix + "S0"), T.dynamic(prefix + "S1"), 1),
+                           dtype)
+
+
+def vector_buffer(spec: NormKernelSpec, prefix: str, dtype: str | None):
+    """A ``[D]`` vector (weight, bias), or an absent one (``x`` is passed, never read)."""
+    if dtype is None:
+        return row_buffer(spec, prefix, spec.in_dtype, None, present=False)
+    return T.Tensor((spec.hidden,), dtype)
+
+
+def statistic_buffer(spec: NormKernelSpec, prefix: str, rows, present: bool):
+    """fp32 per-row statistics ``[M]`` / ``[M, N]``, or an absent one (``x`` is passed)."""
+    if not present:
+        return row_buffer(spec, prefix, spec.in_dtype, None, present=False)
+    return T.Tensor((rows,) if spec.heads is None else (rows, spec.heads), "float32")
+
+
+def aligned_strides(spec: NormKernelSpec, *buffers) -> list:
+    """The runtime strides the kernel assumes are multiples of VEC (with 128-bit accesses:
+    the contract's ``alignment``; the launcher gives size-1 dims such strides); the kernel
+    body states ``T.assume(stride % VEC == 0)`` for each."""
+    if not spec.vectorize:
+        return []
+    return [stride for buffer in buffers for stride in buffer.strides[:-1]]

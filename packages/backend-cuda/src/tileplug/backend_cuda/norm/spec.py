@@ -1,0 +1,265 @@
+"""What a CUDA norm kernel is specialised on, derived from a ``NormCall``.
+
+A :class:`NormKernelSpec` holds compile-time constants only: the op, the hidden size ``D``,
+the head count of a 3-D input, dtypes, flags, the scalar parameters (``eps``,
+``weight_offset``, ``out_scale``: fixed per model, so folded into the code), the per-token
+cast of the fused op, and the row tile. The row count is a runtime value (``T.dynamic``),
+and so are every row stride, so one compiled kernel serves every batch size and every
+view of a configuration.
+
+Row tile (:func:`row_tile`, a function of ``D`` and the dtype only, never of ``T``): a row
+is ``NV = ceil(D / VEC)`` vectors of ``VEC`` values (16 bytes: 8 bf16/fp16, 4 fp32).
+``lanes`` threads share a row; lane ``l`` holds the vectors ``k · lanes + l`` for
+``k < chunks`` (consecutive lanes read consecutive 16-byte pieces: coalesced), so one
+CTA of ``lanes × rows`` threads covers ``rows`` rows of capacity ``lanes · chunks · VEC``.
+
+- small rows (``NV <= 32``): ``lanes`` = the next power of two >= NV, one vector each,
+  ``128 / lanes`` rows per CTA (D = 64 bf16: 8 lanes, 16 rows);
+- medium rows (``NV <= 128``): one warp per row, up to 4 vectors per lane, 4 rows per CTA;
+- long rows: one row per CTA of 4..16 warps, each lane 1..8 vectors: the (warps, chunks)
+  pair wasting the fewest vector slots, then chunks closest to 4 (bytes in flight per
+  thread), then fewer warps (D = 7168 bf16: 7 warps × 4 vectors, no waste; 16384: 16 × 4).
+
+Rows longer than 16 warps × 8 vectors (bf16 D > 32768, fp32 D > 16384) are declined.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from tileplug.core.contracts.norm import NormCall
+
+TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+VECTOR_BYTES = 16
+SMALL_ROW_THREADS = 128
+MEDIUM_ROW_VECTORS = 128
+MEDIUM_ROWS_PER_CTA = 4
+LONG_ROW_WARPS = range(4, 17)
+LONG_ROW_CHUNKS = range(1, 9)
+MAX_VECTORS = LONG_ROW_WARPS[-1] * 32 * LONG_ROW_CHUNKS[-1]
+
+
+@dataclass(frozen=True)
+class RowTile:
+    """``lanes`` threads per row, ``rows`` rows per CTA, ``chunks`` vectors per lane."""
+
+    lanes: int
+    rows: int
+    chunks: int
+
+    @property
+    def threads(self) -> int:
+        return self.lanes * self.rows
+
+
+def vector_width(dtype: torch.dtype) -> int:
+    """Values of ``dtype`` in one 128-bit vector (8 bf16/fp16, 4 fp32)."""
+    return VECTOR_BYTES // torch.empty((), dtype=dtype).element_size()
+
+
+def row_tile(hidden: int, dtype: torch.dtype) -> RowTile | None:
+    """The row tile of ``D = hidden`` values of ``dtype`` (None: too long for one CTA)."""
+    vectors = -(-hidden // vector_width(dtype))
+    if vectors <= 32:
+        lanes = 1 << max(0, (vectors - 1).bit_length())
+        return RowTile(lanes, SMALL_ROW_THREADS // lanes, 1)
+    if vectors <= MEDIUM_ROW_VECTORS:
+        return RowTile(32, MEDIUM_ROWS_PER_CTA, -(-vectors // 32))
+    if vectors > MAX_VECTORS:
+        return None
+    best = min(
+        ((warps, chunks) for warps in LONG_ROW_WARPS for chunks in LONG_ROW_CHUNKS if warps * 32 * chunks >= vectors),
+        key=lambda pair: (pair[0] * 32 * pair[1] - vectors, abs(pair[1] - 4), pair[0]),
+    )
+    return RowTile(32 * best[0], 1, best[1])
+
+
+def tree_levels(width: int) -> list[tuple[int, int, int]]:
+    """The reference's pairwise tree (``tileplug.core.norm.formulas.row_sum``) on ``width``
+    values kept in place: per level ``(w, h, last)`` — value ``i < h`` becomes ``v[i] + v[i + h]``,
+    where ``v[w − 1]`` is found at index ``last`` (an odd level carries its last value to the
+    next level without moving it, so the new last value stays where it was)."""
+    levels = []
+    last = width - 1
+    while width > 1:
+        half = width // 2
+        levels.append((width, half, last))
+        if width % 2 == 0:
+            last = half - 1
+        width = half + width % 2
+    return levels
+
+
+@dataclass(frozen=True)
+class ReductionPlan:
+    """How a row tile adds a row's ``D`` terms in the reference's order (``rows.row_sum``).
+
+    A thread's terms are ``terms[k · VEC + j]`` (column ``(k · lanes + lane) · VEC + j``).
+    ``local_steps``: with one lane per row, the whole tree as in-place ``(i, partner)``
+    additions on the thread's terms (None otherwise). Else ``exact`` (``D = chunks · lanes ·
+    VEC``): ``fold_steps`` are the tree's first levels on the thread's chunks, in place, after
+    which its first ``written_chunks`` chunks hold the ``width`` values the shared-memory
+    levels start from (not exact: every term within ``D``, ``width = D``). ``levels``: per
+    shared-memory level ``(h, last, rounds)`` — value ``i < h`` becomes ``v[i] + v[last if i ==
+    h − 1 else i + h]`` (``last`` None: ``i + h``), lane ``l`` taking ``i = l + offset`` for each
+    round ``(offset, whole)`` (``whole``: every lane of the round has a value)."""
+
+    local_steps: list[tuple[int, int]] | None
+    exact: bool
+    fold_steps: list[tuple[int, int]]
+    written_chunks: int
+    width: int
+    levels: list[tuple[int, int | None, list[tuple[int, bool]]]]
+
+
+def reduction_plan(hidden: int, tile: RowTile, vec: int) -> ReductionPlan:
+    """The :class:`ReductionPlan` of ``D = hidden`` on ``tile`` with ``vec`` values per vector."""
+    lanes, chunks = tile.lanes, tile.chunks
+    if lanes == 1:
+        steps = [(i, last if (w % 2 == 0 and i == h - 1) else i + h) for w, h, last in tree_levels(hidden)
+                 for i in range(h)]
+        return ReductionPlan(steps, False, [], chunks, hidden, [])
+    exact = hidden == chunks * lanes * vec
+    folds = ((chunks & -chunks).bit_length() - 1) if exact else 0
+    fold_steps = [(c * vec + j, (c + (chunks >> (level + 1))) * vec + j)
+                  for level in range(folds) for c in range(chunks >> (level + 1)) for j in range(vec)]
+    written = chunks >> folds
+    width = written * lanes * vec if exact else hidden
+    levels = [(h, None if (w % 2 or last == w - 1) else last,
+               [(r * lanes, (r + 1) * lanes <= h) for r in range(-(-h // lanes))])
+              for w, h, last in tree_levels(width)]
+    return ReductionPlan(None, exact, fold_steps, written, width, levels)
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """The per-token cast ending ``rms_norm_per_token_cast`` (groups ``1 × group`` along the
+    row ``[T, N·D]``): output format, scale encoding (fp32 / e4m3 / ue8m0 bytes), packed
+    column-major storage, power-of-two scales, amax clamp, and whether ``y`` is also written."""
+
+    fmt: str
+    group: int
+    sf_kind: str
+    sf_col_major: bool
+    round_sf: bool
+    clamp_min: float
+    unquantized: bool
+
+
+@dataclass(frozen=True)
+class NormKernelSpec:
+    """Compile-time constants of one CUDA norm kernel (see the module docstring).
+
+    ``op``: rms_norm / layer_norm / rms_norm_per_token_cast. ``hidden``: D. ``heads``: N of a
+    3-D ``[T, N, D]`` input (None: 2-D). ``in_dtype`` / ``weight_dtype`` / ``bias_dtype``:
+    TileLang dtypes (None: absent). ``residual``: ``s = x + residual`` is formed and
+    written to ``residual_out``. ``stats``: rstd (and mean) are written. ``vectorize``:
+    128-bit loads and stores (every row pointer 16-byte aligned and ``D`` a multiple of
+    ``VEC``), else per-element accesses. ``tile``: the row tile. ``quant``: the fused cast.
+    """
+
+    op: str
+    hidden: int
+    heads: int | None
+    in_dtype: str
+    weight_dtype: str | None
+    bias_dtype: str | None
+    residual: bool
+    stats: bool
+    eps: float
+    weight_offset: float
+    out_scale: float
+    vectorize: bool
+    tile: RowTile
+    quant: QuantSpec | None = None
+
+    def build(self):
+        """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``): built by
+        the op's module, ``tileplug.backend_cuda.norm.<op>``."""
+        import importlib
+
+        return importlib.import_module(f"tileplug.backend_cuda.norm.{self.op}").build(self)
+
+    @property
+    def vec(self) -> int:
+        """Values per vector (16 bytes of the input dtype)."""
+        return {"bfloat16": 8, "float16": 8, "float32": 4}[self.in_dtype]
+
+    @property
+    def name(self) -> str:
+        """A short, unique, identifier-safe name (kernel symbol and cache key text)."""
+        short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", None: "none"}
+        parts = [self.op, short[self.in_dtype], f"d{self.hidden}"]
+        if self.heads is not None:
+            parts.append(f"h{self.heads}")
+        parts.append(f"w{short[self.weight_dtype]}")
+        if self.bias_dtype is not None:
+            parts.append(f"b{short[self.bias_dtype]}")
+        if self.residual:
+            parts.append("res")
+        if self.stats:
+            parts.append("stats")
+        parts.append(f"e{_hex(self.eps)}")
+        if self.weight_offset != 0.0:
+            parts.append(f"o{_hex(self.weight_offset)}")
+        if self.out_scale != 1.0:
+            parts.append(f"s{_hex(self.out_scale)}")
+        parts.append("v128" if self.vectorize else "scalar")
+        parts.append(f"l{self.tile.lanes}r{self.tile.rows}c{self.tile.chunks}")
+        quant = self.quant
+        if quant is not None:
+            parts += [quant.fmt, f"g{quant.group}", f"sf{quant.sf_kind}{'col' if quant.sf_col_major else ''}"]
+            if quant.round_sf:
+                parts.append("round")
+            parts.append(f"c{_hex(quant.clamp_min)}")
+            if quant.unquantized:
+                parts.append("y")
+        return "_".join(parts)
+
+
+def _hex(value: float) -> str:
+    """Identifier-safe text of ``value`` rounded to fp32 (the kernel's constant): its hex digits."""
+    mantissa, exponent = struct.unpack("<f", struct.pack("<f", value))[0].hex().split("p")
+    mantissa = mantissa.rstrip("0").rstrip(".") if "." in mantissa else mantissa
+    return f"{mantissa}p{exponent}".replace(".", "_").replace("+", "").replace("-", "m")
+
+
+def common_reason(call: NormCall) -> str | None:
+    """Declines shared by the CUDA norm kernels (None: served)."""
+    if call.input_dtype not in TL_DTYPES:
+        return f"input dtype {call.input_dtype} is not served by the CUDA kernels (bf16, fp16, fp32)"
+    for what, dtype in (("weight", call.weight_dtype), ("bias", call.bias_dtype)):
+        if dtype is not None and dtype not in TL_DTYPES:
+            return f"{what} dtype {dtype} is not served by the CUDA kernels (bf16, fp16, fp32)"
+    if row_tile(call.hidden, call.input_dtype) is None:
+        return (f"a row of D = {call.hidden} {call.input_dtype} values does not fit one CTA's registers "
+                f"(at most {MAX_VECTORS * vector_width(call.input_dtype)})")
+    return None
+
+
+def vectorizes(call: NormCall) -> bool:
+    """128-bit accesses: every row of every tensor 16-byte aligned and D a multiple of VEC."""
+    return call.alignment >= VECTOR_BYTES and call.hidden % vector_width(call.input_dtype) == 0
+
+
+def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
+    """The specialisation serving ``call`` (assumes ``common_reason(call)`` is None)."""
+    return NormKernelSpec(
+        op=call.op,
+        hidden=call.hidden,
+        heads=call.heads,
+        in_dtype=TL_DTYPES[call.input_dtype],
+        weight_dtype=None if call.weight_dtype is None else TL_DTYPES[call.weight_dtype],
+        bias_dtype=None if call.bias_dtype is None else TL_DTYPES[call.bias_dtype],
+        residual=call.residual,
+        stats=call.stats,
+        eps=float(call.eps),
+        weight_offset=float(call.weight_offset),
+        out_scale=float(call.out_scale),
+        vectorize=vectorizes(call),
+        tile=row_tile(call.hidden, call.input_dtype),
+        quant=quant,
+    )
