@@ -243,12 +243,17 @@ def test_specialisation_lowers_and_compiles(entry: tuple, compiled_grid: dict[st
 
 def test_the_grid_covers_every_case_of_the_op_table() -> None:
     """Every case is served by a specialisation of the grid or declined with a reason (and
-    the CUDA kernels decline only what their capabilities say: H not a multiple of 16)."""
+    the CUDA quant kernels decline only what their capabilities say: H not a multiple of 16)."""
     from tileplug.core import opdefs
 
     total = sum(len(opdef.cases()) for opdef in opdefs.all_ops() if opdef.name not in NOT_IN_TABLE)
     assert len(GRID) > 50 and total > len(GRID)
-    assert all("multiple of 16" in reason for reason in DECLINED.values()), DECLINED
+    quant_ops = {opdef.name for opdef in opdefs.all_ops() if opdef.family == "quant"}
+    for case_id, reason in DECLINED.items():
+        if case_id.split("[")[0] in quant_ops:
+            assert "multiple of 16" in reason, (case_id, reason)
+        else:  # other families' kernels say why in their own words (and capabilities() lists it)
+            assert isinstance(reason, str) and reason, case_id
 
 
 def test_ops_without_a_cuda_kernel_fall_to_the_reference() -> None:
@@ -297,11 +302,13 @@ def _vector_buffers(case) -> tuple[str, ...]:
     aligned; misaligned rows and quantized inputs get other load paths)."""
     kernel, call = describe(case)
     spec = kernel.spec(call)
-    if not getattr(spec, "vectorize", False):
+    if not getattr(spec, "vectorize", getattr(getattr(spec, "norm", None), "vectorize", False)):
         return ()
     if hasattr(spec, "vector_buffers"):
         return tuple(spec.vector_buffers)
-    return () if call.quantized_input is not None else ("x",)
+    if hasattr(call, "quantized_input"):
+        return () if call.quantized_input is not None else ("x",)
+    return ()
 
 
 MAIN_PATHS = [(name, case, _vector_buffers(case)) for name, case in GRID if _vector_buffers(case)]

@@ -164,3 +164,33 @@ def test_scalar_variants_of_the_op_table_lower_and_compile() -> None:
     assert all("uint4" not in source for source in sources)
     error, _, _ = nvcc("\n".join(sources))
     assert error is None, error
+
+
+@pytest.mark.parametrize("head_dim,rotary,heads,dtype,offset", [
+    (128, 128, 8, torch.bfloat16, 0.0), (64, 64, 16, torch.bfloat16, 1.0), (192, 64, 4, torch.float16, 0.0),
+    (576, 64, 2, torch.bfloat16, 0.0), (128, 64, 8, torch.float32, 1.0), (2048, 128, 1, torch.bfloat16, 0.0),
+])
+def test_rms_norm_rope_runs_the_rms_norm_kernels_norm(head_dim, rotary, heads, dtype, offset) -> None:
+    """The fused kernel's norm is built from the very ``NormKernelSpec`` the CUDA ``rms_norm``
+    kernel uses for the same per-head ``x`` (same tile, constants, reduction): the
+    precondition of fused ≡ unfused bytewise (checked on the GPU)."""
+    import dataclasses
+
+    x = torch.zeros(3, heads, head_dim, dtype=dtype)
+    weight = torch.ones(head_dim, dtype=dtype)
+    call, _ = describe_call("rms_norm_rope", x, weight, torch.zeros(10, rotary), eps=1e-5, weight_offset=offset)
+    fused = _KERNELS["rms_norm_rope"]
+    assert fused.supports(call) is None
+    norm_call, _ = describe_call("rms_norm", x, weight, eps=1e-5, weight_offset=offset)
+    assert _KERNELS["rms_norm"].supports(norm_call) is None
+    for vectorize in (None, False):
+        ours = fused.spec(call, vectorize=vectorize).norm
+        theirs = _KERNELS["rms_norm"].spec(dataclasses.replace(norm_call, alignment=16 if vectorize is None else 2))
+        assert ours == theirs, (ours, theirs)
+
+
+def test_fused_cast_is_declined_with_a_reason() -> None:
+    x = torch.zeros(3, 4, 128, dtype=torch.bfloat16)
+    call, _ = describe_call("rms_norm_rope_per_token_cast", x, torch.ones(128, dtype=torch.bfloat16),
+                            torch.zeros(10, 128))
+    assert "no CUDA kernel" in _KERNELS[call.op].supports(call)

@@ -248,9 +248,9 @@ def _precompiled():
     from tileplug.backend_cuda import jit
 
     started = time.perf_counter()
-    specs = _specs(ALL_SETUPS)
+    specs = _specs(ALL_SETUPS) + _norm_specs()
     jit.precompile(specs)
-    print(f"\nprecompiled {len(specs)} apply_rotary specialisations in {time.perf_counter() - started:.1f} s")
+    print(f"\nprecompiled {len(specs)} RoPE-family specialisations in {time.perf_counter() - started:.1f} s")
     yield
 
 
@@ -411,3 +411,178 @@ def test_deterministic() -> None:
     second.run(BACKEND)
     for a, b in zip(first.buffers, second.buffers):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+# ---------------------------------------------------------------------- rms_norm_rope
+
+
+@dataclasses.dataclass(frozen=True)
+class NormSetup:
+    """One ``rms_norm_rope`` configuration: ``x`` ``[T, heads, head_dim]`` as a view of rows
+    padded by ``pad`` elements (odd pads: the scalar path)."""
+
+    head_dim: int = 128
+    rotary: int = 128
+    heads: int = 8
+    dtype: torch.dtype = torch.bfloat16
+    interleaved: bool = False
+    positions: str = "int64"
+    weight_offset: float = 0.0
+    eps: float = 1e-6
+    pad: int = 0
+    offset: int = 2
+
+    def label(self) -> str:
+        return (f"D{self.head_dim}-R{self.rotary}-N{self.heads}-{str(self.dtype).replace('torch.', '')}-"
+                f"{'gptj' if self.interleaved else 'neox'}-{self.positions}-o{self.weight_offset}-pad{self.pad}")
+
+    def arguments(self, tokens: int, seed: int = 0, cache: torch.Tensor | None = None,
+                  device: str = "cuda") -> tuple[tuple, dict]:
+        from tileplug.core.ops.rope import make_cos_sin_cache
+        from tileplug.core.testing import activation
+
+        width = self.heads * self.head_dim
+        x = activation(tokens, width + self.pad, self.dtype, device, seed=seed)[:, :width]
+        x = x.unflatten(1, (self.heads, self.head_dim))
+        generator = torch.Generator().manual_seed(seed + 1)
+        weight = (1.0 + 0.1 * torch.randn(self.head_dim, generator=generator)).to(self.dtype).to(device)
+        if cache is None:
+            cache = make_cos_sin_cache(tokens + 60, self.rotary, device=device)
+        positions = None
+        if self.positions != "none":
+            positions = torch.randint(0, tokens + 50, (tokens,), generator=generator).to(getattr(torch, self.positions))
+            positions = positions.to(device)
+        kwargs = {"positions": positions, "eps": self.eps, "interleaved": self.interleaved,
+                  "weight_offset": self.weight_offset, "seqlen_offset": self.offset}
+        return (x, weight, cache), kwargs
+
+
+NORM_SETUPS = [
+    NormSetup(),
+    NormSetup(interleaved=True, positions="none"),
+    NormSetup(head_dim=64, rotary=64, heads=16, positions="int32", weight_offset=1.0, eps=1e-5),
+    NormSetup(head_dim=192, rotary=64, heads=4, dtype=torch.float16, interleaved=True, positions="int32"),
+    NormSetup(head_dim=576, rotary=64, heads=2),
+    NormSetup(head_dim=128, rotary=64, heads=8, dtype=torch.float32, positions="none", weight_offset=1.0, pad=3),
+    NormSetup(heads=32, pad=8),
+    NormSetup(heads=8, pad=1, interleaved=True),  # rows not 16-byte aligned: scalar path
+    NormSetup(head_dim=2048, rotary=128, heads=1),  # a row over several warps: block-wide barrier
+]
+
+
+def _unfused(x, weight, cache, positions, eps, interleaved, weight_offset, seqlen_offset) -> torch.Tensor:
+    """This backend's chain: ``rms_norm`` per head, then ``apply_rotary`` on its output."""
+    from tileplug.core import ops
+
+    y = ops.rms_norm(x, weight, eps=eps, weight_offset=weight_offset)
+    ops.apply_rotary(y, cache, positions=positions, interleaved=interleaved, seqlen_offset=seqlen_offset)
+    return y
+
+
+def _served_by_cuda(op: str, *args, **kwargs) -> None:
+    from tileplug.backend_cuda.plugin import _KERNELS
+    from tileplug.core.lowering import describe_call
+
+    call, _ = describe_call(op, *args, **kwargs)
+    assert _KERNELS[call.op].supports(call) is None, f"{op} is declined by the CUDA kernel"
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 4001])
+@pytest.mark.parametrize("setup", NORM_SETUPS, ids=[s.label() for s in NORM_SETUPS])
+def test_rms_norm_rope_equals_the_unfused_chain_bytewise(setup: NormSetup, tokens: int) -> None:
+    """SPEC §4 fusion rule: the fused kernel writes the bytes of this backend's ``rms_norm``
+    followed by its ``apply_rotary``; and within 2 ulp of the reference (the norm's ulp and
+    the rotation's)."""
+    from tileplug.core import ops
+    from tileplug.core.registry import use_backend
+    from tileplug.core.testing import assert_bytes_equal, assert_within_ulps
+
+    args, kwargs = setup.arguments(tokens)
+    x, weight = args[0], args[1]
+    _served_by_cuda("rms_norm_rope", *args, **kwargs)
+    _served_by_cuda("rms_norm", x, weight, eps=setup.eps, weight_offset=setup.weight_offset)
+    with use_backend(BACKEND):
+        fused = ops.rms_norm_rope(*args, **kwargs)
+        chain = _unfused(*args, **kwargs)
+    with use_backend("reference"):
+        expected = ops.rms_norm_rope(*args, **kwargs)
+    assert_bytes_equal(fused, chain, what=f"{setup.label()} T={tokens} fused vs chain")
+    assert_within_ulps(fused, expected, 2, what=f"{setup.label()} T={tokens} vs reference")
+
+
+def test_rms_norm_rope_out_of_range_positions() -> None:
+    """Tokens at positions outside [0, L) get NaN in their rotated channels only; the other
+    channels (R = 64 of D = 192) and the other tokens are the chain's bytes."""
+    from tileplug.core import ops
+    from tileplug.core.registry import use_backend
+    from tileplug.core.testing import assert_bytes_equal
+
+    setup = NormSetup(head_dim=192, rotary=64, heads=4, offset=0)
+    args, kwargs = setup.arguments(64)
+    length = args[2].shape[0]
+    kwargs["positions"][[0, 9, 63]] = torch.tensor([-1, length, 2**40], device="cuda")
+    with use_backend(BACKEND):
+        fused = ops.rms_norm_rope(*args, **kwargs)
+        chain = _unfused(*args, **kwargs)
+    assert_bytes_equal(fused, chain, what="fused vs chain with out-of-range positions")
+    assert torch.isnan(fused[[0, 9, 63], :, :64].float()).all()
+    assert not torch.isnan(fused[:, :, 64:].float()).any()
+    assert not torch.isnan(fused[1:9].float()).any()
+
+
+def test_rms_norm_rope_batch_invariance_bytewise() -> None:
+    from tileplug.core import ops
+    from tileplug.core.ops.rope import make_cos_sin_cache
+    from tileplug.core.registry import use_backend
+
+    setup = NormSetup(heads=8)
+    cache = make_cos_sin_cache(5000, setup.rotary, device="cuda")
+    probe_args, probe_kwargs = setup.arguments(3, seed=5, cache=cache)
+    alone = []
+    with use_backend(BACKEND):
+        for index in range(3):
+            kwargs = dict(probe_kwargs, positions=probe_kwargs["positions"][index:index + 1].clone())
+            alone.append(ops.rms_norm_rope(probe_args[0][index:index + 1].clone(), *probe_args[1:], **kwargs)[0])
+        for batch in (1, 7, 4001):
+            args, kwargs = setup.arguments(batch, seed=batch, cache=cache)
+            slots = [slot for slot in (0, batch // 2, batch - 1)][:min(3, batch)]
+            for probe, slot in enumerate(dict.fromkeys(slots)):
+                args[0][slot] = probe_args[0][probe]
+                kwargs["positions"][slot] = probe_kwargs["positions"][probe]
+            y = ops.rms_norm_rope(*args, **kwargs)
+            for probe, slot in enumerate(dict.fromkeys(slots)):
+                assert torch.equal(y[slot].view(torch.uint8), alone[probe].view(torch.uint8)), (batch, slot)
+
+
+def test_rms_norm_rope_op_table_cases() -> None:
+    from tileplug.core import opdefs
+    from tileplug.reference.conformance import check_case
+
+    for case in opdefs.get("rms_norm_rope").cases():
+        for tokens in (1, 3, 4001):
+            check_case(case, tokens, BACKEND, "cuda", oracle_device="cuda")
+
+
+def _norm_specs() -> list:
+    from tileplug.backend_cuda.plugin import _KERNELS
+    from tileplug.core import opdefs
+    from tileplug.core.lowering import describe_call
+    from tileplug.core.registry import use_backend
+
+    found = {}
+    for setup in NORM_SETUPS + [NormSetup(head_dim=192, rotary=64, heads=4, offset=0)]:
+        args, kwargs = setup.arguments(2, device="cpu")
+        for op, op_args, op_kwargs in (
+            ("rms_norm_rope", args, kwargs),
+            ("rms_norm", args[:2], {"eps": setup.eps, "weight_offset": setup.weight_offset}),
+        ):
+            call, _ = describe_call(op, *op_args, **op_kwargs)
+            kernel = _KERNELS[call.op]
+            if kernel.supports(call) is None:
+                found.update(dict.fromkeys(getattr(kernel, "specs", lambda c: [kernel.spec(c)])(call)))
+    for case in opdefs.get("rms_norm_rope").cases():
+        with use_backend("reference"):
+            case_args, case_kwargs = case.arguments(3, "cpu")
+        call, _ = describe_call("rms_norm_rope", *case_args, **case_kwargs)
+        found.update(dict.fromkeys(_KERNELS["rms_norm_rope"].specs(call)))
+    return list(found)

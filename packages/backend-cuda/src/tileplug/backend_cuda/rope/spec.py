@@ -14,6 +14,7 @@ largest power of two ≤ ``V`` dividing ``R/2`` and reads each pair's two channe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -111,5 +112,39 @@ class RotarySpec:
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``)."""
         from tileplug.backend_cuda.rope.apply_rotary import build_kernel
+
+        return build_kernel(self)
+
+
+@dataclass(frozen=True)
+class NormRopeSpec:
+    """Compile-time constants of one CUDA ``rms_norm_rope`` kernel: ``norm`` the RMSNorm
+    row tile and constants (the ``rms_norm`` kernel's own ``NormKernelSpec`` for a per-head
+    ``[T, N, D]`` input, so the fused kernel's ``y`` before the rotation is that kernel's,
+    bit for bit), ``rotary_dim`` R, ``interleaved`` (GPT-J pairs), ``positions`` (TileLang
+    dtype of explicit positions, None: ``offset + t``). Tokens, strides, the cache length and
+    ``seqlen_offset`` are runtime values."""
+
+    norm: Any
+    rotary_dim: int
+    interleaved: bool
+    positions: str | None
+
+    @property
+    def vector_buffers(self) -> tuple[str, ...]:
+        """Buffers the vector path loads 128 bits at a time (compile-grid check)."""
+        return ("x",) if self.norm.vectorize else ()
+
+    @property
+    def name(self) -> str:
+        """A short, unique, identifier-safe name (kernel symbol and cache key text)."""
+        norm = self.norm.name.removeprefix("rms_norm_")
+        pairing = "gptj" if self.interleaved else "neox"
+        positions = f"pos{self.positions}" if self.positions else "implicit"
+        return f"rms_norm_rope_{norm}_r{self.rotary_dim}_{pairing}_{positions}"
+
+    def build(self):
+        """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``)."""
+        from tileplug.backend_cuda.rope.rms_norm_rope import build_kernel
 
         return build_kernel(self)

@@ -1,0 +1,225 @@
+"""CUDA ``rms_norm_rope`` (SPEC §6): per-head RMSNorm over ``D`` with weight, rounded to
+``x.dtype``, then RoPE on the first ``R`` channels, in one pass over ``x`` ``[T, N, D]``.
+
+Bytewise equal to this backend's ``rms_norm`` on the 3-D ``x`` followed by its
+``apply_rotary`` on the result (SPEC §4, fusion rule), by construction:
+
+- the norm is the ``rms_norm`` kernel's own code: its row tile (``norm.rows.RowMacros``:
+  a head is a row, lane ``l`` of a row holding the vectors ``k·lanes + l``) and its
+  ``RmsNormMacros.normalize`` (the same reduction tree and fp32 operation order), on the
+  ``NormKernelSpec`` the ``rms_norm`` kernel would use for this ``x``;
+- the rotation is ``rotation.rotated_first`` / ``rotated_second``, the macros of
+  ``apply_rotary``, on the rounded ``y`` values.
+
+The pair exchange stays on chip: a GPT-J pair ``(2p, 2p + 1)`` is two adjacent values of
+one thread's vector; a NeoX pair ``(p, p + R/2)`` lives in two lanes of the row, so each
+row's rotated channels go through shared memory (written, one barrier — a warp's when a
+row's lanes fit one warp — then each thread reads its values' partners). A position
+outside ``[0, L)`` is never read from the cache: that token's rotated channels become NaN.
+
+No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tileplug.backend_cuda import jit
+from tileplug.backend_cuda.rope.spec import TL_DTYPES, TL_POSITIONS, NormRopeSpec
+from tileplug.core.contracts.rope import NormRopeCall, NormRopeInputs, NormRopeOutputs
+
+Launcher = Callable[[NormRopeInputs, NormRopeOutputs], None]
+
+
+def build_kernel(spec: NormRopeSpec):
+    """The ``T.prim_func`` of ``spec``: buffers ``(x, weight, cache, [positions], y)`` and the
+    int64 ``offset``."""
+    import tilelang.language as T
+
+    from tileplug.backend_cuda.norm.rms_norm import RmsNormMacros
+    from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, row_buffer, vector_buffer
+    from tileplug.backend_cuda.rope.rotation import nan_f32, rotated_first, rotated_second
+
+    norm = spec.norm
+    M = T.dynamic("M")
+    rows = RowMacros(norm, M * norm.heads)
+    rms = RmsNormMacros(norm, rows)
+    IN, VEC = norm.in_dtype, norm.vec
+    R = spec.rotary_dim
+    HALF = R // 2
+    GPTJ = spec.interleaved
+    ROWS = rows.ROWS
+    CHUNKS, VALUES = list(range(rows.CHUNKS)), list(range(VEC))  # unrolled while tracing
+    L, CS, PS = T.dynamic("L"), T.dynamic("CS"), T.dynamic("PS")
+
+    x_t = row_buffer(norm, "x", IN, M)
+    w_t = vector_buffer(norm, "w", norm.weight_dtype)
+    y_t = row_buffer(norm, "y", IN, M)
+    cache_t = T.StridedTensor((L, R), (CS, 1), "float32")
+    positions_t = T.StridedTensor((M,), (PS,), spec.positions or "int32")
+    STRIDES = aligned_strides(norm, x_t, y_t)
+
+    @T.macro
+    def cos_sin(cache, position, inside, p, cn):
+        """``cn`` = (cos, sin) of pair ``p`` at ``position`` (NaN, never read, when outside)."""
+        if inside:
+            cn[0] = cache[position, p]
+            cn[1] = cache[position, HALF + p]
+        else:
+            cn[0] = nan_f32()
+            cn[1] = nan_f32()
+
+    @T.macro
+    def body(x, weight, cache, positions, y, offset):
+        with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+            for stride in STRIDES:
+                T.assume(stride % VEC == 0)
+            tx = T.get_thread_binding()
+            t, n, lane, valid = rows.coords(bx, tx)
+            s, rv, wv, yv, terms, acc, tree = RmsNormMacros.locals(norm, rows)
+            cn = T.alloc_local((2,), "float32")
+            position = T.alloc_var("int64")
+            rms.normalize(x, weight, None, None, None, s, rv, wv, yv, terms, acc, tree, t, n, lane, valid, tx)
+            if not GPTJ:  # NeoX partners sit in other lanes of the row: exchange through shared memory
+                pairs = T.alloc_shared((ROWS * R,), IN)
+                row = rows.slot(tx)
+                for k in CHUNKS:
+                    for j in VALUES:
+                        col = rows.column(k, lane) + j
+                        if valid and col < R:
+                            pairs[row * R + col] = yv[k * VEC + j]
+                rows.reuse_barrier()
+            position = 0
+            if valid:
+                if positions is None:
+                    position = T.cast(t, "int64") + offset
+                else:
+                    position = T.cast(positions[t], "int64") + offset
+            inside = position >= 0 and position < T.cast(L, "int64")
+            for k in CHUNKS:
+                if GPTJ:
+                    for j in VALUES[::2]:
+                        col = rows.column(k, lane) + j
+                        if valid and col < R:
+                            cos_sin(cache, position, inside, col // 2, cn)
+                            x1 = T.cast(yv[k * VEC + j], "float32")
+                            x2 = T.cast(yv[k * VEC + j + 1], "float32")
+                            yv[k * VEC + j] = T.cast(rotated_first(x1, x2, cn[0], cn[1]), IN)
+                            yv[k * VEC + j + 1] = T.cast(rotated_second(x1, x2, cn[0], cn[1]), IN)
+                else:
+                    for j in VALUES:
+                        col = rows.column(k, lane) + j
+                        if valid and col < R:
+                            own = T.cast(yv[k * VEC + j], "float32")
+                            if col < HALF:
+                                cos_sin(cache, position, inside, col, cn)
+                                other = T.cast(pairs[row * R + col + HALF], "float32")
+                                yv[k * VEC + j] = T.cast(rotated_first(own, other, cn[0], cn[1]), IN)
+                            else:
+                                cos_sin(cache, position, inside, col - HALF, cn)
+                                other = T.cast(pairs[row * R + col - HALF], "float32")
+                                yv[k * VEC + j] = T.cast(rotated_second(other, own, cn[0], cn[1]), IN)
+            rows.store_row(y, yv, t, n, lane, valid)
+
+    if spec.positions:
+
+        @T.prim_func
+        def kernel(x: x_t, weight: w_t, cache: cache_t, positions: positions_t, y: y_t, offset: T.int64):
+            body(x, weight, cache, positions, y, offset)
+
+    else:
+
+        @T.prim_func
+        def kernel(x: x_t, weight: w_t, cache: cache_t, y: y_t, offset: T.int64):
+            body(x, weight, cache, None, y, offset)
+
+    return kernel.with_attr("global_symbol", spec.name)
+
+
+# ---------------------------------------------------------------------- the kernel object
+
+
+class RmsNormRope:
+    """The CUDA ``rms_norm_rope`` kernel (``supports`` / ``spec`` / ``source`` / ``prepare``).
+    ``rms_norm_rope_per_token_cast`` shares the kernel key and is declined (no fused cast yet)."""
+
+    op = "rms_norm_rope"
+
+    def supports(self, call: NormRopeCall) -> str | None:
+        from tileplug.backend_cuda.norm.spec import row_tile
+
+        if call.op != self.op:
+            return f"this kernel serves {self.op}, not {call.op}"
+        if call.cast is not None:
+            return "the fused per-token cast (rms_norm_rope_per_token_cast) has no CUDA kernel yet"
+        if call.weight_dtype not in TL_DTYPES:
+            return f"weight dtype {call.weight_dtype} is not served by the CUDA kernels (bf16, fp16, fp32)"
+        if row_tile(call.head_dim, call.dtype) is None:
+            return f"a head of D = {call.head_dim} values does not fit one CTA's registers"
+        return None
+
+    def spec(self, call: NormRopeCall, vectorize: bool | None = None) -> NormRopeSpec:
+        """The specialisation serving ``call``: 128-bit rows where ``D`` allows (``vectorize``
+        None or True; the launcher checks the pointers and strides per call), else scalar."""
+        from tileplug.backend_cuda.norm.spec import NormKernelSpec, row_tile, vector_width
+
+        vector = call.head_dim % vector_width(call.dtype) == 0 and vectorize is not False
+        norm = NormKernelSpec(
+            op="rms_norm", hidden=call.head_dim, heads=call.heads, in_dtype=TL_DTYPES[call.dtype],
+            weight_dtype=TL_DTYPES[call.weight_dtype], bias_dtype=None, residual=False, stats=False,
+            eps=float(call.eps), weight_offset=float(call.weight_offset), out_scale=1.0, vectorize=vector,
+            tile=row_tile(call.head_dim, call.dtype),
+        )
+        return NormRopeSpec(norm, call.rotary_dim, call.interleaved, TL_POSITIONS[call.positions_dtype])
+
+    def specs(self, call: NormRopeCall) -> list[NormRopeSpec]:
+        """Every specialisation a call signature may launch (vector and scalar rows)."""
+        return list(dict.fromkeys([self.spec(call), self.spec(call, vectorize=False)]))
+
+    def source(self, call: NormRopeCall, arch: str = jit.DEFAULT_ARCH) -> str:
+        return jit.lower_source(self.spec(call), arch)
+
+    def __call__(self, call: NormRopeCall, inputs: NormRopeInputs, outputs: NormRopeOutputs) -> None:
+        self.prepare(call)(inputs, outputs)
+
+    def prepare(self, call: NormRopeCall) -> Launcher:
+        """``launch(inputs, outputs)``: the 128-bit entry when ``x``, ``y`` and the weight are
+        16-byte aligned row by row, else the scalar one (loaded on first use)."""
+        vector_spec, scalar_spec = self.spec(call), self.spec(call, vectorize=False)
+        vector_entry = jit.entry(vector_spec) if vector_spec.norm.vectorize else None
+        vec = vector_spec.norm.vec
+        scalar: list[Any] = []
+        with_positions = call.positions_dtype is not None
+
+        def aligned(tensor: torch.Tensor) -> bool:
+            return tensor.data_ptr() % 16 == 0 and all(stride % vec == 0 for stride in tensor.stride()[:-1])
+
+        def entry(inputs: NormRopeInputs, y: torch.Tensor) -> Any:
+            weight = inputs.weight
+            if vector_entry is not None and aligned(inputs.x) and aligned(y) \
+                    and weight.data_ptr() % (vec * weight.element_size()) == 0:
+                return vector_entry
+            if not scalar:
+                scalar.append(jit.entry(scalar_spec))
+            return scalar[0]
+
+        def usable(cache: torch.Tensor) -> torch.Tensor:
+            # no row to read: every position is out of range, as with one NaN row
+            if cache.shape[0]:
+                return cache
+            return torch.full((1, call.rotary_dim), float("nan"), dtype=torch.float32, device=cache.device)
+
+        if with_positions:
+
+            def launch(inputs: NormRopeInputs, outputs: NormRopeOutputs) -> None:
+                entry(inputs, outputs.y)(inputs.x, inputs.weight, usable(inputs.cos_sin_cache), inputs.positions,
+                                         outputs.y, inputs.seqlen_offset)
+
+        else:
+
+            def launch(inputs: NormRopeInputs, outputs: NormRopeOutputs) -> None:
+                entry(inputs, outputs.y)(inputs.x, inputs.weight, usable(inputs.cos_sin_cache), outputs.y,
+                                         inputs.seqlen_offset)
+
+        return launch
