@@ -6,7 +6,8 @@ Run on the GPU host (compute capability >= 9.0)::
 
     hatch run python -m pytest tests/gpu/test_cuda_rope.py -m gpu -q
 
-Every specialisation the module launches (about 45: vector and scalar paths) is compiled
+Every specialisation the module launches (about 90: vector and scalar paths, the norm and
+cast kernels of the unfused chains) is compiled
 up front by ``jit.precompile`` in a spawned process pool, so the tests themselves take
 seconds. The oracle is the reference backend on the same GPU (its fp32 arithmetic is IEEE
 there: separate products and sums, the order the kernel uses), run on a copy of the
@@ -229,7 +230,10 @@ def _specs(setups: list[Setup]) -> list:
         query, key = inputs.views()
         call, _ = describe_call("apply_rotary", query, inputs.cache, key=key, positions=inputs.positions,
                                 interleaved=setup.interleaved, conjugate=setup.conjugate, seqlen_offset=setup.offset)
-        found.update(dict.fromkeys(kernel.specs(call)))
+        aligned = setup.pad * setup.dtype.itemsize % 16 == 0
+        found[kernel.spec(call, vectorize=None if aligned else False)] = None
+        if setup == Setup(key_heads=0):  # test_misaligned_data_pointer
+            found[kernel.spec(call, vectorize=False)] = None
     from tileplug.core import opdefs
     from tileplug.core.registry import use_backend
 
@@ -565,7 +569,7 @@ def test_rms_norm_rope_op_table_cases() -> None:
 
 def _norm_specs() -> list:
     from tileplug.backend_cuda.plugin import _KERNELS
-    from tileplug.core import opdefs
+    from tileplug.core import opdefs, ops
     from tileplug.core.lowering import describe_call
     from tileplug.core.registry import use_backend
 
@@ -579,10 +583,124 @@ def _norm_specs() -> list:
             call, _ = describe_call(op, *op_args, **op_kwargs)
             kernel = _KERNELS[call.op]
             if kernel.supports(call) is None:
-                found.update(dict.fromkeys(getattr(kernel, "specs", lambda c: [kernel.spec(c)])(call)))
-    for case in opdefs.get("rms_norm_rope").cases():
+                found[kernel.spec(call)] = None  # rms_norm's spec follows the call's alignment
+                if op == "rms_norm_rope" and setup.pad * setup.dtype.itemsize % 16:
+                    found[kernel.spec(call, vectorize=False)] = None
+    for setup, flags, unquantized in CAST_GRID + [(NormSetup(offset=0), {}, False)]:
+        args, kwargs = setup.arguments(2, device="cpu")
+        cast = _cast_flags(flags)
+        call, _ = describe_call("rms_norm_rope_per_token_cast", *args, **kwargs, **cast,
+                                return_unquantized=unquantized)
+        aligned = setup.pad * setup.dtype.itemsize % 16 == 0
+        found[_KERNELS["rms_norm_rope"].spec(call, vectorize=None if aligned else False)] = None
         with use_backend("reference"):
-            case_args, case_kwargs = case.arguments(3, "cpu")
-        call, _ = describe_call("rms_norm_rope", *case_args, **case_kwargs)
-        found.update(dict.fromkeys(_KERNELS["rms_norm_rope"].specs(call)))
+            y = ops.rms_norm_rope(*args, **kwargs)
+        call, _ = describe_call("per_token_cast", y.view(2, -1), **cast)
+        found[_KERNELS["per_token_cast"].spec(call)] = None
+    for name in ("rms_norm_rope", "rms_norm_rope_per_token_cast"):
+        for case in opdefs.get(name).cases():
+            with use_backend("reference"):
+                case_args, case_kwargs = case.arguments(3, "cpu")
+            call, _ = describe_call(name, *case_args, **case_kwargs)
+            if _KERNELS["rms_norm_rope"].supports(call) is None:
+                found.update(dict.fromkeys(_KERNELS["rms_norm_rope"].specs(call)))
     return list(found)
+
+
+# ---------------------------------------------------------------------- rms_norm_rope_per_token_cast
+
+CAST_FLAGS = [
+    {},
+    {"round_sf": True},
+    {"round_sf": True, "use_packed_ue8m0": True},
+    {"use_tma_aligned_col_major_sf": True},
+    {"round_sf": True, "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True},
+    {"fmt": "e2m1", "num_per_channels": 16},
+    {"fmt": "e2m1", "num_per_channels": 32, "round_sf": True, "use_packed_ue8m0": True},
+    {"num_per_channels": 64},
+    {"num_per_channels": 32},
+]
+CAST_SETUPS = [
+    NormSetup(),
+    NormSetup(head_dim=64, rotary=64, heads=16, positions="int32", weight_offset=1.0),
+    NormSetup(head_dim=192, rotary=64, heads=4, interleaved=True),
+    NormSetup(head_dim=576, rotary=64, heads=2, positions="none"),
+    NormSetup(head_dim=128, rotary=64, heads=8, dtype=torch.float32, pad=3),
+    NormSetup(heads=32, pad=8, interleaved=True),
+]
+CAST_GRID = [  # each setup with three of the flag sets, in turn (every set meets several setups)
+    (setup, CAST_FLAGS[(3 * index + turn) % len(CAST_FLAGS)], turn % 2 == 0)
+    for index, setup in enumerate(CAST_SETUPS) for turn in range(3)
+    if setup.head_dim % CAST_FLAGS[(3 * index + turn) % len(CAST_FLAGS)].get("num_per_channels", 128) == 0
+] + [(CAST_SETUPS[3], {"num_per_channels": 64, "round_sf": True, "use_packed_ue8m0": True,
+                       "use_tma_aligned_col_major_sf": True}, True)]
+
+
+def _cast_flags(flags: dict) -> dict:
+    return {"fmt": "e4m3", "num_per_channels": 128, "round_sf": False, "use_packed_ue8m0": False,
+            "use_tma_aligned_col_major_sf": False, **flags}
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 4001])
+@pytest.mark.parametrize("setup,flags,unquantized", CAST_GRID,
+                         ids=[f"{s.label()}-{f}-y{u}" for s, f, u in CAST_GRID])
+def test_rms_norm_rope_per_token_cast_equals_the_unfused_chain_bytewise(setup: NormSetup, flags: dict,
+                                                                         unquantized: bool, tokens: int) -> None:
+    """SPEC §6: ``(q, sf)`` are this backend's ``per_token_cast`` of ``y.view(T, N·D)`` with
+    ``y`` its ``rms_norm`` + ``apply_rotary`` chain, bytewise (sf compared on every byte that
+    holds a group); the returned ``y`` is that chain's bytes."""
+    from tileplug.core import ops
+    from tileplug.core.registry import use_backend
+    from tileplug.core.testing import assert_bytes_equal, assert_sf_equal
+
+    args, kwargs = setup.arguments(tokens, seed=tokens)
+    cast = _cast_flags(flags)
+    _served_by_cuda("rms_norm_rope_per_token_cast", *args, **kwargs, **cast, return_unquantized=unquantized)
+    with use_backend(BACKEND):
+        result = ops.rms_norm_rope_per_token_cast(*args, **kwargs, **cast, return_unquantized=unquantized)
+        y = _unfused(*args, **kwargs)
+        _served_by_cuda("per_token_cast", y.view(tokens, -1), **cast)
+        q, sf = ops.per_token_cast(y.view(tokens, -1), **cast)
+    what = f"{setup.label()} {flags} T={tokens}"
+    assert_bytes_equal(result[0], q, what=f"{what} q")
+    hidden = setup.heads * setup.head_dim
+    assert_sf_equal(result[1], sf, (1, cast["num_per_channels"]), tokens, hidden, what=f"{what} sf")
+    if unquantized:
+        assert len(result) == 3
+        assert_bytes_equal(result[2], y, what=f"{what} y")
+    else:
+        assert len(result) == 2
+
+
+def test_rms_norm_rope_per_token_cast_op_table_cases() -> None:
+    """The op table's cases through the conformance check (their compare: bytewise vs the
+    reference's per_token_cast of the backend's own y where y is returned)."""
+    from tileplug.core import opdefs
+    from tileplug.reference.conformance import CaseDeclined, check_case
+
+    for case in opdefs.get("rms_norm_rope_per_token_cast").cases():
+        for tokens in (1, 3, 4001):
+            try:
+                check_case(case, tokens, BACKEND, "cuda", oracle_device="cuda")
+            except CaseDeclined:  # D not a multiple of the group: the reference serves it
+                pass
+
+
+def test_rms_norm_rope_per_token_cast_nan_rows_stay_in_their_token() -> None:
+    """An out-of-range position makes that token's scales non-finite; other tokens' bytes are
+    the chain's."""
+    from tileplug.core import ops
+    from tileplug.core.registry import use_backend
+    from tileplug.core.testing import assert_bytes_equal
+
+    setup = NormSetup(offset=0)
+    args, kwargs = setup.arguments(40, seed=3)
+    kwargs["positions"][[0, 17]] = -1
+    with use_backend(BACKEND):
+        q, sf = ops.rms_norm_rope_per_token_cast(*args, **kwargs)
+        y = _unfused(*args, **kwargs)
+        q_chain, sf_chain = ops.per_token_cast(y.view(40, -1))
+    assert not torch.isfinite(sf[[0, 17]]).all()
+    good = [t for t in range(40) if t not in (0, 17)]
+    assert_bytes_equal(q[good], q_chain[good], what="q of the other tokens")
+    assert_bytes_equal(sf[good], sf_chain[good], what="sf of the other tokens")

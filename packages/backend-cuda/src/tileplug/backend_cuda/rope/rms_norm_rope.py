@@ -17,6 +17,14 @@ row's rotated channels go through shared memory (written, one barrier — a warp
 row's lanes fit one warp — then each thread reads its values' partners). A position
 outside ``[0, L)`` is never read from the cache: that token's rotated channels become NaN.
 
+``rms_norm_rope_per_token_cast`` then casts the rotated ``y`` (still in registers) per token
+over ``y.view(T, N·D)``, bytewise as this backend's ``per_token_cast`` of that ``y``: groups
+of ``g`` columns never straddle two heads (``D`` a multiple of ``g``, else declined), so a
+group is ``g / VEC`` adjacent lanes of one chunk of a head's row, reduced on chip with xor
+shuffles of the amax bits (a max: the same bits in any order), then the quant family's
+scale macros (``quant.sf_math``: ``group_inverse`` / ``group_scale``, e4m3 by the
+hardware's saturating conversion, e2m1 by ``e2m1_code``).
+
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
 
@@ -39,7 +47,9 @@ def build_kernel(spec: NormRopeSpec):
 
     from tileplug.backend_cuda.norm.rms_norm import RmsNormMacros
     from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, row_buffer, vector_buffer
+    from tileplug.backend_cuda.quant import sf_math
     from tileplug.backend_cuda.rope.rotation import nan_f32, rotated_first, rotated_second
+    from tileplug.core.quant.formats import QUANT_FORMATS
 
     norm = spec.norm
     M = T.dynamic("M")
@@ -58,7 +68,71 @@ def build_kernel(spec: NormRopeSpec):
     y_t = row_buffer(norm, "y", IN, M)
     cache_t = T.StridedTensor((L, R), (CS, 1), "float32")
     positions_t = T.StridedTensor((M,), (PS,), spec.positions or "int32")
-    STRIDES = aligned_strides(norm, x_t, y_t)
+    quant = spec.quant
+    WRITE_Y = quant is None or quant.unquantized
+    STRIDES = aligned_strides(norm, x_t, *((y_t,) if WRITE_Y else ()))
+    if quant is not None:
+        D, HEADS = norm.hidden, norm.heads
+        E2M1 = quant.fmt == "e2m1"
+        VPB = 2 if E2M1 else 1  # values per byte of q
+        QDT = "int8" if E2M1 else "float8_e4m3fn"
+        FMAX = QUANT_FORMATS[quant.fmt].max_value
+        FRCP = sf_math.f32(1.0 / FMAX)
+        CMIN_BITS = sf_math.f32_bits(quant.clamp_min)
+        ROUND, E4M3_SF = quant.round_sf, quant.sf_kind == "e4m3"
+        PACKED, SF_COL = quant.sf_kind == "ue8m0", quant.sf_col_major
+        GROUP_LANES = quant.group // VEC  # adjacent lanes holding one group (within one chunk of the row)
+        GROUP_STEPS = [d for d in (16, 8, 4, 2, 1) if d < GROUP_LANES]
+        assert D % quant.group == 0 and rows.LANES * VEC % quant.group == 0
+        q_t = T.Tensor((M, HEADS * D // VPB), QDT)
+        sf_t = T.StridedTensor((T.dynamic("OR"), T.dynamic("OC")), (T.dynamic("OS0"), T.dynamic("OS1")),
+                               {"fp32": "float32", "e4m3": "float8_e4m3fn", "ue8m0": "uint8"}[quant.sf_kind])
+
+        def amax_key(yv, i, inside):
+            """int32 amax key of value ``i`` (the bits of |y|, sf_math.abs_bits; 0 past D)."""
+            key = sf_math.bf16_abs_bits(yv[i]) if IN == "bfloat16" else sf_math.abs_bits(T.cast(yv[i], "float32"))
+            return key if inside is True else T.if_then_else(inside, key, 0)
+
+        @T.macro
+        def store_scale(sf, t, group, value):
+            if PACKED and SF_COL:  # the bytes of column-major int32 words: [C / 4, 4 T]
+                sf[group // 4, t * 4 + group % 4] = value
+            else:
+                sf[t, group] = value
+
+        @T.macro
+        def cast_row(yv, q, sf, t, n, lane, valid, amax, inv, qv):
+            """Per-token groups of the thread's rotated values: amax, scale, quantized bytes."""
+            for k in CHUNKS:
+                col = rows.column(k, lane)
+                flat = n * D + col  # column of the token's [N·D] row
+                amax[0] = 0
+                for j in VALUES:
+                    amax[0] = T.max(amax[0], amax_key(yv, k * VEC + j, rows.in_row(k, j, lane)))
+                for d in GROUP_STEPS:
+                    amax[0] = T.max(amax[0], T.shfl_xor(amax[0], d))
+                inv[0] = sf_math.group_inverse(amax[0], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF)
+                if valid and col < D and lane % GROUP_LANES == 0:
+                    store_scale(sf, t, flat // quant.group,
+                                sf_math.group_scale(amax[0], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED))
+                if E2M1:
+                    for j in T.unroll(VEC // 2):
+                        qv[j] = T.cast(
+                            sf_math.e2m1_code(T.cast(yv[k * VEC + 2 * j], "float32") * inv[0])
+                            | T.shift_left(sf_math.e2m1_code(T.cast(yv[k * VEC + 2 * j + 1], "float32") * inv[0]), 4),
+                            "int8",
+                        )
+                else:
+                    for j in T.vectorized(VEC):
+                        qv[j] = T.cast(T.cast(yv[k * VEC + j], "float32") * inv[0], "float8_e4m3fn")
+                if norm.vectorize:
+                    if valid and col < D:
+                        for j in T.vectorized(VEC // VPB):
+                            q[t, flat // VPB + j] = qv[j]
+                else:
+                    for j in T.unroll(VEC // VPB):
+                        if valid and col + j * VPB < D:
+                            q[t, flat // VPB + j] = qv[j]
 
     @T.macro
     def cos_sin(cache, position, inside, p, cn):
@@ -71,7 +145,7 @@ def build_kernel(spec: NormRopeSpec):
             cn[1] = nan_f32()
 
     @T.macro
-    def body(x, weight, cache, positions, y, offset):
+    def body(x, weight, cache, positions, y, q, sf, offset):
         with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
@@ -120,19 +194,54 @@ def build_kernel(spec: NormRopeSpec):
                                 cos_sin(cache, position, inside, col - HALF, cn)
                                 other = T.cast(pairs[row * R + col - HALF], "float32")
                                 yv[k * VEC + j] = T.cast(rotated_second(other, own, cn[0], cn[1]), IN)
-            rows.store_row(y, yv, t, n, lane, valid)
+            if WRITE_Y:
+                rows.store_row(y, yv, t, n, lane, valid)
+            if quant is not None:
+                amax = T.alloc_local((1,), "int32")
+                inv = T.alloc_local((1,), "float32")
+                qv = T.alloc_local((VEC // VPB,), QDT)
+                cast_row(yv, q, sf, t, n, lane, valid, amax, inv, qv)
 
-    if spec.positions:
+    # One prim_func per buffer set (TileLang reads the signature off the annotations).
+    POSITIONS = spec.positions is not None
+    if quant is None:
+        if POSITIONS:
+
+            @T.prim_func
+            def kernel(x: x_t, weight: w_t, cache: cache_t, positions: positions_t, y: y_t, offset: T.int64):
+                body(x, weight, cache, positions, y, None, None, offset)
+
+        else:
+
+            @T.prim_func
+            def kernel(x: x_t, weight: w_t, cache: cache_t, y: y_t, offset: T.int64):
+                body(x, weight, cache, None, y, None, None, offset)
+
+    elif WRITE_Y:
+        if POSITIONS:
+
+            @T.prim_func
+            def kernel(x: x_t, weight: w_t, cache: cache_t, positions: positions_t, y: y_t, q: q_t, sf: sf_t,
+                       offset: T.int64):
+                body(x, weight, cache, positions, y, q, sf, offset)
+
+        else:
+
+            @T.prim_func
+            def kernel(x: x_t, weight: w_t, cache: cache_t, y: y_t, q: q_t, sf: sf_t, offset: T.int64):
+                body(x, weight, cache, None, y, q, sf, offset)
+
+    elif POSITIONS:
 
         @T.prim_func
-        def kernel(x: x_t, weight: w_t, cache: cache_t, positions: positions_t, y: y_t, offset: T.int64):
-            body(x, weight, cache, positions, y, offset)
+        def kernel(x: x_t, weight: w_t, cache: cache_t, positions: positions_t, q: q_t, sf: sf_t, offset: T.int64):
+            body(x, weight, cache, positions, None, q, sf, offset)
 
     else:
 
         @T.prim_func
-        def kernel(x: x_t, weight: w_t, cache: cache_t, y: y_t, offset: T.int64):
-            body(x, weight, cache, None, y, offset)
+        def kernel(x: x_t, weight: w_t, cache: cache_t, q: q_t, sf: sf_t, offset: T.int64):
+            body(x, weight, cache, None, None, q, sf, offset)
 
     return kernel.with_attr("global_symbol", spec.name)
 
@@ -141,8 +250,8 @@ def build_kernel(spec: NormRopeSpec):
 
 
 class RmsNormRope:
-    """The CUDA ``rms_norm_rope`` kernel (``supports`` / ``spec`` / ``source`` / ``prepare``).
-    ``rms_norm_rope_per_token_cast`` shares the kernel key and is declined (no fused cast yet)."""
+    """The CUDA ``rms_norm_rope`` / ``rms_norm_rope_per_token_cast`` kernel (one kernel key):
+    ``supports`` / ``spec`` / ``source`` / ``prepare``."""
 
     op = "rms_norm_rope"
 
@@ -151,8 +260,9 @@ class RmsNormRope:
 
         if call.op != self.op:
             return f"this kernel serves {self.op}, not {call.op}"
-        if call.cast is not None:
-            return "the fused per-token cast (rms_norm_rope_per_token_cast) has no CUDA kernel yet"
+        if call.cast is not None and call.head_dim % call.cast.block[1]:
+            return (f"D = {call.head_dim} not a multiple of the cast group {call.cast.block[1]}: a group would "
+                    "straddle two heads")
         if call.weight_dtype not in TL_DTYPES:
             return f"weight dtype {call.weight_dtype} is not served by the CUDA kernels (bf16, fp16, fp32)"
         if row_tile(call.head_dim, call.dtype) is None:
@@ -171,7 +281,17 @@ class RmsNormRope:
             eps=float(call.eps), weight_offset=float(call.weight_offset), out_scale=1.0, vectorize=vector,
             tile=row_tile(call.head_dim, call.dtype),
         )
-        return NormRopeSpec(norm, call.rotary_dim, call.interleaved, TL_POSITIONS[call.positions_dtype])
+        quant = None
+        cast = call.cast
+        if cast is not None:
+            from tileplug.backend_cuda.norm.spec import QuantSpec
+            from tileplug.core.quant.layouts import CUDA_LAYOUT
+
+            sf_kind = cast.sf_encoding(CUDA_LAYOUT).kind
+            quant = QuantSpec(fmt=cast.fmt.name, group=cast.block[1], sf_kind=sf_kind,
+                              sf_col_major=bool(cast.col_major_sf) and sf_kind == "ue8m0", round_sf=bool(cast.round_sf),
+                              clamp_min=float(cast.clamp_min), unquantized=call.return_unquantized)
+        return NormRopeSpec(norm, call.rotary_dim, call.interleaved, TL_POSITIONS[call.positions_dtype], quant)
 
     def specs(self, call: NormRopeCall) -> list[NormRopeSpec]:
         """Every specialisation a call signature may launch (vector and scalar rows)."""
@@ -184,8 +304,11 @@ class RmsNormRope:
         self.prepare(call)(inputs, outputs)
 
     def prepare(self, call: NormRopeCall) -> Launcher:
-        """``launch(inputs, outputs)``: the 128-bit entry when ``x``, ``y`` and the weight are
-        16-byte aligned row by row, else the scalar one (loaded on first use)."""
+        """``launch(inputs, outputs)``: the 128-bit entry when ``x`` and the weight are 16-byte
+        aligned row by row (``y``, ``q``: fresh allocations), else the scalar one (loaded on
+        first use)."""
+        from tileplug.backend_cuda.quant.kernels import _byte_view
+
         vector_spec, scalar_spec = self.spec(call), self.spec(call, vectorize=False)
         vector_entry = jit.entry(vector_spec) if vector_spec.norm.vectorize else None
         vec = vector_spec.norm.vec
@@ -195,9 +318,9 @@ class RmsNormRope:
         def aligned(tensor: torch.Tensor) -> bool:
             return tensor.data_ptr() % 16 == 0 and all(stride % vec == 0 for stride in tensor.stride()[:-1])
 
-        def entry(inputs: NormRopeInputs, y: torch.Tensor) -> Any:
+        def entry(inputs: NormRopeInputs, y: torch.Tensor | None) -> Any:
             weight = inputs.weight
-            if vector_entry is not None and aligned(inputs.x) and aligned(y) \
+            if vector_entry is not None and aligned(inputs.x) and (y is None or aligned(y)) \
                     and weight.data_ptr() % (vec * weight.element_size()) == 0:
                 return vector_entry
             if not scalar:
@@ -210,16 +333,25 @@ class RmsNormRope:
                 return cache
             return torch.full((1, call.rotary_dim), float("nan"), dtype=torch.float32, device=cache.device)
 
+        quant = vector_spec.quant
+        sf_bytes = _byte_view(quant) if quant is not None else None  # packed UE8M0 is written byte by byte
+
+        def outputs_of(outputs: NormRopeOutputs) -> tuple:
+            if quant is None:
+                return (outputs.y,)
+            written = (outputs.q, sf_bytes(outputs.sf))
+            return (outputs.y, *written) if quant.unquantized else written
+
         if with_positions:
 
             def launch(inputs: NormRopeInputs, outputs: NormRopeOutputs) -> None:
                 entry(inputs, outputs.y)(inputs.x, inputs.weight, usable(inputs.cos_sin_cache), inputs.positions,
-                                         outputs.y, inputs.seqlen_offset)
+                                         *outputs_of(outputs), inputs.seqlen_offset)
 
         else:
 
             def launch(inputs: NormRopeInputs, outputs: NormRopeOutputs) -> None:
-                entry(inputs, outputs.y)(inputs.x, inputs.weight, usable(inputs.cos_sin_cache), outputs.y,
+                entry(inputs, outputs.y)(inputs.x, inputs.weight, usable(inputs.cos_sin_cache), *outputs_of(outputs),
                                          inputs.seqlen_offset)
 
         return launch

@@ -122,13 +122,15 @@ class NormRopeSpec:
     row tile and constants (the ``rms_norm`` kernel's own ``NormKernelSpec`` for a per-head
     ``[T, N, D]`` input, so the fused kernel's ``y`` before the rotation is that kernel's,
     bit for bit), ``rotary_dim`` R, ``interleaved`` (GPT-J pairs), ``positions`` (TileLang
-    dtype of explicit positions, None: ``offset + t``). Tokens, strides, the cache length and
-    ``seqlen_offset`` are runtime values."""
+    dtype of explicit positions, None: ``offset + t``), ``quant`` the per-token cast of
+    ``rms_norm_rope_per_token_cast`` (a norm ``QuantSpec``; None: ``y`` only). Tokens,
+    strides, the cache length and ``seqlen_offset`` are runtime values."""
 
     norm: Any
     rotary_dim: int
     interleaved: bool
     positions: str | None
+    quant: Any = None
 
     @property
     def vector_buffers(self) -> tuple[str, ...]:
@@ -141,7 +143,13 @@ class NormRopeSpec:
         norm = self.norm.name.removeprefix("rms_norm_")
         pairing = "gptj" if self.interleaved else "neox"
         positions = f"pos{self.positions}" if self.positions else "implicit"
-        return f"rms_norm_rope_{norm}_r{self.rotary_dim}_{pairing}_{positions}"
+        name = f"rms_norm_rope_{norm}_r{self.rotary_dim}_{pairing}_{positions}"
+        quant = self.quant
+        if quant is not None:
+            name += f"_{quant.fmt}_g{quant.group}_sf{quant.sf_kind}{'col' if quant.sf_col_major else ''}"
+            name += ("_round" if quant.round_sf else "") + f"_c{quant.clamp_min.hex().replace('.', '_')}"
+            name = name.replace("+", "p").replace("-", "m") + ("_y" if quant.unquantized else "")
+        return name
 
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``)."""
