@@ -6,8 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tileplug.backend_cuda.norm import make_kernels as make_norm_kernels
-from tileplug.backend_cuda.quant import make_kernels as make_quant_kernels
+from tileplug.backend_cuda import norm, quant, rope
 from tileplug.core import CUDA_LAYOUT, Backend, hookimpl
 
 PRIORITY = 100
@@ -80,6 +79,17 @@ def capabilities() -> str:
         "  Declined: fp64 (gradcheck dtype), rows longer than 16 warps x 8 vectors (bf16 D > 32768, fp32 D > 16384),\n"
         "  rows above 12288 values without an exact tile (> 48 KB of shared memory), 3-D casts whose D is not a\n"
         "  multiple of the group; rms_norm_backward / layer_norm_backward have no CUDA kernel yet (reference).\n"
+        "apply_rotary: query and key in one launch, 3-D/4-D, NeoX/GPT-J, conjugate, implicit/int32/int64 positions\n"
+        "  + seqlen_offset, any even R <= D (channels past R never touched), bf16/fp16/fp32, any strides (QKV views);\n"
+        "  128-bit loads when R/2 is a multiple of 16 bytes of values and pointers/strides are 16-byte aligned (checked\n"
+        "  per call; scalar loads otherwise); cos/sin row kept in registers across a token's heads; T, heads, D, strides,\n"
+        "  cache length and offset dynamic. Declined: rotary widths needing more than 1024 threads per head\n"
+        "  (R/2 over the largest power of two <= 16 bytes of values dividing it; never below R = 2048).\n"
+        "rms_norm_rope: the rms_norm kernel's own per-head norm (same tile and reduction) then the apply_rotary\n"
+        "  rotation in one pass, bytewise equal to rms_norm then apply_rotary on this backend; NeoX pairs exchanged\n"
+        "  through shared memory, GPT-J pairs in registers; any x row strides (128-bit rows when aligned, checked per\n"
+        "  call). Declined: rms_norm_rope_per_token_cast (no fused cast kernel yet: the reference serves it), fp64\n"
+        "  weights, heads too long for rms_norm's tile.\n"
         "  Kernel cache: compiled modules are indexed next to TileLang's cache ($TILELANG_CACHE_DIR/tileplug-index,\n"
         "  TILEPLUG_CUDA_KERNEL_INDEX=DIR|off) and loaded without importing TileLang; `tileplug precompile` fills it.\n"
         "  Status: every specialisation of the CI grid lowers for sm_90 and compiles with nvcc; bit-exactness vs\n"
@@ -104,7 +114,7 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     return jit.precompile(specs, arch=arch, workers=workers, load=False)
 
 
-_KERNELS = {**make_quant_kernels(), **make_norm_kernels()}
+_KERNELS = {**quant.make_kernels(), **norm.make_kernels(), **rope.make_kernels()}
 
 
 def make_backend() -> Backend:

@@ -1,0 +1,357 @@
+"""CUDA ``rms_norm_rope`` (SPEC §6): per-head RMSNorm over ``D`` with weight, rounded to
+``x.dtype``, then RoPE on the first ``R`` channels, in one pass over ``x`` ``[T, N, D]``.
+
+Bytewise equal to this backend's ``rms_norm`` on the 3-D ``x`` followed by its
+``apply_rotary`` on the result (SPEC §4, fusion rule), by construction:
+
+- the norm is the ``rms_norm`` kernel's own code: its row tile (``norm.rows.RowMacros``:
+  a head is a row, lane ``l`` of a row holding the vectors ``k·lanes + l``) and its
+  ``RmsNormMacros.normalize`` (the same reduction tree and fp32 operation order), on the
+  ``NormKernelSpec`` the ``rms_norm`` kernel would use for this ``x``;
+- the rotation is ``rotation.rotated_first`` / ``rotated_second``, the macros of
+  ``apply_rotary``, on the rounded ``y`` values.
+
+The pair exchange stays on chip: a GPT-J pair ``(2p, 2p + 1)`` is two adjacent values of
+one thread's vector; a NeoX pair ``(p, p + R/2)`` lives in two lanes of the row, so each
+row's rotated channels go through shared memory (written, one barrier — a warp's when a
+row's lanes fit one warp — then each thread reads its values' partners). A position
+outside ``[0, L)`` is never read from the cache: that token's rotated channels become NaN.
+
+``rms_norm_rope_per_token_cast`` then casts the rotated ``y`` (still in registers) per token
+over ``y.view(T, N·D)``, bytewise as this backend's ``per_token_cast`` of that ``y``: groups
+of ``g`` columns never straddle two heads (``D`` a multiple of ``g``, else declined), so a
+group is ``g / VEC`` adjacent lanes of one chunk of a head's row, reduced on chip with xor
+shuffles of the amax bits (a max: the same bits in any order), then the quant family's
+scale macros (``quant.sf_math``: ``group_inverse`` / ``group_scale``, e4m3 by the
+hardware's saturating conversion, e2m1 by ``e2m1_code``).
+
+No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tileplug.backend_cuda import jit
+from tileplug.backend_cuda.rope.spec import TL_DTYPES, TL_POSITIONS, NormRopeSpec
+from tileplug.core.contracts.rope import NormRopeCall, NormRopeInputs, NormRopeOutputs
+
+Launcher = Callable[[NormRopeInputs, NormRopeOutputs], None]
+
+
+def build_kernel(spec: NormRopeSpec):
+    """The ``T.prim_func`` of ``spec``: buffers ``(x, weight, cache, [positions], y)`` and the
+    int64 ``offset``."""
+    import tilelang.language as T
+
+    from tileplug.backend_cuda.norm.rms_norm import RmsNormMacros
+    from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, row_buffer, vector_buffer
+    from tileplug.backend_cuda.quant import sf_math
+    from tileplug.backend_cuda.rope.rotation import nan_f32, rotated_first, rotated_second
+    from tileplug.core.quant.formats import QUANT_FORMATS
+
+    norm = spec.norm
+    M = T.dynamic("M")
+    rows = RowMacros(norm, M * norm.heads)
+    rms = RmsNormMacros(norm, rows)
+    IN, VEC = norm.in_dtype, norm.vec
+    R = spec.rotary_dim
+    HALF = R // 2
+    GPTJ = spec.interleaved
+    ROWS = rows.ROWS
+    CHUNKS, VALUES = list(range(rows.CHUNKS)), list(range(VEC))  # unrolled while tracing
+    L, CS, PS = T.dynamic("L"), T.dynamic("CS"), T.dynamic("PS")
+
+    x_t = row_buffer(norm, "x", IN, M)
+    w_t = vector_buffer(norm, "w", norm.weight_dtype)
+    y_t = row_buffer(norm, "y", IN, M)
+    cache_t = T.StridedTensor((L, R), (CS, 1), "float32")
+    positions_t = T.StridedTensor((M,), (PS,), spec.positions or "int32")
+    quant = spec.quant
+    WRITE_Y = quant is None or quant.unquantized
+    STRIDES = aligned_strides(norm, x_t, *((y_t,) if WRITE_Y else ()))
+    if quant is not None:
+        D, HEADS = norm.hidden, norm.heads
+        E2M1 = quant.fmt == "e2m1"
+        VPB = 2 if E2M1 else 1  # values per byte of q
+        QDT = "int8" if E2M1 else "float8_e4m3fn"
+        FMAX = QUANT_FORMATS[quant.fmt].max_value
+        FRCP = sf_math.f32(1.0 / FMAX)
+        CMIN_BITS = sf_math.f32_bits(quant.clamp_min)
+        ROUND, E4M3_SF = quant.round_sf, quant.sf_kind == "e4m3"
+        PACKED, SF_COL = quant.sf_kind == "ue8m0", quant.sf_col_major
+        GROUP_LANES = quant.group // VEC  # adjacent lanes holding one group (within one chunk of the row)
+        GROUP_STEPS = [d for d in (16, 8, 4, 2, 1) if d < GROUP_LANES]
+        assert D % quant.group == 0 and rows.LANES * VEC % quant.group == 0
+        q_t = T.Tensor((M, HEADS * D // VPB), QDT)
+        sf_t = T.StridedTensor((T.dynamic("OR"), T.dynamic("OC")), (T.dynamic("OS0"), T.dynamic("OS1")),
+                               {"fp32": "float32", "e4m3": "float8_e4m3fn", "ue8m0": "uint8"}[quant.sf_kind])
+
+        def amax_key(yv, i, inside):
+            """int32 amax key of value ``i`` (the bits of |y|, sf_math.abs_bits; 0 past D)."""
+            key = sf_math.bf16_abs_bits(yv[i]) if IN == "bfloat16" else sf_math.abs_bits(T.cast(yv[i], "float32"))
+            return key if inside is True else T.if_then_else(inside, key, 0)
+
+        @T.macro
+        def store_scale(sf, t, group, value):
+            if PACKED and SF_COL:  # the bytes of column-major int32 words: [C / 4, 4 T]
+                sf[group // 4, t * 4 + group % 4] = value
+            else:
+                sf[t, group] = value
+
+        @T.macro
+        def cast_row(yv, q, sf, t, n, lane, valid, amax, inv, qv):
+            """Per-token groups of the thread's rotated values: amax, scale, quantized bytes."""
+            for k in CHUNKS:
+                col = rows.column(k, lane)
+                flat = n * D + col  # column of the token's [N·D] row
+                amax[0] = 0
+                for j in VALUES:
+                    amax[0] = T.max(amax[0], amax_key(yv, k * VEC + j, rows.in_row(k, j, lane)))
+                for d in GROUP_STEPS:
+                    amax[0] = T.max(amax[0], T.shfl_xor(amax[0], d))
+                inv[0] = sf_math.group_inverse(amax[0], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF)
+                if valid and col < D and lane % GROUP_LANES == 0:
+                    store_scale(sf, t, flat // quant.group,
+                                sf_math.group_scale(amax[0], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED))
+                if E2M1:
+                    for j in T.unroll(VEC // 2):
+                        qv[j] = T.cast(
+                            sf_math.e2m1_code(T.cast(yv[k * VEC + 2 * j], "float32") * inv[0])
+                            | T.shift_left(sf_math.e2m1_code(T.cast(yv[k * VEC + 2 * j + 1], "float32") * inv[0]), 4),
+                            "int8",
+                        )
+                else:
+                    for j in T.vectorized(VEC):
+                        qv[j] = T.cast(T.cast(yv[k * VEC + j], "float32") * inv[0], "float8_e4m3fn")
+                if norm.vectorize:
+                    if valid and col < D:
+                        for j in T.vectorized(VEC // VPB):
+                            q[t, flat // VPB + j] = qv[j]
+                else:
+                    for j in T.unroll(VEC // VPB):
+                        if valid and col + j * VPB < D:
+                            q[t, flat // VPB + j] = qv[j]
+
+    @T.macro
+    def cos_sin(cache, position, inside, p, cn):
+        """``cn`` = (cos, sin) of pair ``p`` at ``position`` (NaN, never read, when outside)."""
+        if inside:
+            cn[0] = cache[position, p]
+            cn[1] = cache[position, HALF + p]
+        else:
+            cn[0] = nan_f32()
+            cn[1] = nan_f32()
+
+    @T.macro
+    def body(x, weight, cache, positions, y, q, sf, offset):
+        with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+            for stride in STRIDES:
+                T.assume(stride % VEC == 0)
+            tx = T.get_thread_binding()
+            t, n, lane, valid = rows.coords(bx, tx)
+            s, rv, wv, yv, terms, acc, tree = RmsNormMacros.locals(norm, rows)
+            cn = T.alloc_local((2,), "float32")
+            position = T.alloc_var("int64")
+            rms.normalize(x, weight, None, None, None, s, rv, wv, yv, terms, acc, tree, t, n, lane, valid, tx)
+            if not GPTJ:  # NeoX partners sit in other lanes of the row: exchange through shared memory
+                pairs = T.alloc_shared((ROWS * R,), IN)
+                row = rows.slot(tx)
+                for k in CHUNKS:
+                    for j in VALUES:
+                        col = rows.column(k, lane) + j
+                        if valid and col < R:
+                            pairs[row * R + col] = yv[k * VEC + j]
+                rows.reuse_barrier()
+            position = 0
+            if valid:
+                if positions is None:
+                    position = T.cast(t, "int64") + offset
+                else:
+                    position = T.cast(positions[t], "int64") + offset
+            inside = position >= 0 and position < T.cast(L, "int64")
+            for k in CHUNKS:
+                if GPTJ:
+                    for j in VALUES[::2]:
+                        col = rows.column(k, lane) + j
+                        if valid and col < R:
+                            cos_sin(cache, position, inside, col // 2, cn)
+                            x1 = T.cast(yv[k * VEC + j], "float32")
+                            x2 = T.cast(yv[k * VEC + j + 1], "float32")
+                            yv[k * VEC + j] = T.cast(rotated_first(x1, x2, cn[0], cn[1]), IN)
+                            yv[k * VEC + j + 1] = T.cast(rotated_second(x1, x2, cn[0], cn[1]), IN)
+                else:
+                    for j in VALUES:
+                        col = rows.column(k, lane) + j
+                        if valid and col < R:
+                            own = T.cast(yv[k * VEC + j], "float32")
+                            if col < HALF:
+                                cos_sin(cache, position, inside, col, cn)
+                                other = T.cast(pairs[row * R + col + HALF], "float32")
+                                yv[k * VEC + j] = T.cast(rotated_first(own, other, cn[0], cn[1]), IN)
+                            else:
+                                cos_sin(cache, position, inside, col - HALF, cn)
+                                other = T.cast(pairs[row * R + col - HALF], "float32")
+                                yv[k * VEC + j] = T.cast(rotated_second(other, own, cn[0], cn[1]), IN)
+            if WRITE_Y:
+                rows.store_row(y, yv, t, n, lane, valid)
+            if quant is not None:
+                amax = T.alloc_local((1,), "int32")
+                inv = T.alloc_local((1,), "float32")
+                qv = T.alloc_local((VEC // VPB,), QDT)
+                cast_row(yv, q, sf, t, n, lane, valid, amax, inv, qv)
+
+    # One prim_func per buffer set (TileLang reads the signature off the annotations).
+    POSITIONS = spec.positions is not None
+    if quant is None:
+        if POSITIONS:
+
+            @T.prim_func
+            def kernel(x: x_t, weight: w_t, cache: cache_t, positions: positions_t, y: y_t, offset: T.int64):
+                body(x, weight, cache, positions, y, None, None, offset)
+
+        else:
+
+            @T.prim_func
+            def kernel(x: x_t, weight: w_t, cache: cache_t, y: y_t, offset: T.int64):
+                body(x, weight, cache, None, y, None, None, offset)
+
+    elif WRITE_Y:
+        if POSITIONS:
+
+            @T.prim_func
+            def kernel(x: x_t, weight: w_t, cache: cache_t, positions: positions_t, y: y_t, q: q_t, sf: sf_t,
+                       offset: T.int64):
+                body(x, weight, cache, positions, y, q, sf, offset)
+
+        else:
+
+            @T.prim_func
+            def kernel(x: x_t, weight: w_t, cache: cache_t, y: y_t, q: q_t, sf: sf_t, offset: T.int64):
+                body(x, weight, cache, None, y, q, sf, offset)
+
+    elif POSITIONS:
+
+        @T.prim_func
+        def kernel(x: x_t, weight: w_t, cache: cache_t, positions: positions_t, q: q_t, sf: sf_t, offset: T.int64):
+            body(x, weight, cache, positions, None, q, sf, offset)
+
+    else:
+
+        @T.prim_func
+        def kernel(x: x_t, weight: w_t, cache: cache_t, q: q_t, sf: sf_t, offset: T.int64):
+            body(x, weight, cache, None, None, q, sf, offset)
+
+    return kernel.with_attr("global_symbol", spec.name)
+
+
+# ---------------------------------------------------------------------- the kernel object
+
+
+class RmsNormRope:
+    """The CUDA ``rms_norm_rope`` / ``rms_norm_rope_per_token_cast`` kernel (one kernel key):
+    ``supports`` / ``spec`` / ``source`` / ``prepare``."""
+
+    op = "rms_norm_rope"
+
+    def supports(self, call: NormRopeCall) -> str | None:
+        from tileplug.backend_cuda.norm.spec import row_tile
+
+        if call.op != self.op:
+            return f"this kernel serves {self.op}, not {call.op}"
+        if call.cast is not None and call.head_dim % call.cast.block[1]:
+            return (f"D = {call.head_dim} not a multiple of the cast group {call.cast.block[1]}: a group would "
+                    "straddle two heads")
+        if call.weight_dtype not in TL_DTYPES:
+            return f"weight dtype {call.weight_dtype} is not served by the CUDA kernels (bf16, fp16, fp32)"
+        if row_tile(call.head_dim, call.dtype) is None:
+            return f"a head of D = {call.head_dim} values does not fit one CTA's registers"
+        return None
+
+    def spec(self, call: NormRopeCall, vectorize: bool | None = None) -> NormRopeSpec:
+        """The specialisation serving ``call``: 128-bit rows where ``D`` allows (``vectorize``
+        None or True; the launcher checks the pointers and strides per call), else scalar."""
+        from tileplug.backend_cuda.norm.spec import NormKernelSpec, row_tile, vector_width
+
+        vector = call.head_dim % vector_width(call.dtype) == 0 and vectorize is not False
+        norm = NormKernelSpec(
+            op="rms_norm", hidden=call.head_dim, heads=call.heads, in_dtype=TL_DTYPES[call.dtype],
+            weight_dtype=TL_DTYPES[call.weight_dtype], bias_dtype=None, residual=False, stats=False,
+            eps=float(call.eps), weight_offset=float(call.weight_offset), out_scale=1.0, vectorize=vector,
+            tile=row_tile(call.head_dim, call.dtype),
+        )
+        quant = None
+        cast = call.cast
+        if cast is not None:
+            from tileplug.backend_cuda.norm.spec import QuantSpec
+            from tileplug.core.quant.layouts import CUDA_LAYOUT
+
+            sf_kind = cast.sf_encoding(CUDA_LAYOUT).kind
+            quant = QuantSpec(fmt=cast.fmt.name, group=cast.block[1], sf_kind=sf_kind,
+                              sf_col_major=bool(cast.col_major_sf) and sf_kind == "ue8m0", round_sf=bool(cast.round_sf),
+                              clamp_min=float(cast.clamp_min), unquantized=call.return_unquantized)
+        return NormRopeSpec(norm, call.rotary_dim, call.interleaved, TL_POSITIONS[call.positions_dtype], quant)
+
+    def specs(self, call: NormRopeCall) -> list[NormRopeSpec]:
+        """Every specialisation a call signature may launch (vector and scalar rows)."""
+        return list(dict.fromkeys([self.spec(call), self.spec(call, vectorize=False)]))
+
+    def source(self, call: NormRopeCall, arch: str = jit.DEFAULT_ARCH) -> str:
+        return jit.lower_source(self.spec(call), arch)
+
+    def __call__(self, call: NormRopeCall, inputs: NormRopeInputs, outputs: NormRopeOutputs) -> None:
+        self.prepare(call)(inputs, outputs)
+
+    def prepare(self, call: NormRopeCall) -> Launcher:
+        """``launch(inputs, outputs)``: the 128-bit entry when ``x`` and the weight are 16-byte
+        aligned row by row (``y``, ``q``: fresh allocations), else the scalar one (loaded on
+        first use)."""
+        from tileplug.backend_cuda.quant.kernels import _byte_view
+
+        vector_spec, scalar_spec = self.spec(call), self.spec(call, vectorize=False)
+        vector_entry = jit.entry(vector_spec) if vector_spec.norm.vectorize else None
+        vec = vector_spec.norm.vec
+        scalar: list[Any] = []
+        with_positions = call.positions_dtype is not None
+
+        def aligned(tensor: torch.Tensor) -> bool:
+            return tensor.data_ptr() % 16 == 0 and all(stride % vec == 0 for stride in tensor.stride()[:-1])
+
+        def entry(inputs: NormRopeInputs, y: torch.Tensor | None) -> Any:
+            weight = inputs.weight
+            if vector_entry is not None and aligned(inputs.x) and (y is None or aligned(y)) \
+                    and weight.data_ptr() % (vec * weight.element_size()) == 0:
+                return vector_entry
+            if not scalar:
+                scalar.append(jit.entry(scalar_spec))
+            return scalar[0]
+
+        def usable(cache: torch.Tensor) -> torch.Tensor:
+            # no row to read: every position is out of range, as with one NaN row
+            if cache.shape[0]:
+                return cache
+            return torch.full((1, call.rotary_dim), float("nan"), dtype=torch.float32, device=cache.device)
+
+        quant = vector_spec.quant
+        sf_bytes = _byte_view(quant) if quant is not None else None  # packed UE8M0 is written byte by byte
+
+        def outputs_of(outputs: NormRopeOutputs) -> tuple:
+            if quant is None:
+                return (outputs.y,)
+            written = (outputs.q, sf_bytes(outputs.sf))
+            return (outputs.y, *written) if quant.unquantized else written
+
+        if with_positions:
+
+            def launch(inputs: NormRopeInputs, outputs: NormRopeOutputs) -> None:
+                entry(inputs, outputs.y)(inputs.x, inputs.weight, usable(inputs.cos_sin_cache), inputs.positions,
+                                         *outputs_of(outputs), inputs.seqlen_offset)
+
+        else:
+
+            def launch(inputs: NormRopeInputs, outputs: NormRopeOutputs) -> None:
+                entry(inputs, outputs.y)(inputs.x, inputs.weight, usable(inputs.cos_sin_cache), *outputs_of(outputs),
+                                         inputs.seqlen_offset)
+
+        return launch

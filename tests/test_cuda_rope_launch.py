@@ -1,0 +1,196 @@
+"""CUDA RoPE kernels, host side, without a GPU: specialisation keys, the launcher's choice of
+the 128-bit or the scalar entry per call (pointer and stride alignment) and its argument
+order, the empty-cache substitution, and (with nvcc) the scalar variants of the op-table
+cases compile — the compile grid (test_cuda_compile.py) covers the vector ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tileplug.backend_cuda import jit
+from tileplug.backend_cuda.plugin import _KERNELS, make_backend
+from tileplug.core.contracts.rope import RotaryInputs
+from tileplug.core.lowering import describe_call
+
+
+def _heads(tokens: int, heads: int, head_dim: int, dtype=torch.bfloat16, pad: int = 0) -> torch.Tensor:
+    return torch.zeros(tokens, heads * head_dim + pad, dtype=dtype)[:, :heads * head_dim].unflatten(1, (heads, head_dim))
+
+
+def _call(query, cache, **kwargs):
+    call, inputs = describe_call("apply_rotary", query, cache, **kwargs)
+    return _KERNELS["apply_rotary"], call, inputs
+
+
+def test_registered_and_described() -> None:
+    backend = make_backend()
+    assert "apply_rotary" in backend.kernels
+    assert "apply_rotary" in backend.capabilities()
+
+
+def test_one_specialisation_serves_every_size_and_stride() -> None:
+    """T, head counts, D, strides, cache length and offset are runtime values."""
+    specs = set()
+    for tokens, heads, head_dim, pad, length in ((1, 8, 128, 0, 10), (4001, 32, 192, 8, 9000), (3, 1, 576, 64, 5)):
+        query = _heads(tokens, heads, head_dim, pad=pad)[..., :128]
+        key = _heads(tokens, max(1, heads // 4), head_dim)[..., :128]
+        kernel, call, _ = _call(query, torch.zeros(length, 64), key=key, seqlen_offset=tokens)
+        specs.add(kernel.spec(call))
+    assert len(specs) == 1
+
+
+def test_flags_select_distinct_specialisations() -> None:
+    query, key = _heads(3, 4, 128), _heads(3, 2, 128)
+    cache = torch.zeros(10, 128)
+    positions = torch.zeros(3, dtype=torch.int64)
+    names = set()
+    for kwargs in ({}, {"key": key}, {"positions": positions}, {"positions": positions.int()}, {"interleaved": True},
+                   {"conjugate": True}):
+        kernel, call, _ = _call(query, cache, **kwargs)
+        names.add(kernel.spec(call).name)
+    kernel, call, _ = _call(query.unsqueeze(0), cache)
+    names.add(kernel.spec(call).name)
+    kernel, call, _ = _call(query.float(), cache)
+    names.add(kernel.spec(call).name)
+    assert len(names) == 8
+
+
+def test_scalar_only_rotary_widths() -> None:
+    """R/2 not a multiple of the values per 128-bit load: one (scalar) specialisation, with the
+    largest power-of-two slot that divides R/2."""
+    kernel, call, _ = _call(_heads(3, 4, 64), torch.zeros(10, 36))
+    assert kernel.specs(call) == [kernel.spec(call)]
+    spec = kernel.spec(call)
+    assert not spec.vectorize and spec.pairs == 2 and spec.slots == 9
+    kernel, call, _ = _call(_heads(3, 4, 64), torch.zeros(10, 6))
+    assert kernel.spec(call).pairs == 1 and kernel.spec(call).slots == 3
+    kernel, call, _ = _call(_heads(3, 4, 128), torch.zeros(10, 128))
+    assert [s.vectorize for s in kernel.specs(call)] == [True, False]
+    assert kernel.supports(call) is None
+
+
+class Recorder:
+    def __init__(self, name: str) -> None:
+        self.name, self.calls = name, []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+@pytest.fixture
+def entries(monkeypatch):
+    """``jit.entry`` replaced by recorders named after the spec's load path."""
+    made = {}
+
+    def fake_entry(spec, arch=None):
+        key = "vector" if spec.vectorize else "scalar"
+        return made.setdefault(key, Recorder(key))
+
+    monkeypatch.setattr(jit, "entry", fake_entry)
+    return made
+
+
+def test_launcher_takes_the_vector_entry_only_when_aligned(entries) -> None:
+    cache = torch.zeros(10, 128)
+    cases = [
+        (_heads(5, 4, 128), _heads(5, 2, 128), "vector"),
+        (_heads(5, 4, 128, pad=8), _heads(5, 2, 128), "vector"),
+        (_heads(5, 4, 128, pad=3), _heads(5, 2, 128), "scalar"),  # odd row stride
+        (_heads(5, 4, 128), _heads(5, 2, 128, pad=1), "scalar"),  # the key's rows
+        (torch.zeros(5 * 4 * 128 + 1, dtype=torch.bfloat16)[1:].view(5, 4, 128), _heads(5, 2, 128), "scalar"),
+    ]
+    kernel, call, _ = _call(cases[0][0], cache, key=cases[0][1])
+    launch = kernel.prepare(call)
+    for query, key, expected in cases:
+        inputs = RotaryInputs(query, key, cache, None, 7)
+        before = {name: len(r.calls) for name, r in entries.items()}
+        launch(inputs, ())
+        used = [name for name, r in entries.items() if len(r.calls) > before.get(name, 0)]
+        assert used == [expected], (query.stride(), key.stride(), used)
+        args = entries[expected].calls[-1]
+        assert args[0] is query and args[1] is key and args[2] is cache and args[3] == 7
+    # a cache whose rows are not 16-byte aligned
+    odd_cache = torch.zeros(10, 129)[:, :128]
+    launch(RotaryInputs(cases[0][0], cases[0][1], odd_cache, None, 0), ())
+    assert entries["scalar"].calls[-1][2] is odd_cache
+
+
+def test_launcher_argument_order_with_positions_and_no_key(entries) -> None:
+    query, cache = _heads(5, 4, 128), torch.zeros(10, 128)
+    positions = torch.arange(5, dtype=torch.int32)
+    kernel, call, _ = _call(query, cache, positions=positions)
+    kernel.prepare(call)(RotaryInputs(query, None, cache, positions, -2), ())
+    args = entries["vector"].calls[-1]
+    assert len(args) == 4 and args[0] is query and args[1] is cache and args[2] is positions and args[3] == -2
+
+
+def test_empty_cache_is_replaced_by_one_nan_row(entries) -> None:
+    query = _heads(5, 4, 128)
+    kernel, call, _ = _call(query, torch.zeros(0, 128))
+    kernel.prepare(call)(RotaryInputs(query, None, torch.zeros(0, 128), None, 0), ())
+    cache = entries["vector"].calls[-1][1]
+    assert cache.shape == (1, 128) and torch.isnan(cache).all()
+
+
+def test_rotary_wider_than_the_threads_is_declined() -> None:
+    kernel, call, _ = _call(_heads(1, 1, 4100, torch.float32), torch.zeros(2, 4098))
+    reason = kernel.supports(call)
+    assert reason is not None and "threads per head" in reason
+
+
+@pytest.mark.nvcc
+def test_scalar_variants_of_the_op_table_lower_and_compile() -> None:
+    """The scalar specialisations the launcher falls back to for misaligned views."""
+    pytest.importorskip("tilelang")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_cuda_compile import nvcc
+
+    from tileplug.core import opdefs
+    from tileplug.core.registry import use_backend
+
+    kernel = _KERNELS["apply_rotary"]
+    specs = {}
+    for case in opdefs.get("apply_rotary").cases():
+        with use_backend("reference"):
+            args, kwargs = case.arguments(3, "meta")
+        call, _ = describe_call("apply_rotary", *args, **kwargs)
+        spec = kernel.spec(call, vectorize=False)
+        specs[spec.name] = spec
+    sources = [jit.lower_source(spec) for spec in specs.values()]
+    assert all("uint4" not in source for source in sources)
+    error, _, _ = nvcc("\n".join(sources))
+    assert error is None, error
+
+
+@pytest.mark.parametrize("head_dim,rotary,heads,dtype,offset", [
+    (128, 128, 8, torch.bfloat16, 0.0), (64, 64, 16, torch.bfloat16, 1.0), (192, 64, 4, torch.float16, 0.0),
+    (576, 64, 2, torch.bfloat16, 0.0), (128, 64, 8, torch.float32, 1.0), (2048, 128, 1, torch.bfloat16, 0.0),
+])
+def test_rms_norm_rope_runs_the_rms_norm_kernels_norm(head_dim, rotary, heads, dtype, offset) -> None:
+    """The fused kernel's norm is built from the very ``NormKernelSpec`` the CUDA ``rms_norm``
+    kernel uses for the same per-head ``x`` (same tile, constants, reduction): the
+    precondition of fused ≡ unfused bytewise (checked on the GPU)."""
+    import dataclasses
+
+    x = torch.zeros(3, heads, head_dim, dtype=dtype)
+    weight = torch.ones(head_dim, dtype=dtype)
+    call, _ = describe_call("rms_norm_rope", x, weight, torch.zeros(10, rotary), eps=1e-5, weight_offset=offset)
+    fused = _KERNELS["rms_norm_rope"]
+    assert fused.supports(call) is None
+    norm_call, _ = describe_call("rms_norm", x, weight, eps=1e-5, weight_offset=offset)
+    assert _KERNELS["rms_norm"].supports(norm_call) is None
+    for vectorize in (None, False):
+        ours = fused.spec(call, vectorize=vectorize).norm
+        theirs = _KERNELS["rms_norm"].spec(dataclasses.replace(norm_call, alignment=16 if vectorize is None else 2))
+        assert ours == theirs, (ours, theirs)
+
+
+def test_fused_cast_is_declined_with_a_reason() -> None:
+    x = torch.zeros(3, 4, 128, dtype=torch.bfloat16)
+    call, _ = describe_call("rms_norm_rope_per_token_cast", x, torch.ones(128, dtype=torch.bfloat16),
+                            torch.zeros(10, 128))
+    assert "no CUDA kernel" in _KERNELS[call.op].supports(call)
