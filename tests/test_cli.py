@@ -120,6 +120,12 @@ def test_demo_reports_error_and_bandwidth_for_every_quant_op():
         assert "reference" in fields
     errors = [float(word) for row in rows for word in row.split() if word.startswith("0.0")]
     assert len(errors) >= 5 and all(error < 0.3 for error in errors)
+    # the attention step: the fused QK-norm + RoPE + cast against the chain it fuses
+    assert "attention step: QK-norm + RoPE (NeoX) + per-token e4m3 cast of [8, 32, 128] bf16" in result.stdout
+    assert "fused == chain bytewise: yes" in result.stdout
+    fused, chain = (line.split() for line in result.stdout.splitlines()
+                    if line.startswith(("rms_norm_rope_per_token_cast ", "rms_norm -> ")))
+    assert fused[1] == "reference" and float(fused[2]) < float(chain[6]) / 3  # ledger MB: fused < a third
 
 
 def test_bench_writes_json_with_copy_ceiling_and_dispatch(tmp_path):

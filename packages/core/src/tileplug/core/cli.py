@@ -27,6 +27,11 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEMO_INVERSE = "cast_back"
 """The op ``demo`` round-trips each ``(q, sf)`` pair through (it dequantizes any layout)."""
 
+DEMO_QK_STEP = ("rms_norm_rope_per_token_cast", ("rms_norm", "apply_rotary", "per_token_cast"))
+"""The attention step ``demo`` runs after the casts: the fused QK-norm + RoPE + FP8 op and the
+chain of ops it fuses (their results must be the same bytes)."""
+DEMO_HEADS, DEMO_HEAD_DIM = 32, 128
+
 DEFAULT_DISPATCH_CASES = "per_token_cast,cast_back"
 """Bench cases whose dispatch cost ``bench`` measures at T = 1 unless told otherwise."""
 
@@ -496,7 +501,70 @@ def command_demo(args: argparse.Namespace) -> int:
     print(_table(("op", "backend", "q", "sf", "round-trip rel err", "us", "GB/s", f"{DEMO_INVERSE} GB/s", "note"),
                  rows))
     print(f"round-trip rel err = ||{DEMO_INVERSE}(q, sf) - x|| / ||x||; GB/s = ledger bytes / median time")
+    demo_qk_step(device, tokens)
     return 0
+
+
+def demo_qk_step(device: torch.device, tokens: int) -> None:
+    """The query path of an attention block: per-head RMSNorm, RoPE and the per-token FP8 cast
+    of ``[T, 32 heads, 128]`` bf16, fused in one op and as the chain of three ops it fuses:
+    same bytes, and the bytes each moves."""
+    from tileplug.core import opdefs
+    from tileplug.core.benchmark import median_seconds
+    from tileplug.core.errors import TileplugError
+    from tileplug.core.opdefs import describe_call
+    from tileplug.core.registry import registry
+    from tileplug.core.testing import activation, bytes_equal
+
+    fused_name, chain_names = DEMO_QK_STEP
+    if not all(name in opdefs.names() for name in (fused_name, *chain_names)):
+        return
+    fused, norm, rotary, cast = (opdefs.get(name) for name in (fused_name, *chain_names))
+    heads, head_dim = DEMO_HEADS, DEMO_HEAD_DIM
+    x = activation(tokens, heads * head_dim, device=device, seed=1).view(tokens, heads, head_dim)
+    generator = torch.Generator().manual_seed(2)
+    weight = (1.0 + 0.1 * torch.randn(head_dim, generator=generator)).to(torch.bfloat16).to(device)
+    inverse_frequency = 10000.0 ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(max(tokens, 1), dtype=torch.float64)[:, None] * inverse_frequency[None, :]
+    cache = torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32).to(device)
+    positions = torch.arange(tokens, dtype=torch.int64, device=device)
+
+    def chain() -> tuple:
+        y = norm.function(x, weight)
+        rotary.function(y, cache, positions=positions)
+        return cast.function(y.view(tokens, heads * head_dim), "e4m3", head_dim)
+
+    def one_pass() -> tuple:
+        return fused.function(x, weight, cache, positions, num_per_channels=head_dim)
+
+    print(f"\nattention step: QK-norm + RoPE (NeoX) + per-token e4m3 cast of [{tokens}, {heads}, {head_dim}] bf16 "
+          f"on {device.type}")
+    try:
+        calls = [describe_call(fused_name, x, weight, cache, positions, num_per_channels=head_dim)[0],
+                 describe_call(chain_names[0], x, weight)[0],
+                 describe_call(chain_names[1], x, cache, positions=positions)[0],
+                 describe_call(chain_names[2], x.view(tokens, heads * head_dim), "e4m3", head_dim)[0]]
+        backends = [registry.select(call.op, call)[0] for call in calls]
+        ledgers = [opdefs.get(call.name).ledger(call, backend.traits_for(device.type)).bytes_total
+                   for call, backend in zip(calls, backends)]
+        q, sf = one_pass()
+        q_chain, sf_chain = chain()
+        same = bytes_equal(q, q_chain) and bytes_equal(sf, sf_chain)
+        fused_seconds = median_seconds(one_pass, device)
+        chain_seconds = median_seconds(chain, device)
+    except TileplugError as error:
+        print(f"  not run: {_one_line(error, 160)}")
+        return
+    chain_bytes = sum(ledgers[1:])
+    rows = [
+        (fused_name, backends[0].name, f"{ledgers[0] / 1e6:.2f}", f"{fused_seconds * 1e6:.0f}",
+         f"{ledgers[0] / fused_seconds / 1e9:.2f}"),
+        (" -> ".join(chain_names), "/".join(dict.fromkeys(b.name for b in backends[1:])), f"{chain_bytes / 1e6:.2f}",
+         f"{chain_seconds * 1e6:.0f}", f"{chain_bytes / chain_seconds / 1e9:.2f}"),
+    ]
+    print(_table(("path", "backend", "ledger MB", "us", "GB/s"), rows))
+    print(f"fused == chain bytewise: {'yes' if same else 'NO'}; bytes saved by fusing: "
+          f"{chain_bytes / ledgers[0]:.2f}x; time: {chain_seconds / fused_seconds:.2f}x")
 
 
 # ---------------------------------------------------------------------- bench
