@@ -770,10 +770,19 @@ def command_ledger(args: argparse.Namespace) -> int:
     traits = LAYOUTS[args.layout]
     opdef, call, kwargs, inputs = _command_call(args, traits)
     ledger = opdef.ledger(call, traits)
-    print(json.dumps({"op": opdef.name, "tokens": args.tokens, "hidden": args.hidden, "dtype": args.dtype,
-                      "layout": args.layout, "options": {k: _jsonable(v) for k, v in kwargs.items()},
-                      "inputs": {k: _jsonable(v) for k, v in inputs.items()}, **ledger._asdict(),
-                      "bytes_total": ledger.bytes_total}, indent=2))
+    report = {"op": opdef.name, "tokens": args.tokens, "hidden": args.hidden, "dtype": args.dtype,
+              "layout": args.layout, "options": {k: _jsonable(v) for k, v in kwargs.items()},
+              "inputs": {k: _jsonable(v) for k, v in inputs.items()}, **ledger._asdict(),
+              "bytes_total": ledger.bytes_total}
+    if opdef.unfused is not None:
+        steps = opdef.unfused(call, traits)
+        unfused_total = sum(step.bytes_total for _, step in steps)
+        report["unfused"] = {
+            "steps": [{"step": name, **step._asdict(), "bytes_total": step.bytes_total} for name, step in steps],
+            "bytes_total": unfused_total,
+            "ratio": round(unfused_total / ledger.bytes_total, 4) if ledger.bytes_total else None,
+        }
+    print(json.dumps(report, indent=2))
     return 0
 
 

@@ -134,6 +134,9 @@ class OpDef:
       inputs hold under the same names); the custom op declares them mutated
       (``Tensor(a!)`` in the schema), so ``torch.compile`` functionalizes them.
       :meth:`produced` gives them back as the call's outputs.
+    - ``unfused(call, traits)`` → ``[(step, Ledger)]``: the op's bytes without fusion (its
+      eager PyTorch decomposition, or the chain of this library's ops a fused op replaces;
+      ``tileplug.core.unfused``); None: the op has no unfused form.
     """
 
     name: str
@@ -151,6 +154,7 @@ class OpDef:
     family: str = ""
     written: Mapping[str, int] = field(default_factory=dict)
     autograd: tuple[Callable[..., None], Callable[..., Any]] | None = None
+    unfused: Callable[[Any, Any], Sequence[tuple[str, Any]]] | None = None
     mutates: tuple[str, ...] = ()
     schema: str = field(default="", init=False)
     _flatten: Callable[..., list] | None = field(default=None, init=False, repr=False)

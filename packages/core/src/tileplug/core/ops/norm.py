@@ -22,6 +22,7 @@ from torch.compiler import is_compiling
 
 from tileplug.core.contracts import norm as contracts
 from tileplug.core.errors import ContractError
+from tileplug.core import unfused
 from tileplug.core.opdefs import BenchCase, Case, OpDef, declare, run, wants_grad
 from tileplug.core.ops.quant import SF_MODES
 
@@ -427,7 +428,7 @@ def _bench(name: str) -> list[BenchCase]:
 
 
 def _declare(function: Any, contract: Any, written: dict[str, int] | None = None,
-             autograd: tuple[Any, Any] | None = None) -> OpDef:
+             autograd: tuple[Any, Any] | None = None, unfused: Any = None) -> OpDef:
     """Declare a norm op; ``contract`` takes the public function's parameters but ``out``, in
     order, and returns ``(call, inputs)`` or ``(call, inputs, given outputs)``."""
     import inspect
@@ -456,6 +457,7 @@ def _declare(function: Any, contract: Any, written: dict[str, int] | None = None
         input_options=INPUT_OPTIONS,
         written=written or {},
         autograd=autograd,
+        unfused=unfused,
     ))
 
 
@@ -463,13 +465,15 @@ RMS_NORM = _declare(
     rms_norm,
     lambda x, weight, eps, residual, weight_offset, out_scale, residual_out, return_rstd:
     contracts.rms_norm(x, weight, eps, residual, weight_offset, out_scale, None, residual_out, return_rstd),
-    written={"out": 0, "residual_out": 1}, autograd=(_rms_norm_setup, _rms_norm_backward))
+    written={"out": 0, "residual_out": 1}, autograd=(_rms_norm_setup, _rms_norm_backward),
+    unfused=lambda call, traits: unfused.norm_eager_steps(call))
 LAYER_NORM = _declare(
     layer_norm,
     lambda x, weight, bias, eps, residual, residual_out, return_stats:
     contracts.layer_norm(x, weight, bias, eps, residual, None, residual_out, return_stats),
-    written={"out": 0, "residual_out": 1}, autograd=(_layer_norm_setup, _layer_norm_backward))
+    written={"out": 0, "residual_out": 1}, autograd=(_layer_norm_setup, _layer_norm_backward),
+    unfused=lambda call, traits: unfused.norm_eager_steps(call))
 RMS_NORM_PER_TOKEN_CAST = _declare(rms_norm_per_token_cast, contracts.rms_norm_per_token_cast,
-                                   written={"residual_out": 2})
+                                   written={"residual_out": 2}, unfused=unfused.norm_cast_chain)
 RMS_NORM_BACKWARD = _declare(rms_norm_backward, contracts.rms_norm_backward)
 LAYER_NORM_BACKWARD = _declare(layer_norm_backward, contracts.layer_norm_backward)

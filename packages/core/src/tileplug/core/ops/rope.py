@@ -20,6 +20,7 @@ from torch.compiler import is_compiling
 from tileplug.core.call import IN_PLACE_PLAN
 from tileplug.core.contracts import rope as contracts
 from tileplug.core.errors import ContractError
+from tileplug.core import unfused
 from tileplug.core.opdefs import BenchCase, Case, OpDef, declare, run
 
 
@@ -365,7 +366,7 @@ def _contract(function: Any, builder: Any, parameters: tuple[str, ...], **fixed:
 
 
 def _declare(function: Any, contract: Any, outputs: Any, result: Any, compare: Any, mutates: tuple[str, ...] = (),
-             kernel: str = "") -> OpDef:
+             kernel: str = "", unfused: Any = None) -> OpDef:
     name = function.__name__
     return declare(OpDef(
         name=name, kernel=kernel, family="rope", function=function, contract=contract, outputs=outputs, result=result,
@@ -373,7 +374,7 @@ def _declare(function: Any, contract: Any, outputs: Any, result: Any, compare: A
         cases=lambda: [case for case in rope_cases() if case.op == name],
         bench=lambda: _bench(name),
         arguments=lambda *args: rope_arguments(name, *args),
-        compare=compare, input_options=INPUT_OPTIONS, mutates=mutates,
+        compare=compare, input_options=INPUT_OPTIONS, mutates=mutates, unfused=unfused,
     ))
 
 
@@ -384,14 +385,15 @@ APPLY_ROTARY = _declare(
     _contract(apply_rotary, contracts.apply_rotary,
               ("query", "cos_sin_cache", "key", "positions", "interleaved", "conjugate", "seqlen_offset")),
     outputs=lambda call, traits: IN_PLACE_PLAN, result=lambda call, outputs: None,
-    compare=compare_rotary, mutates=("query", "key"))
+    compare=compare_rotary, mutates=("query", "key"), unfused=lambda call, traits: unfused.rotary_eager_steps(call))
 RMS_NORM_ROPE = _declare(
     rms_norm_rope, _contract(rms_norm_rope, contracts.rms_norm_rope, _NORM),
-    outputs=contracts.NormRopeCall.allocation_plan, result=contracts.NormRopeCall.result, compare=compare_norm_rope)
+    outputs=contracts.NormRopeCall.allocation_plan, result=contracts.NormRopeCall.result, compare=compare_norm_rope,
+    unfused=unfused.norm_rope_chain)
 RMS_NORM_ROPE_PER_TOKEN_CAST = _declare(
     rms_norm_rope_per_token_cast,
     _contract(rms_norm_rope_per_token_cast, contracts.rms_norm_rope,
               _NORM + ("fmt", "num_per_channels", "round_sf", "use_packed_ue8m0", "use_tma_aligned_col_major_sf",
                        "return_unquantized"), quantize=True),
     outputs=contracts.NormRopeCall.allocation_plan, result=contracts.NormRopeCall.result, compare=compare_norm_rope,
-    kernel="rms_norm_rope")  # one kernel serves both: the call's cast says whether it quantizes
+    kernel="rms_norm_rope", unfused=unfused.norm_rope_chain)  # one kernel serves both: the call's cast says whether it quantizes

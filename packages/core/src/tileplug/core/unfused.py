@@ -1,0 +1,126 @@
+"""What an op's bytes would be without fusion: ``tileplug ledger`` prints them beside the op's own.
+
+Two kinds of "unfused", each a list of ``(step, Ledger)``:
+
+- a norm or RoPE as PyTorch eager runs it, one kernel per operator, each reading its inputs
+  and writing its result to memory (the decomposition the seed chapter's byte ledger counts:
+  full-size tensors in the input's dtype, per-row statistics in fp32). It is a lower bound of
+  what eager PyTorch moves — a hypothetical split, not a trace of the kernels it launches;
+- a fused op of this library as the chain of this library's own ops it fuses
+  (``rms_norm_per_token_cast`` = ``rms_norm`` → ``per_token_cast``, ``rms_norm_rope`` =
+  ``rms_norm`` → ``apply_rotary``, …), each of them at its own ledger.
+
+Each op's declaration (``OpDef.unfused``) names its function here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tileplug.core.call import Ledger
+
+Steps = list[tuple[str, Ledger]]
+
+STATISTICS_BYTES = 4
+"""Eager per-row statistics (mean, rstd) are fp32, as ``x.float()`` code computes them."""
+
+
+def _elementwise(name: str, read: int, written: int, elements: int) -> tuple[str, Ledger]:
+    return name, Ledger(read, written, elements)
+
+
+def norm_eager_steps(call: Any) -> Steps:
+    """RMSNorm as ``pow → mean → + eps → rsqrt → x · rstd → · weight`` (after ``x + residual``
+    when there is one); LayerNorm as ``mean → var → + eps → sqrt → x − mean → / std → · weight
+    → + bias`` (``torch.var`` reads x once). Full-size tensors in x.dtype, row statistics fp32.
+    On [4096, 4096] 16-bit inputs these give the seed chapter's ratios: 3.50× and 5.00×."""
+    rows, width = call.rows, call.hidden
+    full = rows * width * call.input_dtype.itemsize
+    row = rows * STATISTICS_BYTES
+    weight = width * call.weight_dtype.itemsize if call.weight_dtype is not None else 0
+    bias = width * call.bias_dtype.itemsize if call.bias_dtype is not None else 0
+    elements = rows * width
+    steps: Steps = []
+    if call.residual:
+        steps.append(_elementwise("x + residual", 2 * full, full, elements))
+    if call.op == "layer_norm":
+        steps += [
+            _elementwise("mean(x)", full, row, elements),
+            _elementwise("var(x)", full, row, elements),
+            _elementwise("+ eps", row, row, rows),
+            _elementwise("sqrt", row, row, rows),
+            _elementwise("x - mean", full + row, full, elements),
+            _elementwise("/ std", full + row, full, elements),
+        ]
+    else:
+        steps += [
+            _elementwise("pow(2)", full, full, elements),
+            _elementwise("mean", full, row, elements),
+            _elementwise("+ eps", row, row, rows),
+            _elementwise("rsqrt", row, row, rows),
+            _elementwise("x * rstd", full + row, full, elements),
+        ]
+    if call.weight_dtype is not None:
+        steps.append(_elementwise("* weight", full + weight, full, elements))
+    if call.bias_dtype is not None:
+        steps.append(_elementwise("+ bias", full + bias, full, elements))
+    return steps
+
+
+def rotary_eager_steps(call: Any) -> Steps:
+    """RoPE as the ``rotate_half`` form runs eagerly, per rotated tensor (query, then key):
+    gather ``cos`` and ``sin`` rows by position, ``−x2``, ``cat(−x2, x1)``, ``x · cos``,
+    ``rotate_half(x) · sin``, the sum, and the copy back into the tensor (in place). Tensors
+    of the rotated channels only, in x.dtype; cos / sin rows fp32, read once per token."""
+    tokens, half = call.tokens, call.rotary_dim // 2
+    positions = tokens * call.positions_dtype.itemsize if call.positions_dtype is not None else 0
+    table = tokens * half * 4  # one of cos / sin, gathered rows
+    steps: Steps = [
+        ("cos[positions]", Ledger(table + positions, table, 0)),
+        ("sin[positions]", Ledger(table + positions, table, 0)),
+    ]
+    for name, heads in (("query", call.query_heads), ("key", call.key_heads)):
+        if not heads:
+            continue
+        full = tokens * heads * call.rotary_dim * call.dtype.itemsize
+        elements = tokens * heads * call.rotary_dim
+        steps += [
+            _elementwise(f"{name}: -x2", full // 2, full // 2, elements // 2),
+            _elementwise(f"{name}: cat(-x2, x1)", full, full, 0),
+            _elementwise(f"{name}: x * cos", full + table, full, elements),
+            _elementwise(f"{name}: rotate_half(x) * sin", full + table, full, elements),
+            _elementwise(f"{name}: sum", 2 * full, full, elements),
+            _elementwise(f"{name}: copy into x", full, full, 0),
+        ]
+    return steps
+
+
+def _norm_ledger(rows: int, width: int, dtype_size: int, weight_size: int) -> Ledger:
+    """``rms_norm`` of [rows, width] at its own ledger (read x and the weight, write y)."""
+    full = rows * width * dtype_size
+    return Ledger(full + width * weight_size, full, 4 * rows * width)
+
+
+def norm_cast_chain(call: Any, traits: Any) -> Steps:
+    """``rms_norm_per_token_cast`` as ``rms_norm`` then ``per_token_cast`` of its output."""
+    weight = call.weight_dtype.itemsize if call.weight_dtype is not None else 0
+    full = call.rows * call.hidden * call.input_dtype.itemsize
+    norm = _norm_ledger(call.rows, call.hidden, call.input_dtype.itemsize, weight)
+    if call.residual:
+        norm = Ledger(norm.bytes_read + full, norm.bytes_written + full, norm.flops)
+    return [("rms_norm", norm), ("per_token_cast", call.quant.ledger(traits))]
+
+
+def norm_rope_chain(call: Any, traits: Any) -> Steps:
+    """``rms_norm_rope`` as ``rms_norm`` per head then ``apply_rotary`` on its output (and,
+    with the cast, ``per_token_cast`` of ``y.view(T, N·D)``)."""
+    rows = call.tokens * call.heads
+    size = call.dtype.itemsize
+    steps: Steps = [("rms_norm", _norm_ledger(rows, call.head_dim, size, call.weight_dtype.itemsize))]
+    rotated = rows * call.rotary_dim * size
+    positions = call.tokens * call.positions_dtype.itemsize if call.positions_dtype is not None else 0
+    cache = call.tokens * call.rotary_dim * 4
+    steps.append(("apply_rotary", Ledger(rotated + positions + cache, rotated, 3 * rows * call.rotary_dim)))
+    if call.quant is not None:
+        steps.append(("per_token_cast", call.quant.ledger(traits)))
+    return steps
