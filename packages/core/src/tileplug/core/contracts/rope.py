@@ -135,6 +135,11 @@ class NormRopeCall(Call):
         """``N·D``: the row width of ``y.view(T, N·D)``."""
         return self.heads * self.head_dim
 
+    @property
+    def cast(self) -> CastConfig | None:
+        """The cast configuration a kernel specialises on (``quant.cast``; None: no cast)."""
+        return None if self.quant is None else self.quant.cast
+
     def allocation_plan(self, traits: LayoutTraits) -> NormRopePlan:
         return NormRopePlan(self, traits)
 

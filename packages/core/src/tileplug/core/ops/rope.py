@@ -209,9 +209,10 @@ def rope_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwargs
     offset = kwargs.get("seqlen_offset", 0)
     span = tokens + 8  # positions are drawn in [0, span)
     length = span + max(offset, 0)
-    cache = make_cos_sin_cache(length, options["rotary_dim"]) if device.type != "meta" else \
-        torch.empty(length, options["rotary_dim"], dtype=torch.float32)
-    cache = cache.to(device)
+    if device.type == "meta":
+        cache = torch.empty(length, options["rotary_dim"], dtype=torch.float32, device=device)
+    else:
+        cache = make_cos_sin_cache(length, options["rotary_dim"], device=device)
     positions = None
     if options["positions"] != "none":
         leading = tuple(query.shape[:-2])
