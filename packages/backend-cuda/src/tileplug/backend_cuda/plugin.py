@@ -79,7 +79,10 @@ def capabilities() -> str:
         "  kernel per D and configuration.\n"
         "  Declined: fp64 (gradcheck dtype), rows longer than 16 warps x 8 vectors (bf16 D > 32768, fp32 D > 16384),\n"
         "  rows above 12288 values without an exact tile (> 48 KB of shared memory), 3-D casts whose D is not a\n"
-        "  multiple of the group; rms_norm_backward / layer_norm_backward have no CUDA kernel yet (reference).\n"
+        "  multiple of the group; layer_norm_backward has no CUDA kernel yet (the reference serves it).\n"
+        "rms_norm_backward: grad_x as the reference's (same row tile and order), grad_weight deterministic and\n"
+        "  batch-invariant: fixed blocks of rows add into per-CTA partial rows, a second kernel adds the partials of\n"
+        "  each column in order (no atomics; the order depends on T only, never on the SM count).\n"
         "  Kernel cache: compiled modules are indexed next to TileLang's cache ($TILELANG_CACHE_DIR/tileplug-index,\n"
         "  TILEPLUG_CUDA_KERNEL_INDEX=DIR|off) and loaded without importing TileLang; `tileplug precompile` fills it.\n"
         "  Status: every specialisation of the CI grid lowers for sm_90 and compiles with nvcc; bit-exactness vs\n"
@@ -100,7 +103,7 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     for call in calls:
         kernel = _KERNELS.get(call.op)
         if kernel is not None and kernel.supports(call) is None:
-            specs.append(kernel.spec(call))
+            specs.extend(kernel.specs(call) if hasattr(kernel, "specs") else [kernel.spec(call)])
     return jit.precompile(specs, arch=arch, workers=workers, load=False)
 
 

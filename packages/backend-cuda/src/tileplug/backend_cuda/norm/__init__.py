@@ -3,6 +3,7 @@
 
 from tileplug.backend_cuda.norm.layer_norm import LayerNorm
 from tileplug.backend_cuda.norm.rms_norm import RmsNorm
+from tileplug.backend_cuda.norm.rms_norm_backward import RmsNormBackward
 from tileplug.backend_cuda.norm.rms_norm_per_token_cast import RmsNormPerTokenCast
 
 
@@ -12,7 +13,8 @@ def make_kernels() -> dict:
         "rms_norm": RmsNorm(),
         "layer_norm": LayerNorm(),
         "rms_norm_per_token_cast": RmsNormPerTokenCast(),
+        "rms_norm_backward": RmsNormBackward(),
     }
 
 
-__all__ = ["LayerNorm", "RmsNorm", "RmsNormPerTokenCast", "make_kernels"]
+__all__ = ["LayerNorm", "RmsNorm", "RmsNormBackward", "RmsNormPerTokenCast", "make_kernels"]
