@@ -24,7 +24,8 @@ def _call(op, *args, **kwargs):
 def test_backend_registers_every_quant_op() -> None:
     backend = make_backend()
     assert set(backend.kernels) == {"per_token_cast", "per_block_cast", "per_channel_cast", "cast_back", "rms_norm",
-                                    "layer_norm", "rms_norm_per_token_cast"}
+                                    "layer_norm", "rms_norm_per_token_cast", "rms_norm_backward",
+                                    "layer_norm_backward"}
     assert backend.lower is not None and "Declined" in backend.capabilities()
 
 

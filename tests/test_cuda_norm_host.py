@@ -268,7 +268,7 @@ def test_launcher_gives_a_one_column_view_unit_last_stride() -> None:
 
 
 def test_backward_runs_the_row_kernel_then_the_column_sum() -> None:
-    from tileplug.backend_cuda.norm.rms_norm_backward import ColumnSumSpec
+    from tileplug.backend_cuda.norm.backward import ColumnSumSpec
     from tileplug.core import ops
 
     grad, x = torch.randn(4, 7168, dtype=torch.bfloat16), torch.randn(4, 7168, dtype=torch.bfloat16)
@@ -284,7 +284,19 @@ def test_backward_runs_the_row_kernel_then_the_column_sum() -> None:
 def test_column_sum_lowers_with_an_ordered_loop() -> None:
     pytest.importorskip("tilelang")
     from tileplug.backend_cuda import jit
-    from tileplug.backend_cuda.norm.rms_norm_backward import ColumnSumSpec
+    from tileplug.backend_cuda.norm.backward import ColumnSumSpec
 
     source = jit.lower_source(ColumnSumSpec())
     assert "__fadd_rn" in source and "atomic" not in source.lower()
+
+
+def test_layer_norm_backward_reduces_bias_and_weight() -> None:
+    from tileplug.core import ops
+
+    grad, x = torch.randn(4, 576, dtype=torch.bfloat16), torch.randn(4, 576, dtype=torch.bfloat16)
+    mean, rstd = torch.zeros(4), torch.ones(4)
+    kernel, call, _ = _kernel_call(ops.layer_norm_backward, grad, x, torch.ones(576, dtype=torch.bfloat16), mean,
+                                   rstd)
+    assert kernel.supports(call) is None and kernel.reduced(call) == ("grad_bias", "grad_weight")
+    kernel, call, _ = _kernel_call(ops.layer_norm_backward, grad, x, None, mean, rstd)
+    assert kernel.reduced(call) == ("grad_bias",) and len(kernel.specs(call)) == 2

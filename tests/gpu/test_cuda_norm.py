@@ -1,5 +1,5 @@
 """CUDA norm kernels on a GPU (rms_norm, layer_norm, rms_norm_per_token_cast,
-rms_norm_backward) against the reference backend.
+rms_norm_backward, layer_norm_backward) against the reference backend.
 
 Run on the GPU host (compute capability >= 9.0), a few minutes::
 
@@ -18,8 +18,8 @@ What is checked, per SPEC §4-5:
   cast's (q, sf) by ``assert_quantized_close``), then **bytewise** — the kernels add each row
   in the reference's pairwise order (``backend_cuda/norm/rows.py``) with IEEE roundings at
   the reference's points, so they are designed to give the reference's bytes exactly (the
-  backward's grad_x too; its grad_weight sums the rows in another fixed order: SPEC's
-  relative 1e-5 only). A failure of the second assert alone means the design claim broke,
+  backwards' grad_x too; their grad_weight / grad_bias sum the rows in another fixed order:
+  SPEC's relative 1e-5 only). A failure of the second assert alone means the design claim broke,
   not the contract.
 - **batch invariance** bytewise: a row alone (T = 1) vs the same row inside batches of 1, 7
   and 4001 rows at the first, a middle and the last position; and run-to-run determinism
@@ -55,7 +55,8 @@ HIDDEN = (64, 576, 1536, 2048, 4096, 5120, 7168, 16384)
 TOKENS = (1, 7, 129, 4001)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
-RMS, LAYER, CAST, RMS_BACK = "rms_norm", "layer_norm", "rms_norm_per_token_cast", "rms_norm_backward"
+RMS, LAYER, CAST = "rms_norm", "layer_norm", "rms_norm_per_token_cast"
+RMS_BACK, LAYER_BACK = "rms_norm_backward", "layer_norm_backward"
 ORACLE_ON_GPU = os.environ.get("TILEPLUG_ORACLE", "cpu") == "gpu"
 
 # ---------------------------------------------------------------------- the grid
@@ -79,6 +80,8 @@ def _grid() -> list[Case]:
         cases.append(Case.of(CAST, hidden))
         cases.append(Case.of(RMS_BACK, hidden))
         cases.append(Case.of(RMS_BACK, hidden, FP32, inputs={"grad_residual": True}))
+        cases.append(Case.of(LAYER_BACK, hidden))
+        cases.append(Case.of(LAYER_BACK, hidden, FP32, inputs={"grad_residual": True}))
     for hidden in (576, 7168):
         cases += [
             Case.of(RMS, hidden, inputs={"residual": True}, return_rstd=True),
@@ -120,6 +123,10 @@ def _grid() -> list[Case]:
         Case.of(RMS_BACK, 1536, inputs={"row_stride_pad": 8}),
         Case.of(RMS_BACK, 100, inputs={"grad_residual": True}),
         Case.of(RMS_BACK, 7, FP32),
+        Case.of(LAYER_BACK, 576, FP16, inputs={"weight": "fp32", "grad_residual": True}),
+        Case.of(LAYER_BACK, 7168, inputs={"weight": "none"}),
+        Case.of(LAYER_BACK, 128, FP32, inputs={"heads": 8}),
+        Case.of(LAYER_BACK, 100, inputs={"grad_residual": True, "row_stride_pad": 3}),
     ]
     return list(dict.fromkeys(cases))
 
@@ -186,7 +193,7 @@ def precompiled():
                                                    "return_unquantized": True, **flags}))
             specs.append(_spec("per_token_cast", (x,), {"fmt": fmt, **flags}, required=False))
         specs.append(_spec(RMS, (x, weight), {"residual": x, "weight_offset": 1.0}))
-    from tileplug.backend_cuda.norm.rms_norm_backward import ColumnSumSpec
+    from tileplug.backend_cuda.norm.backward import ColumnSumSpec
 
     specs.append(ColumnSumSpec())
     jit.precompile([spec for spec in specs if spec is not None])
@@ -236,6 +243,7 @@ INVARIANCE = [
     Case.of(CAST, 576, FP32, return_unquantized=True),
     Case.of(RMS_BACK, 7168, inputs={"grad_residual": True}),
     Case.of(RMS_BACK, 576, FP32),
+    Case.of(LAYER_BACK, 5120, inputs={"grad_residual": True}),
 ]
 
 
@@ -258,7 +266,7 @@ def test_batch_invariance_and_determinism(case: Case) -> None:
             sliced_kwargs = {k: _slice(v, position, tokens) for k, v in kwargs.items()}
             part = _cuda(case, sliced_args, sliced_kwargs)
             for index, (whole, piece) in enumerate(zip(full, part)):
-                if whole is None or (case.op == CAST and index == 1) or (case.op == RMS_BACK and index >= 1):
+                if whole is None or (case.op == CAST and index == 1) or (case.op.endswith("_backward") and index >= 1):
                     continue  # scale rows: test_cast_scales_are_batch_invariant; grad_weight sums all rows
                 assert_bytes_equal(piece.cpu(), _rows(whole, position, tokens).cpu(),
                                    what=f"{case.id} rows [{position}, {position + tokens}) output {index}")

@@ -7,59 +7,19 @@ pairwise order: ``rows.row_sum``), ``grad_x = round_to(x.dtype, rstd · (g − x
 grad_residual_out)``, each operation rounded where the reference rounds (IEEE intrinsics):
 ``grad_x`` is the reference's, bit for bit.
 
-``grad_weight = Σ_rows (grad_y · out_scale) · x̂`` (fp32): CTA ``b`` runs ``ROW_BLOCK``
-consecutive iterations of its tile's rows (rows ``(b · ROW_BLOCK + i) · rows + slot``), each row
-slot adding its rows' terms in iteration order into registers, and writes one partial row
-``partials[b · rows + slot, :]``; the second kernel (:class:`ColumnSumSpec`) adds the
-partials of each column in partial order. The blocking is a constant of the tile, so the
-order of every addition depends on ``T`` alone (never on the SM count or the launch), and
-no atomics are used: the same inputs give the same bytes on every run.
+``grad_weight = Σ_rows (grad_y · out_scale) · x̂`` (fp32): per-CTA partial rows over a fixed
+blocking of the rows, then an ordered column sum (``backward.py``): deterministic and
+batch-invariant, no atomics.
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
 
-from dataclasses import dataclass
-
 import tilelang.language as T
-import torch
 
-from tileplug.backend_cuda.norm.kernels import NormKernel, make_launcher
+from tileplug.backend_cuda.norm.backward import ROW_BLOCK, BackwardKernel
 from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, f32, row_buffer, statistic_buffer, vector_buffer
 from tileplug.backend_cuda.norm.spec import NormKernelSpec
 from tileplug.core.contracts.norm import NormBackwardInputs, NormCall, NormGradients
-
-ROW_BLOCK = 8
-"""Iterations of its tile's rows one CTA runs: ``rows · ROW_BLOCK`` rows per partial block."""
-COLUMN_THREADS = 256
-
-
-@dataclass(frozen=True)
-class ColumnSumSpec:
-    """The column sum of ``partials [P, D]`` (fp32, any P and D: both runtime) into ``[D]``,
-    each column added in row order: one thread per column."""
-
-    @property
-    def name(self) -> str:
-        return "norm_column_sum_fp32"
-
-    def build(self):
-        P = T.dynamic("P")
-        D = T.dynamic("D")
-
-        @T.prim_func
-        def kernel(partials: T.Tensor((P, D), "float32"), total: T.Tensor((D,), "float32")):
-            with T.Kernel(T.ceildiv(D, COLUMN_THREADS), threads=COLUMN_THREADS) as bx:
-                tx = T.get_thread_binding()
-                acc = T.alloc_local((1,), "float32")
-                col = bx * COLUMN_THREADS + tx
-                if col < D:
-                    acc[0] = partials[0, col]
-                    for p in T.serial(P - 1):
-                        acc[0] = T.ieee_add(acc[0], partials[p + 1, col])
-                    total[col] = acc[0]
-
-        return kernel.with_attr("global_symbol", self.name)
-
 
 def build(spec: NormKernelSpec):
     """The ``T.prim_func`` of an ``rms_norm_backward`` specialisation: buffers ``(grad_y, x,
@@ -162,43 +122,23 @@ def build(spec: NormKernelSpec):
     return kernel.with_attr("global_symbol", spec.name)
 
 
-class RmsNormBackward(NormKernel):
+class RmsNormBackward(BackwardKernel):
     """The ``rms_norm_backward`` kernel object: the row kernel, then the column sum of its
-    weight-gradient partials (see the module docstring)."""
+    weight-gradient partials (``backward.BackwardKernel``)."""
 
     op = "rms_norm_backward"
 
-    def specs(self, call: NormCall) -> list:
-        """Every specialisation a call runs (the row kernel, and the column sum with a weight)."""
-        return [self.spec(call)] + ([ColumnSumSpec()] if call.weight_dtype is not None else [])
-
-    def prepare(self, call: NormCall):
-        from tileplug.backend_cuda import jit
-
-        spec = self.spec(call)
-        rows_launch = make_launcher(spec, jit.entry(spec), self.arguments(call))
-        if call.weight_dtype is None:
-            return rows_launch
-        column_sum = jit.entry(ColumnSumSpec())
-        heads = call.heads or 1
-        per_block = spec.tile.rows * ROW_BLOCK
-
-        def launch(inputs: NormBackwardInputs, outputs: NormGradients) -> None:
-            blocks = -(-(inputs.x.shape[0] * heads) // per_block)
-            partials = torch.empty((blocks * spec.tile.rows, call.hidden), dtype=torch.float32, device=inputs.x.device)
-            rows_launch(inputs, outputs._replace(grad_bias=partials))
-            column_sum(partials, outputs.grad_weight)
-
-        return launch
+    def reduced(self, call: NormCall) -> tuple[str, ...]:
+        return ("grad_weight",) if call.weight_dtype is not None else ()
 
     def arguments(self, call: NormCall):
         weighted = call.weight_dtype is not None
         grad_residual = call.grad_residual
 
-        def order(inputs: NormBackwardInputs, outputs: NormGradients) -> tuple:
+        def order(inputs: NormBackwardInputs, outputs: NormGradients, partials: tuple) -> tuple:
             x = inputs.x
             return (inputs.grad_y, x, inputs.weight if weighted else x, inputs.rstd,
                     inputs.grad_residual_out if grad_residual else x, outputs.grad_x,
-                    outputs.grad_bias if weighted else x)  # grad_bias carries the partials (see prepare)
+                    partials[0] if weighted else x)
 
         return order
