@@ -256,3 +256,47 @@ def test_rows_without_an_exact_long_tile_are_declined() -> None:
     for hidden in (12288, 14336, 16384, 18432, 32768):
         kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(2, hidden, dtype=torch.bfloat16))
         assert kernel.supports(call) is None, hidden
+
+
+def test_launcher_gives_a_one_column_view_unit_last_stride() -> None:
+    from tileplug.core import ops
+
+    x = torch.randn(5, 3).t()[:, :1]  # [3, 1] with strides (1, 3): D = 1, a last stride of 3
+    assert x.stride(-1) != 1
+    _, _, outputs, args = _launch(ops.rms_norm, x)
+    assert args[0].stride(-1) == 1 and torch.equal(args[0], x) and args[0].data_ptr() == x.data_ptr()
+
+
+def test_backward_runs_the_row_kernel_then_the_column_sum() -> None:
+    from tileplug.backend_cuda.norm.backward import ColumnSumSpec
+    from tileplug.core import ops
+
+    grad, x = torch.randn(4, 7168, dtype=torch.bfloat16), torch.randn(4, 7168, dtype=torch.bfloat16)
+    rstd = torch.ones(4)
+    kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, x, torch.ones(7168, dtype=torch.bfloat16), rstd)
+    assert kernel.supports(call) is None
+    specs = kernel.specs(call)
+    assert len(specs) == 2 and specs[1] == ColumnSumSpec() and specs[0].op == "rms_norm_backward"
+    kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, x, None, rstd)
+    assert len(kernel.specs(call)) == 1
+
+
+def test_column_sum_lowers_with_an_ordered_loop() -> None:
+    pytest.importorskip("tilelang")
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.norm.backward import ColumnSumSpec
+
+    source = jit.lower_source(ColumnSumSpec())
+    assert "__fadd_rn" in source and "atomic" not in source.lower()
+
+
+def test_layer_norm_backward_reduces_bias_and_weight() -> None:
+    from tileplug.core import ops
+
+    grad, x = torch.randn(4, 576, dtype=torch.bfloat16), torch.randn(4, 576, dtype=torch.bfloat16)
+    mean, rstd = torch.zeros(4), torch.ones(4)
+    kernel, call, _ = _kernel_call(ops.layer_norm_backward, grad, x, torch.ones(576, dtype=torch.bfloat16), mean,
+                                   rstd)
+    assert kernel.supports(call) is None and kernel.reduced(call) == ("grad_bias", "grad_weight")
+    kernel, call, _ = _kernel_call(ops.layer_norm_backward, grad, x, None, mean, rstd)
+    assert kernel.reduced(call) == ("grad_bias",) and len(kernel.specs(call)) == 2

@@ -1,5 +1,5 @@
-"""CUDA norm kernels on a GPU (rms_norm, layer_norm, rms_norm_per_token_cast) against the
-reference backend.
+"""CUDA norm kernels on a GPU (rms_norm, layer_norm, rms_norm_per_token_cast,
+rms_norm_backward, layer_norm_backward) against the reference backend.
 
 Run on the GPU host (compute capability >= 9.0), a few minutes::
 
@@ -17,10 +17,13 @@ What is checked, per SPEC §4-5:
   op table's ``compare_norm``: outputs ≤ 1 ulp of their dtype, rstd / mean ≤ 4 ulp fp32, the
   cast's (q, sf) by ``assert_quantized_close``), then **bytewise** — the kernels add each row
   in the reference's pairwise order (``backend_cuda/norm/rows.py``) with IEEE roundings at
-  the reference's points, so they are designed to give the reference's bytes exactly. A
-  failure of the second assert alone means the design claim broke, not the contract.
+  the reference's points, so they are designed to give the reference's bytes exactly (the
+  backwards' grad_x too; their grad_weight / grad_bias sum the rows in another fixed order:
+  SPEC's relative 1e-5 only). A failure of the second assert alone means the design claim broke,
+  not the contract.
 - **batch invariance** bytewise: a row alone (T = 1) vs the same row inside batches of 1, 7
-  and 4001 rows at the first, a middle and the last position; and run-to-run determinism.
+  and 4001 rows at the first, a middle and the last position; and run-to-run determinism
+  (grad_weight included: no atomics, a fixed blocking of the rows).
 - **fusion**: ``rms_norm_per_token_cast`` ≡ ``per_token_cast(rms_norm(...))`` on this backend,
   bytewise (q, the sf bytes that hold groups, residual_out, y), every sf layout.
 - **in place**: ``out=x`` / ``residual_out=residual`` give the out-of-place bytes.
@@ -53,6 +56,7 @@ TOKENS = (1, 7, 129, 4001)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 RMS, LAYER, CAST = "rms_norm", "layer_norm", "rms_norm_per_token_cast"
+RMS_BACK, LAYER_BACK = "rms_norm_backward", "layer_norm_backward"
 ORACLE_ON_GPU = os.environ.get("TILEPLUG_ORACLE", "cpu") == "gpu"
 
 # ---------------------------------------------------------------------- the grid
@@ -74,6 +78,10 @@ def _grid() -> list[Case]:
             cases.append(Case.of(RMS, hidden, dtype))
             cases.append(Case.of(LAYER, hidden, dtype, inputs={"bias": {BF16: "bf16", FP16: "fp16", FP32: "fp32"}[dtype]}))
         cases.append(Case.of(CAST, hidden))
+        cases.append(Case.of(RMS_BACK, hidden))
+        cases.append(Case.of(RMS_BACK, hidden, FP32, inputs={"grad_residual": True}))
+        cases.append(Case.of(LAYER_BACK, hidden))
+        cases.append(Case.of(LAYER_BACK, hidden, FP32, inputs={"grad_residual": True}))
     for hidden in (576, 7168):
         cases += [
             Case.of(RMS, hidden, inputs={"residual": True}, return_rstd=True),
@@ -109,6 +117,16 @@ def _grid() -> list[Case]:
         Case.of(CAST, 64, FP32, inputs={"heads": 4}, fmt="e2m1", num_per_channels=32),
         Case.of(CAST, 100, num_per_channels=32),  # a partial last group
         Case.of(CAST, 7, num_per_channels=16, use_e4m3_sf=True),
+        Case.of(RMS_BACK, 576, FP16, inputs={"weight": "fp32", "grad_residual": True}),
+        Case.of(RMS_BACK, 7168, inputs={"weight": "none"}),
+        Case.of(RMS_BACK, 128, FP32, inputs={"heads": 8}, weight_offset=1.0, out_scale=0.5),
+        Case.of(RMS_BACK, 1536, inputs={"row_stride_pad": 8}),
+        Case.of(RMS_BACK, 100, inputs={"grad_residual": True}),
+        Case.of(RMS_BACK, 7, FP32),
+        Case.of(LAYER_BACK, 576, FP16, inputs={"weight": "fp32", "grad_residual": True}),
+        Case.of(LAYER_BACK, 7168, inputs={"weight": "none"}),
+        Case.of(LAYER_BACK, 128, FP32, inputs={"heads": 8}),
+        Case.of(LAYER_BACK, 100, inputs={"grad_residual": True, "row_stride_pad": 3}),
     ]
     return list(dict.fromkeys(cases))
 
@@ -175,6 +193,9 @@ def precompiled():
                                                    "return_unquantized": True, **flags}))
             specs.append(_spec("per_token_cast", (x,), {"fmt": fmt, **flags}, required=False))
         specs.append(_spec(RMS, (x, weight), {"residual": x, "weight_offset": 1.0}))
+    from tileplug.backend_cuda.norm.backward import ColumnSumSpec
+
+    specs.append(ColumnSumSpec())
     jit.precompile([spec for spec in specs if spec is not None])
 
 
@@ -196,6 +217,8 @@ def _assert_same_bytes(case: Case, tokens: int, actual: list, expected: list, wh
     kwargs = dict(case.kwargs)
     for index, (have, want) in enumerate(zip(actual, expected)):
         label = f"{case.id} T={tokens} output {index} ({what})"
+        if case.op.endswith("_backward") and index >= 1:
+            continue  # grad_weight: another (fixed) order of the sum over rows, compared within SPEC's 1e-5
         if have is None or want is None:
             assert have is None and want is None, label
             continue
@@ -218,6 +241,9 @@ INVARIANCE = [
     Case.of(LAYER, 5120, FP32, inputs={"bias": "fp32", "residual": True}),
     Case.of(CAST, 7168, num_per_channels=32, **SF_LAYOUTS["ue8m0_col"]),
     Case.of(CAST, 576, FP32, return_unquantized=True),
+    Case.of(RMS_BACK, 7168, inputs={"grad_residual": True}),
+    Case.of(RMS_BACK, 576, FP32),
+    Case.of(LAYER_BACK, 5120, inputs={"grad_residual": True}),
 ]
 
 
@@ -228,27 +254,31 @@ def _rows(output: torch.Tensor, start: int, count: int) -> torch.Tensor:
 @pytest.mark.parametrize("case", INVARIANCE, ids=[case.id for case in INVARIANCE])
 def test_batch_invariance_and_determinism(case: Case) -> None:
     """A row's output bytes do not depend on the batch it is in or on its position."""
-    args, kwargs = _arguments(case, 4001, seed=7)
+    args, kwargs = _arguments(case, BATCH, seed=7)
     full = _cuda(case, args, kwargs)
     again = _cuda(case, args, kwargs)
     for index, (first, second) in enumerate(zip(full, again)):
         if first is not None:
             assert_bytes_equal(first.cpu(), second.cpu(), what=f"{case.id} run-to-run output {index}")
-    for tokens in (1, 7, 4001):
-        for position in (0, (4001 - tokens) // 2, 4001 - tokens):
+    for tokens in (1, 7, BATCH):
+        for position in (0, (BATCH - tokens) // 2, BATCH - tokens):
             sliced_args = tuple(_slice(a, position, tokens) for a in args)
             sliced_kwargs = {k: _slice(v, position, tokens) for k, v in kwargs.items()}
             part = _cuda(case, sliced_args, sliced_kwargs)
             for index, (whole, piece) in enumerate(zip(full, part)):
-                if whole is None or (case.op == CAST and index == 1):
-                    continue  # scale rows: test_cast_scales_are_batch_invariant (row-major storage)
+                if whole is None or (case.op == CAST and index == 1) or (case.op.endswith("_backward") and index >= 1):
+                    continue  # scale rows: test_cast_scales_are_batch_invariant; grad_weight sums all rows
                 assert_bytes_equal(piece.cpu(), _rows(whole, position, tokens).cpu(),
                                    what=f"{case.id} rows [{position}, {position + tokens}) output {index}")
 
 
+BATCH = 4001
+
+
 def _slice(value, start: int, count: int):
-    """Rows ``[start, start + count)`` of a ``[T, ...]`` input (vectors and scalars as they are)."""
-    if isinstance(value, torch.Tensor) and value.dim() >= 2:
+    """Rows ``[start, start + count)`` of a ``[T, ...]`` input (T = BATCH: rows, statistics); the
+    ``[D]`` vectors and scalars as they are."""
+    if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == BATCH:
         return value[start:start + count]
     return value
 

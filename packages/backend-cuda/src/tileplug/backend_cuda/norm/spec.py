@@ -156,12 +156,13 @@ class QuantSpec:
 class NormKernelSpec:
     """Compile-time constants of one CUDA norm kernel (see the module docstring).
 
-    ``op``: rms_norm / layer_norm / rms_norm_per_token_cast. ``hidden``: D. ``heads``: N of a
+    ``op``: rms_norm / layer_norm / rms_norm_per_token_cast / rms_norm_backward. ``hidden``: D. ``heads``: N of a
     3-D ``[T, N, D]`` input (None: 2-D). ``in_dtype`` / ``weight_dtype`` / ``bias_dtype``:
     TileLang dtypes (None: absent). ``residual``: ``s = x + residual`` is formed and
     written to ``residual_out``. ``stats``: rstd (and mean) are written. ``vectorize``:
     128-bit loads and stores (every row pointer 16-byte aligned and ``D`` a multiple of
     ``VEC``), else per-element accesses. ``tile``: the row tile. ``quant``: the fused cast.
+    ``grad_residual``: a backward adds ``grad_residual_out`` to ``grad_x``.
     """
 
     op: str
@@ -178,6 +179,7 @@ class NormKernelSpec:
     vectorize: bool
     tile: RowTile
     quant: QuantSpec | None = None
+    grad_residual: bool = False
 
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``): built by
@@ -205,6 +207,8 @@ class NormKernelSpec:
             parts.append("res")
         if self.stats:
             parts.append("stats")
+        if self.grad_residual:
+            parts.append("gres")
         parts.append(f"e{_hex(self.eps)}")
         if self.weight_offset != 0.0:
             parts.append(f"o{_hex(self.weight_offset)}")
@@ -270,4 +274,5 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
         vectorize=vectorizes(call),
         tile=row_tile(call.hidden, call.input_dtype),
         quant=quant,
+        grad_residual=call.grad_residual,
     )
