@@ -302,7 +302,7 @@ def _vector_buffers(case) -> tuple[str, ...]:
     aligned; misaligned rows and quantized inputs get other load paths)."""
     kernel, call = describe(case)
     spec = kernel.spec(call)
-    if not getattr(spec, "vectorize", getattr(getattr(spec, "norm", None), "vectorize", False)):
+    if not getattr(spec, "vectorize", False):
         return ()
     if hasattr(spec, "vector_buffers"):
         return tuple(spec.vector_buffers)
