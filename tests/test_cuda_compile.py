@@ -40,8 +40,9 @@ def describe(case, input_alignment: int | None = None):
 
     args, kwargs = case.arguments(TOKENS, "meta")
     call, _ = describe_call(case.op, *args, **kwargs)
-    if input_alignment is not None:
-        call = dataclasses.replace(call, input_alignment=input_alignment)
+    if input_alignment is not None:  # the field the family's call has (quant: input_alignment, norm: alignment)
+        field = "input_alignment" if hasattr(call, "input_alignment") else "alignment"
+        call = dataclasses.replace(call, **{field: input_alignment})
     return _KERNELS[call.op], call
 
 
@@ -306,9 +307,7 @@ def _vector_buffers(case) -> tuple[str, ...]:
         return ()
     if hasattr(spec, "vector_buffers"):
         return tuple(spec.vector_buffers)
-    if hasattr(call, "quantized_input"):
-        return () if call.quantized_input is not None else ("x",)
-    return ()
+    return () if getattr(call, "quantized_input", None) is not None else ("x",)
 
 
 MAIN_PATHS = [(name, case, _vector_buffers(case)) for name, case in GRID if _vector_buffers(case)]

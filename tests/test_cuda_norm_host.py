@@ -98,3 +98,205 @@ def test_row_tiles_of_model_sizes() -> None:
     assert row_tile(7168, torch.bfloat16) == RowTile(224, 1, 4)
     assert row_tile(16384, torch.bfloat16) == RowTile(512, 1, 4)
     assert row_tile(16384, torch.float32) == RowTile(512, 1, 8)
+
+
+# ---------------------------------------------------------------------- declines and specs
+
+
+def _kernel_call(op, *args, **kwargs):
+    from tileplug.backend_cuda.plugin import _KERNELS
+    from tileplug.core.lowering import describe_call
+
+    call, inputs = describe_call(op, *args, **kwargs)
+    return _KERNELS[call.op], call, inputs
+
+
+def test_norm_kernels_are_in_the_cuda_table() -> None:
+    from tileplug.backend_cuda.plugin import make_backend
+
+    backend = make_backend()
+    assert {"rms_norm", "layer_norm", "rms_norm_per_token_cast"} <= set(backend.kernels)
+    assert "rms_norm" in backend.capabilities() and "batch-invariant" in backend.capabilities()
+
+
+def test_declines_name_their_reason() -> None:
+    from tileplug.core import ops
+
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(2, 64, dtype=torch.float64))
+    assert "float64" in kernel.supports(call)
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(2, 64), torch.empty(64, dtype=torch.float64))
+    assert "weight dtype" in kernel.supports(call)
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(2, 16385, dtype=torch.float32))
+    assert "does not fit" in kernel.supports(call)
+    kernel, call, _ = _kernel_call(ops.layer_norm, torch.empty(2, 32768, dtype=torch.bfloat16))
+    assert kernel.supports(call) is None
+    kernel, call, _ = _kernel_call(ops.rms_norm_per_token_cast, torch.empty(2, 4, 96, dtype=torch.bfloat16),
+                                   num_per_channels=64)
+    assert "straddle" in kernel.supports(call)
+    kernel, call, _ = _kernel_call(ops.rms_norm_per_token_cast, torch.empty(2, 4, 128, dtype=torch.bfloat16),
+                                   num_per_channels=64)
+    assert kernel.supports(call) is None
+
+
+def test_specialisation_ignores_the_token_count() -> None:
+    """One compiled kernel serves every T of a configuration (T is a runtime value)."""
+    from tileplug.core import ops
+
+    specs = set()
+    for tokens in (1, 7, 4001):
+        x = torch.empty(tokens, 7168, dtype=torch.bfloat16)
+        kernel, call, _ = _kernel_call(ops.rms_norm, x, torch.empty(7168, dtype=torch.bfloat16), residual=x.clone())
+        specs.add(kernel.spec(call))
+    assert len(specs) == 1
+
+
+def test_vectorized_only_where_every_row_is_aligned() -> None:
+    from tileplug.core import ops
+
+    weight = torch.empty(576, dtype=torch.bfloat16)
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(4, 576, dtype=torch.bfloat16), weight)
+    assert kernel.spec(call).vectorize
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(4, 584, dtype=torch.bfloat16)[:, :576], weight)
+    assert kernel.spec(call).vectorize  # a row stride of 584 values keeps 16-byte rows
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(4, 579, dtype=torch.bfloat16)[:, :576], weight)
+    assert not kernel.spec(call).vectorize
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(4, 100, dtype=torch.bfloat16))
+    assert not kernel.spec(call).vectorize  # D = 100 is no multiple of 8 bf16
+    x = torch.empty(4, 576, dtype=torch.bfloat16)
+    kernel, call, _ = _kernel_call(ops.rms_norm, x, weight, residual=torch.empty(4, 577, dtype=torch.bfloat16)[:, 1:])
+    assert not kernel.spec(call).vectorize  # the residual's rows are not aligned
+
+
+# ---------------------------------------------------------------------- launchers
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.args: tuple = ()
+
+    def __call__(self, *args) -> None:
+        self.args = args
+
+
+def _launch(op, *args, **kwargs):
+    from tileplug.backend_cuda.norm.kernels import make_launcher
+    from tileplug.core import CUDA_LAYOUT
+
+    kernel, call, inputs = _kernel_call(op, *args, **kwargs)
+    outputs = call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, None)
+    recorder = Recorder()
+    make_launcher(kernel.spec(call), recorder, kernel.arguments(call))(inputs, outputs)
+    return kernel.spec(call), inputs, outputs, recorder.args
+
+
+def test_launcher_passes_x_for_absent_buffers() -> None:
+    from tileplug.core import ops
+
+    x = torch.randn(3, 576, dtype=torch.bfloat16)
+    _, inputs, outputs, args = _launch(ops.rms_norm, x)
+    assert args[0] is x and args[1] is x and args[2] is x and args[3] is outputs.y and args[4] is x and args[5] is x
+    weight, residual = torch.randn(576, dtype=torch.bfloat16), torch.randn(3, 576, dtype=torch.bfloat16)
+    _, inputs, outputs, args = _launch(ops.rms_norm, x, weight, residual=residual, return_rstd=True)
+    assert args[1] is weight and args[2] is residual and args[4] is outputs.residual_out and args[5] is outputs.rstd
+    bias = torch.randn(576)
+    _, inputs, outputs, args = _launch(ops.layer_norm, x, None, bias, return_stats=True)
+    assert args[1] is x and args[2] is bias and args[6] is outputs.mean and args[7] is outputs.rstd
+
+
+def test_launcher_gives_a_single_row_an_aligned_stride() -> None:
+    """T = 1 from a buffer whose row stride (7171) is no multiple of 8: the contract ignores
+    the unused stride, the kernel's check reads it, so the launcher passes a view with one."""
+    from tileplug.core import ops
+
+    x = torch.randn(2, 7171, dtype=torch.bfloat16)[:1, :7168]
+    spec, inputs, outputs, args = _launch(ops.rms_norm, x, torch.randn(7168, dtype=torch.bfloat16))
+    assert spec.vectorize
+    assert args[0].stride(0) % 8 == 0 and args[0].data_ptr() == x.data_ptr() and torch.equal(args[0], x)
+
+
+def test_launcher_copies_a_misaligned_weight() -> None:
+    from tileplug.core import ops
+
+    x = torch.randn(3, 576, dtype=torch.bfloat16)
+    weight = torch.randn(577, dtype=torch.bfloat16)[1:]
+    _, inputs, outputs, args = _launch(ops.rms_norm, x, weight)
+    assert args[1].data_ptr() % 16 == 0 and torch.equal(args[1], weight)
+    aligned = torch.randn(576, dtype=torch.bfloat16)
+    _, inputs, outputs, args = _launch(ops.rms_norm, x, aligned)
+    assert args[1] is aligned
+
+
+def test_fused_launcher_hands_packed_scales_as_bytes() -> None:
+    from tileplug.core import ops
+
+    x = torch.randn(5, 512, dtype=torch.bfloat16)
+    _, _, outputs, args = _launch(ops.rms_norm_per_token_cast, x, round_sf=True, use_packed_ue8m0=True,
+                                  use_tma_aligned_col_major_sf=True, num_per_channels=32)
+    assert args[-1].dtype == torch.uint8 and args[-1].data_ptr() == outputs.sf.data_ptr()
+    assert args[-1].shape == (outputs.sf.shape[1], 4 * outputs.sf.shape[0])  # column-major: transposed bytes
+    _, _, outputs, args = _launch(ops.rms_norm_per_token_cast, x)
+    assert args[-1] is outputs.sf
+
+
+def test_core_lower_of_a_norm_op_on_meta_tensors() -> None:
+    pytest.importorskip("tilelang")
+    from tileplug import core
+
+    x = torch.empty(1, 7168, dtype=torch.bfloat16, device="meta")
+    weight = torch.empty(7168, dtype=torch.bfloat16, device="meta")
+    source = core.lower(core.ops.rms_norm, x, weight, backend="cuda")
+    assert "__global__" in source and "*(uint4*)(x +" in source and "__fdiv_rn" in source
+
+
+def test_rows_without_an_exact_long_tile_are_declined() -> None:
+    from tileplug.core import ops
+
+    kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(2, 16000, dtype=torch.bfloat16))
+    assert "shared memory" in kernel.supports(call)
+    for hidden in (12288, 14336, 16384, 18432, 32768):
+        kernel, call, _ = _kernel_call(ops.rms_norm, torch.empty(2, hidden, dtype=torch.bfloat16))
+        assert kernel.supports(call) is None, hidden
+
+
+def test_launcher_gives_a_one_column_view_unit_last_stride() -> None:
+    from tileplug.core import ops
+
+    x = torch.randn(5, 3).t()[:, :1]  # [3, 1] with strides (1, 3): D = 1, a last stride of 3
+    assert x.stride(-1) != 1
+    _, _, outputs, args = _launch(ops.rms_norm, x)
+    assert args[0].stride(-1) == 1 and torch.equal(args[0], x) and args[0].data_ptr() == x.data_ptr()
+
+
+def test_backward_runs_the_row_kernel_then_the_column_sum() -> None:
+    from tileplug.backend_cuda.norm.backward import ColumnSumSpec
+    from tileplug.core import ops
+
+    grad, x = torch.randn(4, 7168, dtype=torch.bfloat16), torch.randn(4, 7168, dtype=torch.bfloat16)
+    rstd = torch.ones(4)
+    kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, x, torch.ones(7168, dtype=torch.bfloat16), rstd)
+    assert kernel.supports(call) is None
+    specs = kernel.specs(call)
+    assert len(specs) == 2 and specs[1] == ColumnSumSpec() and specs[0].op == "rms_norm_backward"
+    kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, x, None, rstd)
+    assert len(kernel.specs(call)) == 1
+
+
+def test_column_sum_lowers_with_an_ordered_loop() -> None:
+    pytest.importorskip("tilelang")
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.norm.backward import ColumnSumSpec
+
+    source = jit.lower_source(ColumnSumSpec())
+    assert "__fadd_rn" in source and "atomic" not in source.lower()
+
+
+def test_layer_norm_backward_reduces_bias_and_weight() -> None:
+    from tileplug.core import ops
+
+    grad, x = torch.randn(4, 576, dtype=torch.bfloat16), torch.randn(4, 576, dtype=torch.bfloat16)
+    mean, rstd = torch.zeros(4), torch.ones(4)
+    kernel, call, _ = _kernel_call(ops.layer_norm_backward, grad, x, torch.ones(576, dtype=torch.bfloat16), mean,
+                                   rstd)
+    assert kernel.supports(call) is None and kernel.reduced(call) == ("grad_bias", "grad_weight")
+    kernel, call, _ = _kernel_call(ops.layer_norm_backward, grad, x, None, mean, rstd)
+    assert kernel.reduced(call) == ("grad_bias",) and len(kernel.specs(call)) == 2

@@ -73,11 +73,16 @@ def capabilities() -> str:
         "  (every sf option of per_token_cast, bytewise equal to rms_norm then per_token_cast on this backend);\n"
         "  2-D [T, D] and per-head 3-D [T, N, D]; bf16/fp16/fp32 (cast: bf16/fp32); any row strides (128-bit loads\n"
         "  and stores when every row is 16-byte aligned and D a multiple of 8 bf16 / 4 fp32, per element\n"
-        "  otherwise); the row stays in registers, fp32 statistics by a warp-shuffle + shared-memory tree whose\n"
-        "  order depends on D only (batch-invariant); T dynamic, one kernel per D and configuration.\n"
+        "  otherwise); the row stays in registers (one read of x), fp32 statistics added in the reference's pairwise\n"
+        "  order (register folds, then shared memory): the reference's bytes, batch-invariant; T dynamic, one\n"
+        "  kernel per D and configuration.\n"
         "  Declined: fp64 (gradcheck dtype), rows longer than 16 warps x 8 vectors (bf16 D > 32768, fp32 D > 16384),\n"
-        "  3-D casts whose D is not a multiple of the group; rms_norm_backward / layer_norm_backward have no CUDA\n"
-        "  kernel yet (the reference serves them).\n"
+        "  rows above 12288 values without an exact tile (> 48 KB of shared memory), 3-D casts whose D is not a\n"
+        "  multiple of the group.\n"
+        "rms_norm_backward, layer_norm_backward: grad_x as the reference's (same row tile and order), grad_weight\n"
+        "  and grad_bias deterministic and\n"
+        "  batch-invariant: fixed blocks of rows add into per-CTA partial rows, a second kernel adds the partials of\n"
+        "  each column in order (no atomics; the order depends on T only, never on the SM count).\n"
         "apply_rotary: query and key in one launch, 3-D/4-D, NeoX/GPT-J, conjugate, implicit/int32/int64 positions\n"
         "  + seqlen_offset, any even R <= D (channels past R never touched), bf16/fp16/fp32, any strides (QKV views);\n"
         "  128-bit loads when R/2 is a multiple of 16 bytes of values and pointers/strides are 16-byte aligned (checked\n"
@@ -93,7 +98,7 @@ def capabilities() -> str:
         "  Kernel cache: compiled modules are indexed next to TileLang's cache ($TILELANG_CACHE_DIR/tileplug-index,\n"
         "  TILEPLUG_CUDA_KERNEL_INDEX=DIR|off) and loaded without importing TileLang; `tileplug precompile` fills it.\n"
         "  Status: every specialisation of the CI grid lowers for sm_90 and compiles with nvcc; bit-exactness vs\n"
-        "  the reference is checked on the GPU host (tests/gpu/test_cuda_quant.py, -m gpu).\n"
+        "  the reference is checked on the GPU host (tests/gpu/test_cuda_*.py, -m gpu).\n"
         "  Not honoured: config.pdl (TileLang 0.1.15's tvm_ffi launcher sets no programmatic-dependent-launch\n"
         "  attribute) and config.sm_count (one tile per CTA, grids sized by T and H, no persistent loop)."
     )
@@ -110,7 +115,7 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     for call in calls:
         kernel = _KERNELS.get(call.op)
         if kernel is not None and kernel.supports(call) is None:
-            specs.append(kernel.spec(call))
+            specs.extend(kernel.specs(call) if hasattr(kernel, "specs") else [kernel.spec(call)])
     return jit.precompile(specs, arch=arch, workers=workers, load=False)
 
 

@@ -1,8 +1,11 @@
 """CUDA kernels of the norm family (TileLang): one module per op over the shared row tile
-(``rows``: loads, two-stage reduction, stores), specs in ``spec``, launchers in ``kernels``."""
+(``rows``: loads, the reference-order reduction, stores), specs in ``spec``, launchers in
+``kernels``, the backward ops' row-blocked weight/bias reduction in ``backward``."""
 
 from tileplug.backend_cuda.norm.layer_norm import LayerNorm
+from tileplug.backend_cuda.norm.layer_norm_backward import LayerNormBackward
 from tileplug.backend_cuda.norm.rms_norm import RmsNorm
+from tileplug.backend_cuda.norm.rms_norm_backward import RmsNormBackward
 from tileplug.backend_cuda.norm.rms_norm_per_token_cast import RmsNormPerTokenCast
 
 
@@ -12,7 +15,9 @@ def make_kernels() -> dict:
         "rms_norm": RmsNorm(),
         "layer_norm": LayerNorm(),
         "rms_norm_per_token_cast": RmsNormPerTokenCast(),
+        "rms_norm_backward": RmsNormBackward(),
+        "layer_norm_backward": LayerNormBackward(),
     }
 
 
-__all__ = ["LayerNorm", "RmsNorm", "RmsNormPerTokenCast", "make_kernels"]
+__all__ = ["LayerNorm", "LayerNormBackward", "RmsNorm", "RmsNormBackward", "RmsNormPerTokenCast", "make_kernels"]

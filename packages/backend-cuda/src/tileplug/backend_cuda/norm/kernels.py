@@ -7,7 +7,8 @@ call and only where they can matter:
 
 - a size-1 dim's stride takes no part in the contract's ``alignment`` (it is never used),
   but the kernel's runtime check of ``T.assume(stride % VEC == 0)`` reads it: such a dim
-  gets a stride the check accepts (a view, no copy);
+  gets a stride the check accepts (a view, no copy); likewise a size-1 last dim (D = 1,
+  which the contract lets have any stride) gets stride 1;
 - the weight and bias are read with vector loads as wide as the input's vectors
   (``VEC`` values of their dtype): one whose data pointer is not aligned to that is copied
   (a fresh allocation is), which only odd views of a weight ever need.
@@ -72,11 +73,14 @@ def _vector_aligned(tensor: torch.Tensor, vec: int) -> torch.Tensor:
 
 
 def _strides_fixed(tensor: torch.Tensor, vec: int) -> torch.Tensor:
-    """``tensor`` with every size-1 dim's stride (unused) a multiple of ``vec`` (a view)."""
+    """``tensor`` with every size-1 dim's stride (unused) a multiple of ``vec``, a size-1 last
+    dim's stride 1 (the kernel's buffers have unit last stride): a view."""
     if tensor.dim() < 2:
         return tensor
     strides = tensor.stride()
-    fixed = tuple(s if size > 1 or s % vec == 0 else vec for size, s in zip(tensor.shape, strides))
+    last = tensor.dim() - 1
+    fixed = tuple(s if size > 1 or (s % vec == 0 and (d < last or s == 1)) else (1 if d == last else vec)
+                  for d, (size, s) in enumerate(zip(tensor.shape, strides)))
     return tensor if fixed == strides else tensor.as_strided(tensor.shape, fixed)
 
 
@@ -86,6 +90,12 @@ def make_launcher(spec: NormKernelSpec, kernel: Any, order: Callable[[Any, Any],
     of ``inputs``: weight, bias)."""
     vec = spec.vec
     if not spec.vectorize:
+        if spec.hidden == 1:  # D = 1: the contract allows any last stride, the kernel's buffers have 1
+
+            def launch(inputs: Any, outputs: Any) -> None:
+                kernel(*(_strides_fixed(a, 1) for a in order(inputs, outputs)))
+
+            return launch
 
         def launch(inputs: Any, outputs: Any) -> None:
             kernel(*order(inputs, outputs))
@@ -97,11 +107,10 @@ def make_launcher(spec: NormKernelSpec, kernel: Any, order: Callable[[Any, Any],
     biased = spec.bias_dtype is not None
 
     def launch(inputs: Any, outputs: Any) -> None:
-        if weighted or biased:
-            inputs = inputs._replace(
-                weight=_vector_aligned(inputs.weight, vec) if weighted else inputs.weight,
-                bias=_vector_aligned(inputs.bias, vec) if biased else inputs.bias,
-            )
+        if weighted:
+            inputs = inputs._replace(weight=_vector_aligned(inputs.weight, vec))
+        if biased:
+            inputs = inputs._replace(bias=_vector_aligned(inputs.bias, vec))
         arguments = order(inputs, outputs)
         if single_head or inputs.x.shape[0] == 1:
             arguments = tuple(_strides_fixed(a, vec) for a in arguments)

@@ -20,7 +20,9 @@ CTA of ``lanes × rows`` threads covers ``rows`` rows of capacity ``lanes · chu
   pair wasting the fewest vector slots, then chunks closest to 4 (bytes in flight per
   thread), then fewer warps (D = 7168 bf16: 7 warps × 4 vectors, no waste; 16384: 16 × 4).
 
-Rows longer than 16 warps × 8 vectors (bf16 D > 32768, fp32 D > 16384) are declined.
+Rows longer than 16 warps × 8 vectors (bf16 D > 32768, fp32 D > 16384) are declined, and so
+are rows above 12288 values that no tile covers exactly (their reduction buffer would pass
+48 KB of shared memory; see ``reduction_plan``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ MEDIUM_ROWS_PER_CTA = 4
 LONG_ROW_WARPS = range(4, 17)
 LONG_ROW_CHUNKS = range(1, 9)
 MAX_VECTORS = LONG_ROW_WARPS[-1] * 32 * LONG_ROW_CHUNKS[-1]
+MAX_SHARED_BYTES = 48 * 1024  # the reduction's buffer stays within the default dynamic shared memory
 
 
 @dataclass(frozen=True)
@@ -153,12 +156,13 @@ class QuantSpec:
 class NormKernelSpec:
     """Compile-time constants of one CUDA norm kernel (see the module docstring).
 
-    ``op``: rms_norm / layer_norm / rms_norm_per_token_cast. ``hidden``: D. ``heads``: N of a
+    ``op``: rms_norm / layer_norm / rms_norm_per_token_cast / rms_norm_backward. ``hidden``: D. ``heads``: N of a
     3-D ``[T, N, D]`` input (None: 2-D). ``in_dtype`` / ``weight_dtype`` / ``bias_dtype``:
     TileLang dtypes (None: absent). ``residual``: ``s = x + residual`` is formed and
     written to ``residual_out``. ``stats``: rstd (and mean) are written. ``vectorize``:
     128-bit loads and stores (every row pointer 16-byte aligned and ``D`` a multiple of
     ``VEC``), else per-element accesses. ``tile``: the row tile. ``quant``: the fused cast.
+    ``grad_residual``: a backward adds ``grad_residual_out`` to ``grad_x``.
     """
 
     op: str
@@ -175,6 +179,7 @@ class NormKernelSpec:
     vectorize: bool
     tile: RowTile
     quant: QuantSpec | None = None
+    grad_residual: bool = False
 
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``): built by
@@ -202,6 +207,8 @@ class NormKernelSpec:
             parts.append("res")
         if self.stats:
             parts.append("stats")
+        if self.grad_residual:
+            parts.append("gres")
         parts.append(f"e{_hex(self.eps)}")
         if self.weight_offset != 0.0:
             parts.append(f"o{_hex(self.weight_offset)}")
@@ -234,9 +241,14 @@ def common_reason(call: NormCall) -> str | None:
     for what, dtype in (("weight", call.weight_dtype), ("bias", call.bias_dtype)):
         if dtype is not None and dtype not in TL_DTYPES:
             return f"{what} dtype {dtype} is not served by the CUDA kernels (bf16, fp16, fp32)"
-    if row_tile(call.hidden, call.input_dtype) is None:
+    tile = row_tile(call.hidden, call.input_dtype)
+    if tile is None:
         return (f"a row of D = {call.hidden} {call.input_dtype} values does not fit one CTA's registers "
                 f"(at most {MAX_VECTORS * vector_width(call.input_dtype)})")
+    shared = tile.rows * reduction_plan(call.hidden, tile, vector_width(call.input_dtype)).width * 4
+    if shared > MAX_SHARED_BYTES:
+        return (f"D = {call.hidden} has no exact row tile: its reduction would need {shared} bytes of shared memory "
+                f"(more than {MAX_SHARED_BYTES})")
     return None
 
 
@@ -262,4 +274,5 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
         vectorize=vectorizes(call),
         tile=row_tile(call.hidden, call.input_dtype),
         quant=quant,
+        grad_residual=call.grad_residual,
     )

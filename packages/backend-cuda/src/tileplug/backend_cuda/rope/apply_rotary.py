@@ -39,7 +39,8 @@ from tileplug.backend_cuda.rope.spec import (
     slots_per_head,
     values_per_vector,
 )
-from tileplug.core.contracts.rope import NoOutputs, RotaryCall, RotaryInputs
+from tileplug.core.call import NoOutputs
+from tileplug.core.contracts.rope import RotaryCall, RotaryInputs
 
 Launcher = Callable[[RotaryInputs, NoOutputs], None]
 

@@ -1,0 +1,154 @@
+"""CUDA ``layer_norm_backward`` (SPEC §5): ``grad_x``, and deterministic, batch-invariant
+``grad_weight`` / ``grad_bias``.
+
+Per row (the forward's row tile, ``rows.RowMacros``), in registers: ``x̂ = (s − mean) · rstd``,
+``g = grad_y · float(w)`` (``grad_y`` without a weight), ``mean_g = sum(g) / D`` and
+``proj = sum(g · x̂) / D`` (both in the reference's pairwise order, ``rows.row_sum``),
+``grad_x = round_to(x.dtype, rstd · ((g − mean_g) − x̂ · proj) + grad_residual_out)``, each
+operation rounded where the reference rounds: ``grad_x`` is the reference's, bit for bit.
+
+``grad_weight = Σ_rows grad_y · x̂`` and ``grad_bias = Σ_rows grad_y`` (fp32): per-CTA partial
+rows over a fixed blocking of the rows, then an ordered column sum (``backward.py``).
+
+No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
+"""
+
+import tilelang.language as T
+
+from tileplug.backend_cuda.norm.backward import ROW_BLOCK, BackwardKernel
+from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, row_buffer, statistic_buffer, vector_buffer
+from tileplug.backend_cuda.norm.spec import NormKernelSpec
+from tileplug.core.contracts.norm import NormBackwardInputs, NormCall, NormGradients
+
+
+def build(spec: NormKernelSpec):
+    """The ``T.prim_func`` of a ``layer_norm_backward`` specialisation: buffers ``(grad_y, x,
+    weight, mean, rstd, grad_residual_out, grad_x, weight_partials, bias_partials)``, an
+    absent one replaced by ``x``."""
+    M = T.dynamic("M")
+    R = M if spec.heads is None else M * spec.heads
+    rows = RowMacros(spec, R)
+    IN = spec.in_dtype
+    WDT = spec.weight_dtype
+    VEC = spec.vec
+    VALUES = rows.VALUES
+    D = spec.hidden
+    GRAD_RESIDUAL = spec.grad_residual
+    W_LOCAL = WDT or "float32"
+    P = T.dynamic("P")
+    g_t = row_buffer(spec, "g", IN, M)
+    x_t = row_buffer(spec, "x", IN, M)
+    w_t = vector_buffer(spec, "w", WDT)
+    mean_t = statistic_buffer(spec, "mean", M, True)
+    rstd_t = statistic_buffer(spec, "rstd", M, True)
+    gr_t = row_buffer(spec, "gr", IN, M, GRAD_RESIDUAL)
+    dx_t = row_buffer(spec, "dx", IN, M)
+    wp_t = T.Tensor((P, D), "float32") if WDT is not None else vector_buffer(spec, "wp", None)
+    bp_t = T.Tensor((P, D), "float32")
+    STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
+    ROWS = rows.ROWS
+    KS = list(range(rows.CHUNKS))
+
+    def normalized(sv, i, row_mean, row_rstd):
+        """``x̂ = (s − mean) · rstd`` of value ``i``."""
+        return T.ieee_mul(T.ieee_sub(T.cast(sv[i], "float32"), row_mean), row_rstd)
+
+    def scaled(gv, wv, i):
+        """``g = grad_y · float(w)`` of value ``i`` (``grad_y`` without a weight)."""
+        upstream = T.cast(gv[i], "float32")
+        return upstream if WDT is None else T.ieee_mul(upstream, T.cast(wv[i], "float32"))
+
+    def statistic(buffer, t, n, valid):
+        value = buffer[t] if spec.heads is None else buffer[t, n]
+        return T.if_then_else(valid, value, T.float32(0.0))
+
+    @T.macro
+    def store_partial(partials, values, bx, tx, lane):
+        for k in KS:
+            col = rows.column(k, lane)
+            for j in T.unroll(VEC):
+                if col + j < D:
+                    partials[bx * ROWS + rows.slot(tx), col + j] = values[k * VEC + j]
+
+    @T.prim_func
+    def kernel(grad_y: g_t, x: x_t, weight: w_t, mean: mean_t, rstd: rstd_t, grad_residual_out: gr_t, grad_x: dx_t,
+               weight_partials: wp_t, bias_partials: bp_t):
+        with T.Kernel(T.ceildiv(R, ROWS * ROW_BLOCK), threads=rows.THREADS) as bx:
+            for stride in STRIDES:
+                T.assume(stride % VEC == 0)
+            tx = T.get_thread_binding()
+            gv = T.alloc_local((VALUES,), IN)
+            sv = T.alloc_local((VALUES,), IN)
+            rv = T.alloc_local((VALUES,), IN)  # grad_residual_out, then grad_x (in place)
+            wv = T.alloc_local((VALUES,), W_LOCAL)
+            terms = T.alloc_local((VALUES,), "float32")
+            gw = T.alloc_local((VALUES,), "float32")
+            gb = T.alloc_local((VALUES,), "float32")
+            acc = T.alloc_local((1,), "float32")
+            tree = rows.tree_buffer()
+            lane = tx % rows.LANES
+            if WDT is not None:
+                rows.load_vector(weight, wv, lane, WDT)
+            for i in T.unroll(VALUES):
+                gw[i] = T.float32(0.0)
+                gb[i] = T.float32(0.0)
+            for block_row in T.serial(ROW_BLOCK):
+                t, n, _, valid = rows.coords(bx * ROW_BLOCK + block_row, tx)
+                rows.load_row(grad_y, gv, t, n, lane, valid, IN)
+                rows.load_row(x, sv, t, n, lane, valid, IN)
+                if GRAD_RESIDUAL:
+                    rows.load_row(grad_residual_out, rv, t, n, lane, valid, IN)
+                row_mean = statistic(mean, t, n, valid)
+                row_rstd = statistic(rstd, t, n, valid)
+                for i in T.unroll(VALUES):
+                    terms[i] = scaled(gv, wv, i)
+                rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
+                mean_g = T.ieee_fdiv(acc[0], T.float32(D))
+                rows.reuse_barrier()
+                for i in T.unroll(VALUES):
+                    terms[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_mean, row_rstd))
+                rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
+                projection = T.ieee_fdiv(acc[0], T.float32(D))
+                rows.reuse_barrier()
+                for i in T.unroll(VALUES):
+                    difference = T.ieee_mul(row_rstd, T.ieee_sub(
+                        T.ieee_sub(scaled(gv, wv, i), mean_g),
+                        T.ieee_mul(normalized(sv, i, row_mean, row_rstd), projection)))
+                    if GRAD_RESIDUAL:
+                        rv[i] = T.cast(T.ieee_add(difference, T.cast(rv[i], "float32")), IN)
+                    else:
+                        rv[i] = T.cast(difference, IN)
+                rows.store_row(grad_x, rv, t, n, lane, valid)
+                if valid:
+                    for i in T.unroll(VALUES):
+                        gb[i] = T.ieee_add(gb[i], T.cast(gv[i], "float32"))
+                        if WDT is not None:
+                            gw[i] = T.ieee_add(gw[i], T.ieee_mul(T.cast(gv[i], "float32"),
+                                                                 normalized(sv, i, row_mean, row_rstd)))
+            store_partial(bias_partials, gb, bx, tx, lane)
+            if WDT is not None:
+                store_partial(weight_partials, gw, bx, tx, lane)
+
+    return kernel.with_attr("global_symbol", spec.name)
+
+
+class LayerNormBackward(BackwardKernel):
+    """The ``layer_norm_backward`` kernel object: the row kernel, then the column sums of its
+    weight- and bias-gradient partials (``backward.BackwardKernel``)."""
+
+    op = "layer_norm_backward"
+
+    def reduced(self, call: NormCall) -> tuple[str, ...]:
+        return ("grad_bias", "grad_weight") if call.weight_dtype is not None else ("grad_bias",)
+
+    def arguments(self, call: NormCall):
+        weighted = call.weight_dtype is not None
+        grad_residual = call.grad_residual
+
+        def order(inputs: NormBackwardInputs, outputs: NormGradients, partials: tuple) -> tuple:
+            x = inputs.x
+            return (inputs.grad_y, x, inputs.weight if weighted else x, inputs.mean, inputs.rstd,
+                    inputs.grad_residual_out if grad_residual else x, outputs.grad_x,
+                    partials[1] if weighted else x, partials[0])
+
+        return order
