@@ -313,13 +313,11 @@ def _vector_buffers(case) -> tuple[str, ...]:
     aligned; misaligned rows and quantized inputs get other load paths)."""
     kernel, call = describe(case)
     spec = kernel.spec(call)
-    if not getattr(spec, "vectorize", getattr(getattr(spec, "norm", None), "vectorize", False)):
+    if not getattr(spec, "vectorize", False):
         return ()
     if hasattr(spec, "vector_buffers"):
         return tuple(spec.vector_buffers)
-    if hasattr(call, "quantized_input"):
-        return () if call.quantized_input is not None else ("x",)
-    return ()
+    return () if getattr(call, "quantized_input", None) is not None else ("x",)
 
 
 MAIN_PATHS = [(name, case, _vector_buffers(case)) for name, case in GRID if _vector_buffers(case)]

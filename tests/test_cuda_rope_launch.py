@@ -189,8 +189,43 @@ def test_rms_norm_rope_runs_the_rms_norm_kernels_norm(head_dim, rotary, heads, d
         assert ours == theirs, (ours, theirs)
 
 
-def test_fused_cast_is_declined_with_a_reason() -> None:
-    x = torch.zeros(3, 4, 128, dtype=torch.bfloat16)
-    call, _ = describe_call("rms_norm_rope_per_token_cast", x, torch.ones(128, dtype=torch.bfloat16),
-                            torch.zeros(10, 128))
-    assert "no CUDA kernel" in _KERNELS[call.op].supports(call)
+def test_fused_cast_groups_must_not_straddle_heads() -> None:
+    """``rms_norm_rope_per_token_cast`` is served when ``D`` is a multiple of the group and
+    declined (the reference serves it) when a group would straddle two heads."""
+    x = torch.zeros(3, 4, 192, dtype=torch.bfloat16)
+    weight = torch.ones(192, dtype=torch.bfloat16)
+    kernel = _KERNELS["rms_norm_rope"]
+    call, _ = describe_call("rms_norm_rope_per_token_cast", x, weight, torch.zeros(10, 64), num_per_channels=64)
+    assert kernel.supports(call) is None
+    spec = kernel.spec(call)
+    assert spec.quant.group == 64 and spec.norm.quant is None and spec.name != kernel.spec(
+        describe_call("rms_norm_rope", x, weight, torch.zeros(10, 64))[0]).name
+    call, _ = describe_call("rms_norm_rope_per_token_cast", x, weight, torch.zeros(10, 64))
+    assert "straddle" in kernel.supports(call)
+
+
+def test_fused_cast_launcher_argument_order(entries) -> None:
+    """(x, weight, cache, positions, [y], q, sf bytes, offset): packed UE8M0 sf is handed over
+    as the bytes of its int32 words (column-major: of the transposed words)."""
+    from tileplug.core import CUDA_LAYOUT
+    from tileplug.core.opdefs import get
+
+    x = torch.zeros(5, 4, 128, dtype=torch.bfloat16)
+    weight = torch.ones(128, dtype=torch.bfloat16)
+    cache = torch.zeros(10, 128)
+    positions = torch.arange(5)
+    for unquantized in (False, True):
+        call, inputs = describe_call("rms_norm_rope_per_token_cast", x, weight, cache, positions=positions,
+                                     round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True,
+                                     return_unquantized=unquantized)
+        outputs = get("rms_norm_rope_per_token_cast").outputs(call, CUDA_LAYOUT).allocate(5, None)
+        _KERNELS["rms_norm_rope"].prepare(call)(inputs, outputs)
+        args = entries["vector"].calls[-1]
+        assert args[0] is x and args[1] is weight and args[2] is cache and args[3] is positions and args[-1] == 0
+        written = args[4:-1]
+        assert len(written) == (3 if unquantized else 2)
+        if unquantized:
+            assert written[0] is outputs.y
+        assert written[-2] is outputs.q
+        assert written[-1].dtype == torch.uint8 and written[-1].data_ptr() == outputs.sf.data_ptr()
+        assert torch.equal(written[-1], outputs.sf.t().view(torch.uint8))

@@ -133,6 +133,11 @@ class NormRopeSpec:
     quant: Any = None
 
     @property
+    def vectorize(self) -> bool:
+        """128-bit row accesses (the norm tile's)."""
+        return self.norm.vectorize
+
+    @property
     def vector_buffers(self) -> tuple[str, ...]:
         """Buffers the vector path loads 128 bits at a time (compile-grid check)."""
         return ("x",) if self.norm.vectorize else ()
