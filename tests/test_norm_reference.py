@@ -71,6 +71,43 @@ def test_layer_norm_hand_worked_values_and_two_pass_variance():
     assert one_pass.item() != 1.0  # what the forbidden formula gives
 
 
+def test_reciprocal_sqrt_is_correctly_rounded_on_every_fp32_in_one_binade_pair():
+    """The statistics' ``1 / sqrt(v)`` is the correctly rounded root, then the correctly
+    rounded reciprocal (docs/spec.md "Norms"; a kernel's ``__fdiv_rn(1, __fsqrt_rn(v))``).
+    ``torch.sqrt`` on fp32 is only faithful on some CPUs (AVX-512 PyTorch builds: one ulp off
+    for about 0.6 % of the inputs), which made the CUDA kernels' correctly rounded rstd look
+    wrong on the H200 run. Every fp32 in [1, 4) is checked against numpy's hardware root
+    (IEEE, correctly rounded); a root's correct rounding depends only on the mantissa and the
+    exponent's parity, so these two binades stand for every normal fp32."""
+    import numpy as np
+
+    bits = torch.arange(127 << 23, 129 << 23, dtype=torch.int64).to(torch.int32)
+    values = bits.view(torch.float32)
+    root = torch.from_numpy(np.sqrt(values.numpy()))
+    expected = torch.from_numpy(np.float32(1.0) / root.numpy())
+    assert_bytes_equal(formulas.reciprocal_sqrt(values), expected, what="1 / sqrt over [1, 4)")
+    # a few binades further out, and subnormals, by sampling
+    generator = torch.Generator().manual_seed(0)
+    sample = torch.randint(1, 0x7F800000, (1 << 20,), generator=generator, dtype=torch.int32).view(torch.float32)
+    sample = torch.cat((sample, torch.arange(1, 1 << 23, 4099, dtype=torch.int32).view(torch.float32)))
+    expected = torch.from_numpy(np.float32(1.0) / np.sqrt(sample.numpy()))
+    assert_bytes_equal(formulas.reciprocal_sqrt(sample), expected, what="1 / sqrt, sampled")
+
+
+def test_statistics_use_the_correctly_rounded_root():
+    """rms_norm / layer_norm rstd = fp32 1 / sqrt(mean + eps) with IEEE ops, on a value where
+    torch's CPU root (AVX-512) is one ulp off: 32.32936, the mean square of row 112 of the GPU
+    grid's rms_norm[H=64, fp32] at T=129 (where the H200 run first showed the difference)."""
+    value = torch.tensor([1107382596], dtype=torch.int32).view(torch.float32)  # 32.32936
+    correct = torch.tensor([1043601482], dtype=torch.int32).view(torch.float32)  # fp32(1 / fp32(sqrt(value)))
+    assert torch.equal(formulas.reciprocal_sqrt(value), correct)
+    # a zero row: rstd = 1 / sqrt(0 + eps) with eps = that value (exact in fp32), through both ops
+    _, rstd = ops.rms_norm(torch.zeros(1, 4), eps=value.item(), return_rstd=True)
+    assert torch.equal(rstd, correct)
+    _, _, rstd = ops.layer_norm(torch.zeros(1, 4), eps=value.item(), return_stats=True)
+    assert torch.equal(rstd, correct)
+
+
 def test_layer_norm_without_bias_adds_nothing_so_negative_zero_stays():
     x = _t([[-1.0, 1.0, -0.0]])  # mean +0, the centered -0 − (+0) = -0, times rstd: -0
     y = ops.layer_norm(x, eps=1.0)

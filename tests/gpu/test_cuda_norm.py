@@ -224,8 +224,9 @@ def _assert_same_bytes(case: Case, tokens: int, actual: list, expected: list, wh
             continue
         if case.op == CAST and index == 1:  # sf: the bytes that hold groups
             width = case.hidden * dict(case.inputs).get("heads", 1)
-            assert_sf_equal(have.cpu(), want.cpu(), (1, kwargs.get("num_per_channels", 128)), tokens, width,
-                            what=label, nan_equal=True)
+            # moved(), not .cpu(): .cpu() makes a padded column-major sf dense (stride (1, T), not (1, align(T, 4)))
+            assert_sf_equal(moved(have, "cpu"), moved(want, "cpu"), (1, kwargs.get("num_per_channels", 128)), tokens,
+                            width, what=label, nan_equal=True)
         else:
             assert_bytes_equal(have.cpu(), want.cpu(), what=label, nan_equal=True)
 
@@ -322,7 +323,7 @@ def test_fused_equals_unfused(hidden: int, dtype: torch.dtype, group: int, layou
     assert_bytes_equal(y.cpu(), y_chain.cpu(), what="y")
     assert_bytes_equal(residual_out.cpu(), residual_chain.cpu(), what="residual_out")
     assert_bytes_equal(q.cpu(), q_chain.cpu(), what="q", strides=True)
-    assert_sf_equal(sf.cpu(), sf_chain.cpu(), (1, group), tokens, hidden)
+    assert_sf_equal(moved(sf, "cpu"), moved(sf_chain, "cpu"), (1, group), tokens, hidden)  # strides kept
 
 
 # ---------------------------------------------------------------------- in place
@@ -396,7 +397,7 @@ def test_nonfinite_input_stays_in_its_row(op: str, hidden: int, dtype: torch.dty
         if value != value:  # NaN: the whole row (its rstd is NaN)
             assert torch.isnan(row.float()).all()
     expected = _run(op, "reference", (bad, weight), {})
-    _assert_same_bytes(Case.of(op, hidden, dtype), tokens, [d.cpu() for d in damaged], expected, "non-finite")
+    _assert_same_bytes(Case.of(op, hidden, dtype), tokens, [moved(d, "cpu") for d in damaged], expected, "non-finite")
 
 
 # ---------------------------------------------------------------------- host-side forms

@@ -10,7 +10,8 @@ contract's:
   of elementwise IEEE additions: the bytes of a row's statistics depend on that row alone
   (any ``T``, any position, any run, any device with IEEE float arithmetic);
 - ``rstd = 1 / sqrt(mean + eps)``: a correctly rounded square root, then a correctly
-  rounded reciprocal;
+  rounded reciprocal (:func:`reciprocal_sqrt`: ``torch.sqrt`` itself is not correctly
+  rounded on every CPU, so the fp32 root is taken in fp64 and rounded once);
 - the output is rounded once, to ``x.dtype``; scalar arguments (``eps``, ``weight_offset``,
   ``out_scale``) are first rounded to the compute dtype.
 
@@ -68,12 +69,32 @@ def residual_sum(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor
     return (x.to(work) + residual.to(work)).to(x.dtype)
 
 
+def reciprocal_sqrt(value: torch.Tensor) -> torch.Tensor:
+    """``1 / sqrt(value)`` elementwise in ``value``'s dtype: the correctly rounded square root,
+    then the correctly rounded reciprocal (a true IEEE division) — what a kernel's
+    ``__fdiv_rn(1, __fsqrt_rn(v))`` gives, on every device.
+
+    ``torch.sqrt`` on fp32 is not correctly rounded on every CPU (PyTorch's vectorized CPU
+    sqrt, e.g. on AVX-512 hosts, is one ulp off for about 0.6 % of the inputs), so an fp32
+    root is taken in fp64 and rounded once to fp32. That is the correctly rounded fp32 root:
+    a double-precision root (53 bits >= 2·24 + 2) rounds to single precision without a
+    double-rounding error (``tests/test_norm_reference.py`` checks every fp32 in [1, 4), which
+    covers every normal exponent by the root's scaling). fp64 values use ``torch.sqrt``
+    directly (no wider type; no kernel compares fp64 bitwise).
+    """
+    if value.dtype == torch.float32:
+        root = torch.sqrt(value.to(torch.float64)).to(torch.float32)
+    else:
+        root = torch.sqrt(value)
+    return torch.div(torch.ones((), dtype=value.dtype, device=value.device), root)
+
+
 def rms_rstd(s: torch.Tensor, eps: float) -> torch.Tensor:
     """``rstd = 1 / sqrt(sum(s²) / D + eps)`` per row ``[R, D] → [R]`` in the compute dtype."""
     work = compute_dtype(s.dtype)
     values = s.to(work)
     mean_square = row_sum(values * values) / s.shape[-1]
-    return torch.sqrt(mean_square + scalar(eps, work, s.device)).reciprocal()
+    return reciprocal_sqrt(mean_square + scalar(eps, work, s.device))
 
 
 def _weight_factor(weight: torch.Tensor | None, weight_offset: float, out_scale: float, work: torch.dtype,
@@ -116,7 +137,7 @@ def layer_norm_rows(s: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
     mean = row_sum(values) / width
     centered = values - mean.unsqueeze(-1)
     variance = row_sum(centered * centered) / width
-    rstd = torch.sqrt(variance + scalar(eps, work, s.device)).reciprocal()
+    rstd = reciprocal_sqrt(variance + scalar(eps, work, s.device))
     y = centered * rstd.unsqueeze(-1)
     if weight is not None:
         y = y * weight.to(work)
