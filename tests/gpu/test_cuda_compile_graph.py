@@ -18,10 +18,6 @@ pytestmark = pytest.mark.gpu
 TOKENS = 257
 
 
-def _outputs(result) -> list[torch.Tensor]:
-    return list(result) if isinstance(result, tuple) else [result]
-
-
 def _calls(seed: int = 0):
     """Each op with the arguments of a few of its cases, made by the reference on the CPU."""
     from tileplug.core import config, opdefs
@@ -42,9 +38,14 @@ def _calls(seed: int = 0):
 
 
 def _run_all(calls):
+    """Every call's produced tensors (returned, or mutated in place: an in-place op runs on
+    fresh copies of its inputs, so running the list again starts from the same values)."""
     results = []
     for opdef, args, kwargs in calls:
-        results.extend(_outputs(opdef.function(*args, **kwargs)))
+        if opdef.mutates:
+            args, kwargs = moved(args, "cuda", fresh=True), moved(kwargs, "cuda", fresh=True)
+        produced = opdef.produced(opdef.function(*args, **kwargs), *args, **kwargs)
+        results.extend(tensor for tensor in produced if tensor is not None)
     return results
 
 
