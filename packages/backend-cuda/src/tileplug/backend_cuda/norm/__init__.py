@@ -2,11 +2,7 @@
 (``rows``: loads, the reference-order reduction, stores), specs in ``spec``, launchers in
 ``kernels``, the backward ops' row-blocked weight/bias reduction in ``backward``."""
 
-from tileplug.backend_cuda.norm.layer_norm import LayerNorm
-from tileplug.backend_cuda.norm.layer_norm_backward import LayerNormBackward
-from tileplug.backend_cuda.norm.rms_norm import RmsNorm
-from tileplug.backend_cuda.norm.rms_norm_backward import RmsNormBackward
-from tileplug.backend_cuda.norm.rms_norm_per_token_cast import RmsNormPerTokenCast
+from tileplug.backend_cuda.norm.table import LayerNorm, LayerNormBackward, RmsNorm, RmsNormBackward, RmsNormPerTokenCast
 
 
 def make_kernels() -> dict:

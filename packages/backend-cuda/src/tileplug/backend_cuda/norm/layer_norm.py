@@ -15,7 +15,6 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.kernels import NormKernel
 from tileplug.backend_cuda.norm.rows import (
     RowMacros,
     aligned_strides,
@@ -25,7 +24,6 @@ from tileplug.backend_cuda.norm.rows import (
     vector_buffer,
 )
 from tileplug.backend_cuda.norm.spec import NormKernelSpec
-from tileplug.core.contracts.norm import NormCall, NormInputs, NormOutputs
 
 
 def build(spec: NormKernelSpec):
@@ -108,23 +106,3 @@ def build(spec: NormKernelSpec):
             rows.store_row(y, yv, t, n, lane, valid)
 
     return kernel.with_attr("global_symbol", spec.name)
-
-
-class LayerNorm(NormKernel):
-    """The ``layer_norm`` kernel object (``supports`` / ``prepare`` / ``__call__``)."""
-
-    op = "layer_norm"
-
-    def arguments(self, call: NormCall):
-        residual = call.residual
-        stats = call.stats
-        weighted = call.weight_dtype is not None
-        biased = call.bias_dtype is not None
-
-        def order(inputs: NormInputs, outputs: NormOutputs) -> tuple:
-            x = inputs.x
-            return (x, inputs.weight if weighted else x, inputs.bias if biased else x,
-                    inputs.residual if residual else x, outputs.y, outputs.residual_out if residual else x,
-                    outputs.mean if stats else x, outputs.rstd if stats else x)
-
-        return order

@@ -15,10 +15,9 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.backward import ROW_BLOCK, BackwardKernel
+from tileplug.backend_cuda.norm.backward import ROW_BLOCK
 from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, row_buffer, statistic_buffer, vector_buffer
 from tileplug.backend_cuda.norm.spec import NormKernelSpec
-from tileplug.core.contracts.norm import NormBackwardInputs, NormCall, NormGradients
 
 
 def build(spec: NormKernelSpec):
@@ -130,25 +129,3 @@ def build(spec: NormKernelSpec):
                 store_partial(weight_partials, gw, bx, tx, lane)
 
     return kernel.with_attr("global_symbol", spec.name)
-
-
-class LayerNormBackward(BackwardKernel):
-    """The ``layer_norm_backward`` kernel object: the row kernel, then the column sums of its
-    weight- and bias-gradient partials (``backward.BackwardKernel``)."""
-
-    op = "layer_norm_backward"
-
-    def reduced(self, call: NormCall) -> tuple[str, ...]:
-        return ("grad_bias", "grad_weight") if call.weight_dtype is not None else ("grad_bias",)
-
-    def arguments(self, call: NormCall):
-        weighted = call.weight_dtype is not None
-        grad_residual = call.grad_residual
-
-        def order(inputs: NormBackwardInputs, outputs: NormGradients, partials: tuple) -> tuple:
-            x = inputs.x
-            return (inputs.grad_y, x, inputs.weight if weighted else x, inputs.mean, inputs.rstd,
-                    inputs.grad_residual_out if grad_residual else x, outputs.grad_x,
-                    partials[1] if weighted else x, partials[0])
-
-        return order

@@ -16,10 +16,9 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.backward import ROW_BLOCK, BackwardKernel
+from tileplug.backend_cuda.norm.backward import ROW_BLOCK
 from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, f32, row_buffer, statistic_buffer, vector_buffer
 from tileplug.backend_cuda.norm.spec import NormKernelSpec
-from tileplug.core.contracts.norm import NormBackwardInputs, NormCall, NormGradients
 
 def build(spec: NormKernelSpec):
     """The ``T.prim_func`` of an ``rms_norm_backward`` specialisation: buffers ``(grad_y, x,
@@ -120,25 +119,3 @@ def build(spec: NormKernelSpec):
                             partials[bx * ROWS + rows.slot(tx), col + j] = gw[k * VEC + j]
 
     return kernel.with_attr("global_symbol", spec.name)
-
-
-class RmsNormBackward(BackwardKernel):
-    """The ``rms_norm_backward`` kernel object: the row kernel, then the column sum of its
-    weight-gradient partials (``backward.BackwardKernel``)."""
-
-    op = "rms_norm_backward"
-
-    def reduced(self, call: NormCall) -> tuple[str, ...]:
-        return ("grad_weight",) if call.weight_dtype is not None else ()
-
-    def arguments(self, call: NormCall):
-        weighted = call.weight_dtype is not None
-        grad_residual = call.grad_residual
-
-        def order(inputs: NormBackwardInputs, outputs: NormGradients, partials: tuple) -> tuple:
-            x = inputs.x
-            return (inputs.grad_y, x, inputs.weight if weighted else x, inputs.rstd,
-                    inputs.grad_residual_out if grad_residual else x, outputs.grad_x,
-                    partials[0] if weighted else x)
-
-        return order

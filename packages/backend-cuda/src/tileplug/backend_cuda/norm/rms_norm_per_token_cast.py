@@ -21,15 +21,11 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.kernels import NormKernel
 from tileplug.backend_cuda.norm.rms_norm import RmsNormMacros
 from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, row_buffer, vector_buffer
-from tileplug.backend_cuda.norm.spec import NormKernelSpec, QuantSpec, make_spec
+from tileplug.backend_cuda.norm.spec import NormKernelSpec
 from tileplug.backend_cuda.quant import sf_math
-from tileplug.backend_cuda.quant.kernels import _byte_view
-from tileplug.core.contracts.norm import NormCall, NormInputs, NormOutputs
 from tileplug.core.quant.formats import QUANT_FORMATS
-from tileplug.core.quant.layouts import CUDA_LAYOUT
 
 SF_DTYPES = {"fp32": "float32", "e4m3": "float8_e4m3fn", "ue8m0": "uint8"}
 
@@ -138,43 +134,3 @@ def build(spec: NormKernelSpec):
                             q[t, flat // VPB + j] = qv[j]
 
     return kernel.with_attr("global_symbol", spec.name)
-
-
-class RmsNormPerTokenCast(NormKernel):
-    """The ``rms_norm_per_token_cast`` kernel object."""
-
-    op = "rms_norm_per_token_cast"
-
-    def reason(self, call: NormCall) -> str | None:
-        group = call.quant.cast.block[1]
-        if call.heads is not None and call.hidden % group:
-            return (f"3-D input with D = {call.hidden} not a multiple of the group {group}: a group would straddle "
-                    "two heads' rows")
-        return None
-
-    def spec(self, call: NormCall) -> NormKernelSpec:
-        cast = call.quant.cast
-        quant = QuantSpec(
-            fmt=cast.fmt.name,
-            group=cast.block[1],
-            sf_kind=cast.sf_encoding(CUDA_LAYOUT).kind,
-            sf_col_major=bool(cast.col_major_sf) and cast.sf_encoding(CUDA_LAYOUT).kind == "ue8m0",
-            round_sf=bool(cast.round_sf),
-            clamp_min=float(cast.clamp_min),
-            unquantized=call.unquantized,
-        )
-        return make_spec(call, quant)
-
-    def arguments(self, call: NormCall):
-        residual = call.residual
-        weighted = call.weight_dtype is not None
-        unquantized = call.unquantized
-        sf_bytes = _byte_view(self.spec(call).quant)  # packed UE8M0 is written byte by byte
-
-        def order(inputs: NormInputs, outputs: NormOutputs) -> tuple:
-            x = inputs.x
-            return (x, inputs.weight if weighted else x, inputs.residual if residual else x,
-                    outputs.residual_out if residual else x, outputs.y if unquantized else x, outputs.q,
-                    sf_bytes(outputs.sf))
-
-        return order
