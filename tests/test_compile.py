@@ -21,7 +21,9 @@ ALL_OPS = opdefs.all_ops()
 
 
 def _outputs(result) -> list[torch.Tensor]:
-    return list(result) if isinstance(result, tuple) else [result]
+    """The returned tensors (a list from a custom op returning Tensor[]; an absent optional output, such as
+    grad_weight without a weight, is None: left out)."""
+    return [t for t in result if t is not None] if isinstance(result, (tuple, list)) else [result]
 
 
 def _first_cases(tokens: int) -> list[tuple[opdefs.OpDef, tuple, dict]]:

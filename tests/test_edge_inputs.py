@@ -13,7 +13,9 @@ ALL_OPS = opdefs.all_ops()
 
 
 def _outputs(result):
-    return list(result) if isinstance(result, tuple) else [result]
+    """The returned tensors (a list from a custom op returning Tensor[]; an absent optional output, such as
+    grad_weight without a weight, is None: left out)."""
+    return [t for t in result if t is not None] if isinstance(result, (tuple, list)) else [result]
 
 
 class RaisingKernel:
@@ -44,12 +46,21 @@ def test_empty_shapes_give_ordinary_empty_outputs_without_a_launch(opdef, tokens
         size = case.hidden if hidden is None else hidden
         args, kwargs = opdef.arguments(tokens, size, case.dtype, dict(case.kwargs), dict(case.inputs),
                                        torch.device("cpu"), 0)
-        outputs = _outputs(opdef.function(*args, **kwargs))
+        try:
+            outputs = _outputs(opdef.function(*args, **kwargs))
+        except core.ContractError as error:
+            # an op normalizing over the last dim needs it (the norms: SPEC §5, D >= 1)
+            assert size == 0 and error.argument == "x" and "D >= 1" in str(error), (case.id, error)
+            continue
         meta_args, meta_kwargs = opdef.arguments(tokens, size, case.dtype, dict(case.kwargs), dict(case.inputs),
                                                  torch.device("meta"), 0)
         expected = _outputs(opdef.library_op()(*opdef._flatten(*meta_args, **meta_kwargs)))
         assert [(t.shape, t.dtype) for t in outputs] == [(t.shape, t.dtype) for t in expected], case.id
         for tensor in outputs:
+            if tokens == 0 and tensor.dim() == 1 and tensor.shape[0] == size:
+                # a reduction over the rows ([H], a weight gradient): the sum over no rows
+                assert torch.equal(tensor, torch.zeros_like(tensor)), case.id
+                continue
             assert tensor.numel() == 0
             assert tensor.view(torch.uint8).numel() == 0, case.id  # viewable: ordinary strides
             assert tensor.clone().shape == tensor.shape and tensor.reshape(-1).numel() == 0
@@ -106,10 +117,14 @@ def test_out_requiring_grad_is_refused():
 
 
 @pytest.mark.parametrize("opdef", ALL_OPS, ids=lambda d: d.name)
-def test_inputs_requiring_grad_give_outputs_without_history(opdef):
+def test_inputs_requiring_grad_give_history_only_to_differentiable_ops(opdef):
     case = opdef.cases()[0]
     args, kwargs = case.arguments(3, "cpu")
     args = tuple(tuple(t.detach().requires_grad_(t.is_floating_point() and t.dtype.itemsize > 1)
                        for t in a) if isinstance(a, tuple) else a.detach().requires_grad_() for a in args)
-    for output in _outputs(opdef.function(*args, **kwargs)):
+    outputs = _outputs(opdef.function(*args, **kwargs))
+    if opdef.autograd is not None:  # a differentiable op: its outputs carry history (statistics excepted)
+        assert outputs[0].grad_fn is not None and outputs[0].requires_grad
+        return
+    for output in outputs:
         assert output.grad_fn is None and not output.requires_grad

@@ -23,10 +23,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from tileplug.core import QuantCall, QuantInputs, QuantOutputs
+from tileplug.core import Call
 
 # VENDOR: these imports go away with the delegation; a real backend imports its own kernels.
+from tileplug.reference.norm.layer_norm import layer_norm as reference_layer_norm
+from tileplug.reference.norm.layer_norm_backward import layer_norm_backward as reference_layer_norm_backward
+from tileplug.reference.norm.rms_norm import rms_norm as reference_rms_norm
+from tileplug.reference.norm.rms_norm_backward import rms_norm_backward as reference_rms_norm_backward
+from tileplug.reference.norm.rms_norm_per_token_cast import (
+    rms_norm_per_token_cast as reference_rms_norm_per_token_cast,
+)
 from tileplug.reference.quant.cast_back import cast_back as reference_cast_back
 from tileplug.reference.quant.per_block_cast import per_block_cast as reference_per_block_cast
 from tileplug.reference.quant.per_channel_cast import per_channel_cast as reference_per_channel_cast
@@ -41,12 +49,15 @@ E2M1_REASON = "fmt 'e2m1' is not implemented by the template backend (it decline
 """Why the template declines e2m1 calls."""
 
 
-def _formats_in(call: QuantCall) -> set[str]:
+def _formats_in(call: Call) -> set[str]:
     """Names of the quantized formats a call reads or writes."""
     names = set()
-    if call.cast is not None:  # the output of a cast (None for cast_back)
+    quant = getattr(call, "quant", None)  # a norm call that ends in a per-token cast (NormCall)
+    if quant is not None:
+        return _formats_in(quant)
+    if getattr(call, "cast", None) is not None:  # the output of a cast (None for cast_back)
         names.add(call.cast.fmt.name)
-    if call.quantized_input is not None:  # an (xq, sf) input: re-quantization or cast_back
+    if getattr(call, "quantized_input", None) is not None:  # an (xq, sf) input: re-quantization or cast_back
         names.add(call.quantized_input.fmt.name)
     return names
 
@@ -60,9 +71,9 @@ class DelegatingToReferenceKernel:
     """
 
     op: str
-    run: Callable[[QuantCall, QuantInputs, QuantOutputs], None]
+    run: Callable[[Call, Any, Any], None]
 
-    def supports(self, call: QuantCall) -> str | None:
+    def supports(self, call: Call) -> str | None:
         # Decline what the kernel cannot do, with a reason a user can act on. Read only
         # compared fields (op, mode, device_type, hidden, input_dtype, cast,
         # quantized_input, given_sf, output_dtype); never call.tokens or call.device,
@@ -80,7 +91,7 @@ class DelegatingToReferenceKernel:
             return E2M1_REASON
         return None
 
-    def __call__(self, call: QuantCall, inputs: QuantInputs, outputs: QuantOutputs) -> None:
+    def __call__(self, call: Call, inputs: Any, outputs: Any) -> None:
         # inputs.x is [T, H] (T > 0 here); outputs.q / outputs.sf are preallocated in the
         # layout this backend's traits fix. Write them in place; do not reallocate, do not
         # return anything, do not synchronize with the host.
@@ -92,6 +103,11 @@ KERNELS: dict[str, DelegatingToReferenceKernel] = {
     "per_block_cast": DelegatingToReferenceKernel("per_block_cast", reference_per_block_cast),
     "per_channel_cast": DelegatingToReferenceKernel("per_channel_cast", reference_per_channel_cast),
     "cast_back": DelegatingToReferenceKernel("cast_back", reference_cast_back),
+    "rms_norm": DelegatingToReferenceKernel("rms_norm", reference_rms_norm),
+    "layer_norm": DelegatingToReferenceKernel("layer_norm", reference_layer_norm),
+    "rms_norm_per_token_cast": DelegatingToReferenceKernel("rms_norm_per_token_cast", reference_rms_norm_per_token_cast),
+    "rms_norm_backward": DelegatingToReferenceKernel("rms_norm_backward", reference_rms_norm_backward),
+    "layer_norm_backward": DelegatingToReferenceKernel("layer_norm_backward", reference_layer_norm_backward),
 }
 """Kernel-table key (``opdef.kernel``) → kernel. One kernel serves an op and its variants
 (``call.mode``: ``QuantMode.CAST``, ``SF_ONLY``, ``PRECOMPUTED_SF``; e.g. the

@@ -119,6 +119,16 @@ class OpDef:
     - ``input_options``: the names ``arguments`` accepts in ``inputs``, each with a one-line
       description (``tileplug lower/ledger -i``); an unknown one is a ContractError.
     - ``kernel``: the backend kernel-table key (default ``name``); ``family``: e.g. "quant".
+    - ``written``: keyword arguments that are output tensors the caller passes to be written
+      in place (and that the contract checks itself, aliasing an input where the op allows
+      it, e.g. a norm's ``out=x``), each with the index of the result element it holds.
+      They are not part of the custom op's schema: eager, the kernel writes them; under
+      ``torch.compile`` the op's fresh result is copied into them (a functionalized input
+      mutation). ``out`` not named here stays eager-only and is refused under compile.
+    - ``autograd``: ``(setup_context, backward)`` registered with
+      ``torch.library.register_autograd`` on the custom op, over its flat schema inputs and
+      outputs (a differentiable op: its inputs are not detached, and the public function
+      goes through :meth:`traced` whenever :func:`wants_grad` says a graph is recorded).
     """
 
     name: str
@@ -134,9 +144,12 @@ class OpDef:
     input_options: Mapping[str, str] = field(default_factory=dict)
     kernel: str = ""
     family: str = ""
+    written: Mapping[str, int] = field(default_factory=dict)
+    autograd: tuple[Callable[..., None], Callable[..., Any]] | None = None
     schema: str = field(default="", init=False)
     _flatten: Callable[..., list] | None = field(default=None, init=False, repr=False)
     _library_op: Any = field(default=None, init=False, repr=False)
+    _list_result: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.kernel = self.kernel or self.name
@@ -144,12 +157,20 @@ class OpDef:
     # ------------------------------------------------------------------ torch.compile path
     def traced(self, *args: Any, **kwargs: Any) -> Any:
         """The call through ``torch.ops.tileplug.<name>`` (what the public function does while
-        ``torch.compiler.is_compiling()``): inputs detached, since the ops are not
-        differentiable; ``out=`` is refused (the compiled graph allocates)."""
+        ``torch.compiler.is_compiling()``, and for a differentiable op while autograd records):
+        inputs detached unless the op declares ``autograd``; ``out=`` is refused (the compiled
+        graph allocates) unless the op declares it in ``written``, whose tensors receive a
+        copy of the fresh result and are returned in its place."""
+        given = {name: kwargs.pop(name, None) for name in self.written}
         if kwargs.pop("out", None) is not None:
             raise ContractError(self.name, "out", "None under torch.compile (use the returned tensors)", "a tensor")
         flat = self._flatten(*args, **kwargs)
-        return self._library_op(*flat)
+        result = self._library_op(*flat)
+        if self._list_result:
+            result = result[0] if len(result) == 1 else tuple(result)
+        if any(tensor is not None for tensor in given.values()):
+            result = _written_into(self.name, result, given, self.written)
+        return result
 
     def library_op(self) -> Any:
         """``torch.ops.tileplug.<name>`` (the custom op object)."""
@@ -205,6 +226,30 @@ def ops_of_kernel(kernel: str) -> list[OpDef]:
     return [opdef for opdef in all_ops() if opdef.kernel == kernel]
 
 
+def wants_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd records a call on these tensors (grad mode on, one requires grad):
+    a differentiable op's public function then goes through :meth:`OpDef.traced`."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(t is not None and t.requires_grad for t in tensors)
+
+
+def _written_into(op: str, result: Any, given: Mapping[str, Any], slots: Mapping[str, int]) -> Any:
+    """``result`` with the caller's ``written`` tensors holding a copy of their elements."""
+    elements = [result] if isinstance(result, torch.Tensor) else list(result)
+    for name, tensor in given.items():
+        if tensor is None:
+            continue
+        fresh = elements[slots[name]]
+        if not isinstance(tensor, torch.Tensor) or tensor.shape != fresh.shape or tensor.dtype != fresh.dtype:
+            raise ContractError(op, name, f"a tensor of shape {tuple(fresh.shape)} and dtype {fresh.dtype}", tensor)
+        if tensor.requires_grad:
+            raise ContractError(op, name, "a tensor that does not require grad (it is written in place)", tensor)
+        tensor.copy_(fresh)
+        elements[slots[name]] = tensor
+    return elements[0] if isinstance(result, torch.Tensor) else tuple(elements)
+
+
 def _load_families() -> None:
     if not _table:
         import tileplug.core.ops  # noqa: F401 - declares the built-in families
@@ -212,13 +257,19 @@ def _load_families() -> None:
 
 # ---------------------------------------------------------------------- eager dispatch
 
-def run(call: Any, inputs: Sequence[Any], out: Any = None) -> Any:
+def run(call: Any, inputs: Sequence[Any], out: Any = None, given: Any = None) -> Any:
     """The eager path of every op: cached route → allocation (or ``out=`` checked against
-    the same plan) → launch (skipped when there is nothing to compute) → result."""
+    the same plan) → launch (skipped when there is nothing to compute) → result.
+
+    ``given``: output tensors the contract already checked (an op's ``written`` arguments,
+    which may alias inputs), passed to ``plan.allocate(tokens, device, given)``, which
+    allocates only the outputs not given."""
     from tileplug.core.registry import registry
 
     route = registry.route(call)
-    if out is None:
+    if given is not None:
+        outputs = route.plan.allocate(call.tokens, call.device, given)
+    elif out is None:
         outputs = route.plan.allocate(call.tokens, call.device)
     else:
         outputs = route.check_out(call, out, inputs)
@@ -294,17 +345,39 @@ def _schema_type(annotation: Any, name: str) -> list[tuple[str, str]]:
 
 
 def _return_type(annotation: Any) -> str:
+    """Schema return of a return annotation: ``Tensor``; a fixed tuple ``(Tensor, Tensor?)``
+    (``| None`` members may be None); ``Tensor[]`` for a result whose length depends on the
+    arguments (``tuple[torch.Tensor, ...]`` or ``torch.Tensor | tuple[...]``: a one-element
+    list is returned as the tensor itself)."""
     if annotation is torch.Tensor:
         return "Tensor"
-    if typing.get_origin(annotation) is tuple and all(a is torch.Tensor for a in typing.get_args(annotation)):
-        return "(" + ", ".join("Tensor" for _ in typing.get_args(annotation)) + ")"
+    origin, members = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is tuple and len(members) == 2 and members[1] is Ellipsis and members[0] is torch.Tensor:
+        return "Tensor[]"
+    if origin is tuple and members:
+        kinds = []
+        for member in members:
+            inner = typing.get_args(member) if typing.get_origin(member) in (typing.Union, types.UnionType) else ()
+            if member is torch.Tensor:
+                kinds.append("Tensor")
+            elif set(inner) == {torch.Tensor, type(None)}:
+                kinds.append("Tensor?")
+            else:
+                break
+        else:
+            return "(" + ", ".join(kinds) + ")"
+    if origin in (typing.Union, types.UnionType) and torch.Tensor in members and all(
+        m is torch.Tensor or typing.get_origin(m) is tuple for m in members
+    ):
+        return "Tensor[]"
     raise TypeError(f"return type {annotation!r}: an op returns a tensor or a tuple of tensors")
 
 
 def _register_library_op(opdef: OpDef) -> None:
     function = opdef.function
     hints = typing.get_type_hints(function)
-    parameters = [p for p in inspect.signature(function).parameters.values() if p.name != "out"]
+    excluded = {"out", *opdef.written}
+    parameters = [p for p in inspect.signature(function).parameters.values() if p.name not in excluded]
     slots: list[tuple[str, list[tuple[str, str]], Any]] = []
     for parameter in parameters:
         slots.append((parameter.name, _schema_type(hints[parameter.name], parameter.name), parameter.default))
@@ -313,6 +386,8 @@ def _register_library_op(opdef: OpDef) -> None:
     names = [parameter.name for parameter in parameters]
     defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
     splits = {name for name, expanded, _ in slots if len(expanded) == 2}
+    detach = _detached if opdef.autograd is None else _as_is
+    list_result = opdef.schema.endswith("-> Tensor[]")
 
     def flatten(*args: Any, **kwargs: Any) -> list:
         values = dict(defaults)
@@ -325,20 +400,21 @@ def _register_library_op(opdef: OpDef) -> None:
                 if isinstance(value, (tuple, list)):
                     if len(value) != 2:
                         raise ContractError(opdef.name, name, "a tensor or a pair (xq, sf)", value)
-                    flat.extend(_detached(v) for v in value)
+                    flat.extend(detach(v) for v in value)
                 else:
-                    flat.extend((_detached(value), None))
+                    flat.extend((detach(value), None))
             elif isinstance(value, torch.Tensor):
-                flat.append(_detached(value))
+                flat.append(detach(value))
             elif isinstance(value, tuple):
                 flat.append(list(value))
             else:
                 flat.append(value)
         return flat
 
-    def unflatten(flat: Sequence[Any]) -> list:
+    def unflatten(flat: Sequence[Any]) -> dict[str, Any]:
+        """The schema arguments as the public function's keyword arguments."""
         values = iter(flat)
-        rebuilt = []
+        rebuilt = {}
         for name in names:
             value = next(values)
             if name in splits:
@@ -346,29 +422,45 @@ def _register_library_op(opdef: OpDef) -> None:
                 value = value if scales is None else (value, scales)
             elif isinstance(value, list):
                 value = tuple(value)
-            rebuilt.append(value)
+            rebuilt[name] = value
         return rebuilt
 
+    def as_schema_result(result: Any) -> Any:
+        if list_result:
+            return [result] if isinstance(result, torch.Tensor) else list(result)
+        return result
+
     def implementation(*flat: Any) -> Any:
-        return _owned(opdef.function(*unflatten(flat)), flat)
+        if opdef.autograd is None:
+            return as_schema_result(_owned(opdef.function(**unflatten(flat)), flat))
+        with torch.no_grad():  # the eager path: autograd is the custom op's registration
+            return as_schema_result(_owned(opdef.function(**unflatten(flat)), flat))
 
     def fake(*flat: Any) -> Any:
         from tileplug.core.registry import registry
 
-        call, _ = opdef.contract(*unflatten(flat))
+        call, _ = opdef.contract(**unflatten(flat))
         route = registry.route(call)
-        return route.result(call, route.plan.allocate(call.tokens, call.device))
+        return as_schema_result(route.result(call, route.plan.allocate(call.tokens, call.device)))
 
     library_op = torch.library.custom_op(
         f"{LIBRARY_NAMESPACE}::{opdef.name}", implementation, mutates_args=(), schema=opdef.schema
     )
     library_op.register_fake(fake)
+    if opdef.autograd is not None:
+        setup_context, backward = opdef.autograd
+        library_op.register_autograd(backward, setup_context=setup_context)
     opdef._flatten = flatten
     opdef._library_op = library_op
+    opdef._list_result = list_result
 
 
 def _detached(value: Any) -> Any:
     return value.detach() if isinstance(value, torch.Tensor) and value.requires_grad else value
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 def _owned(result: Any, flat: Sequence[Any]) -> Any:
@@ -376,4 +468,4 @@ def _owned(result: Any, flat: Sequence[Any]) -> Any:
     tensors = [t for t in flat if isinstance(t, torch.Tensor)]
     if isinstance(result, torch.Tensor):
         return result.clone() if any(result is t for t in tensors) else result
-    return tuple(r.clone() if any(r is t for t in tensors) else r for r in result)
+    return tuple(r.clone() if r is not None and any(r is t for t in tensors) else r for r in result)

@@ -7,6 +7,9 @@ They live in core (no reference needed) and raise ``AssertionError`` explicitly,
 ``assert_bytes_equal`` is the bit-exactness check of SPEC.md ("torch.equal on the raw
 bytes"); ``assert_sf_equal`` compares scale tensors on the bytes that hold groups only
 (padding of a partly filled UE8M0 integer and of a padded column is unspecified).
+``assert_within_ulps`` is the tolerance of SPEC §4 ("≤ n ulp of the output dtype"), and
+``assert_quantized_close`` compares ``(q, sf)`` pairs made from values that may differ by
+an ulp (a fused norm + cast against the reference).
 """
 
 from __future__ import annotations
@@ -18,13 +21,13 @@ from typing import Any
 import torch
 
 from tileplug.core.quant import layouts
-from tileplug.core.quant.sf_math import ceil_div
+from tileplug.core.quant.sf_math import ceil_div, expand_groups
 
 __all__ = [
-    "HIDDEN_SIZES", "NAN_FREE_DTYPES", "TOKEN_COUNTS", "activation", "assert_bytes_equal", "assert_sf_equal",
-    "bytes_equal", "canonical_nans", "cpu_copy", "first_difference", "hidden_sizes", "moved", "random_shapes",
-    "raw_bytes",
-    "relative_error", "require", "sf_group_bytes", "token_counts",
+    "HIDDEN_SIZES", "NAN_FREE_DTYPES", "TOKEN_COUNTS", "activation", "assert_bytes_equal",
+    "assert_quantized_close", "assert_sf_equal", "assert_within_ulps", "bytes_equal", "canonical_nans", "cpu_copy",
+    "first_difference", "hidden_sizes", "moved", "random_shapes", "raw_bytes", "relative_error", "require",
+    "sf_group_bytes", "token_counts", "ulp_distance",
 ]
 
 TOKEN_COUNTS = (0, 1, 3, 4001)
@@ -160,6 +163,120 @@ def assert_sf_equal(
             f"{what}: {different.shape[0]} group(s) differ; first group {first}: "
             f"actual bytes {a[first].tolist()} vs expected {e[first].tolist()}"
         )
+
+
+_SIGNED_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def ordered_bits(tensor: torch.Tensor) -> torch.Tensor:
+    """A float tensor's values as int64 on a line where neighbouring representable values are
+    neighbouring integers (``+0`` and ``−0`` both 0; the largest finite value and infinity
+    are neighbours). Any floating dtype, float8 included."""
+    bits = layouts.standard_strides(tensor.cpu()).view(_SIGNED_VIEWS[tensor.element_size()]).to(torch.int64)
+    magnitude = bits & ((1 << (8 * tensor.element_size() - 1)) - 1)
+    return torch.where(bits < 0, -magnitude, magnitude)
+
+
+def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """How many representable values of their (shared floating) dtype lie between each pair
+    of elements: 0 equal, 1 neighbours (int64, same shape; NaNs give meaningless values)."""
+    require(actual.dtype == expected.dtype, f"ulp_distance: dtype {actual.dtype} != {expected.dtype}")
+    return (ordered_bits(actual) - ordered_bits(expected)).abs()
+
+
+def assert_within_ulps(actual: torch.Tensor, expected: torch.Tensor, ulps: int, what: str = "tensor",
+                       nan_equal: bool = True) -> None:
+    """Assert each element equals ``expected``'s or lies within ``ulps`` representable values
+    of it in the shared dtype (SPEC §4: "≤ 1 ulp" is ``ulps=1``); dtype and shape equal.
+    A NaN must meet a NaN (any encoding with ``nan_equal``, the default: the arithmetic's NaN
+    sign and payload are unspecified), never a number."""
+    require(actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}")
+    require(actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}")
+    if actual.numel() == 0:
+        return
+    if not actual.dtype.is_floating_point:
+        require(bytes_equal(actual, expected), f"{what}: {first_difference(actual, expected)}")
+        return
+    have, want = actual.cpu(), expected.cpu()
+    have_nan, want_nan = torch.isnan(have.float()), torch.isnan(want.float())
+    nan_mismatch = have_nan != want_nan
+    if nan_mismatch.any():
+        index = tuple(nan_mismatch.nonzero()[0].tolist())
+        raise AssertionError(f"{what}: NaN mismatch at {index}: actual {have[index]!r} vs expected {want[index]!r}")
+    if not nan_equal:
+        require(bytes_equal(have[have_nan], want[want_nan]), f"{what}: NaN encodings differ")
+    distance = torch.where(have_nan, 0, ulp_distance(have, want))
+    worst = int(distance.max())
+    if worst > ulps:
+        index = tuple((distance == worst).nonzero()[0].tolist())
+        count = int((distance > ulps).sum())
+        raise AssertionError(f"{what}: {count} element(s) more than {ulps} ulp apart; worst {worst} ulp at {index}: "
+                             f"actual {have[index].item()!r} vs expected {want[index].item()!r}")
+
+
+_QUANT_STEPS = {"e4m3": (2.0 ** -3, 2.0 ** -9), "e2m1": (0.5, 0.5)}
+"""Per format: the largest relative spacing of neighbouring normal values and the smallest
+absolute step (the subnormal step), in units of the scale."""
+
+
+def assert_quantized_close(q: torch.Tensor, sf: torch.Tensor, expected_q: torch.Tensor, expected_sf: torch.Tensor,
+                           fmt: str, group: int, source_dtype: torch.dtype, what: str = "(q, sf)") -> None:
+    """Compare a per-token ``(q, sf)`` (groups ``1 × group``) with the expected pair when the
+    quantized values may differ by an ulp of ``source_dtype`` (a fused kernel's norm output
+    against the reference's): dtype, shape and strides equal; each group's scale within the
+    relative spacing of ``source_dtype`` (plain fp32 scales), one e4m3 step (e4m3-stored) or
+    one power of two (UE8M0 and power-of-two scales); each dequantized value within one step
+    of the format at the larger of the two scales. Pairs that are bytewise equal pass at once."""
+    from tileplug.core.quant import formats
+
+    require(q.dtype == expected_q.dtype and q.shape == expected_q.shape and q.stride() == expected_q.stride(),
+            f"{what}: q {q.dtype} {tuple(q.shape)} {q.stride()} vs {expected_q.dtype} {tuple(expected_q.shape)} "
+            f"{expected_q.stride()}")
+    require(sf.dtype == expected_sf.dtype and sf.shape == expected_sf.shape and sf.stride() == expected_sf.stride(),
+            f"{what}: sf {sf.dtype} {tuple(sf.shape)} {sf.stride()} vs {expected_sf.dtype} "
+            f"{tuple(expected_sf.shape)} {expected_sf.stride()}")
+    tokens = q.shape[0]
+    quant_format = formats.QUANT_FORMATS[fmt]
+    hidden = q.shape[1] * quant_format.values_per_byte
+    block = (1, group)
+    try:
+        assert_bytes_equal(q, expected_q, nan_equal=True)
+        assert_sf_equal(sf, expected_sf, block, tokens, hidden, nan_equal=True)
+        return
+    except AssertionError:
+        pass
+    encoding = layouts.encoding_of_dtype(sf.dtype)
+    rows, cols = tokens, ceil_div(hidden, group)
+    scales = layouts.read(sf.cpu(), encoding, 1, rows, cols)
+    expected_scales = layouts.read(expected_sf.cpu(), encoding, 1, rows, cols)
+    finite = torch.isfinite(scales) & torch.isfinite(expected_scales)
+    require(bool((torch.isfinite(scales) == torch.isfinite(expected_scales)).all()), f"{what}: non-finite scales differ")
+    ratio = torch.where(finite, scales / expected_scales.where(expected_scales != 0, 1.0), 1.0)
+    if encoding.kind == "fp32":
+        powers = bool(((scales.where(finite, 1.0).log2() % 1) == 0).all()) and bool(
+            ((expected_scales.where(finite, 1.0).log2() % 1) == 0).all())
+        limit = 2.0 if powers else 1.0 + 2.0 * torch.finfo(source_dtype).eps
+    elif encoding.kind == "e4m3":
+        limit = 1.0 + 2.0 ** -3
+    else:
+        limit = 2.0
+    worst = float(torch.maximum(ratio, 1.0 / ratio).max()) if ratio.numel() else 1.0
+    require(worst <= limit * (1 + 1e-6), f"{what}: a group scale differs by a factor {worst:.6g} > {limit:.6g}")
+    relative, absolute = _QUANT_STEPS[fmt]
+    values = formats.decode(q.cpu(), quant_format)
+    expected_values = formats.decode(expected_q.cpu(), quant_format)
+    larger_scale = expand_groups(torch.maximum(scales, expected_scales), block, tokens, hidden)
+    dequantized = values * expand_groups(scales, block, tokens, hidden)
+    expected_dequantized = expected_values * expand_groups(expected_scales, block, tokens, hidden)
+    both = torch.isfinite(dequantized) & torch.isfinite(expected_dequantized)
+    require(bool((torch.isfinite(dequantized) == torch.isfinite(expected_dequantized)).all()),
+            f"{what}: non-finite values differ")
+    tolerance = relative * torch.maximum(dequantized.abs(), expected_dequantized.abs()) + absolute * larger_scale
+    excess = torch.where(both, (dequantized - expected_dequantized).abs() - tolerance, 0.0)
+    if excess.numel() and float(excess.max()) > 0:
+        index = tuple((excess == excess.max()).nonzero()[0].tolist())
+        raise AssertionError(f"{what}: dequantized value at {index} is {dequantized[index].item()!r}, expected "
+                             f"{expected_dequantized[index].item()!r} (beyond one {fmt} step)")
 
 
 def relative_error(actual: torch.Tensor, reference: torch.Tensor) -> float:

@@ -6,6 +6,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tileplug.core import ANY_DEVICE, ASCEND_LAYOUT, CUDA_LAYOUT, Backend, LayoutTraits, config, hookimpl
+from tileplug.reference.norm.layer_norm import layer_norm
+from tileplug.reference.norm.layer_norm_backward import layer_norm_backward
+from tileplug.reference.norm.rms_norm import rms_norm
+from tileplug.reference.norm.rms_norm_backward import rms_norm_backward
+from tileplug.reference.norm.rms_norm_per_token_cast import rms_norm_per_token_cast
 from tileplug.reference.quant.cast_back import cast_back
 from tileplug.reference.quant.per_block_cast import per_block_cast
 from tileplug.reference.quant.per_channel_cast import per_channel_cast
@@ -47,6 +52,11 @@ def make_backend() -> Backend:
             "per_block_cast": ReferenceKernel(per_block_cast),
             "per_channel_cast": ReferenceKernel(per_channel_cast),
             "cast_back": ReferenceKernel(cast_back),
+            "rms_norm": ReferenceKernel(rms_norm),
+            "layer_norm": ReferenceKernel(layer_norm),
+            "rms_norm_per_token_cast": ReferenceKernel(rms_norm_per_token_cast),
+            "rms_norm_backward": ReferenceKernel(rms_norm_backward),
+            "layer_norm_backward": ReferenceKernel(layer_norm_backward),
         },
         layout_for=layout_for,
         description="exact PyTorch model of SPEC.md, any device, slow",

@@ -478,6 +478,24 @@ def _cast_call(
     return call, inputs
 
 
+def cast_config(name: str, fmt: Any, block: tuple[int, int], col_major_sf: Any, round_sf: Any, use_packed_ue8m0: Any,
+                use_e4m3_sf: Any, current: config.RuntimeConfig) -> CastConfig:
+    """The checked output quantization of op ``name`` (format, sf flags; ``block`` already
+    checked) with the clamp in force: one shared object per configuration. Other families
+    that end in a cast (``rms_norm_per_token_cast``) build theirs here too."""
+    quant_format = _check_fmt(name, fmt)
+    if col_major_sf.__class__ is not bool:
+        check_bool(name, "use_tma_aligned_col_major_sf", col_major_sf)
+    _check_sf_flags(name, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    clamp_min = current.clamp_min(quant_format.name, use_e4m3_sf)
+    cast_key = (quant_format.name, block, round_sf, use_packed_ue8m0, use_e4m3_sf, col_major_sf, clamp_min)
+    cast = _cast_configs.get(cast_key)
+    if cast is None:
+        cast = CastConfig(quant_format, block, round_sf, use_packed_ue8m0, use_e4m3_sf, col_major_sf, clamp_min)
+        _cast_configs[cast_key] = cast
+    return cast
+
+
 def _checked_cast_call(
     op: str,
     name: str,
@@ -494,10 +512,8 @@ def _checked_cast_call(
     sf: Any,
     current: config.RuntimeConfig,
 ) -> tuple[QuantCall, QuantInputs]:
-    quant_format = _check_fmt(name, fmt)
-    if col_major_sf.__class__ is not bool:
-        check_bool(name, "use_tma_aligned_col_major_sf", col_major_sf)
-    _check_sf_flags(name, round_sf, use_packed_ue8m0, use_e4m3_sf)
+    cast = cast_config(name, fmt, block, col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, current)
+    quant_format = cast.fmt
     data, input_sf, hidden, quantized_input = _read_input(name, x, input_block, input_block_argument)
     if quant_format.values_per_byte == 2 and hidden % 2:
         raise ContractError(name, "x", "an even hidden size for fmt='e2m1' (two values per byte)", describe(data))
@@ -506,12 +522,6 @@ def _checked_cast_call(
     if mode is MODE_PRECOMPUTED_SF:
         encoding, sf_col_major = _check_sf_tensor(name, "sf", sf, data.device, block, tokens, hidden)
         given = GivenScales(encoding, sf_col_major)
-    clamp_min = current.clamp_min(quant_format.name, use_e4m3_sf)
-    cast_key = (quant_format.name, block, round_sf, use_packed_ue8m0, use_e4m3_sf, col_major_sf, clamp_min)
-    cast = _cast_configs.get(cast_key)
-    if cast is None:
-        cast = CastConfig(quant_format, block, round_sf, use_packed_ue8m0, use_e4m3_sf, col_major_sf, clamp_min)
-        _cast_configs[cast_key] = cast
     call = QuantCall(
         op, data.device.type, name, mode, hidden, data.dtype, cast, quantized_input, given, None,
         byte_alignment(data), host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,

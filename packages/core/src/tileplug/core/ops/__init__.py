@@ -14,9 +14,18 @@ from tileplug.core.ops.quant import (
     per_token_cast_with_precomputed_sf,
     per_token_cast_with_sf_only,
 )
+from tileplug.core.ops.norm import (
+    layer_norm,
+    layer_norm_backward,
+    rms_norm,
+    rms_norm_backward,
+    rms_norm_per_token_cast,
+)
 
 __all__ = [
     "cast_back",
+    "layer_norm",
+    "layer_norm_backward",
     "per_block_cast",
     "per_block_cast_with_precomputed_sf",
     "per_block_cast_with_sf_only",
@@ -24,4 +33,7 @@ __all__ = [
     "per_token_cast",
     "per_token_cast_with_precomputed_sf",
     "per_token_cast_with_sf_only",
+    "rms_norm",
+    "rms_norm_backward",
+    "rms_norm_per_token_cast",
 ]
