@@ -25,11 +25,19 @@ def probe() -> str | None:
     return None
 
 
-def lower(call) -> str:
-    """Ascend C of ``call`` (lowered with stand-in device constants; no NPU needed)."""
-    from tileplug.backend_ascend.quant.common import lower_call
+def kernel_table() -> dict:
+    """Op (kernel-table key) -> Ascend kernel, every family."""
+    from tileplug.backend_ascend.norm import KERNELS as NORM_KERNELS
+    from tileplug.backend_ascend.quant import KERNELS as QUANT_KERNELS
 
-    return lower_call(call)
+    return {**QUANT_KERNELS, **NORM_KERNELS}
+
+
+def lower(call) -> str:
+    """Ascend C of ``call`` (lowered with stand-in device constants; no NPU needed), headed by
+    comment lines naming the specialisation, the stand-ins and the UB plan."""
+    lowering = kernel_table()[call.op].lowering(call)
+    return lowering.header + lowering.lowered.source
 
 
 def capabilities() -> str:
@@ -52,14 +60,12 @@ def capabilities() -> str:
 
 def make_backend() -> Backend:
     """The Ascend backend object."""
-    from tileplug.backend_ascend.quant import KERNELS
-
     return Backend(
         name="ascend",
         device_types=("npu",),
         priority=PRIORITY,
         traits=ASCEND_LAYOUT,
-        kernels=dict(KERNELS),
+        kernels=kernel_table(),
         probe=probe,
         lower=lower,
         capabilities=capabilities,
