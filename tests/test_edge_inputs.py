@@ -47,14 +47,15 @@ def test_empty_shapes_give_ordinary_empty_outputs_without_a_launch(opdef, tokens
         args, kwargs = opdef.arguments(tokens, size, case.dtype, dict(case.kwargs), dict(case.inputs),
                                        torch.device("cpu"), 0)
         try:
-            outputs = _outputs(opdef.function(*args, **kwargs))
+            outputs = _outputs(opdef.produced(opdef.function(*args, **kwargs), *args, **kwargs))
         except core.ContractError as error:
             # an op normalizing over the last dim needs it (the norms: SPEC §5, D >= 1)
             assert size == 0 and error.argument == "x" and "D >= 1" in str(error), (case.id, error)
             continue
         meta_args, meta_kwargs = opdef.arguments(tokens, size, case.dtype, dict(case.kwargs), dict(case.inputs),
                                                  torch.device("meta"), 0)
-        expected = _outputs(opdef.library_op()(*opdef._flatten(*meta_args, **meta_kwargs)))
+        expected = _outputs(opdef.produced(opdef.library_op()(*opdef._flatten(*meta_args, **meta_kwargs)), *meta_args,
+                                           **meta_kwargs))
         assert [(t.shape, t.dtype) for t in outputs] == [(t.shape, t.dtype) for t in expected], case.id
         for tensor in outputs:
             if tokens == 0 and tensor.dim() == 1 and tensor.shape[0] == size:
@@ -122,7 +123,13 @@ def test_inputs_requiring_grad_give_history_only_to_differentiable_ops(opdef):
     args, kwargs = case.arguments(3, "cpu")
     args = tuple(tuple(t.detach().requires_grad_(t.is_floating_point() and t.dtype.itemsize > 1)
                        for t in a) if isinstance(a, tuple) else a.detach().requires_grad_() for a in args)
-    outputs = _outputs(opdef.function(*args, **kwargs))
+    result = opdef.function(*args, **kwargs)
+    if opdef.mutates:  # in place: nothing returned, the written inputs stay leaves (no history recorded)
+        assert result is None
+        for written in _outputs(opdef.produced(result, *args, **kwargs)):
+            assert written.grad_fn is None and written.is_leaf
+        return
+    outputs = _outputs(result)
     if opdef.autograd is not None:  # a differentiable op: its outputs carry history (statistics excepted)
         assert outputs[0].grad_fn is not None and outputs[0].requires_grad
         return

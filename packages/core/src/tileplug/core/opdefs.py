@@ -129,6 +129,11 @@ class OpDef:
       ``torch.library.register_autograd`` on the custom op, over its flat schema inputs and
       outputs (a differentiable op: its inputs are not detached, and the public function
       goes through :meth:`traced` whenever :func:`wants_grad` says a graph is recorded).
+    - ``mutates``: the tensor parameters an in-place op writes (its function returns None,
+      its plan allocates nothing, its kernels write those inputs, which the contract's
+      inputs hold under the same names); the custom op declares them mutated
+      (``Tensor(a!)`` in the schema), so ``torch.compile`` functionalizes them.
+      :meth:`produced` gives them back as the call's outputs.
     """
 
     name: str
@@ -146,6 +151,7 @@ class OpDef:
     family: str = ""
     written: Mapping[str, int] = field(default_factory=dict)
     autograd: tuple[Callable[..., None], Callable[..., Any]] | None = None
+    mutates: tuple[str, ...] = ()
     schema: str = field(default="", init=False)
     _flatten: Callable[..., list] | None = field(default=None, init=False, repr=False)
     _library_op: Any = field(default=None, init=False, repr=False)
@@ -175,6 +181,16 @@ class OpDef:
     def library_op(self) -> Any:
         """``torch.ops.tileplug.<name>`` (the custom op object)."""
         return self._library_op
+
+    def produced(self, result: Any, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        """The tensors a call ``function(*args, **kwargs)`` that returned ``result`` produced:
+        the returned tensors, or for an in-place op the mutated arguments it was given, in
+        order; an absent optional one is None. What tests and the conformance suite compare."""
+        if not self.mutates:
+            return list(result) if isinstance(result, (tuple, list)) else [result]
+        bound = inspect.signature(self.function).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return [bound.arguments[name] for name in self.mutates]
 
 
 _table: dict[str, OpDef] = {}
@@ -348,7 +364,9 @@ def _return_type(annotation: Any) -> str:
     """Schema return of a return annotation: ``Tensor``; a fixed tuple ``(Tensor, Tensor?)``
     (``| None`` members may be None); ``Tensor[]`` for a result whose length depends on the
     arguments (``tuple[torch.Tensor, ...]`` or ``torch.Tensor | tuple[...]``: a one-element
-    list is returned as the tensor itself)."""
+    list is returned as the tensor itself); ``()`` for None (an in-place op)."""
+    if annotation is None or annotation is type(None):
+        return "()"
     if annotation is torch.Tensor:
         return "Tensor"
     origin, members = typing.get_origin(annotation), typing.get_args(annotation)
@@ -370,7 +388,18 @@ def _return_type(annotation: Any) -> str:
         m is torch.Tensor or typing.get_origin(m) is tuple for m in members
     ):
         return "Tensor[]"
-    raise TypeError(f"return type {annotation!r}: an op returns a tensor or a tuple of tensors")
+    raise TypeError(f"return type {annotation!r}: an op returns a tensor, a tuple of tensors or (in place) None")
+
+
+def _mutated_schema(slots: list[tuple[str, list[tuple[str, str]], Any]], mutates: tuple[str, ...]) -> None:
+    """Mark the mutated tensor parameters of ``slots`` with alias annotations ``Tensor(a!)``."""
+    known = {name: expanded for name, expanded, _ in slots}
+    for index, name in enumerate(mutates):
+        expanded = known.get(name)
+        if expanded is None or len(expanded) != 1 or not expanded[0][1].startswith("Tensor"):
+            raise TypeError(f"mutated parameter '{name}': not a tensor parameter of the function")
+        argument, kind = expanded[0]
+        expanded[0] = (argument, kind.replace("Tensor", f"Tensor({chr(ord('a') + index)}!)", 1))
 
 
 def _register_library_op(opdef: OpDef) -> None:
@@ -381,8 +410,13 @@ def _register_library_op(opdef: OpDef) -> None:
     slots: list[tuple[str, list[tuple[str, str]], Any]] = []
     for parameter in parameters:
         slots.append((parameter.name, _schema_type(hints[parameter.name], parameter.name), parameter.default))
+    returns = _return_type(hints["return"])
+    if opdef.mutates:
+        if returns != "()":
+            raise TypeError(f"op '{opdef.name}' mutates {opdef.mutates}: its function must return None")
+        _mutated_schema(slots, opdef.mutates)
     arguments = ", ".join(f"{kind} {arg}" for _, expanded, _ in slots for arg, kind in expanded)
-    opdef.schema = f"({arguments}) -> {_return_type(hints['return'])}"
+    opdef.schema = f"({arguments}) -> {returns}"
     names = [parameter.name for parameter in parameters]
     defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
     splits = {name for name, expanded, _ in slots if len(expanded) == 2}
@@ -431,6 +465,9 @@ def _register_library_op(opdef: OpDef) -> None:
         return result
 
     def implementation(*flat: Any) -> Any:
+        if opdef.mutates:
+            opdef.function(**unflatten(flat))
+            return None
         if opdef.autograd is None:
             return as_schema_result(_owned(opdef.function(**unflatten(flat)), flat))
         with torch.no_grad():  # the eager path: autograd is the custom op's registration
@@ -440,11 +477,13 @@ def _register_library_op(opdef: OpDef) -> None:
         from tileplug.core.registry import registry
 
         call, _ = opdef.contract(**unflatten(flat))
+        if opdef.mutates:  # in place: the mutated inputs are the outputs, nothing to allocate
+            return None
         route = registry.route(call)
         return as_schema_result(route.result(call, route.plan.allocate(call.tokens, call.device)))
 
     library_op = torch.library.custom_op(
-        f"{LIBRARY_NAMESPACE}::{opdef.name}", implementation, mutates_args=(), schema=opdef.schema
+        f"{LIBRARY_NAMESPACE}::{opdef.name}", implementation, mutates_args=opdef.mutates, schema=opdef.schema
     )
     library_op.register_fake(fake)
     if opdef.autograd is not None:

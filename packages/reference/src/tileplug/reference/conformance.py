@@ -61,10 +61,6 @@ class CaseDeclined(Exception):
     """The backend's kernel declines the case (its ``supports()`` reason is the message)."""
 
 
-def _outputs(result: Any) -> list[torch.Tensor]:
-    return list(result) if isinstance(result, (tuple, list)) else [result]
-
-
 def check_case(
     case: Case,
     tokens: int,
@@ -98,14 +94,17 @@ def check_case(
         why = registry.reason_against(chosen, call.op, call)
         if why is not None:
             raise CaseDeclined(f"{backend} declines {case.id} at T={tokens}: {why}")
+        # The oracle's own copies, made before the backend runs (an in-place op writes its inputs).
+        oracle_args, oracle_kwargs = moved(args, oracle, fresh=True), moved(kwargs, oracle, fresh=True)
         with use_backend(backend):
-            actual = [cpu_copy(t) for t in _outputs(opdef.function(*args, **kwargs))]
-        oracle_args, oracle_kwargs = moved(args, oracle), moved(kwargs, oracle)
+            result = opdef.function(*args, **kwargs)
+            actual = [cpu_copy(t) for t in opdef.produced(result, *args, **kwargs)]
         with use_backend("reference"):
-            expected = [cpu_copy(t) for t in _outputs(opdef.function(*oracle_args, **oracle_kwargs))]
-    if opdef.compare is not None:
-        opdef.compare(case, tokens, actual, expected)
-        return
+            result = opdef.function(*oracle_args, **oracle_kwargs)
+            expected = [cpu_copy(t) for t in opdef.produced(result, *oracle_args, **oracle_kwargs)]
+        if opdef.compare is not None:  # (in the backend's layout: a compare may run a chain of ops)
+            opdef.compare(case, tokens, actual, expected)
+            return
     require(len(actual) == len(expected), f"{case.id} T={tokens}: {len(actual)} outputs, expected {len(expected)}")
     for index, (have, want) in enumerate(zip(actual, expected)):
         assert_bytes_equal(have, want, what=f"{case.id} T={tokens} output {index}", strides=True)

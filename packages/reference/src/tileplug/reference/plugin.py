@@ -15,6 +15,8 @@ from tileplug.reference.quant.cast_back import cast_back
 from tileplug.reference.quant.per_block_cast import per_block_cast
 from tileplug.reference.quant.per_channel_cast import per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast
+from tileplug.reference.rope.apply_rotary import apply_rotary
+from tileplug.reference.rope.rms_norm_rope import rms_norm_rope
 
 PRIORITY = -1000
 """Lowest: every other backend for a device type is tried first."""
@@ -57,6 +59,8 @@ def make_backend() -> Backend:
             "rms_norm_per_token_cast": ReferenceKernel(rms_norm_per_token_cast),
             "rms_norm_backward": ReferenceKernel(rms_norm_backward),
             "layer_norm_backward": ReferenceKernel(layer_norm_backward),
+            "apply_rotary": ReferenceKernel(apply_rotary),
+            "rms_norm_rope": ReferenceKernel(rms_norm_rope),
         },
         layout_for=layout_for,
         description="exact PyTorch model of SPEC.md, any device, slow",

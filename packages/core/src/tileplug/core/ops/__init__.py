@@ -21,8 +21,10 @@ from tileplug.core.ops.norm import (
     rms_norm_backward,
     rms_norm_per_token_cast,
 )
+from tileplug.core.ops.rope import apply_rotary, rms_norm_rope, rms_norm_rope_per_token_cast
 
 __all__ = [
+    "apply_rotary",
     "cast_back",
     "layer_norm",
     "layer_norm_backward",
@@ -36,4 +38,6 @@ __all__ = [
     "rms_norm",
     "rms_norm_backward",
     "rms_norm_per_token_cast",
+    "rms_norm_rope",
+    "rms_norm_rope_per_token_cast",
 ]
