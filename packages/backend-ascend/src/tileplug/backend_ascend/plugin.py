@@ -29,8 +29,9 @@ def kernel_table() -> dict:
     """Op (kernel-table key) -> Ascend kernel, every family."""
     from tileplug.backend_ascend.norm import KERNELS as NORM_KERNELS
     from tileplug.backend_ascend.quant import KERNELS as QUANT_KERNELS
+    from tileplug.backend_ascend.rope import KERNELS as ROPE_KERNELS
 
-    return {**QUANT_KERNELS, **NORM_KERNELS}
+    return {**QUANT_KERNELS, **NORM_KERNELS, **ROPE_KERNELS}
 
 
 def lower(call) -> str:

@@ -57,7 +57,8 @@ def row_loop(extent, versions: dict, num_stages: int = 2):
 
 @T.macro
 def load_f32(buf, off, dtype):
-    """One register of ``buf`` (a UB row of ``dtype``) from element ``off``, as fp32 lanes."""
+    """One register of ``buf`` (a UB row of ``dtype``) from element ``off`` (an index, or a tuple of
+    indices of a 2-D buffer), as fp32 lanes."""
     if dtype == F32:
         return T.simd.vld(buf[off])
     else:

@@ -15,7 +15,6 @@ import tilelang.ascend.language as T
 
 from tileplug.backend_ascend import rows
 from tileplug.backend_ascend.norm import row_kernel
-from tileplug.backend_ascend.norm.common import NormKernel
 from tileplug.backend_ascend.norm.spec import NormSpec
 from tileplug.backend_ascend.ub import LANES
 
@@ -78,4 +77,4 @@ def build(spec: NormSpec):
     return row_kernel.build(spec, row_compute)
 
 
-KERNEL = NormKernel("layer_norm", build)
+KERNEL = row_kernel.kernel("layer_norm", build)

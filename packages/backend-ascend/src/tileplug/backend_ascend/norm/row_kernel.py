@@ -110,3 +110,28 @@ def build(spec: NormSpec, row_compute):
                 one_row(G, buffers, cid + it * C)
 
     return gm.prim_func(norm_kernel, params)
+
+
+_ARGUMENTS = {
+    "X": lambda inputs, outputs: inputs.x,
+    "W": lambda inputs, outputs: inputs.weight,
+    "B": lambda inputs, outputs: inputs.bias,
+    "R": lambda inputs, outputs: inputs.residual,
+    "Y": lambda inputs, outputs: outputs.y,
+    "RO": lambda inputs, outputs: outputs.residual_out,
+    "MEAN": lambda inputs, outputs: outputs.mean,
+    "RSTD": lambda inputs, outputs: outputs.rstd,
+}
+
+
+def arguments(spec: NormSpec, inputs, outputs) -> list:
+    """Launch arguments of ``spec``'s prim_func, in its parameter order."""
+    return [_ARGUMENTS[name](inputs, outputs) for name in gm.argument_names(parameters(spec)[0])]
+
+
+def kernel(op: str, build):
+    """The tileplug Kernel of forward norm ``op`` built by ``build(spec)``."""
+    from tileplug.backend_ascend.kernel import SpecKernel
+    from tileplug.backend_ascend.norm.spec import decline_reason, spec_of
+
+    return SpecKernel(op, spec_of, decline_reason, build, arguments)

@@ -71,6 +71,11 @@ class NormSpec:
         return footprint(self.plan())
 
     @property
+    def layout(self) -> str:
+        """How rows map to pipeline steps (the ``core.lower`` header)."""
+        return "one row per pipeline step, whole in UB"
+
+    @property
     def budget(self) -> int:
         """UB bytes per vector core (the kernels are pure SIMD)."""
         return UB_BYTES_SIMD

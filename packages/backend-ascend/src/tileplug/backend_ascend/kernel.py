@@ -1,5 +1,13 @@
-"""The kernel object of each Ascend norm op: declines, ``core.lower`` / lowering-grid access,
-and launching on an NPU (one compiled kernel per specialisation)."""
+"""The kernel object of an Ascend row-kernel op (norm and RoPE families): declines,
+``core.lower`` / lowering-grid access, launching on an NPU (one compiled kernel per
+specialisation).
+
+A family supplies, per op: ``spec_of(call, target)`` (a frozen, hashable specialisation with
+``describe()``, ``footprint``, ``budget``, ``num_buffers`` and ``layout``, a one-line summary of
+how rows map to pipeline steps), ``decline_reason(call)``, ``build(spec)`` (the prim_func,
+UB budget checked) and ``arguments(spec, inputs, outputs)`` (the launch arguments in the
+prim_func's parameter order).
+"""
 
 from __future__ import annotations
 
@@ -7,21 +15,9 @@ from typing import Any, Callable
 
 from tileplug.backend_ascend.device import DeviceTarget, dispatch_target, lowering_target
 from tileplug.backend_ascend.lowering import CheckedLowering, CompileCache, lower_cached
-from tileplug.backend_ascend.norm.spec import NormSpec, decline_reason, spec_of
-
-_ARGUMENTS = {
-    "X": lambda inputs, outputs: inputs.x,
-    "W": lambda inputs, outputs: inputs.weight,
-    "B": lambda inputs, outputs: inputs.bias,
-    "R": lambda inputs, outputs: inputs.residual,
-    "Y": lambda inputs, outputs: outputs.y,
-    "RO": lambda inputs, outputs: outputs.residual_out,
-    "MEAN": lambda inputs, outputs: outputs.mean,
-    "RSTD": lambda inputs, outputs: outputs.rstd,
-}
 
 
-def header(spec: NormSpec, target: DeviceTarget) -> str:
+def header(spec: Any, target: DeviceTarget) -> str:
     """Comment lines heading the Ascend C ``core.lower`` returns: lowered, not verified; the
     specialisation, the device constants and where they came from, the UB plan."""
     return "\n".join([
@@ -30,41 +26,39 @@ def header(spec: NormSpec, target: DeviceTarget) -> str:
         f"// specialisation: {spec.describe()}",
         f"// device constants: vector cores = {spec.vector_cores} ({target.source}); "
         f"UB budget = {spec.budget} bytes per vector core (pure SIMD)",
-        f"// one row per pipeline step, whole in UB; UB plan {spec.footprint} bytes, {spec.num_buffers} buffer versions",
+        f"// {spec.layout}; UB plan {spec.footprint} bytes, {spec.num_buffers} buffer versions",
         "",
     ])
 
 
-class NormKernel:
-    """A tileplug Kernel of one forward norm op over :mod:`.row_kernel` (``build(spec)`` makes
-    the op's prim_func)."""
+class SpecKernel:
+    """A tileplug Kernel of one op over a family's specialisation and prim_func builder."""
 
-    def __init__(self, op: str, build: Callable[[NormSpec], Any]) -> None:
+    def __init__(self, op: str, spec_of: Callable[..., Any], decline_reason: Callable[[Any], str | None],
+                 build: Callable[[Any], Any], arguments: Callable[[Any, Any, Any], list]) -> None:
         self.op = op
+        self.spec_of = spec_of
+        self.decline_reason = decline_reason
         self.build = build
-        self.compiled = CompileCache(build)
+        self.arguments = arguments
+        self.compiled = CompileCache(lambda spec: self.build(spec))
 
     def supports(self, call) -> str | None:
         if call.op != self.op:
             return f"this kernel serves {self.op}, not {call.op}"
-        return decline_reason(call)
+        return self.decline_reason(call)
 
     def describe(self, call) -> str:
         """The specialisation ``call`` lowers to (with the lowering stand-ins), as one line."""
-        return spec_of(call).describe()
+        return self.spec_of(call).describe()
 
     def lowering(self, call) -> CheckedLowering:
         """``call`` lowered with the stand-ins (disk-cached), for the checks and ``core.lower``."""
         target = lowering_target()
-        spec = spec_of(call, target)
+        spec = self.spec_of(call, target)
         lowered = lower_cached(spec, lambda: self.build(spec))
         return CheckedLowering(spec.describe(), lowered, spec.footprint, spec.budget, header(spec, target))
 
     def __call__(self, call, inputs, outputs) -> None:
-        from tileplug.backend_ascend.gm import argument_names
-        from tileplug.backend_ascend.norm.row_kernel import parameters
-
-        spec = spec_of(call, dispatch_target(call.device))
-        kernel = self.compiled.get(spec)
-        names = argument_names(parameters(spec)[0])
-        kernel(*(_ARGUMENTS[name](inputs, outputs) for name in names))
+        spec = self.spec_of(call, dispatch_target(call.device))
+        self.compiled.get(spec)(*self.arguments(spec, inputs, outputs))
