@@ -215,3 +215,70 @@ def test_tileplug_info_reports_lowered_not_verified():
     text = plugin.capabilities()
     assert "lowered" in text.lower() and "not verified" in text
     assert "verified on" not in text
+
+
+# ---------------------------------------------------------------------- the checks fail on bad row kernels
+
+
+def _row_specs():
+    """A plain rms_norm and a plain NeoX apply_rotary specialisation (bf16, the stand-ins)."""
+    from tileplug.backend_ascend.norm.spec import spec_of as norm_spec
+    from tileplug.backend_ascend.rope.spec import spec_of as rotary_spec
+
+    with core.config.host_layout("ascend"):
+        norm_call, _ = core.describe_call(core.ops.rms_norm, _x(3, 2048), torch.empty(2048, device=META))
+        rope_call, _ = core.describe_call(
+            core.ops.apply_rotary, torch.empty(3, 4, 128, dtype=torch.bfloat16, device=META),
+            torch.empty(16, 128, device=META),
+        )
+    return norm_spec(norm_call), rotary_spec(rope_call)
+
+
+def _checked(prim_func, spec):
+    from tileplug.backend_ascend import lowering_checks as checks
+    from tileplug.backend_ascend.lowering import lower_prim_func
+
+    artifact = lower_prim_func(prim_func)
+    source = artifact.kernel_source
+    return {
+        "ub": checks.check_ub(checks.compiler_ub_bytes(artifact), checks.primfunc_ub_bytes(prim_func), spec.footprint,
+                              spec.budget),
+        "pipelined": checks.check_pipelined(source),
+        "vector": checks.check_vector(source),
+    }
+
+
+@pytest.mark.parametrize("family", ["norm", "rope"])
+def test_row_kernel_checks_fail_on_bad_variants(family):
+    """Each lowering check fails on a bad variant of the norm / RoPE row kernels, and passes on
+    the production kernel of the same specialisation: (a) 8 buffer versions of a wide row / many
+    heads, over the UB budget (lowered silently by TileLang; the builder refuses it); (b) a
+    serial, single-buffered row loop; (c) the row's math in scalar code on the kernel body."""
+    import ascend_bad_kernels as bad_kernels
+
+    from tileplug.backend_ascend.device import UBBudgetError
+    from tileplug.backend_ascend.norm import rms_norm
+    from tileplug.backend_ascend.rope import apply_rotary
+
+    norm_spec, rope_spec = _row_specs()
+    if family == "norm":
+        build, spec, scalar = rms_norm.build, norm_spec, bad_kernels.rms_scalar_rows
+        wide = replace(spec, hidden=16384, in_dtype="float32", residual=True, num_buffers=8)
+    else:
+        build, spec, scalar = apply_rotary.build, rope_spec, bad_kernels.rotary_scalar_tokens
+        wide = replace(spec, query_heads=128, dtype="float32", num_buffers=8)
+
+    good = _checked(build(spec), spec)
+    assert all(ok for ok, _ in good.values()), good
+
+    assert wide.footprint > wide.budget
+    with pytest.raises(UBBudgetError):
+        build(wide)
+    ok, detail = _checked(bad_kernels.row_over_budget(build, wide), wide)["ub"]
+    assert not ok and "over budget" in detail, detail
+
+    ok, detail = _checked(bad_kernels.row_serial_loop(build, spec), spec)["pipelined"]
+    assert not ok and "versions=[1]" in detail, detail
+
+    ok, detail = _checked(scalar(spec), spec)["vector"]
+    assert not ok and "scalar UB dereference" in detail, detail
