@@ -109,7 +109,8 @@ def _scalar_rms_compute(spec):
     D, dt = spec.hidden, spec.in_dtype
 
     @T.macro
-    def compute(x_ub, r_ub, w_ub, b_ub, mean_ub, rstd_ub):
+    def compute(buffers):
+        x_ub, w_ub = buffers["x_ub"], buffers["w_ub"]
         total = T.alloc_var(T.float32)
         total = T.float32(0)
         for k in T.serial(D):

@@ -20,7 +20,7 @@ from tileplug.reference.conformance import CaseDeclined, check_case
 pytestmark = pytest.mark.npu
 
 TOKENS = (0, 1, 3, 129, 4001)
-ROW_OPS = ("rms_norm", "layer_norm", "apply_rotary")
+ROW_OPS = ("rms_norm", "layer_norm", "rms_norm_per_token_cast", "apply_rotary")
 
 
 def _ascend_ops() -> list[str]:
@@ -100,3 +100,22 @@ def test_apply_rotary_identity_and_conjugate(interleaved):
     bad = cpu_copy(bad)
     assert torch.isnan(bad[1].float()).all() and not torch.isnan(bad[0].float()).any()
     assert not torch.isnan(bad[2].float()).any()
+
+
+@pytest.mark.parametrize("group", [16, 32, 64, 128])
+@pytest.mark.parametrize("flags", [dict(), dict(round_sf=True), dict(use_tma_aligned_col_major_sf=True)],
+                         ids=lambda f: "-".join(f) or "plain")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_rms_norm_per_token_cast_equals_the_ascend_chain(group, flags, dtype):
+    """The fused kernel equals, bytewise, the Ascend chain per_token_cast(rms_norm(x)) (SPEC §4
+    fusion rule), with a residual, at a non-aligned T."""
+    x, r = _rows(4001, 2048, dtype, 8), _rows(4001, 2048, dtype, 9)
+    weight = _rows(1, 2048, torch.bfloat16, 10)[0]
+    kwargs = dict(num_per_channels=group, **flags)
+    with core.use_backend("ascend"):
+        q, sf, s = core.ops.rms_norm_per_token_cast(x.to("npu"), weight.to("npu"), residual=r.to("npu"), **kwargs)
+        y, s_chain = core.ops.rms_norm(x.to("npu"), weight.to("npu"), residual=r.to("npu"))
+        q_chain, sf_chain = core.ops.per_token_cast(y, **kwargs)
+    assert_bytes_equal(cpu_copy(q), cpu_copy(q_chain), "q")
+    assert_bytes_equal(cpu_copy(sf), cpu_copy(sf_chain), "sf", strides=True)
+    assert_bytes_equal(cpu_copy(s), cpu_copy(s_chain), "residual_out")

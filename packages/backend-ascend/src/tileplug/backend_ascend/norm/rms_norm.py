@@ -32,7 +32,8 @@ def row_compute(spec: NormSpec):
     has_w = spec.weight_dtype is not None
 
     @T.macro
-    def compute(x_ub, r_ub, w_ub, b_ub, mean_ub, rstd_ub):
+    def compute(buffers):
+        x_ub, r_ub, w_ub, rstd_ub = buffers["x_ub"], buffers.get("r_ub"), buffers.get("w_ub"), buffers.get("rstd_ub")
         with T.SimdVF():
             if spec.residual:
                 rows.residual_add(x_ub, r_ub, dt, D)

@@ -34,9 +34,16 @@ def parameters(spec: NormSpec):
         params.append(("B", T.Tensor((D,), spec.bias_dtype)))
     if spec.residual:
         params.append(("R", gm.rows_tensor("r", D, N, dt, Tn)))
-    params.append(("Y", gm.rows_tensor("y", D, N, dt, Tn)))
+    if spec.cast is None or spec.unquantized:
+        params.append(("Y", gm.rows_tensor("y", D, N, dt, Tn)))
     if spec.residual:
         params.append(("RO", gm.rows_tensor("ro", D, N, dt, Tn)))
+    if spec.cast is not None:
+        params.append(("Q", T.Tensor((Tn, D), "float8_e4m3fn")))
+        if spec.cast[4]:  # column-major scales, passed as their [groups, T] transpose
+            params.append(("SF", T.StridedTensor((spec.groups, Tn), (T.dynamic("sf_s0"), 1), "float32")))
+        else:
+            params.append(("SF", T.Tensor((Tn, spec.groups), "float32")))
     if spec.stats and spec.kind == "layer":
         params.append(("MEAN", T.Tensor(stat_shape, "float32")))
     if spec.stats:
@@ -58,7 +65,7 @@ def _vector_source(plan, name):
 
 def build(spec: NormSpec, row_compute):
     """The prim_func of ``spec``, its per-row vector work made by ``row_compute(spec)`` (a macro
-    ``compute(x_ub, r_ub, w_ub, b_ub, mean_ub, rstd_ub)``); raises ``UBBudgetError`` when the
+    ``compute(buffers)`` over the UB buffers by plan name); raises ``UBBudgetError`` when the
     plan does not fit the budget (TileLang would lower it silently)."""
     rows.check_budget(spec.footprint, spec.budget, spec.describe())
     params, Tn = parameters(spec)
@@ -68,6 +75,7 @@ def build(spec: NormSpec, row_compute):
     count = Tn if N is None else Tn * N
     has_w, has_b = spec.weight_dtype is not None, spec.bias_dtype is not None
     rms = spec.kind == "rms"
+    writes_y = spec.cast is None or spec.unquantized
     compute = row_compute(spec)
 
     @T.macro
@@ -90,11 +98,17 @@ def build(spec: NormSpec, row_compute):
         T.copy(gm.row_of(G["X"], N, row, 0, D), x_ub[0:D])
         if spec.residual:
             T.copy(gm.row_of(G["R"], N, row, 0, D), buffers["r_ub"][0:D])
-        compute(x_ub, buffers.get("r_ub"), buffers.get("w_ub"), buffers.get("b_ub"), buffers.get("mean_ub"),
-                buffers.get("rstd_ub"))
+        compute(buffers)
         if spec.residual:
             T.copy(buffers["r_ub"][0:D], gm.row_of(G["RO"], N, row, 0, D))
-        T.copy(x_ub[0:D], gm.row_of(G["Y"], N, row, 0, D))
+        if writes_y:
+            T.copy(x_ub[0:D], gm.row_of(G["Y"], N, row, 0, D))
+        if spec.cast is not None:
+            T.copy(buffers["q_ub"][0:D], G["Q"][row, 0:D])
+            if spec.cast[4]:
+                T.copy(buffers["sf_ub"][0:spec.groups], G["SF"][0:spec.groups, row])
+            else:
+                T.copy(buffers["sf_ub"][0:spec.groups], G["SF"][row, 0:spec.groups])
         if spec.stats and not rms:
             T.copy(buffers["mean_ub"][0:1], gm.statistic_of(G["MEAN"], N, row))
         if spec.stats:
@@ -121,12 +135,18 @@ _ARGUMENTS = {
     "RO": lambda inputs, outputs: outputs.residual_out,
     "MEAN": lambda inputs, outputs: outputs.mean,
     "RSTD": lambda inputs, outputs: outputs.rstd,
+    "Q": lambda inputs, outputs: outputs.q,
+    "SF": lambda inputs, outputs: outputs.sf,
 }
 
 
 def arguments(spec: NormSpec, inputs, outputs) -> list:
-    """Launch arguments of ``spec``'s prim_func, in its parameter order."""
-    return [_ARGUMENTS[name](inputs, outputs) for name in gm.argument_names(parameters(spec)[0])]
+    """Launch arguments of ``spec``'s prim_func, in its parameter order (column-major scales
+    as their ``[groups, T]`` transpose, unit last stride)."""
+    values = [_ARGUMENTS[name](inputs, outputs) for name in gm.argument_names(parameters(spec)[0])]
+    if spec.cast is not None and spec.cast[4]:
+        values[-1] = values[-1].t()
+    return values
 
 
 def kernel(op: str, build):

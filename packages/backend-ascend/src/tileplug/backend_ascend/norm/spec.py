@@ -16,7 +16,7 @@ from tileplug.backend_ascend.device import UB_BYTES_SIMD, DeviceTarget, lowering
 from tileplug.backend_ascend.ub import VERSIONS, Plan, footprint, padded
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-KIND_OF_OP = {"rms_norm": "rms", "layer_norm": "layer"}
+KIND_OF_OP = {"rms_norm": "rms", "layer_norm": "layer", "rms_norm_per_token_cast": "rms"}
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,15 @@ class NormSpec:
     ``in_dtype`` of ``x`` / ``residual`` / ``y``; ``weight_dtype`` / ``bias_dtype`` (None:
     absent); ``residual`` (``residual_out`` written); ``stats`` (``rstd``, and ``mean`` for
     LayerNorm, written); ``eps``, ``weight_offset``, ``out_scale`` as the call gives them
-    (rounded to fp32 in the kernel, as the reference rounds them).
+    (rounded to fp32 in the kernel, as the reference rounds them). ``cast``: the per-token
+    cast the row ends in (``rms_norm_per_token_cast``) as ``(fmt, group, round_sf, clamp_min,
+    col_major)``; ``unquantized``: ``y`` is written too.
     """
+
+    @property
+    def groups(self) -> int:
+        """Per-token cast groups of a row (0 without a cast)."""
+        return -(-self.hidden // self.cast[1]) if self.cast is not None else 0
 
     kind: str
     hidden: int
@@ -41,6 +48,8 @@ class NormSpec:
     eps: float
     weight_offset: float = 0.0
     out_scale: float = 1.0
+    cast: tuple | None = None
+    unquantized: bool = False
     vector_cores: int = 64
     num_buffers: int = VERSIONS
 
@@ -59,6 +68,9 @@ class NormSpec:
                 plan[f"{name}_ub"] = ((width,), "float32", 1)
                 if dtype != "float32":
                     plan[f"{name}_raw"] = ((width,), dtype, 1)
+        if self.cast is not None:
+            plan["q_ub"] = ((width,), "float8_e4m3fn", versions)
+            plan["sf_ub"] = ((max(8, -(-self.groups // 8) * 8),), "float32", versions)
         if self.stats:
             if self.kind == "layer":
                 plan["mean_ub"] = ((8,), "float32", versions)
@@ -82,7 +94,8 @@ class NormSpec:
 
     def describe(self) -> str:
         shape = f"[T, {self.heads}, {self.hidden}]" if self.heads is not None else f"[T, {self.hidden}]"
-        bits = [f"{self.kind}_norm", shape, self.in_dtype, f"weight={self.weight_dtype}"]
+        name = "rms_norm_per_token_cast" if self.cast is not None else f"{self.kind}_norm"
+        bits = [name, shape, self.in_dtype, f"weight={self.weight_dtype}"]
         if self.kind == "layer":
             bits.append(f"bias={self.bias_dtype}")
         if self.residual:
@@ -92,6 +105,10 @@ class NormSpec:
         bits.append(f"eps={self.eps!r}")
         if self.weight_offset != 0.0 or self.out_scale != 1.0:
             bits.append(f"offset={self.weight_offset!r} scale={self.out_scale!r}")
+        if self.cast is not None:
+            fmt, group, round_sf, clamp_min, col_major = self.cast
+            bits.append(f"cast={fmt}/1x{group}{'/round_sf' if round_sf else ''}{'/col_major' if col_major else ''}"
+                        f"/clamp={clamp_min!r}{' +y' if self.unquantized else ''}")
         return " ".join(bits)
 
 
@@ -99,11 +116,15 @@ def spec_of(call, target: DeviceTarget | None = None) -> NormSpec:
     """The kernel specialisation of a forward norm ``call`` on ``target`` (default: the
     lowering stand-in)."""
     cores = (target or lowering_target()).vector_cores
+    cast = None
+    if call.quant is not None:
+        config = call.quant.cast
+        cast = (config.fmt.name, config.block[1], config.round_sf, config.clamp_min, bool(config.col_major_sf))
     return NormSpec(
         kind=KIND_OF_OP[call.op], hidden=call.hidden, heads=call.heads, in_dtype=DTYPE_NAMES[call.input_dtype],
         weight_dtype=DTYPE_NAMES.get(call.weight_dtype), bias_dtype=DTYPE_NAMES.get(call.bias_dtype),
         residual=call.residual, stats=call.stats, eps=call.eps, weight_offset=call.weight_offset,
-        out_scale=call.out_scale, vector_cores=cores,
+        out_scale=call.out_scale, cast=cast, unquantized=call.unquantized, vector_cores=cores,
     )
 
 
@@ -114,6 +135,10 @@ def decline_reason(call) -> str | None:
     for name, dtype in (("x", call.input_dtype), ("weight", call.weight_dtype), ("bias", call.bias_dtype)):
         if dtype is not None and dtype not in DTYPE_NAMES:
             return f"{name} dtype {dtype} is not served on Ascend (bf16 / fp16 / fp32; fp64 falls to the reference)"
+    if call.quant is not None:
+        why = _cast_reason(call)
+        if why is not None:
+            return why
     spec = spec_of(call)
     if spec.footprint > spec.budget:
         return (
@@ -121,3 +146,18 @@ def decline_reason(call) -> str | None:
             "core (no split-row form on Ascend)"
         )
     return None
+
+
+def _cast_reason(call) -> str | None:
+    """Why the fused RMSNorm + per-token cast is not served (None: it is): the per-token cast
+    kernel's own declines, then what the fused kernel leaves to the reference."""
+    from tileplug.backend_ascend.quant.common import decline_reason as cast_decline_reason
+
+    cast = call.quant.cast
+    if call.heads is not None:
+        return "3-D x (per-head norm, then a cast over N·D) is not fused on Ascend; falls to the reference"
+    if cast.fmt.name != "e4m3":
+        return f"fmt={cast.fmt.name}: the fused norm + cast writes e4m3 only (e2m1 nibble packing needs a SIMT region)"
+    if cast.use_packed_ue8m0:
+        return "packed UE8M0 scales are not produced by the fused norm + cast (the SIMT pack is not fused)"
+    return cast_decline_reason(call.quant)

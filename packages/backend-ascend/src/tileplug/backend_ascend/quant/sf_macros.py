@@ -33,6 +33,21 @@ def f32_bits(value: float) -> int:
     return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
+@T.macro
+def lane_mask(lo, hi):
+    """Predicate of lanes ``[lo, hi)`` of a 32-bit register (one small group of it)."""
+    if lo == 0:
+        return T.simd.update_mask(hi, 32)
+    else:
+        full = T.simd.pset(32, "PAT_ALL")
+        return T.simd.pxor(T.simd.update_mask(hi, 32), T.simd.update_mask(lo, 32), full)
+
+
+def subgroups(lanes: int, group: int) -> list:
+    """``(lo, hi)`` lane ranges of the groups of ``group`` lanes in a register of ``lanes``."""
+    return [(lo, min(lo + group, lanes)) for lo in range(0, lanes, group)]
+
+
 def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bool):
     """The macros of one cast configuration: ``abs_bits(v, lanes)`` (int32 bits of ``|v|``,
     lanes past ``lanes`` zero), ``scale_math(amax_bits)`` -> ``(sf, inv, biased exponent)``,

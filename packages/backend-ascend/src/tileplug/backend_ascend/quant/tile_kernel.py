@@ -28,7 +28,7 @@ import tilelang.ascend.language as T
 from tvm import tirx
 
 from tileplug.backend_ascend.device import check_budget
-from tileplug.backend_ascend.quant.sf_macros import sf_macros
+from tileplug.backend_ascend.quant.sf_macros import lane_mask, sf_macros
 from tileplug.backend_ascend.quant.spec import LANES, TileSpec, Tiling
 from tileplug.core.quant.sf_math import ceil_div
 
@@ -130,14 +130,6 @@ def build(spec: TileSpec, tiling: Tiling):
     @T.macro
     def abs_bits(x_ub, d_ub, s_ub, r, off, lanes):
         return cast_math.abs_bits(load_x(x_ub, d_ub, s_ub, r, off), lanes)
-
-    @T.macro
-    def lane_mask(lo, hi):
-        if lo == 0:
-            return T.simd.update_mask(hi, 32)
-        else:
-            full = T.simd.pset(32, "PAT_ALL")
-            return T.simd.pxor(T.simd.update_mask(hi, 32), T.simd.update_mask(lo, 32), full)
 
     @T.macro
     def quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off, inv):
