@@ -287,3 +287,18 @@ def test_row_kernel_checks_fail_on_bad_variants(family):
 
     ok, detail = _checked(scalar(spec), spec)["vector"]
     assert not ok and "scalar UB dereference" in detail, detail
+
+
+def test_core_lower_of_the_row_ops_names_the_specialisation():
+    """core.lower works for the norm and RoPE kernels on a CPU (meta inputs), with the header
+    naming the specialisation and the stand-ins, and refuses a declined call with its reason."""
+    with core.config.host_layout("ascend"):
+        norm = core.lower(core.ops.rms_norm, _x(7, 576), torch.empty(576, device=META), backend="ascend",
+                          return_rstd=True)
+        rope = core.lower(core.ops.apply_rotary, torch.empty(7, 4, 128, dtype=torch.bfloat16, device=META),
+                          torch.empty(64, 128, device=META), interleaved=True, backend="ascend")
+        with pytest.raises(Exception, match="falls to the reference"):
+            core.lower(core.ops.rms_norm, _x(3, 64, torch.float64), backend="ascend")
+    assert "specialisation: rms_norm [T, 576] bfloat16" in norm and "stats" in norm and "stand-in" in norm
+    assert "specialisation: apply_rotary [T, N, D] bfloat16" in rope and "gptj" in rope
+    assert "__global__" in norm and "__global__" in rope
