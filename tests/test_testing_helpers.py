@@ -49,6 +49,16 @@ CHECKS = textwrap.dedent('''
     testing.assert_sf_equal(sf, sf.clone(), (1, 128), 3, 576)
     raises(testing.require, False, "no")
 
+    one = torch.tensor([1.0, -2.0, 0.0], dtype=torch.bfloat16)
+    two_ulp = (one.view(torch.int16) + torch.tensor([0, 2, 0], dtype=torch.int16)).view(torch.bfloat16)
+    raises(testing.assert_within_ulps, two_ulp, one, 1)                       # 2 ulp
+    raises(testing.assert_within_ulps, one, one.float(), 1)                   # dtype
+    raises(testing.assert_within_ulps, torch.tensor([float("nan")]), torch.tensor([1.0]), 4)  # NaN vs number
+    testing.assert_within_ulps(two_ulp, one, 2)
+    q = torch.tensor([[1.0, 2.0]]).to(torch.float8_e4m3fn)
+    raises(testing.assert_quantized_close, (q.float() * 4).to(torch.float8_e4m3fn), torch.ones(1, 1), q,
+           torch.ones(1, 1), "e4m3", 128, torch.bfloat16)                     # values 4x apart
+
     class FlipsAByte:
         def __init__(self, inner):
             self.inner = inner
@@ -137,3 +147,46 @@ def test_moved_keeps_strides_and_moves_keyword_tensors() -> None:
     assert moved_x.device.type == "meta" and moved_x.stride() == padded.stride()
     assert moved_sf.stride() == column_major.stride() and kwargs["sf"].device.type == "meta" and kwargs["n"] == 1
     assert testing.moved(padded, "cpu") is padded and testing.cpu_copy(padded) is padded
+
+
+def test_ulp_distance_counts_representable_values() -> None:
+    bf16 = torch.bfloat16
+    largest = torch.finfo(torch.float32).max
+    values = torch.tensor([1.0, 1.0, -0.0, 0.0, largest, -1.0], dtype=torch.float32)
+    others = torch.tensor([1.0, 1.0 + 2.0 ** -23, 0.0, -1.4e-45, float("inf"), 1.0], dtype=torch.float32)
+    # equal; neighbours; ±0 equal; 0 and the smallest negative subnormal; the largest finite and
+    # inf; -1 and 1 are 2 · 0x3F800000 apart (bits of 1.0)
+    assert testing.ulp_distance(values, others).tolist() == [0, 1, 0, 1, 1, 2 * 0x3F800000]
+    steps = torch.tensor([1.0, 1.0078125, 1.015625], dtype=bf16)  # neighbouring bf16 values
+    assert testing.ulp_distance(steps[1:], steps[:-1]).tolist() == [1, 1]
+    e4m3 = torch.tensor([448.0, 416.0, -0.0, 0.001953125], dtype=torch.float32).to(torch.float8_e4m3fn)
+    assert testing.ulp_distance(e4m3[[0, 2]], e4m3[[1, 3]]).tolist() == [1, 1]  # 448/416; -0 and 2^-9
+    assert testing.ulp_distance(e4m3[:1], e4m3[2:3]).tolist() == [0x7E]  # 448 is code 0x7E
+
+
+def test_assert_within_ulps_semantics() -> None:
+    base = torch.tensor([1.0, -1.0, 0.0, float("nan")])
+    up = torch.tensor([1.0 + 2.0 ** -23, -1.0 - 2.0 ** -23, -0.0, float("nan")])
+    testing.assert_within_ulps(up, base, 1)
+    with pytest.raises(AssertionError, match="2 element"):
+        testing.assert_within_ulps(up[:3], base[:3], 0)  # ±0 are 0 apart, the others 1
+    with pytest.raises(AssertionError, match="NaN encodings"):
+        testing.assert_within_ulps(-base, base.abs() * torch.tensor([1.0, 1.0, 1.0, 1.0]), 10 ** 9, nan_equal=False)
+    testing.assert_within_ulps(torch.tensor([5], dtype=torch.int32), torch.tensor([5], dtype=torch.int32), 0)
+    with pytest.raises(AssertionError):
+        testing.assert_within_ulps(torch.tensor([5]), torch.tensor([6]), 3)  # integers: exact
+
+
+def test_assert_quantized_close_accepts_an_ulp_of_the_source_and_refuses_more() -> None:
+    x = testing.activation(4, 256, torch.bfloat16, seed=1)
+    q, sf = core.ops.per_token_cast(x)
+    nudged = x.clone()
+    nudged[:, 0] = (nudged[:, 0].view(torch.int16) + 1).view(torch.bfloat16)  # one bf16 ulp
+    nudged_q, nudged_sf = core.ops.per_token_cast(nudged)
+    testing.assert_quantized_close(nudged_q, nudged_sf, q, sf, "e4m3", 128, torch.bfloat16)
+    for mode in ({"round_sf": True}, {"round_sf": True, "use_packed_ue8m0": True}, {"use_e4m3_sf": True}):
+        testing.assert_quantized_close(*core.ops.per_token_cast(nudged, **mode), *core.ops.per_token_cast(x, **mode),
+                                       "e4m3", 128, torch.bfloat16)
+    far_q, far_sf = core.ops.per_token_cast(x * 1.5)
+    with pytest.raises(AssertionError, match="factor"):
+        testing.assert_quantized_close(far_q, far_sf, q, sf, "e4m3", 128, torch.bfloat16)

@@ -247,7 +247,7 @@ def wants_grad(*tensors: torch.Tensor | None) -> bool:
     a differentiable op's public function then goes through :meth:`OpDef.traced`."""
     if not torch.is_grad_enabled():
         return False
-    return any(t is not None and t.requires_grad for t in tensors)
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def _written_into(op: str, result: Any, given: Mapping[str, Any], slots: Mapping[str, int]) -> Any:
@@ -256,11 +256,15 @@ def _written_into(op: str, result: Any, given: Mapping[str, Any], slots: Mapping
     for name, tensor in given.items():
         if tensor is None:
             continue
+        from tileplug.core.contracts.checks import describe
+
         fresh = elements[slots[name]]
         if not isinstance(tensor, torch.Tensor) or tensor.shape != fresh.shape or tensor.dtype != fresh.dtype:
-            raise ContractError(op, name, f"a tensor of shape {tuple(fresh.shape)} and dtype {fresh.dtype}", tensor)
+            raise ContractError(op, name, f"a tensor of shape {tuple(fresh.shape)} and dtype {fresh.dtype}",
+                                describe(tensor))
         if tensor.requires_grad:
-            raise ContractError(op, name, "a tensor that does not require grad (it is written in place)", tensor)
+            raise ContractError(op, name, "a tensor that does not require grad (it is written in place)",
+                                describe(tensor))
         tensor.copy_(fresh)
         elements[slots[name]] = tensor
     return elements[0] if isinstance(result, torch.Tensor) else tuple(elements)

@@ -26,7 +26,8 @@ from tileplug.core.quant.sf_math import ceil_div, expand_groups
 __all__ = [
     "HIDDEN_SIZES", "NAN_FREE_DTYPES", "TOKEN_COUNTS", "activation", "assert_bytes_equal",
     "assert_quantized_close", "assert_sf_equal", "assert_within_ulps", "bytes_equal", "canonical_nans", "cpu_copy",
-    "first_difference", "hidden_sizes", "moved", "random_shapes", "raw_bytes", "relative_error", "require",
+    "first_difference", "hidden_sizes", "moved", "ordered_bits", "random_shapes", "raw_bytes", "relative_error",
+    "require",
     "sf_group_bytes", "token_counts", "ulp_distance",
 ]
 

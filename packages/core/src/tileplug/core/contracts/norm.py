@@ -22,6 +22,8 @@ from tileplug.core.contracts.quant import (
     PER_TOKEN_GROUPS,
     AllocationPlan,
     QuantCall,
+    RecentCalls,
+    _tensor_key,
     cast_config,
     has_storage,
 )
@@ -163,7 +165,8 @@ class NormCall(Call):
             layer = self.op == LAYER_NORM_BACKWARD
             read = 2 * elements * size + weight + statistics * (2 if layer else 1)
             read += elements * size if self.grad_residual else 0
-            gradients = (weight and vector * 4) + (vector * 4 if layer else 0)
+            reduced = vector * self.statistics_dtype.itemsize  # grad_weight / grad_bias, compute dtype
+            gradients = (reduced if self.weight_dtype is not None else 0) + (reduced if layer else 0)
             return Ledger(read, elements * size + gradients, 8 * elements)
         read = elements * size * (2 if self.residual else 1) + weight + bias
         written = elements * size if self.residual else 0
@@ -359,7 +362,7 @@ def _call(op: str, x: torch.Tensor, tensors: tuple, **fields: Any) -> NormCall:
     alignment = min(_alignment(t) for t in (x, *tensors))
     return NormCall(op, x.device.type, op, int(x.shape[-1]), _heads(x), x.dtype, alignment=alignment,
                     host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,
-                    tokens=int(x.shape[0]), device=x.device, empty=x.numel() == 0, **fields)
+                    tokens=x.shape[0], device=x.device, empty=x.numel() == 0, **fields)
 
 
 def _plain(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -367,12 +370,12 @@ def _plain(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor.detach() if tensor is not None and tensor.requires_grad else tensor
 
 
-# ---------------------------------------------------------------------- the contracts
+# ---------------------------------------------------------------------- the checked contracts
 
 
-def rms_norm(x: Any, weight: Any, eps: Any, residual: Any, weight_offset: Any, out_scale: Any, out: Any,
+def _checked_rms_norm(x: Any, weight: Any, eps: Any, residual: Any, weight_offset: Any, out_scale: Any, out: Any,
              residual_out: Any, return_rstd: Any) -> tuple[NormCall, NormInputs, NormOutputs | None]:
-    """Contract of ``rms_norm`` → (call, inputs, given outputs or None)."""
+    """Every check of ``rms_norm`` → (call, inputs, given outputs or None)."""
     op = RMS_NORM
     x, weight, residual, eps = _common(op, x, weight, residual, eps)
     offset = _check_offset(op, weight, weight_offset)
@@ -384,9 +387,9 @@ def rms_norm(x: Any, weight: Any, eps: Any, residual: Any, weight_offset: Any, o
     return call, NormInputs(_plain(x), _plain(weight), None, _plain(residual)), given
 
 
-def layer_norm(x: Any, weight: Any, bias: Any, eps: Any, residual: Any, out: Any, residual_out: Any,
+def _checked_layer_norm(x: Any, weight: Any, bias: Any, eps: Any, residual: Any, out: Any, residual_out: Any,
                return_stats: Any) -> tuple[NormCall, NormInputs, NormOutputs | None]:
-    """Contract of ``layer_norm`` → (call, inputs, given outputs or None)."""
+    """Every check of ``layer_norm`` → (call, inputs, given outputs or None)."""
     op = LAYER_NORM
     x, weight, residual, eps = _common(op, x, weight, residual, eps)
     bias = _check_vector(op, "bias", bias, x)
@@ -398,12 +401,12 @@ def layer_norm(x: Any, weight: Any, bias: Any, eps: Any, residual: Any, out: Any
     return call, NormInputs(_plain(x), _plain(weight), _plain(bias), _plain(residual)), given
 
 
-def rms_norm_per_token_cast(x: Any, weight: Any, eps: Any, fmt: Any, num_per_channels: Any, residual: Any,
+def _checked_rms_norm_per_token_cast(x: Any, weight: Any, eps: Any, fmt: Any, num_per_channels: Any, residual: Any,
                             weight_offset: Any, out_scale: Any, round_sf: Any, use_packed_ue8m0: Any,
                             use_tma_aligned_col_major_sf: Any, use_e4m3_sf: Any, return_unquantized: Any,
                             residual_out: Any) -> tuple[NormCall, NormInputs, NormOutputs | None]:
-    """Contract of ``rms_norm_per_token_cast``: ``rms_norm``'s checks, then ``per_token_cast``'s
-    on its output ``[T, N·D]`` (the same checks and the same cast configuration object)."""
+    """Every check of ``rms_norm_per_token_cast``: ``rms_norm``'s, then ``per_token_cast``'s on its
+    output ``[T, N·D]`` (the same checks and the same cast configuration object)."""
     op = RMS_NORM_PER_TOKEN_CAST
     x, weight, residual, eps = _common(op, x, weight, residual, eps, CAST_INPUT_DTYPES)
     offset = _check_offset(op, weight, weight_offset)
@@ -419,7 +422,7 @@ def rms_norm_per_token_cast(x: Any, weight: Any, eps: Any, fmt: Any, num_per_cha
     given = _written_pair(op, x, residual, (x, weight, residual), None, residual_out)
     quant = QuantCall("per_token_cast", x.device.type, "per_token_cast", MODE_CAST, width, x.dtype, cast,
                       host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,
-                      tokens=int(x.shape[0]), device=x.device, empty=x.numel() == 0)
+                      tokens=x.shape[0], device=x.device, empty=x.numel() == 0)
     call = _call(op, x, (residual, *(given or ())), weight_dtype=None if weight is None else weight.dtype,
                  residual=residual is not None, eps=eps, weight_offset=offset, out_scale=scale, quant=quant,
                  unquantized=unquantized)
@@ -448,9 +451,9 @@ def _backward_common(op: str, grad_y: Any, x: Any, weight: Any, grad_residual_ou
     return grad_y, x, weight, grad_residual_out
 
 
-def rms_norm_backward(grad_y: Any, x: Any, weight: Any, rstd: Any, weight_offset: Any, out_scale: Any,
+def _checked_rms_norm_backward(grad_y: Any, x: Any, weight: Any, rstd: Any, weight_offset: Any, out_scale: Any,
                       grad_residual_out: Any) -> tuple[NormCall, NormBackwardInputs]:
-    """Contract of ``rms_norm_backward``."""
+    """Every check of ``rms_norm_backward``."""
     op = RMS_NORM_BACKWARD
     grad_y, x, weight, grad_residual_out = _backward_common(op, grad_y, x, weight, grad_residual_out)
     rstd = _check_statistic(op, "rstd", rstd, x)
@@ -463,9 +466,9 @@ def rms_norm_backward(grad_y: Any, x: Any, weight: Any, rstd: Any, weight_offset
     return call, inputs
 
 
-def layer_norm_backward(grad_y: Any, x: Any, weight: Any, mean: Any, rstd: Any, grad_residual_out: Any
+def _checked_layer_norm_backward(grad_y: Any, x: Any, weight: Any, mean: Any, rstd: Any, grad_residual_out: Any
                         ) -> tuple[NormCall, NormBackwardInputs]:
-    """Contract of ``layer_norm_backward``."""
+    """Every check of ``layer_norm_backward``."""
     op = LAYER_NORM_BACKWARD
     grad_y, x, weight, grad_residual_out = _backward_common(op, grad_y, x, weight, grad_residual_out)
     mean = _check_statistic(op, "mean", mean, x)
@@ -475,3 +478,102 @@ def layer_norm_backward(grad_y: Any, x: Any, weight: Any, mean: Any, rstd: Any, 
     inputs = NormBackwardInputs(_plain(grad_y), _plain(x), _plain(weight), _plain(mean), _plain(rstd),
                                 _plain(grad_residual_out))
     return call, inputs
+
+
+# ---------------------------------------------------------------------- the contracts (fast path first)
+
+recent_calls = RecentCalls()
+"""Checked norm calls by everything the checks read (the per-token hot path's memo)."""
+
+
+def _memo_key(op: str, tensors: tuple, scalars: tuple) -> tuple[tuple, Any] | None:
+    """``(key, config in force)`` of a call whose tensors (or None) all have storage and whose
+    scalars are exactly float / int / bool / str (a bool must not hit an int's entry); None
+    otherwise (the checked path then runs alone)."""
+    parts: list[Any] = [op]
+    for tensor in tensors:
+        if tensor is None:
+            parts.append(None)
+            continue
+        key = _tensor_key(tensor)
+        if key is None:
+            return None
+        parts.append(key)
+    for value in scalars:
+        cls = value.__class__
+        if cls is not float and cls is not int and cls is not bool and cls is not str:
+            return None
+        parts.append((cls, value))
+    current = config.current()
+    parts.append(id(current))
+    return tuple(parts), current
+
+
+def _memoized(op: str, tensors: tuple, scalars: tuple, checked: Any) -> NormCall:
+    memo = _memo_key(op, tensors, scalars)
+    if memo is not None:
+        hit = recent_calls.get(memo[0])
+        if hit is not None:
+            return hit
+    call = checked()[0]
+    if memo is not None:
+        recent_calls.put(memo[0], call, memo[1])
+    return call
+
+
+def rms_norm(x: Any, weight: Any, eps: Any, residual: Any, weight_offset: Any, out_scale: Any, out: Any,
+             residual_out: Any, return_rstd: Any) -> tuple[NormCall, NormInputs, NormOutputs | None]:
+    """Contract of ``rms_norm`` → (call, inputs, given outputs or None). Calls without ``out`` /
+    ``residual_out`` whose arguments were seen before skip the checks (a memo of everything the
+    checks read: tensor metadata, pointer alignment, scalars, the config in force)."""
+    if out is not None or residual_out is not None:
+        return _checked_rms_norm(x, weight, eps, residual, weight_offset, out_scale, out, residual_out, return_rstd)
+    call = _memoized(RMS_NORM, (x, weight, residual), (eps, weight_offset, out_scale, return_rstd),
+                     lambda: _checked_rms_norm(x, weight, eps, residual, weight_offset, out_scale, None, None,
+                                               return_rstd))
+    return call, NormInputs(_plain(x), _plain(weight), None, _plain(residual)), None
+
+
+def layer_norm(x: Any, weight: Any, bias: Any, eps: Any, residual: Any, out: Any, residual_out: Any,
+               return_stats: Any) -> tuple[NormCall, NormInputs, NormOutputs | None]:
+    """Contract of ``layer_norm`` → (call, inputs, given outputs or None); memoized like :func:`rms_norm`."""
+    if out is not None or residual_out is not None:
+        return _checked_layer_norm(x, weight, bias, eps, residual, out, residual_out, return_stats)
+    call = _memoized(LAYER_NORM, (x, weight, bias, residual), (eps, return_stats),
+                     lambda: _checked_layer_norm(x, weight, bias, eps, residual, None, None, return_stats))
+    return call, NormInputs(_plain(x), _plain(weight), _plain(bias), _plain(residual)), None
+
+
+def rms_norm_per_token_cast(x: Any, weight: Any, eps: Any, fmt: Any, num_per_channels: Any, residual: Any,
+                            weight_offset: Any, out_scale: Any, round_sf: Any, use_packed_ue8m0: Any,
+                            use_tma_aligned_col_major_sf: Any, use_e4m3_sf: Any, return_unquantized: Any,
+                            residual_out: Any) -> tuple[NormCall, NormInputs, NormOutputs | None]:
+    """Contract of ``rms_norm_per_token_cast``; memoized like :func:`rms_norm`."""
+    arguments = (x, weight, eps, fmt, num_per_channels, residual, weight_offset, out_scale, round_sf, use_packed_ue8m0,
+                 use_tma_aligned_col_major_sf, use_e4m3_sf, return_unquantized)
+    if residual_out is not None:
+        return _checked_rms_norm_per_token_cast(*arguments, residual_out)
+    call = _memoized(RMS_NORM_PER_TOKEN_CAST, (x, weight, residual),
+                     (eps, fmt, num_per_channels, weight_offset, out_scale, round_sf, use_packed_ue8m0,
+                      use_tma_aligned_col_major_sf, use_e4m3_sf, return_unquantized),
+                     lambda: _checked_rms_norm_per_token_cast(*arguments, None))
+    return call, NormInputs(_plain(x), _plain(weight), None, _plain(residual)), None
+
+
+def rms_norm_backward(grad_y: Any, x: Any, weight: Any, rstd: Any, weight_offset: Any, out_scale: Any,
+                      grad_residual_out: Any) -> tuple[NormCall, NormBackwardInputs]:
+    """Contract of ``rms_norm_backward``; memoized like :func:`rms_norm`."""
+    call = _memoized(RMS_NORM_BACKWARD, (grad_y, x, weight, rstd, grad_residual_out), (weight_offset, out_scale),
+                     lambda: _checked_rms_norm_backward(grad_y, x, weight, rstd, weight_offset, out_scale,
+                                                        grad_residual_out))
+    return call, NormBackwardInputs(_plain(grad_y), _plain(x), _plain(weight), None, _plain(rstd),
+                                    _plain(grad_residual_out))
+
+
+def layer_norm_backward(grad_y: Any, x: Any, weight: Any, mean: Any, rstd: Any, grad_residual_out: Any
+                        ) -> tuple[NormCall, NormBackwardInputs]:
+    """Contract of ``layer_norm_backward``; memoized like :func:`rms_norm`."""
+    call = _memoized(LAYER_NORM_BACKWARD, (grad_y, x, weight, mean, rstd, grad_residual_out), (),
+                     lambda: _checked_layer_norm_backward(grad_y, x, weight, mean, rstd, grad_residual_out))
+    return call, NormBackwardInputs(_plain(grad_y), _plain(x), _plain(weight), _plain(mean), _plain(rstd),
+                                    _plain(grad_residual_out))

@@ -29,8 +29,9 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def scalar(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``value`` rounded to ``dtype`` (a 0-d tensor): the explicit rounding of a Python float."""
-    return torch.tensor(value, dtype=dtype, device=device)
+    """``value`` rounded to ``dtype`` (a 0-d tensor): the explicit rounding of a Python float
+    (a fill on the device: no host-to-device copy, so CUDA graph capture works)."""
+    return torch.full((), value, dtype=dtype, device=device)
 
 
 def row_sum(values: torch.Tensor) -> torch.Tensor:
