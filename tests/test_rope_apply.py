@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tileplug import core
-from tileplug.core.contracts import rope as contracts
+from tileplug.core.call import has_internal_overlap, share_memory
 from tileplug.core.ops.rope import make_cos_sin_cache
 from tileplug.core.testing import activation, assert_bytes_equal, assert_within_ulps, ulp_distance
 
@@ -330,24 +330,24 @@ def test_ledger_counts_the_rotated_channels_only():
 def test_share_memory_is_exact_for_views_of_one_buffer():
     buffer = torch.zeros(6, 8 * 64)
     view = lambda start, count: buffer[:, start * 64:(start + count) * 64].view(6, count, 64)  # noqa: E731
-    assert not contracts.share_memory(view(0, 4), view(4, 2))  # q and k of a QKV buffer
-    assert not contracts.share_memory(view(4, 2), view(0, 4))
-    assert contracts.share_memory(view(0, 4), view(3, 2))  # the last query head is the first key head
-    assert contracts.share_memory(view(0, 4), view(0, 4))
-    assert not contracts.share_memory(buffer[0:3].view(3, 8, 64), buffer[3:6].view(3, 8, 64))
-    assert contracts.share_memory(buffer[0:4].view(4, 8, 64), buffer[3:6].view(3, 8, 64))
+    assert not share_memory(view(0, 4), view(4, 2))  # q and k of a QKV buffer
+    assert not share_memory(view(4, 2), view(0, 4))
+    assert share_memory(view(0, 4), view(3, 2))  # the last query head is the first key head
+    assert share_memory(view(0, 4), view(0, 4))
+    assert not share_memory(buffer[0:3].view(3, 8, 64), buffer[3:6].view(3, 8, 64))
+    assert share_memory(buffer[0:4].view(4, 8, 64), buffer[3:6].view(3, 8, 64))
     halves = buffer.view(6, 8, 64)
-    assert not contracts.share_memory(halves[..., :32], halves[..., 32:])  # interleaved columns
-    assert contracts.share_memory(halves[..., :33], halves[..., 32:])
-    assert not contracts.share_memory(halves[:, 0::2], halves[:, 1::2])  # alternate heads
-    assert contracts.share_memory(halves[:, 0::2], halves[:, 2::4])
-    assert not contracts.share_memory(torch.zeros(3, 2, 4), torch.zeros(3, 2, 4))
+    assert not share_memory(halves[..., :32], halves[..., 32:])  # interleaved columns
+    assert share_memory(halves[..., :33], halves[..., 32:])
+    assert not share_memory(halves[:, 0::2], halves[:, 1::2])  # alternate heads
+    assert share_memory(halves[:, 0::2], halves[:, 2::4])
+    assert not share_memory(torch.zeros(3, 2, 4), torch.zeros(3, 2, 4))
 
 
 def test_internal_overlap_is_detected():
-    assert contracts.has_internal_overlap(torch.zeros(1, 2, 64).expand(4, 2, 64))
-    assert contracts.has_internal_overlap(torch.zeros(300).as_strided((4, 2, 64), (64, 32, 1)))
-    assert not contracts.has_internal_overlap(torch.zeros(2, 5, 3, 64).transpose(1, 2))
+    assert has_internal_overlap(torch.zeros(1, 2, 64).expand(4, 2, 64))
+    assert has_internal_overlap(torch.zeros(300).as_strided((4, 2, 64), (64, 32, 1)))
+    assert not has_internal_overlap(torch.zeros(2, 5, 3, 64).transpose(1, 2))
 
 
 def test_ulp_distance_counts_representable_values():

@@ -39,6 +39,8 @@ from tileplug.reference.quant.cast_back import cast_back as reference_cast_back
 from tileplug.reference.quant.per_block_cast import per_block_cast as reference_per_block_cast
 from tileplug.reference.quant.per_channel_cast import per_channel_cast as reference_per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast as reference_per_token_cast
+from tileplug.reference.rope.apply_rotary import apply_rotary as reference_apply_rotary
+from tileplug.reference.rope.rms_norm_rope import rms_norm_rope as reference_rms_norm_rope
 
 DECLINED_FORMATS: set[str] = {"e2m1"}
 """Formats the template declines, to demonstrate a kernel declining. VENDOR: empty it
@@ -108,6 +110,9 @@ KERNELS: dict[str, DelegatingToReferenceKernel] = {
     "rms_norm_per_token_cast": DelegatingToReferenceKernel("rms_norm_per_token_cast", reference_rms_norm_per_token_cast),
     "rms_norm_backward": DelegatingToReferenceKernel("rms_norm_backward", reference_rms_norm_backward),
     "layer_norm_backward": DelegatingToReferenceKernel("layer_norm_backward", reference_layer_norm_backward),
+    # in place: writes inputs.query / inputs.key (its outputs are empty)
+    "apply_rotary": DelegatingToReferenceKernel("apply_rotary", reference_apply_rotary),
+    "rms_norm_rope": DelegatingToReferenceKernel("rms_norm_rope", reference_rms_norm_rope),
 }
 """Kernel-table key (``opdef.kernel``) → kernel. One kernel serves an op and its variants
 (``call.mode``: ``QuantMode.CAST``, ``SF_ONLY``, ``PRECOMPUTED_SF``; e.g. the

@@ -7,7 +7,8 @@ kernel specialisation. Each family subclasses it with typed fields (``QuantCall`
 are enums owned here; backends compare against them, never against strings.
 
 ``check_out`` validates a caller's ``out=`` tensors against the allocation a plan would
-make, for every family.
+make, for every family; ``share_memory`` / ``has_internal_overlap`` are the exact memory
+checks of tensors an in-place op writes, whose plan is :data:`IN_PLACE_PLAN`.
 """
 
 from __future__ import annotations
@@ -134,6 +135,95 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     a_start, a_end = tensor_extent(a)
     b_start, b_end = tensor_extent(b)
     return a_start < b_end and b_start < a_end
+
+
+def _dims(tensor: torch.Tensor) -> list[tuple[int, int]]:
+    """``(size, byte stride)`` of the dims of size > 1, largest stride first."""
+    itemsize = tensor.element_size()
+    dims = [(int(size), int(stride) * itemsize) for size, stride in zip(tensor.shape, tensor.stride()) if size > 1]
+    return sorted(dims, key=lambda dim: -dim[1])
+
+
+def _extent(dims: list[tuple[int, int]], itemsize: int) -> int:
+    return sum((size - 1) * abs(stride) for size, stride in dims) + itemsize
+
+
+def has_internal_overlap(tensor: torch.Tensor) -> bool:
+    """Whether two elements of ``tensor`` may share a byte (conservative: every stride, in
+    decreasing order, must step over everything inside it)."""
+    dims = _dims(tensor)
+    for index, (_, stride) in enumerate(dims):
+        if stride <= 0 or stride < _extent(dims[index + 1:], tensor.element_size()):
+            return True
+    return False
+
+
+_ROW_LIMIT = 64
+"""How many rows of one tensor the disjointness test walks one by one before it gives up."""
+
+
+def _disjoint(a: list[tuple[int, int]], a_item: int, b: list[tuple[int, int]], b_item: int, delta: int) -> bool:
+    """Whether a lattice of elements ``a`` (dims ``(size, stride)``, elements ``a_item`` bytes)
+    at 0 and a lattice ``b`` at byte ``delta`` share no byte. Exact for views of one buffer
+    with the same strides (a fused QKV buffer); conservative (False) where it cannot tell."""
+    a_extent, b_extent = _extent(a, a_item), _extent(b, b_item)
+    if delta >= a_extent or -delta >= b_extent:
+        return True
+    if not a and not b:
+        return False
+    # Peel the outermost dim of the wider-strided side; rows must not interleave inside it.
+    if not a or (b and b[0][1] > a[0][1]):
+        return _disjoint(b, b_item, a, a_item, -delta)
+    size, stride = a[0]
+    inner = a[1:]
+    if _extent(inner, a_item) > stride:
+        return False
+    if b and b[0][1] == stride and _extent(b[1:], b_item) <= stride:
+        # Same outer stride: row r of b sits at delta + (r - i)·stride from row i of a, and
+        # only the shifts k = r - i with |delta + k·stride| < stride can touch.
+        other = b[0][0]
+        low = (-delta - stride) // stride
+        for shift in range(low, low + 4):
+            exists = max(0, -shift) < min(size, other - shift)
+            if exists and not _disjoint(inner, a_item, b[1:], b_item, delta + shift * stride):
+                return False
+        return True
+    first = max(0, (delta - _extent(inner, a_item)) // stride)
+    last = min(size - 1, (delta + b_extent) // stride)
+    if last - first >= _ROW_LIMIT:
+        return False
+    return all(_disjoint(inner, a_item, b, b_item, delta - row * stride) for row in range(first, last + 1))
+
+
+def share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' elements may share a byte (False for tensors without storage:
+    meta, fake and functional tensors)."""
+    from tileplug.core.contracts.quant import has_storage
+
+    if a.device != b.device or a.device.type == "meta" or not has_storage(a.__class__) \
+            or not has_storage(b.__class__):
+        return False
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    return not _disjoint(_dims(a), a.element_size(), _dims(b), b.element_size(), b.data_ptr() - a.data_ptr())
+
+
+class NoOutputs(NamedTuple):
+    """An in-place op allocates nothing: its kernels write the inputs the op mutates."""
+
+
+class InPlacePlan:
+    """The allocation plan of an in-place op (nothing, for any token count)."""
+
+    __slots__ = ()
+
+    def allocate(self, tokens: int, device: torch.device | None) -> NoOutputs:
+        return NoOutputs()
+
+
+IN_PLACE_PLAN = InPlacePlan()
 
 
 def _describe(value: Any) -> str:

@@ -19,21 +19,21 @@ from typing import Any, NamedTuple
 import torch
 
 from tileplug.core import config
-from tileplug.core.call import Call, Ledger, call_type
+from tileplug.core.call import Call, Ledger, call_type, has_internal_overlap, share_memory
 from tileplug.core.contracts.checks import check_bool, check_choice, check_same_device, check_tensor, describe
 from tileplug.core.contracts.norm import check_rows
 from tileplug.core.contracts.quant import (
     FLOAT_INPUT_DTYPES,
+    MODE_CAST,
     PER_TOKEN_GROUPS,
-    AllocationPlan,
+    QuantCall,
     RecentCalls,
     cast_config,
     has_storage,
 )
 from tileplug.core.errors import ContractError
 from tileplug.core.quant.configs import CastConfig
-from tileplug.core.quant.layouts import LayoutTraits, column_length
-from tileplug.core.quant.sf_math import ceil_div
+from tileplug.core.quant.layouts import LayoutTraits
 
 HEAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 POSITION_DTYPES = (torch.int32, torch.int64)
@@ -57,22 +57,6 @@ class RotaryInputs(NamedTuple):
     cos_sin_cache: torch.Tensor
     positions: torch.Tensor | None
     seqlen_offset: int
-
-
-class NoOutputs(NamedTuple):
-    """An in-place op allocates nothing: its kernels write the inputs the op mutates."""
-
-
-class InPlacePlan:
-    """The allocation plan of an in-place op (nothing, for any token count)."""
-
-    __slots__ = ()
-
-    def allocate(self, tokens: int, device: torch.device | None) -> NoOutputs:
-        return NoOutputs()
-
-
-IN_PLACE_PLAN = InPlacePlan()
 
 
 class NormRopeInputs(NamedTuple):
@@ -130,8 +114,9 @@ class RotaryCall(Call):
 class NormRopeCall(Call):
     """One ``rms_norm_rope`` / ``rms_norm_rope_per_token_cast`` call: ``heads`` N, ``head_dim``
     D, ``rotary_dim`` R, ``dtype`` of ``x`` (and ``y``), ``weight_dtype``, ``eps``,
-    ``weight_offset``, ``interleaved``, ``positions_dtype``; ``cast`` the per-token cast of
-    ``y.view(T, N·D)`` (None: no cast) and ``return_unquantized`` (the cast also returns ``y``)."""
+    ``weight_offset``, ``interleaved``, ``positions_dtype``; ``quant`` the ``per_token_cast``
+    call of ``y.view(T, N·D)`` (None: no cast; a backend may run it as it runs that op) and
+    ``return_unquantized`` (the quantized op also returns ``y``)."""
 
     heads: int
     head_dim: int
@@ -142,7 +127,7 @@ class NormRopeCall(Call):
     weight_offset: float = 0.0
     interleaved: bool = False
     positions_dtype: torch.dtype | None = None
-    cast: CastConfig | None = None
+    quant: QuantCall | None = None
     return_unquantized: bool = False
 
     @property
@@ -155,7 +140,7 @@ class NormRopeCall(Call):
 
     def result(self, outputs: NormRopeOutputs) -> Any:
         """``y``, ``(q, sf)`` or ``(q, sf, y)``."""
-        if self.cast is None:
+        if self.quant is None:
             return outputs.y
         if self.return_unquantized:
             return outputs.q, outputs.sf, outputs.y
@@ -167,11 +152,9 @@ class NormRopeCall(Call):
         tokens, width, itemsize = self.tokens, self.hidden, self.dtype.itemsize
         read = tokens * width * itemsize + self.head_dim * self.weight_dtype.itemsize + tokens * self.rotary_dim * 4
         read += 0 if self.positions_dtype is None else tokens * self.positions_dtype.itemsize
-        written = tokens * width * itemsize if self.cast is None or self.return_unquantized else 0
-        if self.cast is not None:
-            encoding = self.cast.sf_encoding(traits)
-            columns = ceil_div(ceil_div(width, self.cast.block[1]), encoding.pack_factor)
-            written += tokens * width // self.cast.fmt.values_per_byte + tokens * columns * encoding.dtype.itemsize
+        written = tokens * width * itemsize if self.quant is None or self.return_unquantized else 0
+        if self.quant is not None:  # q and sf: what per_token_cast of [T, N·D] writes
+            written += self.quant.ledger(traits).bytes_written
         return Ledger(read, written, 7 * tokens * width)
 
 
@@ -184,17 +167,8 @@ class NormRopePlan:
 
     def __init__(self, call: NormRopeCall, traits: LayoutTraits) -> None:
         self.heads, self.head_dim, self.dtype = call.heads, call.head_dim, call.dtype
-        self.with_y = call.cast is None or call.return_unquantized
-        self.cast_plan = None
-        cast = call.cast
-        if cast is not None:
-            encoding = cast.sf_encoding(traits)
-            alignment = call.sf_alignment_bytes or traits.col_major_sf_alignment_bytes
-            self.cast_plan = AllocationPlan(
-                call.hidden // cast.fmt.values_per_byte, cast.fmt.storage_dtype, encoding.dtype, 1,
-                ceil_div(call.hidden, cast.block[1]), encoding.pack_factor, cast.pack_axis,
-                column_length(1, encoding.dtype.itemsize, alignment) if cast.col_major_sf else 0,
-            )
+        self.with_y = call.quant is None or call.return_unquantized
+        self.cast_plan = None if call.quant is None else call.quant.allocation_plan(traits)
 
     def allocate(self, tokens: int, device: torch.device | None) -> NormRopeOutputs:
         y = None
@@ -204,80 +178,6 @@ class NormRopePlan:
             return NormRopeOutputs(y)
         q, sf = self.cast_plan.allocate(tokens, device)
         return NormRopeOutputs(y, q, sf)
-
-
-# ---------------------------------------------------------------------- memory checks
-
-
-def _dims(tensor: torch.Tensor) -> list[tuple[int, int]]:
-    """``(size, byte stride)`` of the dims of size > 1, largest stride first."""
-    itemsize = tensor.element_size()
-    dims = [(int(size), int(stride) * itemsize) for size, stride in zip(tensor.shape, tensor.stride()) if size > 1]
-    return sorted(dims, key=lambda dim: -dim[1])
-
-
-def _extent(dims: list[tuple[int, int]], itemsize: int) -> int:
-    return sum((size - 1) * abs(stride) for size, stride in dims) + itemsize
-
-
-def has_internal_overlap(tensor: torch.Tensor) -> bool:
-    """Whether two elements of ``tensor`` may share a byte (conservative: every stride, in
-    decreasing order, must step over everything inside it)."""
-    dims = _dims(tensor)
-    for index, (_, stride) in enumerate(dims):
-        if stride <= 0 or stride < _extent(dims[index + 1:], tensor.element_size()):
-            return True
-    return False
-
-
-_ROW_LIMIT = 64
-"""How many rows of one tensor the disjointness test walks one by one before it gives up."""
-
-
-def _disjoint(a: list[tuple[int, int]], a_item: int, b: list[tuple[int, int]], b_item: int, delta: int) -> bool:
-    """Whether a lattice of elements ``a`` (dims ``(size, stride)``, elements ``a_item`` bytes)
-    at 0 and a lattice ``b`` at byte ``delta`` share no byte. Exact for views of one buffer
-    with the same strides (a fused QKV buffer); conservative (False) where it cannot tell."""
-    a_extent, b_extent = _extent(a, a_item), _extent(b, b_item)
-    if delta >= a_extent or -delta >= b_extent:
-        return True
-    if not a and not b:
-        return False
-    # Peel the outermost dim of the wider-strided side; rows must not interleave inside it.
-    if not a or (b and b[0][1] > a[0][1]):
-        return _disjoint(b, b_item, a, a_item, -delta)
-    size, stride = a[0]
-    inner = a[1:]
-    if _extent(inner, a_item) > stride:
-        return False
-    if b and b[0][1] == stride and _extent(b[1:], b_item) <= stride:
-        # Same outer stride: row r of b sits at delta + (r - i)·stride from row i of a, and
-        # only the shifts k = r - i with |delta + k·stride| < stride can touch.
-        other = b[0][0]
-        low = (-delta - stride) // stride
-        for shift in range(low, low + 4):
-            exists = max(0, -shift) < min(size, other - shift)
-            if exists and not _disjoint(inner, a_item, b[1:], b_item, delta + shift * stride):
-                return False
-        return True
-    first = max(0, (delta - _extent(inner, a_item)) // stride)
-    last = min(size - 1, (delta + b_extent) // stride)
-    if last - first >= _ROW_LIMIT:
-        return False
-    return all(_disjoint(inner, a_item, b, b_item, delta - row * stride) for row in range(first, last + 1))
-
-
-def share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' elements may share a byte (False for tensors without storage:
-    meta, fake and functional tensors)."""
-    if a.device != b.device or a.device.type == "meta" or not has_storage(a.__class__) \
-            or not has_storage(b.__class__):
-        return False
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    return not _disjoint(_dims(a), a.element_size(), _dims(b), b.element_size(), b.data_ptr() - a.data_ptr())
 
 
 # ---------------------------------------------------------------------- argument checks
@@ -491,9 +391,8 @@ def rms_norm_rope(x: Any, weight: Any, cos_sin_cache: Any, positions: Any, eps: 
 
 def _checked_norm_rope(name: str, x: Any, weight: Any, cos_sin_cache: Any, positions: Any, eps: Any,
                        interleaved: Any, weight_offset: Any, quantize: bool, fmt: Any, num_per_channels: Any,
-                       round_sf: Any,
-                       use_packed_ue8m0: Any, use_tma_aligned_col_major_sf: Any, return_unquantized: Any,
-                       current: Any) -> NormRopeCall:
+                       round_sf: Any, use_packed_ue8m0: Any, use_tma_aligned_col_major_sf: Any,
+                       return_unquantized: Any, current: Any) -> NormRopeCall:
     # the chain's dtypes: apply_rotary's, and per_token_cast's (bf16 / fp32) for the quantized op
     x = check_rows(name, "x", x, FLOAT_INPUT_DTYPES if quantize else HEAD_DTYPES, dims=(3,))
     tokens, heads, head_dim = (int(size) for size in x.shape)
@@ -509,16 +408,20 @@ def _checked_norm_rope(name: str, x: Any, weight: Any, cos_sin_cache: Any, posit
     eps = _check_float(name, "eps", eps, positive=True)
     weight_offset = _check_float(name, "weight_offset", weight_offset)
     check_bool(name, "interleaved", interleaved)
-    cast = None
+    quant = None
     if quantize:
         cast = _check_cast(name, fmt, num_per_channels, round_sf, use_packed_ue8m0, use_tma_aligned_col_major_sf,
                            head_dim, current)
         check_bool(name, "return_unquantized", return_unquantized)
         if cast.fmt.values_per_byte == 2 and heads * head_dim % 2:
             raise ContractError(name, "x", "an even N·D for fmt='e2m1' (two values per byte)", describe(x))
+        quant = QuantCall("per_token_cast", device.type, "per_token_cast", MODE_CAST, heads * head_dim, x.dtype, cast,
+                          host_layout=current.host_layout,
+                          sf_alignment_bytes=current.token_alignment_bytes, tokens=tokens, device=device,
+                          empty=tokens == 0 or heads == 0)
     return NormRopeCall(
         "rms_norm_rope", device.type, name, heads, head_dim, rotary, x.dtype, weight.dtype, eps, weight_offset,
-        interleaved, positions_dtype, cast, bool(return_unquantized) and cast is not None,
+        interleaved, positions_dtype, quant, quant is not None and return_unquantized,
         host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,
         tokens=tokens, device=device, empty=tokens == 0 or heads == 0,
     )

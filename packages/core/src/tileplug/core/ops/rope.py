@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.compiler import is_compiling
 
+from tileplug.core.call import IN_PLACE_PLAN
 from tileplug.core.contracts import rope as contracts
 from tileplug.core.errors import ContractError
 from tileplug.core.opdefs import BenchCase, Case, OpDef, declare, run
@@ -207,9 +208,10 @@ def rope_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwargs
     offset = kwargs.get("seqlen_offset", 0)
     span = tokens + 8  # positions are drawn in [0, span)
     length = span + max(offset, 0)
-    cache = make_cos_sin_cache(length, options["rotary_dim"]) if device.type != "meta" else \
-        torch.empty(length, options["rotary_dim"], dtype=torch.float32)
-    cache = cache.to(device)
+    if device.type == "meta":
+        cache = torch.empty(length, options["rotary_dim"], dtype=torch.float32, device=device)
+    else:
+        cache = make_cos_sin_cache(length, options["rotary_dim"], device=device)
     positions = None
     if options["positions"] != "none":
         leading = tuple(query.shape[:-2])
@@ -382,7 +384,7 @@ APPLY_ROTARY = _declare(
     apply_rotary,
     _contract(apply_rotary, contracts.apply_rotary,
               ("query", "cos_sin_cache", "key", "positions", "interleaved", "conjugate", "seqlen_offset")),
-    outputs=lambda call, traits: contracts.IN_PLACE_PLAN, result=lambda call, outputs: None,
+    outputs=lambda call, traits: IN_PLACE_PLAN, result=lambda call, outputs: None,
     compare=compare_rotary, mutates=("query", "key"))
 RMS_NORM_ROPE = _declare(
     rms_norm_rope, _contract(rms_norm_rope, contracts.rms_norm_rope, _NORM),

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from tileplug.core.contracts.rope import NoOutputs, RotaryCall, RotaryInputs
+from tileplug.core.call import NoOutputs
+from tileplug.core.contracts.rope import RotaryCall, RotaryInputs
 
 
 def token_positions(positions: torch.Tensor | None, leading: tuple[int, ...], seqlen_offset: int,

@@ -11,8 +11,7 @@ every other backend's fused kernel must reproduce.
 
 from __future__ import annotations
 
-from tileplug.core.call import QuantMode
-from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
+from tileplug.core.contracts.quant import QuantInputs, QuantOutputs
 from tileplug.core.contracts.rope import NormRopeCall, NormRopeInputs, NormRopeOutputs
 from tileplug.core.norm import rms_norm_rows
 from tileplug.reference.quant.grouped_cast import grouped_cast
@@ -30,10 +29,5 @@ def rms_norm_rope(call: NormRopeCall, inputs: NormRopeInputs, outputs: NormRopeO
     rotate(y, cos, sin, call.interleaved)
     if outputs.y is not None:
         outputs.y.copy_(y)
-    if call.cast is None:
-        return
-    cast_call = QuantCall(
-        "per_token_cast", call.device_type, "per_token_cast", QuantMode.CAST, call.hidden, call.dtype, call.cast,
-        host_layout=call.host_layout, sf_alignment_bytes=call.sf_alignment_bytes, tokens=tokens, device=call.device,
-    )
-    grouped_cast(cast_call, QuantInputs(y.view(tokens, heads * width)), QuantOutputs(outputs.q, outputs.sf))
+    if call.quant is not None:
+        grouped_cast(call.quant, QuantInputs(y.view(tokens, heads * width)), QuantOutputs(outputs.q, outputs.sf))
