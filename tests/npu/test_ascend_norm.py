@@ -20,7 +20,7 @@ from tileplug.reference.conformance import CaseDeclined, check_case
 pytestmark = pytest.mark.npu
 
 TOKENS = (0, 1, 3, 129, 4001)
-ROW_OPS = ("rms_norm", "layer_norm", "rms_norm_per_token_cast", "apply_rotary")
+ROW_OPS = ("rms_norm", "layer_norm", "rms_norm_per_token_cast", "apply_rotary", "rms_norm_rope")
 
 
 def _ascend_ops() -> list[str]:
@@ -119,3 +119,21 @@ def test_rms_norm_per_token_cast_equals_the_ascend_chain(group, flags, dtype):
     assert_bytes_equal(cpu_copy(q), cpu_copy(q_chain), "q")
     assert_bytes_equal(cpu_copy(sf), cpu_copy(sf_chain), "sf", strides=True)
     assert_bytes_equal(cpu_copy(s), cpu_copy(s_chain), "residual_out")
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_rms_norm_rope_equals_the_ascend_chain(interleaved, dtype):
+    """The fused QK-norm + RoPE equals, bytewise, the Ascend chain apply_rotary(rms_norm(x))
+    per head (SPEC §4 fusion rule), out-of-range positions included."""
+    x = _rows(129 * 8, 128, dtype, 11).view(129, 8, 128)
+    weight = _rows(1, 128, torch.bfloat16, 12)[0]
+    angles = torch.rand(64, 64, generator=torch.Generator().manual_seed(13)) * 6.0
+    cache = torch.cat((angles.cos(), angles.sin()), dim=1)
+    positions = torch.randint(-2, 70, (129,), generator=torch.Generator().manual_seed(14))
+    with core.use_backend("ascend"):
+        fused = core.ops.rms_norm_rope(x.to("npu"), weight.to("npu"), cache.to("npu"), positions=positions.to("npu"),
+                                       interleaved=interleaved, weight_offset=1.0)
+        chain = core.ops.rms_norm(x.to("npu"), weight.to("npu"), weight_offset=1.0)
+        core.ops.apply_rotary(chain, cache.to("npu"), positions=positions.to("npu"), interleaved=interleaved)
+    assert_bytes_equal(cpu_copy(fused), cpu_copy(chain), "y", nan_equal=True)

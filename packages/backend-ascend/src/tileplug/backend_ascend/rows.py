@@ -81,17 +81,24 @@ def tail_only(value, lanes):
     return T.simd.vsel(value, T.simd.vdup(T.float32(0.0), F32), T.simd.update_mask(lanes, 32))
 
 
+def at(row, off):
+    """The UB index of column ``off``: of a 1-D row buffer (``row`` None) or of row ``row`` of a
+    2-D buffer (one head per row)."""
+    return off if row is None else (row, off)
+
+
 @T.macro
-def row_sum(buf, dtype, width, term):
+def row_sum(buf, dtype, width, term, row):
     """Sum over a UB row of ``width`` values of ``term(v)`` (``v``: a register of the row as
-    fp32), in the fixed order of this module; the total is in lane 0 of the result."""
+    fp32), in the fixed order of this module; the total is in lane 0 of the result. ``row``:
+    None for a 1-D buffer, else the row of a 2-D one."""
     full, tail = chunks(width)
     acc = T.simd.alloc_var(F32)
     acc = T.simd.vdup(T.float32(0.0), F32)
     for c in T.serial(full):
-        acc = T.simd.vadd(acc, term(load_f32(buf, c * LANES, dtype)))
+        acc = T.simd.vadd(acc, term(load_f32(buf, at(row, c * LANES), dtype)))
     if tail > 0:
-        acc = T.simd.vadd(acc, tail_only(term(load_f32(buf, full * LANES, dtype)), tail))
+        acc = T.simd.vadd(acc, tail_only(term(load_f32(buf, at(row, full * LANES), dtype)), tail))
     return T.simd.vcadd(acc)
 
 

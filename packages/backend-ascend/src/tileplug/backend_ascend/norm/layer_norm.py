@@ -59,9 +59,9 @@ def row_compute(spec: NormSpec):
             if spec.residual:
                 rows.residual_add(x_ub, r_ub, dt, D)
             s_ub = rows.choose(spec.residual, r_ub, x_ub)
-            mean = rows.mean_of(rows.row_sum(s_ub, dt, D, identity), D)
+            mean = rows.mean_of(rows.row_sum(s_ub, dt, D, identity, None), D)
             mean_all = T.simd.vdupv(mean)
-            variance = rows.mean_of(rows.row_sum(s_ub, dt, D, centered_square(mean_all)), D)
+            variance = rows.mean_of(rows.row_sum(s_ub, dt, D, centered_square(mean_all), None), D)
             rstd = rows.rsqrt_plus(variance, spec.eps)
             if spec.stats:
                 T.simd.vsts(mean_ub[0], mean, dist="ONEPT_B32")

@@ -38,7 +38,7 @@ def row_compute(spec: NormSpec):
             if spec.residual:
                 rows.residual_add(x_ub, r_ub, dt, D)
             s_ub = rows.choose(spec.residual, r_ub, x_ub)
-            rstd = rows.rsqrt_plus(rows.mean_of(rows.row_sum(s_ub, dt, D, square), D), spec.eps)
+            rstd = rows.rsqrt_plus(rows.mean_of(rows.row_sum(s_ub, dt, D, square, None), D), spec.eps)
             if spec.stats:
                 T.simd.vsts(rstd_ub[0], rstd, dist="ONEPT_B32")
             rstd_all = T.simd.vdupv(rstd)

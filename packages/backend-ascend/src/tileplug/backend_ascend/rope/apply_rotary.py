@@ -23,12 +23,11 @@ over tokens ``cid, cid + C, ...`` (``T = B·S`` dynamic). Per token:
 """
 
 import tilelang.ascend.language as T
-from tvm import tirx as tir
 
 from tileplug.backend_ascend import gm, rows
 from tileplug.backend_ascend.kernel import SpecKernel
-from tileplug.backend_ascend.rope.spec import PAIR_BLOCK, RotarySpec, decline_reason, spec_of
-from tileplug.backend_ascend.ub import LANES
+from tileplug.backend_ascend.rope.rotation import cache_parameters, load_cache_row, rotation
+from tileplug.backend_ascend.rope.spec import RotarySpec, decline_reason, spec_of
 
 
 def _heads_tensor(name, spec, heads, batch, steps, tokens):
@@ -47,14 +46,7 @@ def parameters(spec: RotarySpec):
     params = [("Q", _heads_tensor("q", spec, spec.query_heads, batch, steps, tokens))]
     if spec.key_heads is not None:
         params.append(("K", _heads_tensor("k", spec, spec.key_heads, batch, steps, tokens)))
-    params.append(("CS", T.StridedTensor((T.dynamic("L"), spec.rotary_dim), (T.dynamic("cs_s0"), 1), "float32")))
-    if spec.positions is not None:
-        if spec.batched:
-            shape, strides = (batch, steps), (T.dynamic("p_s0"), T.dynamic("p_s1"))
-        else:
-            shape, strides = (tokens,), (T.dynamic("p_s0"),)
-        params.append(("P", T.StridedTensor(shape, strides, spec.positions)))
-    params.append(("offset", tir.Var("offset", "int64")))
+    params += cache_parameters(spec.rotary_dim, spec.positions, spec.batched, batch, steps, tokens)
     return params, count, steps
 
 
@@ -73,35 +65,7 @@ def _plane_columns(spec, plane):
 def rotate_compute(spec: RotarySpec):
     """The per-token vector work of ``spec``: a macro over the token's UB buffers. Looked up by
     :func:`build` at trace time; tests/ascend_bad_kernels.py replaces it with scalar code."""
-    dt, half = spec.dtype, spec.half
-
-    @T.macro
-    def rotate_pair(x1, x2, c, n):
-        return (T.simd.vsub(T.simd.vmul(x1, c), T.simd.vmul(x2, n)),
-                T.simd.vadd(T.simd.vmul(x2, c), T.simd.vmul(x1, n)))
-
-    @T.macro
-    def rotate_heads(first, second, heads, cos_ub, sin_ub, valid):
-        # first / second: the two NeoX planes, or the GPT-J plane twice
-        ok = T.simd.vcmps(T.simd.vdup(valid, "int32"), T.int32(0), op="ne")
-        nan = T.simd.vdup(T.float32(float("nan")), "float32")
-        for p in T.serial(rows.registers(half)):
-            c = T.simd.vsel(T.simd.vld(cos_ub[p * LANES]), nan, ok)
-            sin = T.simd.vsel(T.simd.vld(sin_ub[p * LANES]), nan, ok)
-            n = rows.choose(spec.conjugate, T.simd.vneg(sin), sin)
-            for h in T.serial(heads):
-                if spec.interleaved:
-                    lo_at, hi_at = (h, p * PAIR_BLOCK), (h, p * PAIR_BLOCK + LANES)
-                    x1, x2 = T.simd.vdintlv(rows.load_f32(first, lo_at, dt), rows.load_f32(first, hi_at, dt))
-                    y1, y2 = rotate_pair(x1, x2, c, n)
-                    lo, hi = T.simd.vintlv(y1, y2)
-                    rows.store_rounded(first, lo_at, lo, dt)
-                    rows.store_rounded(first, hi_at, hi, dt)
-                else:
-                    at = (h, p * LANES)
-                    y1, y2 = rotate_pair(rows.load_f32(first, at, dt), rows.load_f32(second, at, dt), c, n)
-                    rows.store_rounded(first, at, y1, dt)
-                    rows.store_rounded(second, at, y2, dt)
+    rotate = rotation(spec.dtype, spec.half, spec.interleaved, spec.conjugate)
 
     @T.macro
     def compute(buffers, valid):
@@ -110,7 +74,7 @@ def rotate_compute(spec: RotarySpec):
                 if heads is not None:
                     first = buffers[tensor + spec.planes()[0]]
                     second = buffers[tensor + spec.planes()[-1]]
-                    rotate_heads(first, second, heads, buffers["cos_ub"], buffers["sin_ub"], valid)
+                    rotate.rotate_heads(first, second, 0, heads, buffers["cos_ub"], buffers["sin_ub"], valid)
 
     return compute
 
@@ -121,23 +85,14 @@ def build(spec: RotarySpec):
     params, count, steps = parameters(spec)
     plan = spec.plan()
     names = tuple(plan)
-    C, half, R = spec.vector_cores, spec.half, spec.rotary_dim
+    C = spec.vector_cores
     tensors = [("q", "Q", spec.query_heads)] + ([("k", "K", spec.key_heads)] if spec.key_heads is not None else [])
     compute = rotate_compute(spec)
+    load_cache = load_cache_row(spec.positions, spec.batched, spec.half, spec.rotary_dim)
 
     @T.macro
     def one_token(G, buffers, t):
-        if spec.positions is None:
-            pos = G["offset"] + T.Cast("int64", rows.choose(spec.batched, t % steps, t))
-        elif spec.batched:
-            pos = G["offset"] + T.Cast("int64", G["P"][t // steps, t % steps])
-        else:
-            pos = G["offset"] + T.Cast("int64", G["P"][t])
-        length = T.Cast("int64", G["CS"].shape[0])
-        valid = T.if_then_else(pos >= 0, T.if_then_else(pos < length, 1, 0), 0)
-        row = T.max(T.min(pos, length - 1), T.int64(0))
-        T.copy(G["CS"][row, 0:half], buffers["cos_ub"][0:half])
-        T.copy(G["CS"][row, half:R], buffers["sin_ub"][0:half])
+        valid = load_cache(G, buffers["cos_ub"], buffers["sin_ub"], t, steps)
         for tensor, name, heads in tensors:
             for plane in spec.planes():
                 lo, hi = _plane_columns(spec, plane)

@@ -18,8 +18,7 @@ from tileplug.core.quant.sf_math import align
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 POSITION_NAMES = {None: None, torch.int32: "int32", torch.int64: "int64"}
-PAIR_BLOCK = 128
-"""Channels of one GPT-J block: two registers, de-interleaved into 64 pairs."""
+PAIR_BLOCK = 128  # channels of one GPT-J block (rope/rotation.py): two registers, de-interleaved into 64 pairs
 
 
 @dataclass(frozen=True)
