@@ -4,7 +4,7 @@ Nothing here executes a kernel: every specialisation of the grid is traced and l
 Ascend C, and the lowered result is checked (UB within budget, pipelined row loop with more
 than one buffer version, SIMD hot loop). Each check is also shown failing on a deliberately
 bad kernel (tests/ascend_bad_kernels.py). "Lowered" is all this proves; NPU execution is
-tests/npu/test_ascend_quant.py.
+tests/npu/test_ascend_quant.py and tests/npu/test_ascend_norm.py.
 
 The grid is lowered by a process pool of 2 (CI runs this on a 2-core machine). Lowerings are
 memoised on disk (``$TILEPLUG_ASCEND_LOWER_CACHE``, default ``~/.cache/tileplug/ascend-lower``,
