@@ -5,10 +5,13 @@ production piece replaced, for the duration of the trace only:
 
 * :func:`over_budget` -- ``check_budget`` skipped, so an over-budget tiling gets traced;
 * :func:`serial_loop` -- ``row_loop`` is a ``T.serial`` loop with no buffer versions;
-* :func:`scalar_tiles` -- ``tile_compute`` is per-element scalar code instead of the SIMD region.
+* :func:`scalar_tiles` -- ``tile_compute`` is per-element scalar code instead of the SIMD region;
 
-Lower the results with ``lowered.lower_prim_func`` (never the disk-cached ``lower_spec``:
-its key does not know about these replacements).
+and the same three for the row kernels of the norm and RoPE families (:func:`row_over_budget`,
+:func:`row_serial_loop`, :func:`rms_scalar_rows` / :func:`rotary_scalar_tokens`).
+
+Lower the results with ``lowering.lower_prim_func`` (never the disk-cached ``lower_spec`` /
+``lower_cached``: their keys do not know about these replacements).
 
 No ``from __future__ import annotations``: TileLang parses the macros' source.
 """
@@ -74,3 +77,82 @@ def scalar_tiles(spec: TileSpec):
     """The prim_func of a plain e4m3 per-token ``spec`` whose tiles compute in scalar code."""
     with mock.patch.object(tile_kernel, "tile_compute", _scalar_tile_compute):
         return tile_kernel.build(spec, Tiling(spec))
+
+
+# ---------------------------------------------------------------------- the row kernels (norm, RoPE)
+
+def row_over_budget(build, spec):
+    """The prim_func of a norm / RoPE ``spec`` even when its UB plan exceeds the budget
+    (``rows.check_budget`` skipped; the production builders raise ``UBBudgetError``)."""
+    from tileplug.backend_ascend import rows
+
+    with mock.patch.object(rows, "check_budget", lambda footprint, budget, what: None):
+        return build(spec)
+
+
+def _serial_rows(extent, versions, num_stages=2):
+    """A plain serial row loop: no buffer versions annotated, nothing pipelined."""
+    return T.serial(extent)
+
+
+def row_serial_loop(build, spec):
+    """The prim_func of a norm / RoPE ``spec`` with its row loop serial and single-buffered."""
+    from tileplug.backend_ascend import rows
+
+    with mock.patch.object(rows, "row_loop", _serial_rows):
+        return build(spec)
+
+
+def _scalar_rms_compute(spec):
+    """Per-element scalar RMSNorm of one row (no residual, no statistics, with a weight)."""
+    assert spec.kind == "rms" and not spec.residual and not spec.stats and spec.weight_dtype is not None
+    D, dt = spec.hidden, spec.in_dtype
+
+    @T.macro
+    def compute(buffers):
+        x_ub, w_ub = buffers["x_ub"], buffers["w_ub"]
+        total = T.alloc_var(T.float32)
+        total = T.float32(0)
+        for k in T.serial(D):
+            total = total + T.Cast("float32", x_ub[k]) * T.Cast("float32", x_ub[k])
+        rstd = T.float32(1.0) / T.sqrt(total / T.float32(D) + T.float32(spec.eps))
+        for k in T.serial(D):
+            x_ub[k] = T.Cast(dt, T.Cast("float32", x_ub[k]) * rstd * w_ub[k])
+
+    return compute
+
+
+def rms_scalar_rows(spec):
+    """The prim_func of an ``rms_norm`` ``spec`` whose rows are normalized in scalar code."""
+    from tileplug.backend_ascend.norm import rms_norm
+
+    with mock.patch.object(rms_norm, "row_compute", _scalar_rms_compute):
+        return rms_norm.build(spec)
+
+
+def _scalar_rotate_compute(spec):
+    """Per-element scalar NeoX rotation of one token's query heads (no key)."""
+    assert not spec.interleaved and spec.key_heads is None
+    dt = spec.dtype
+
+    @T.macro
+    def compute(buffers, valid):
+        first, second = buffers["q1"], buffers["q2"]
+        for h in T.serial(spec.query_heads):
+            for p in T.serial(spec.half):
+                x1 = T.Cast("float32", first[h, p])
+                x2 = T.Cast("float32", second[h, p])
+                c = buffers["cos_ub"][p]
+                n = buffers["sin_ub"][p]
+                first[h, p] = T.Cast(dt, x1 * c - x2 * n)
+                second[h, p] = T.Cast(dt, x2 * c + x1 * n)
+
+    return compute
+
+
+def rotary_scalar_tokens(spec):
+    """The prim_func of an ``apply_rotary`` ``spec`` whose tokens are rotated in scalar code."""
+    from tileplug.backend_ascend.rope import apply_rotary
+
+    with mock.patch.object(apply_rotary, "rotate_compute", _scalar_rotate_compute):
+        return apply_rotary.build(spec)

@@ -4,7 +4,7 @@ Nothing here executes a kernel: every specialisation of the grid is traced and l
 Ascend C, and the lowered result is checked (UB within budget, pipelined row loop with more
 than one buffer version, SIMD hot loop). Each check is also shown failing on a deliberately
 bad kernel (tests/ascend_bad_kernels.py). "Lowered" is all this proves; NPU execution is
-tests/npu/test_ascend_quant.py.
+tests/npu/test_ascend_quant.py and tests/npu/test_ascend_norm.py.
 
 The grid is lowered by a process pool of 2 (CI runs this on a 2-core machine). Lowerings are
 memoised on disk (``$TILEPLUG_ASCEND_LOWER_CACHE``, default ``~/.cache/tileplug/ascend-lower``,
@@ -43,47 +43,50 @@ def _describe(case):
     return call
 
 
+def _kernels() -> dict:
+    from tileplug.backend_ascend.plugin import kernel_table
+
+    return kernel_table()
+
+
 def _grid() -> tuple[list[tuple[str, object]], dict[str, str]]:
     """([(specialisation, first case it serves)], {case id: decline reason}): every case of
-    every op in the op table, one entry per distinct Ascend kernel specialisation."""
-    from tileplug.backend_ascend.quant.common import decline_reason, spec_of
-
-    from tileplug.backend_ascend.plugin import make_backend
-
-    table = make_backend().kernels
+    every op in the op table that has an Ascend kernel, one entry per distinct kernel
+    specialisation (ops without an Ascend kernel fall to the reference)."""
+    table = _kernels()
     grid: dict[str, object] = {}
     declined: dict[str, str] = {}
     for opdef in core.opdefs.all_ops():
-        if opdef.kernel not in table:  # no Ascend kernel yet: the op falls to the reference
+        kernel = table.get(opdef.kernel)
+        if kernel is None:
             continue
         for case in opdef.cases():
             call = _describe(case)
-            why = decline_reason(call)
+            why = kernel.supports(call)
             if why is not None:
                 declined[case.id] = why
                 continue
-            grid.setdefault(spec_of(call).describe(), case)
+            grid.setdefault(kernel.describe(call), case)
     return list(grid.items()), declined
 
 
 def lower_and_check(entry) -> dict:
-    """Worker: describe the case's call, lower it through the backend (disk-cached), run the checks."""
+    """Worker: describe the case's call, lower it through its Ascend kernel (disk-cached), run the checks."""
     from tileplug.backend_ascend import lowering_checks as checks
-    from tileplug.backend_ascend.quant.common import decline_reason, spec_of
-    from tileplug.backend_ascend.quant.lowered import lower_spec
 
     name, case = entry
     call = _describe(case)
+    kernel = _kernels()[call.op]
     result = {"name": name, "op": call.op}
-    why = decline_reason(call)
+    why = kernel.supports(call)
     if why is not None:
         result["declined"] = why
         return result
-    spec = spec_of(call)
-    lowered, tiling = lower_spec(spec)
-    source = lowered.source
+    lowering = kernel.lowering(call)
+    lowered, source = lowering.lowered, lowering.lowered.source
     result["checks"] = {
-        "ub": checks.check_ub(lowered.compiler_ub_bytes, lowered.primfunc_ub_bytes, tiling.footprint, tiling.budget),
+        "ub": checks.check_ub(lowered.compiler_ub_bytes, lowered.primfunc_ub_bytes, lowering.plan_bytes,
+                              lowering.budget),
         "pipelined": checks.check_pipelined(source),
         "vector": checks.check_vector(source),
         "nonempty": ("__gm__" in source, "kernel has __gm__ parameters"),
@@ -112,15 +115,21 @@ def test_lowering_passes_checks(lowered, case):
 
 
 def test_the_grid_covers_every_case_of_the_op_table():
-    """Every case is lowered or declined for a reason the backend's capabilities state:
-    e4m3-stored sf, scales stored in a layout that is not Ascend's, or a UB plan over budget
-    (per-block re-quantization of a UE8M0-scaled 1 x 128 input: 401504 bytes at the narrowest
-    tile, so it falls through to the reference; see docs/ascend-backend.md)."""
+    """Every case of an op with an Ascend kernel is lowered or declined for a reason the
+    backend's capabilities state: e4m3-stored sf, scales stored in a layout that is not
+    Ascend's, or a UB plan over budget (per-block re-quantization of a UE8M0-scaled 1 x 128
+    input: 401504 bytes at the narrowest tile, so it falls through to the reference; see
+    docs/ascend-backend.md); for the fused RMSNorm + cast: 3-D input, e2m1, packed UE8M0, or
+    the cast's own declines. Every norm and RoPE case the fused-cast rules leave is lowered."""
     total = sum(len(opdef.cases()) for opdef in core.opdefs.all_ops())
     assert len(CASES) > 100 and len(CASES) + len(DECLINED) <= total
-    allowed = ("e4m3-stored", "not an Ascend layout", "the Ascend layouts", "UB plan needs")
+    allowed = ("e4m3-stored", "not an Ascend layout", "the Ascend layouts", "UB plan needs", "falls to the reference",
+               "no split-row form", "not produced by the fused norm + cast", "writes e4m3 only",
+               "hidden size must be a multiple of 16")
     unexpected = {case: why for case, why in DECLINED.items() if not any(a in why for a in allowed)}
     assert not unexpected, unexpected
+    row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[")
+    assert not [case for case in DECLINED if case.startswith(row_ops)]
 
 
 # ---------------------------------------------------------------------- the checks can fail
@@ -211,3 +220,85 @@ def test_tileplug_info_reports_lowered_not_verified():
     text = plugin.capabilities()
     assert "lowered" in text.lower() and "not verified" in text
     assert "verified on" not in text
+
+
+# ---------------------------------------------------------------------- the checks fail on bad row kernels
+
+
+def _row_specs():
+    """A plain rms_norm and a plain NeoX apply_rotary specialisation (bf16, the stand-ins)."""
+    from tileplug.backend_ascend.norm.spec import spec_of as norm_spec
+    from tileplug.backend_ascend.rope.spec import spec_of as rotary_spec
+
+    with core.config.host_layout("ascend"):
+        norm_call, _ = core.describe_call(core.ops.rms_norm, _x(3, 2048), torch.empty(2048, device=META))
+        rope_call, _ = core.describe_call(
+            core.ops.apply_rotary, torch.empty(3, 4, 128, dtype=torch.bfloat16, device=META),
+            torch.empty(16, 128, device=META),
+        )
+    return norm_spec(norm_call), rotary_spec(rope_call)
+
+
+def _checked(prim_func, spec):
+    from tileplug.backend_ascend import lowering_checks as checks
+    from tileplug.backend_ascend.lowering import lower_prim_func
+
+    artifact = lower_prim_func(prim_func)
+    source = artifact.kernel_source
+    return {
+        "ub": checks.check_ub(checks.compiler_ub_bytes(artifact), checks.primfunc_ub_bytes(prim_func), spec.footprint,
+                              spec.budget),
+        "pipelined": checks.check_pipelined(source),
+        "vector": checks.check_vector(source),
+    }
+
+
+@pytest.mark.parametrize("family", ["norm", "rope"])
+def test_row_kernel_checks_fail_on_bad_variants(family):
+    """Each lowering check fails on a bad variant of the norm / RoPE row kernels, and passes on
+    the production kernel of the same specialisation: (a) 8 buffer versions of a wide row / many
+    heads, over the UB budget (lowered silently by TileLang; the builder refuses it); (b) a
+    serial, single-buffered row loop; (c) the row's math in scalar code on the kernel body."""
+    import ascend_bad_kernels as bad_kernels
+
+    from tileplug.backend_ascend.device import UBBudgetError
+    from tileplug.backend_ascend.norm import rms_norm
+    from tileplug.backend_ascend.rope import apply_rotary
+
+    norm_spec, rope_spec = _row_specs()
+    if family == "norm":
+        build, spec, scalar = rms_norm.build, norm_spec, bad_kernels.rms_scalar_rows
+        wide = replace(spec, hidden=16384, in_dtype="float32", residual=True, num_buffers=8)
+    else:
+        build, spec, scalar = apply_rotary.build, rope_spec, bad_kernels.rotary_scalar_tokens
+        wide = replace(spec, query_heads=128, dtype="float32", num_buffers=8)
+
+    good = _checked(build(spec), spec)
+    assert all(ok for ok, _ in good.values()), good
+
+    assert wide.footprint > wide.budget
+    with pytest.raises(UBBudgetError):
+        build(wide)
+    ok, detail = _checked(bad_kernels.row_over_budget(build, wide), wide)["ub"]
+    assert not ok and "over budget" in detail, detail
+
+    ok, detail = _checked(bad_kernels.row_serial_loop(build, spec), spec)["pipelined"]
+    assert not ok and "versions=[1]" in detail, detail
+
+    ok, detail = _checked(scalar(spec), spec)["vector"]
+    assert not ok and "scalar UB dereference" in detail, detail
+
+
+def test_core_lower_of_the_row_ops_names_the_specialisation():
+    """core.lower works for the norm and RoPE kernels on a CPU (meta inputs), with the header
+    naming the specialisation and the stand-ins, and refuses a declined call with its reason."""
+    with core.config.host_layout("ascend"):
+        norm = core.lower(core.ops.rms_norm, _x(7, 576), torch.empty(576, device=META), backend="ascend",
+                          return_rstd=True)
+        rope = core.lower(core.ops.apply_rotary, torch.empty(7, 4, 128, dtype=torch.bfloat16, device=META),
+                          torch.empty(64, 128, device=META), interleaved=True, backend="ascend")
+        with pytest.raises(Exception, match="falls to the reference"):
+            core.lower(core.ops.rms_norm, _x(3, 64, torch.float64), backend="ascend")
+    assert "specialisation: rms_norm [T, 576] bfloat16" in norm and "stats" in norm and "stand-in" in norm
+    assert "specialisation: apply_rotary [T, N, D] bfloat16" in rope and "gptj" in rope
+    assert "__global__" in norm and "__global__" in rope

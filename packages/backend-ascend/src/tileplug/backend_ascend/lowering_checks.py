@@ -111,11 +111,20 @@ def _global(source: str) -> str | None:
     return None
 
 
+def _ub_names(body: str) -> str:
+    """Regex alternation of the UB base pointers the ``__global__`` body declares
+    (``buf_dyn_shmem`` when TileLang merges several buffers; the buffer's own name when the
+    kernel has one UB buffer)."""
+    names = re.findall(r"__ubuf__ \w+ \*(\w+) = \(__ubuf__ \w+ \*\)0;", body) or ["buf_dyn_shmem"]
+    return "|".join(re.escape(name) for name in names)
+
+
 def check_pipelined(source: str) -> tuple[bool, str]:
     body = _global(source)
     if body is None:
         return False, "no __global__ function"
     loops = _row_loops(body)
+    ub = _ub_names(body)
     if not loops:
         return False, "no row loop `for (int32_t it ...)` in the kernel"
     details = []
@@ -125,7 +134,7 @@ def check_pipelined(source: str) -> tuple[bool, str]:
         versions |= {int(n) for n in re.findall(rf"\({var} % (\d+)\)", loop)}
         waits = re.findall(rf"asc_sync_wait\(PIPE_\w+, PIPE_\w+, static_cast<event_t>\(\(?{var} [&%]", loop)
         armed = set(re.findall(r"asc_sync_notify\(PIPE_\w+, PIPE_MTE2, static_cast<event_t>\((\d+)\)\)", before))
-        rotates = re.search(rf"buf_dyn_shmem\)\[\(*\({var} [&%] \d+\)", loop) is not None
+        rotates = re.search(rf"(?:{ub})\)?\[\(*\({var} [&%] \d+\)", loop) is not None
         this_ok = bool(versions) and max(versions) >= 2 and rotates and bool(waits) and len(armed) >= 2
         ok = ok and this_ok
         details.append(
@@ -151,7 +160,11 @@ def check_vector(source: str) -> tuple[bool, str]:
     if not loops or not all(any(name + "(" in loop for name in vector_fns) for _, _, loop in loops):
         why.append("a row loop calls no SIMD vector function")
     if body is not None:
-        scalar = [m.start() for m in re.finditer(r"\*\)buf_dyn_shmem\)\[", body) if body[max(0, m.start() - 40):m.start()].rfind("&(") < 0]
+        ub = _ub_names(body)
+        scalar = [
+            m.start() for m in re.finditer(rf"\*\)(?:{ub})\)\[|(?<![\w*])(?:{ub})\[", body)
+            if body[max(0, m.start() - 40):m.start()].rfind("&(") < 0
+        ]
         if scalar:
             why.append(f"{len(scalar)} scalar UB dereference(s) in the __global__ function")
     if "PIPE_S" in source:

@@ -25,11 +25,20 @@ def probe() -> str | None:
     return None
 
 
-def lower(call) -> str:
-    """Ascend C of ``call`` (lowered with stand-in device constants; no NPU needed)."""
-    from tileplug.backend_ascend.quant.common import lower_call
+def kernel_table() -> dict:
+    """Op (kernel-table key) -> Ascend kernel, every family."""
+    from tileplug.backend_ascend.norm import KERNELS as NORM_KERNELS
+    from tileplug.backend_ascend.quant import KERNELS as QUANT_KERNELS
+    from tileplug.backend_ascend.rope import KERNELS as ROPE_KERNELS
 
-    return lower_call(call)
+    return {**QUANT_KERNELS, **NORM_KERNELS, **ROPE_KERNELS}
+
+
+def lower(call) -> str:
+    """Ascend C of ``call`` (lowered with stand-in device constants; no NPU needed), headed by
+    comment lines naming the specialisation, the stand-ins and the UB plan."""
+    lowering = kernel_table()[call.op].lowering(call)
+    return lowering.header + lowering.lowered.source
 
 
 def capabilities() -> str:
@@ -40,6 +49,17 @@ def capabilities() -> str:
         "  (2 per int16), column-major sf; sf-only, precomputed sf, re-quantized (xq, sf) inputs; bf16/fp32 input;",
         "  dynamic T, any row stride, H a multiple of 16. Declined: e4m3-stored sf, non-Ascend sf layouts as input,",
         "  a UB plan over budget even at the narrowest tile (per-block re-quantization of a UE8M0-scaled 1x128 input).",
+        "rms_norm (weight optional, residual + residual_out, in place, weight_offset, out_scale, rstd), layer_norm",
+        "  (weight / bias optional, residual, mean + rstd): bf16/fp16/fp32, [T, D] or per-head [T, N, D], any D,",
+        "  any strides; one row per pipelined step, whole in UB, fp32 statistics in a fixed order over the true D.",
+        "  Declined: fp64 (the reference serves gradcheck), a row too wide for UB (no split-row form).",
+        "apply_rotary (NeoX / GPT-J, in place, query + key, [T, N, D] / [B, S, N, D] views, positions None /",
+        "  int32 / int64 + seqlen_offset, conjugate, any even R <= D; out-of-range positions -> NaN rows).",
+        "  Declined: one token's heads x R over UB.",
+        "rms_norm_rope (per-head RMSNorm + RoPE of the rounded y in one pass, NeoX / GPT-J, R a multiple of 128);",
+        "  rms_norm_per_token_cast (2-D, e4m3, groups 16/32/64/128, fp32 sf row- or column-major, round_sf).",
+        "  Declined (reference): rms_norm_rope_per_token_cast, R not a multiple of 128 in rms_norm_rope, 3-D / e2m1 /",
+        "  packed UE8M0 in rms_norm_per_token_cast, the backward ops (no Ascend kernel).",
         "  Status: LOWERED to Ascend C with TileLang (CPU, stand-in constants), source-checked; never run on an NPU",
         "  (not verified).",
         "  The CI lowering grid (tests/test_ascend_lowering.py, hatch run ascend-lower) checks that each of its",
@@ -52,14 +72,12 @@ def capabilities() -> str:
 
 def make_backend() -> Backend:
     """The Ascend backend object."""
-    from tileplug.backend_ascend.quant import KERNELS
-
     return Backend(
         name="ascend",
         device_types=("npu",),
         priority=PRIORITY,
         traits=ASCEND_LAYOUT,
-        kernels=dict(KERNELS),
+        kernels=kernel_table(),
         probe=probe,
         lower=lower,
         capabilities=capabilities,

@@ -1,15 +1,14 @@
 """Shared machinery of the Ascend quant kernels: call -> specialisation, declines, the
 per-specialisation kernel cache (thread-safe), ``Backend.lower`` (Ascend C with a header), and
-launching. Lowering itself, memoised on disk, is :mod:`tileplug.backend_ascend.quant.lowered`."""
+launching. Lowering itself, memoised on disk, is :mod:`tileplug.backend_ascend.quant.lowered` over
+:mod:`tileplug.backend_ascend.lowering`."""
 
 from __future__ import annotations
-
-import threading
-from typing import Any
 
 import torch
 
 from tileplug.backend_ascend.device import DeviceTarget, UBBudgetError, dispatch_target, lowering_target
+from tileplug.backend_ascend.lowering import CheckedLowering, CompileCache
 from tileplug.backend_ascend.quant.spec import TileSpec, Tiling
 
 KIND_OF_OP = {"per_token_cast": "token", "per_block_cast": "block", "per_channel_cast": "channel", "cast_back": "back"}
@@ -109,47 +108,27 @@ def header(spec: TileSpec, tiling: Tiling, target: DeviceTarget) -> str:
     return "\n".join(lines)
 
 
-def lower_call(call) -> str:
-    """``Backend.lower``: the Ascend C of ``call`` with the lowering stand-ins, header first."""
+def checked_lowering(call) -> CheckedLowering:
+    """``call``'s specialisation with the lowering stand-ins, lowered (disk-cached), with its
+    UB plan, budget and ``core.lower`` header."""
     from tileplug.backend_ascend.quant.lowered import lower_spec
 
     target = lowering_target()
     spec = spec_of(call, target)
     lowered, tiling = lower_spec(spec)
-    return header(spec, tiling, target) + lowered.source
+    return CheckedLowering(spec.describe(), lowered, tiling.footprint, tiling.budget, header(spec, tiling, target))
 
 
 # ---------------------------------------------------------------------- running (NPU only)
 
 
-class _Compiled:
-    """Per-specialisation compiled kernels, built once each (thread-safe)."""
+def _trace(spec: TileSpec):
+    from tileplug.backend_ascend.quant.tile_kernel import build
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kernels: dict[TileSpec, Any] = {}
-        self._building: dict[TileSpec, threading.Lock] = {}
-
-    def get(self, spec: TileSpec):
-        kernel = self._kernels.get(spec)
-        if kernel is not None:
-            return kernel
-        with self._lock:
-            lock = self._building.setdefault(spec, threading.Lock())
-        with lock:
-            kernel = self._kernels.get(spec)
-            if kernel is None:
-                import tilelang
-
-                from tileplug.backend_ascend.quant.tile_kernel import build
-
-                tiling = Tiling(spec)
-                kernel = tilelang.compile(build(spec, tiling), target="ascend")
-                self._kernels[spec] = kernel
-        return kernel
+    return build(spec, Tiling(spec))
 
 
-compiled = _Compiled()
+compiled = CompileCache(_trace)
 
 
 def _sf_arg(sf: torch.Tensor, col_major: bool) -> torch.Tensor:
@@ -166,6 +145,14 @@ class GroupedKernel:
         if call.op != self.op:
             return f"this kernel serves {self.op}, not {call.op}"
         return decline_reason(call)
+
+    def describe(self, call) -> str:
+        """The specialisation ``call`` lowers to (with the lowering stand-ins), as one line."""
+        return spec_of(call).describe()
+
+    def lowering(self, call) -> CheckedLowering:
+        """``call`` lowered with the stand-ins, for the lowering checks and ``core.lower``."""
+        return checked_lowering(call)
 
     def spec_for_device(self, call) -> TileSpec:
         return spec_of(call, dispatch_target(call.device))

@@ -12,20 +12,9 @@ import math
 from dataclasses import dataclass
 
 from tileplug.backend_ascend.device import UB_BYTES_SIMD, UB_BYTES_SIMT, UBBudgetError, check_budget
+from tileplug.backend_ascend.ub import ITEMSIZE, LANES, UB_ALIGN, VERSIONS, footprint  # noqa: F401 - re-exported
 from tileplug.core.call import QuantMode
 from tileplug.core.quant.sf_math import align, ceil_div
-
-LANES = 64
-"""fp32 lanes of one 256-byte vector register."""
-UB_ALIGN = 32
-"""Each version of each UB buffer starts 32-byte aligned (TileLang's Ascend UB merge)."""
-ITEMSIZE = {
-    "float32": 4, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1, "uint8": 1, "int16": 2, "int32": 4,
-}
-VERSIONS = 2
-"""Buffer versions of every buffer that crosses pipeline stages (double buffering)."""
-
-
 
 
 @dataclass(frozen=True)
@@ -195,14 +184,6 @@ class TileSpec:
         if self.given:
             bits.append(f"given={self.given}")
         return " ".join(bits)
-
-
-def footprint(plan: dict[str, tuple[tuple[int, ...], str, int]]) -> int:
-    """UB bytes of a plan: each version of each buffer 32-byte aligned."""
-    total = 0
-    for shape, dtype, versions in plan.values():
-        total += versions * align(math.prod(shape) * ITEMSIZE[dtype], UB_ALIGN)
-    return total
 
 
 class Tiling:

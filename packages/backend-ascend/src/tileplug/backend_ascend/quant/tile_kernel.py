@@ -24,23 +24,13 @@ The e4m3 clamp to +-448 is a compare-and-select (NaN stays NaN), then a saturati
 convert; e2m1 codes are built arithmetically (the convert unit has no f32->fp4).
 """
 
-import struct
-
 import tilelang.ascend.language as T
 from tvm import tirx
 
 from tileplug.backend_ascend.device import check_budget
+from tileplug.backend_ascend.quant.sf_macros import lane_mask, sf_macros
 from tileplug.backend_ascend.quant.spec import LANES, TileSpec, Tiling
-from tileplug.core.quant.formats import QUANT_FORMATS
 from tileplug.core.quant.sf_math import ceil_div
-
-
-def _f32(value: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", value))[0]
-
-
-def _bits(value: float) -> int:
-    return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
 def _rest(items):
@@ -91,12 +81,9 @@ def build(spec: TileSpec, tiling: Tiling):
     is_cast_back = spec.is_cast_back
     qin, given = spec.qin, spec.given
     in_bf16 = spec.in_dtype == "bfloat16"
-    fmax = QUANT_FORMATS[fmt].max_value if fmt is not None else 1.0
-    rcp = _f32(1.0 / _f32(fmax))
-    clamp_bits = _bits(_f32(spec.clamp_min))
     writes_q, writes_sf = spec.writes_q, spec.writes_sf
     precomputed = given is not None
-    f32, i32 = T.float32, T.int32
+    f32 = T.float32
 
     Tn = T.dynamic("T")
     S = T.dynamic("S")
@@ -137,61 +124,12 @@ def build(spec: TileSpec, tiling: Tiling):
         else:
             return T.simd.vld(x_ub[r, off])
 
+    cast_math = sf_macros(fmt, spec.round_sf, spec.clamp_min, spec.packed, writes_sf)
+    scale_math, group_inv = cast_math.scale_math, cast_math.group_inv
+
     @T.macro
     def abs_bits(x_ub, d_ub, s_ub, r, off, lanes):
-        v = load_x(x_ub, d_ub, s_ub, r, off)
-        keep = T.simd.vdup(T.int32(0x7FFFFFFF), "int32")
-        if lanes < LANES:
-            return T.simd.vand(tirx.reinterpret("int32x64", v), keep, T.simd.update_mask(lanes, 32))
-        else:
-            return T.simd.vand(tirx.reinterpret("int32x64", v), keep)
-
-    @T.macro
-    def scale_math(amax_bits):
-        # amax_bits: int32 bits of the group amax (>= 0, NaN bits above +inf). Returns
-        # (sf as fp32, inv, biased exponent) elementwise.
-        c = tirx.reinterpret("float32x64", T.simd.vmaxs(amax_bits, T.int32(clamp_bits)))
-        if spec.round_sf:
-            s = T.simd.vmuls(c, f32(rcp))
-            sb = tirx.reinterpret("int32x64", s)
-            expo = T.simd.vand(sb, T.simd.vdup(T.int32(0x7F800000), "int32"))
-            nonfinite = T.simd.vcmps(expo, T.int32(0x7F800000), op="eq")
-            e0 = T.simd.vadds(T.simd.vshrs(T.simd.vadds(sb, T.int32(-1)), T.int32(23)), T.int32(1 - 127))
-            e = T.simd.vsel(T.simd.vdup(T.int32(128), "int32"), e0, nonfinite)
-            eb = T.simd.vadds(e, T.int32(127))
-            sf = tirx.reinterpret("float32x64", T.simd.vshls(eb, T.int32(23)))
-            inv_b = T.simd.vshls(T.simd.vsub(T.simd.vdup(T.int32(127), "int32"), e), T.int32(23))
-            inv = T.simd.vsel(T.simd.vdup(f32(0.0), "float32"), tirx.reinterpret("float32x64", inv_b), nonfinite)
-            return sf, inv, eb
-        else:
-            mx = T.simd.vdup(f32(fmax), "float32")
-            sf = T.simd.vdiv(c, mx, precision="vdiv_0ulp_ftz_true")
-            inv = T.simd.vdiv(mx, c, precision="vdiv_0ulp_ftz_true")
-            return sf, inv, sf
-
-    @T.macro
-    def store_group_sf(sf, eb, sf_ub, e_ub, gi):
-        # one group's scale (lane 0) into the tile's sf row
-        if spec.packed:
-            T.simd.vsts(e_ub[gi], eb, dist="ONEPT_B32")
-        else:
-            T.simd.vsts(sf_ub[gi], sf, dist="ONEPT_B32")
-
-    @T.macro
-    def group_inv(amax_bits, sf_ub, e_ub, gi):
-        # amax over the group -> lane 0 -> scales -> inv broadcast to every lane
-        sf, inv, eb = scale_math(T.simd.vcmax(amax_bits))
-        if writes_sf:
-            store_group_sf(sf, eb, sf_ub, e_ub, gi)
-        return T.simd.vdupv(inv)
-
-    @T.macro
-    def lane_mask(lo, hi):
-        if lo == 0:
-            return T.simd.update_mask(hi, 32)
-        else:
-            full = T.simd.pset(32, "PAT_ALL")
-            return T.simd.pxor(T.simd.update_mask(hi, 32), T.simd.update_mask(lo, 32), full)
+        return cast_math.abs_bits(load_x(x_ub, d_ub, s_ub, r, off), lanes)
 
     @T.macro
     def quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off, inv):
@@ -206,27 +144,7 @@ def build(spec: TileSpec, tiling: Tiling):
                 y = T.simd.vmul(T.simd.vld(d_ub[r, off]), T.simd.vmul(T.simd.vld(s_ub[r, off]), inv))
             else:
                 y = T.simd.vmul(load_x(x_ub, d_ub, s_ub, r, off), inv)
-            if fmt == "e4m3":
-                hi = T.simd.vsel(T.simd.vdup(f32(fmax), "float32"), y, T.simd.vcmps(y, f32(fmax), op="gt"))
-                lo = T.simd.vsel(T.simd.vdup(f32(-fmax), "float32"), hi, T.simd.vcmps(hi, f32(-fmax), op="lt"))
-                T.simd.vsts(q_ub[r, off], T.simd.vcvt(lo, "float8_e4m3fn", round="ROUND_R", sat=True), dist="PK4_B32")
-            else:
-                m = T.simd.vabs(y)
-                six = T.simd.vdup(f32(fmax), "float32")
-                m = T.simd.vsel(six, T.simd.vmins(m, f32(fmax)), T.simd.vcmp(m, m, op="ne"))
-                lt2 = T.simd.vcmps(m, f32(2.0), op="lt")
-                lt4 = T.simd.vcmps(m, f32(4.0), op="lt")
-                scaled = T.simd.vsel(T.simd.vmuls(m, f32(2.0)), T.simd.vsel(m, T.simd.vmuls(m, f32(0.5)), lt4), lt2)
-                base = T.simd.vsel(
-                    T.simd.vdup(T.int32(0), "int32"),
-                    T.simd.vsel(T.simd.vdup(T.int32(2), "int32"), T.simd.vdup(T.int32(4), "int32"), lt4),
-                    lt2,
-                )
-                mag = T.simd.vadd(T.simd.vcvt(scaled, "int32", round="ROUND_R", sat=True), base)
-                sign = T.simd.vand(
-                    T.simd.vshrs(tirx.reinterpret("int32x64", y), T.int32(28)), T.simd.vdup(T.int32(8), "int32")
-                )
-                T.simd.vsts(code_ub[r, off], T.simd.vcvt(T.simd.vor(mag, sign), "uint8", sat=True), dist="PK4_B32")
+            cast_math.store_quantized(q_ub, code_ub, (r, off), y)
 
     # ---------------------------------------------------------------- one tile, static width w
     def make_tile(w):

@@ -1,0 +1,170 @@
+"""Lowering any Ascend kernel specialisation through TileLang's Ascend pipeline, memoised on
+disk, and compiling it once per specialisation (shared by every family).
+
+* :func:`lower_prim_func` -- TileLang's Ascend lowering inside the target context (SIMT
+  regions need it). Not cached.
+* :func:`lower_cached` -- a specialisation's :class:`Lowered` (Ascend C and the two UB byte
+  counts the UB check compares with the plan), stored as JSON under
+  ``$TILEPLUG_ASCEND_LOWER_CACHE`` (default ``~/.cache/tileplug/ascend-lower``), keyed by the
+  specialisation's repr, the TileLang and TVM versions and a hash of every source file the
+  kernels are built from (all of ``tileplug.backend_ascend`` and the core modules it takes
+  numbers from). A hit skips tracing and lowering; every check still runs on the stored text.
+  A cache file that cannot be read is ignored, one that cannot be written is skipped.
+* :class:`CheckedLowering` -- what the lowering grid and ``core.lower`` get from a kernel:
+  the lowering, the backend's own UB plan and budget, and the header comment.
+* :class:`CompileCache` -- per-specialisation compiled kernels (NPU only), built once each.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Hashable
+
+CACHE_ENV = "TILEPLUG_ASCEND_LOWER_CACHE"
+DEFAULT_CACHE_DIR = Path("~/.cache/tileplug/ascend-lower")
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """What TileLang's Ascend pipeline made of one specialisation: its Ascend C (``source``),
+    the compiler's merged UB bytes (``dyn_shared_memory_buf``) and the traced prim_func's UB
+    bytes (``alloc_shared`` x annotated versions, each 32-byte aligned)."""
+
+    source: str
+    compiler_ub_bytes: int
+    primfunc_ub_bytes: int
+
+
+@dataclass(frozen=True)
+class CheckedLowering:
+    """A kernel specialisation lowered for the checks: ``lowered``, the backend's UB plan
+    (``plan_bytes``) and ``budget`` (bytes per vector core), ``name`` (the specialisation,
+    as the grid names it) and ``header`` (comment lines ``core.lower`` puts in front)."""
+
+    name: str
+    lowered: Lowered
+    plan_bytes: int
+    budget: int
+    header: str
+
+
+def lower_prim_func(prim_func):
+    """TileLang's Ascend lowering of ``prim_func``, inside the Ascend target context (SIMT
+    regions need it): the lowered artifact (``.kernel_source``, ``.device_mod``). Not cached."""
+    import tilelang
+    from tilelang.backend.target import determine_target
+
+    target = determine_target("ascend", return_object=True)
+    with target:
+        return tilelang.lower(prim_func, target=target)
+
+
+def lower_uncached(prim_func) -> Lowered:
+    """Lower a traced ``prim_func`` and count its UB bytes both ways."""
+    from tileplug.backend_ascend.lowering_checks import compiler_ub_bytes, primfunc_ub_bytes
+
+    artifact = lower_prim_func(prim_func)
+    return Lowered(artifact.kernel_source, compiler_ub_bytes(artifact), primfunc_ub_bytes(prim_func))
+
+
+def cache_dir() -> Path:
+    """Where lowered specialisations are stored (``$TILEPLUG_ASCEND_LOWER_CACHE`` if set)."""
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
+
+
+@functools.lru_cache(maxsize=1)
+def _inputs_fingerprint() -> dict[str, str]:
+    """Versions and source hash that, with the specialisation, determine a lowering."""
+    import tilelang
+    import tvm
+
+    import tileplug.backend_ascend as backend
+    from tileplug.core.quant import formats, sf_math
+
+    digest = hashlib.sha256()
+    root = Path(backend.__file__).parent
+    files = sorted(root.rglob("*.py")) + [Path(formats.__file__), Path(sf_math.__file__)]
+    for path in files:
+        digest.update(str(path.relative_to(root) if path.is_relative_to(root) else path.name).encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return {"tilelang": tilelang.__version__, "tvm": str(getattr(tvm, "__version__", "?")), "sources": digest.hexdigest()}
+
+
+def cache_key(spec: Any) -> dict[str, str]:
+    """The disk-cache key of a specialisation: its repr, the TileLang/TVM versions, the source hash."""
+    return {"spec": repr(spec), **_inputs_fingerprint()}
+
+
+def _cache_file(key: dict[str, str]) -> Path:
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return cache_dir() / f"{name}.json"
+
+
+def _read(key: dict[str, str]) -> Lowered | None:
+    try:
+        stored = json.loads(_cache_file(key).read_text())
+        if stored.get("key") != key:
+            return None
+        return Lowered(**stored["lowered"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write(key: dict[str, str], lowered: Lowered) -> None:
+    path = _cache_file(key)
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
+            temporary = handle.name
+            json.dump({"key": key, "lowered": asdict(lowered)}, handle)
+        os.replace(temporary, path)  # atomic: concurrent writers of one key leave one whole file
+    except OSError:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+
+
+def lower_cached(spec: Any, trace: Callable[[], Any]) -> Lowered:
+    """``spec`` lowered (``trace()`` gives its prim_func), from the disk cache when stored there.
+    ``spec``'s repr must name everything the prim_func depends on."""
+    key = cache_key(spec)
+    lowered = _read(key)
+    if lowered is None:
+        lowered = lower_uncached(trace())
+        _write(key, lowered)
+    return lowered
+
+
+class CompileCache:
+    """Per-specialisation compiled kernels (``tilelang.compile(trace(spec), target="ascend")``),
+    built once each, thread-safe. Used on an NPU only."""
+
+    def __init__(self, trace: Callable[[Any], Any]) -> None:
+        self._trace = trace
+        self._lock = threading.Lock()
+        self._kernels: dict[Hashable, Any] = {}
+        self._building: dict[Hashable, threading.Lock] = {}
+
+    def get(self, spec: Hashable):
+        kernel = self._kernels.get(spec)
+        if kernel is not None:
+            return kernel
+        with self._lock:
+            lock = self._building.setdefault(spec, threading.Lock())
+        with lock:
+            kernel = self._kernels.get(spec)
+            if kernel is None:
+                import tilelang
+
+                kernel = tilelang.compile(self._trace(spec), target="ascend")
+                self._kernels[spec] = kernel
+        return kernel

@@ -1,0 +1,135 @@
+"""The quant family's scale-factor and quantize macros (SPEC §1-2), shared by the quant tile
+kernel and every fused kernel that ends in a cast (``rms_norm_per_token_cast``).
+
+No ``from __future__ import annotations`` here: TileLang parses the macros' source.
+
+:func:`sf_macros` specialises them on the cast's constants. amax is taken on the integer
+bits of ``|x|`` (for non-negative floats integer order is float order, and NaN bits exceed
++inf), so NaN and inf propagate into the group scale whatever the float max unit does with
+NaN; the clamp is an integer max too. Plain scales are two correctly rounded divisions;
+power-of-two scales are built from exponent bits (a non-finite scale gets e = 128: byte
+0xFF, sf = +inf, inv = 0). The e4m3 clamp to +-448 is a compare-and-select (NaN stays NaN),
+then a saturating RNE convert; e2m1 codes are built arithmetically (the convert unit has no
+f32->fp4).
+"""
+
+import struct
+from types import SimpleNamespace
+
+import tilelang.ascend.language as T
+from tvm import tirx
+
+from tileplug.backend_ascend.ub import LANES
+from tileplug.core.quant.formats import QUANT_FORMATS
+
+
+def f32_value(value: float) -> float:
+    """``value`` rounded to fp32 (as a Python float)."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+def f32_bits(value: float) -> int:
+    """The int32 bits of ``value`` rounded to fp32."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+@T.macro
+def lane_mask(lo, hi):
+    """Predicate of lanes ``[lo, hi)`` of a 32-bit register (one small group of it)."""
+    if lo == 0:
+        return T.simd.update_mask(hi, 32)
+    else:
+        full = T.simd.pset(32, "PAT_ALL")
+        return T.simd.pxor(T.simd.update_mask(hi, 32), T.simd.update_mask(lo, 32), full)
+
+
+def subgroups(lanes: int, group: int) -> list:
+    """``(lo, hi)`` lane ranges of the groups of ``group`` lanes in a register of ``lanes``."""
+    return [(lo, min(lo + group, lanes)) for lo in range(0, lanes, group)]
+
+
+def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bool):
+    """The macros of one cast configuration: ``abs_bits(v, lanes)`` (int32 bits of ``|v|``,
+    lanes past ``lanes`` zero), ``scale_math(amax_bits)`` -> ``(sf, inv, biased exponent)``,
+    ``store_group_sf(sf, eb, sf_ub, e_ub, gi)``, ``group_inv(amax_bits, sf_ub, e_ub, gi)`` (a
+    group's scales stored, ``inv`` broadcast) and ``store_quantized(q_ub, code_ub, at, y)``
+    (``y = x · inv`` saturated to ``fmt`` and stored at index ``at``: e4m3 bytes, or e2m1
+    codes one per byte, packed later)."""
+    f32 = T.float32
+    fmax = QUANT_FORMATS[fmt].max_value if fmt is not None else 1.0
+    rcp = f32_value(1.0 / f32_value(fmax))
+    clamp_bits = f32_bits(f32_value(clamp_min))
+
+    @T.macro
+    def abs_bits(v, lanes):
+        keep = T.simd.vdup(T.int32(0x7FFFFFFF), "int32")
+        if lanes < LANES:
+            return T.simd.vand(tirx.reinterpret("int32x64", v), keep, T.simd.update_mask(lanes, 32))
+        else:
+            return T.simd.vand(tirx.reinterpret("int32x64", v), keep)
+
+    @T.macro
+    def scale_math(amax_bits):
+        # amax_bits: int32 bits of the group amax (>= 0, NaN bits above +inf). Returns
+        # (sf as fp32, inv, biased exponent) elementwise.
+        c = tirx.reinterpret("float32x64", T.simd.vmaxs(amax_bits, T.int32(clamp_bits)))
+        if round_sf:
+            s = T.simd.vmuls(c, f32(rcp))
+            sb = tirx.reinterpret("int32x64", s)
+            expo = T.simd.vand(sb, T.simd.vdup(T.int32(0x7F800000), "int32"))
+            nonfinite = T.simd.vcmps(expo, T.int32(0x7F800000), op="eq")
+            e0 = T.simd.vadds(T.simd.vshrs(T.simd.vadds(sb, T.int32(-1)), T.int32(23)), T.int32(1 - 127))
+            e = T.simd.vsel(T.simd.vdup(T.int32(128), "int32"), e0, nonfinite)
+            eb = T.simd.vadds(e, T.int32(127))
+            sf = tirx.reinterpret("float32x64", T.simd.vshls(eb, T.int32(23)))
+            inv_b = T.simd.vshls(T.simd.vsub(T.simd.vdup(T.int32(127), "int32"), e), T.int32(23))
+            inv = T.simd.vsel(T.simd.vdup(f32(0.0), "float32"), tirx.reinterpret("float32x64", inv_b), nonfinite)
+            return sf, inv, eb
+        else:
+            mx = T.simd.vdup(f32(fmax), "float32")
+            sf = T.simd.vdiv(c, mx, precision="vdiv_0ulp_ftz_true")
+            inv = T.simd.vdiv(mx, c, precision="vdiv_0ulp_ftz_true")
+            return sf, inv, sf
+
+    @T.macro
+    def store_group_sf(sf, eb, sf_ub, e_ub, gi):
+        # one group's scale (lane 0) into the tile's sf row
+        if packed:
+            T.simd.vsts(e_ub[gi], eb, dist="ONEPT_B32")
+        else:
+            T.simd.vsts(sf_ub[gi], sf, dist="ONEPT_B32")
+
+    @T.macro
+    def group_inv(amax_bits, sf_ub, e_ub, gi):
+        # amax over the group -> lane 0 -> scales -> inv broadcast to every lane
+        sf, inv, eb = scale_math(T.simd.vcmax(amax_bits))
+        if writes_sf:
+            store_group_sf(sf, eb, sf_ub, e_ub, gi)
+        return T.simd.vdupv(inv)
+
+    @T.macro
+    def store_quantized(q_ub, code_ub, at, y):
+        if fmt == "e4m3":
+            hi = T.simd.vsel(T.simd.vdup(f32(fmax), "float32"), y, T.simd.vcmps(y, f32(fmax), op="gt"))
+            lo = T.simd.vsel(T.simd.vdup(f32(-fmax), "float32"), hi, T.simd.vcmps(hi, f32(-fmax), op="lt"))
+            T.simd.vsts(q_ub[at], T.simd.vcvt(lo, "float8_e4m3fn", round="ROUND_R", sat=True), dist="PK4_B32")
+        else:
+            m = T.simd.vabs(y)
+            six = T.simd.vdup(f32(fmax), "float32")
+            m = T.simd.vsel(six, T.simd.vmins(m, f32(fmax)), T.simd.vcmp(m, m, op="ne"))
+            lt2 = T.simd.vcmps(m, f32(2.0), op="lt")
+            lt4 = T.simd.vcmps(m, f32(4.0), op="lt")
+            scaled = T.simd.vsel(T.simd.vmuls(m, f32(2.0)), T.simd.vsel(m, T.simd.vmuls(m, f32(0.5)), lt4), lt2)
+            base = T.simd.vsel(
+                T.simd.vdup(T.int32(0), "int32"),
+                T.simd.vsel(T.simd.vdup(T.int32(2), "int32"), T.simd.vdup(T.int32(4), "int32"), lt4),
+                lt2,
+            )
+            mag = T.simd.vadd(T.simd.vcvt(scaled, "int32", round="ROUND_R", sat=True), base)
+            sign = T.simd.vand(
+                T.simd.vshrs(tirx.reinterpret("int32x64", y), T.int32(28)), T.simd.vdup(T.int32(8), "int32")
+            )
+            T.simd.vsts(code_ub[at], T.simd.vcvt(T.simd.vor(mag, sign), "uint8", sat=True), dist="PK4_B32")
+
+    return SimpleNamespace(abs_bits=abs_bits, scale_math=scale_math, store_group_sf=store_group_sf,
+                           group_inv=group_inv, store_quantized=store_quantized)
