@@ -307,12 +307,13 @@ def _known_spill(name: str) -> bool:
     return any(pattern in name for pattern in KNOWN_SPILLS)
 
 
-def _vector_buffers(case) -> tuple[str, ...]:
-    """Buffers the main path of the case's kernel loads 128 bits at a time: a spec names them
-    in ``vector_buffers`` (quant specs: ``x`` for a float input whose rows are 16-byte
-    aligned; misaligned rows and quantized inputs get other load paths)."""
+def _vector_buffers(name: str, case) -> tuple[str, ...]:
+    """Buffers grid entry ``name``'s kernel loads 128 bits at a time: a spec names them in
+    ``vector_buffers`` (quant specs: ``x`` for a float input whose rows are 16-byte aligned;
+    misaligned rows and quantized inputs get other load paths)."""
     kernel, call = describe(case)
-    spec = kernel.spec(call)
+    specs = kernel_specs(kernel, call)
+    spec = next((s for s in specs if s.name == name), specs[0])
     if not getattr(spec, "vectorize", False):
         return ()
     if hasattr(spec, "vector_buffers"):
@@ -320,7 +321,7 @@ def _vector_buffers(case) -> tuple[str, ...]:
     return () if getattr(call, "quantized_input", None) is not None else ("x",)
 
 
-MAIN_PATHS = [(name, case, _vector_buffers(case)) for name, case in GRID if _vector_buffers(case)]
+MAIN_PATHS = [(name, case, buffers) for name, case in GRID if (buffers := _vector_buffers(name, case))]
 
 
 @pytest.mark.parametrize("entry", MAIN_PATHS, ids=[name for name, _, _ in MAIN_PATHS])
