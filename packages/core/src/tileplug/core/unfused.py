@@ -15,7 +15,10 @@ Each op's declaration (``OpDef.unfused``) names its function here.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+import torch
 
 from tileplug.core.call import Ledger
 
@@ -95,32 +98,32 @@ def rotary_eager_steps(call: Any) -> Steps:
     return steps
 
 
-def _norm_ledger(rows: int, width: int, dtype_size: int, weight_size: int) -> Ledger:
-    """``rms_norm`` of [rows, width] at its own ledger (read x and the weight, write y)."""
-    full = rows * width * dtype_size
-    return Ledger(full + width * weight_size, full, 4 * rows * width)
+def _own_ledger(traits: Any, name: str, *args: Any, **kwargs: Any) -> Ledger:
+    """The ledger op ``name`` declares for this call on meta tensors (its own arithmetic)."""
+    from tileplug.core import opdefs
+
+    call, _ = opdefs.describe_call(name, *args, **kwargs)
+    return opdefs.get(name).ledger(call, traits)
 
 
 def norm_cast_chain(call: Any, traits: Any) -> Steps:
-    """``rms_norm_per_token_cast`` as ``rms_norm`` then ``per_token_cast`` of its output."""
-    weight = call.weight_dtype.itemsize if call.weight_dtype is not None else 0
-    full = call.rows * call.hidden * call.input_dtype.itemsize
-    norm = _norm_ledger(call.rows, call.hidden, call.input_dtype.itemsize, weight)
-    if call.residual:
-        norm = Ledger(norm.bytes_read + full, norm.bytes_written + full, norm.flops)
-    return [("rms_norm", norm), ("per_token_cast", call.quant.ledger(traits))]
+    """``rms_norm_per_token_cast`` as ``rms_norm`` then ``per_token_cast`` of its output: the
+    same call without its cast is the ``rms_norm`` call."""
+    norm = dataclasses.replace(call, op="rms_norm", name="rms_norm", quant=None, unquantized=False)
+    return [("rms_norm", norm.ledger(traits)), ("per_token_cast", call.quant.ledger(traits))]
 
 
 def norm_rope_chain(call: Any, traits: Any) -> Steps:
     """``rms_norm_rope`` as ``rms_norm`` per head then ``apply_rotary`` on its output (and,
-    with the cast, ``per_token_cast`` of ``y.view(T, N·D)``)."""
-    rows = call.tokens * call.heads
-    size = call.dtype.itemsize
-    steps: Steps = [("rms_norm", _norm_ledger(rows, call.head_dim, size, call.weight_dtype.itemsize))]
-    rotated = rows * call.rotary_dim * size
-    positions = call.tokens * call.positions_dtype.itemsize if call.positions_dtype is not None else 0
-    cache = call.tokens * call.rotary_dim * 4
-    steps.append(("apply_rotary", Ledger(rotated + positions + cache, rotated, 3 * rows * call.rotary_dim)))
+    with the cast, ``per_token_cast`` of ``y.view(T, N·D)``), each at the ledger it declares."""
+    x = torch.empty(call.tokens, call.heads, call.head_dim, dtype=call.dtype, device="meta")
+    weight = torch.empty(call.head_dim, dtype=call.weight_dtype, device="meta")
+    cache = torch.empty(1, call.rotary_dim, dtype=torch.float32, device="meta")
+    positions = (None if call.positions_dtype is None
+                 else torch.empty(call.tokens, dtype=call.positions_dtype, device="meta"))
+    steps: Steps = [("rms_norm", _own_ledger(traits, "rms_norm", x, weight)),
+                    ("apply_rotary", _own_ledger(traits, "apply_rotary", x[..., :call.rotary_dim], cache,
+                                                 positions=positions, interleaved=call.interleaved))]
     if call.quant is not None:
         steps.append(("per_token_cast", call.quant.ledger(traits)))
     return steps
