@@ -22,8 +22,7 @@ over ``y.view(T, N·D)``, bytewise as this backend's ``per_token_cast`` of that 
 of ``g`` columns never straddle two heads (``D`` a multiple of ``g``, else declined), so a
 group is ``g / VEC`` adjacent lanes of one chunk of a head's row, reduced on chip with xor
 shuffles of the amax bits (a max: the same bits in any order), then the quant family's
-scale macros (``quant.sf_math``: ``group_inverse`` / ``group_scale``, e4m3 by the
-hardware's saturating conversion, e2m1 by ``e2m1_code``).
+scale macros: the fused norm cast's own macro (``norm.row_cast.RowCast``).
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
@@ -46,10 +45,9 @@ def build_kernel(spec: NormRopeSpec):
     import tilelang.language as T
 
     from tileplug.backend_cuda.norm.rms_norm import RmsNormMacros
+    from tileplug.backend_cuda.norm.row_cast import RowCast
     from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, row_buffer, vector_buffer
-    from tileplug.backend_cuda.quant import sf_math
     from tileplug.backend_cuda.rope.rotation import nan_f32, rotated_first, rotated_second
-    from tileplug.core.quant.formats import QUANT_FORMATS
 
     norm = spec.norm
     M = T.dynamic("M")
@@ -73,66 +71,13 @@ def build_kernel(spec: NormRopeSpec):
     STRIDES = aligned_strides(norm, x_t, *((y_t,) if WRITE_Y else ()))
     if quant is not None:
         D, HEADS = norm.hidden, norm.heads
-        E2M1 = quant.fmt == "e2m1"
-        VPB = 2 if E2M1 else 1  # values per byte of q
-        QDT = "int8" if E2M1 else "float8_e4m3fn"
-        FMAX = QUANT_FORMATS[quant.fmt].max_value
-        FRCP = sf_math.f32(1.0 / FMAX)
-        CMIN_BITS = sf_math.f32_bits(quant.clamp_min)
-        ROUND, E4M3_SF = quant.round_sf, quant.sf_kind == "e4m3"
-        PACKED, SF_COL = quant.sf_kind == "ue8m0", quant.sf_col_major
-        GROUP_LANES = quant.group // VEC  # adjacent lanes holding one group (within one chunk of the row)
-        GROUP_STEPS = [d for d in (16, 8, 4, 2, 1) if d < GROUP_LANES]
         assert D % quant.group == 0 and rows.LANES * VEC % quant.group == 0
+        # the per-token cast of the rotated row: the fused norm cast's own macro (same bytes as
+        # this backend's per_token_cast of y)
+        cast = RowCast(quant, rows, IN, VEC, D, HEADS, norm.vectorize)
+        VPB, QDT = cast.values_per_byte, cast.q_dtype
         q_t = T.Tensor((M, HEADS * D // VPB), QDT)
-        sf_t = T.StridedTensor((T.dynamic("OR"), T.dynamic("OC")), (T.dynamic("OS0"), T.dynamic("OS1")),
-                               {"fp32": "float32", "e4m3": "float8_e4m3fn", "ue8m0": "uint8"}[quant.sf_kind])
-
-        def amax_key(yv, i, inside):
-            """int32 amax key of value ``i`` (the bits of |y|, sf_math.abs_bits; 0 past D)."""
-            key = sf_math.bf16_abs_bits(yv[i]) if IN == "bfloat16" else sf_math.abs_bits(T.cast(yv[i], "float32"))
-            return key if inside is True else T.if_then_else(inside, key, 0)
-
-        @T.macro
-        def store_scale(sf, t, group, value):
-            if PACKED and SF_COL:  # the bytes of column-major int32 words: [C / 4, 4 T]
-                sf[group // 4, t * 4 + group % 4] = value
-            else:
-                sf[t, group] = value
-
-        @T.macro
-        def cast_row(yv, q, sf, t, n, lane, valid, amax, inv, qv):
-            """Per-token groups of the thread's rotated values: amax, scale, quantized bytes."""
-            for k in CHUNKS:
-                col = rows.column(k, lane)
-                flat = n * D + col  # column of the token's [N·D] row
-                amax[0] = 0
-                for j in VALUES:
-                    amax[0] = T.max(amax[0], amax_key(yv, k * VEC + j, rows.in_row(k, j, lane)))
-                for d in GROUP_STEPS:
-                    amax[0] = T.max(amax[0], T.shfl_xor(amax[0], d))
-                inv[0] = sf_math.group_inverse(amax[0], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF)
-                if valid and col < D and lane % GROUP_LANES == 0:
-                    store_scale(sf, t, flat // quant.group,
-                                sf_math.group_scale(amax[0], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED))
-                if E2M1:
-                    for j in T.unroll(VEC // 2):
-                        qv[j] = T.cast(
-                            sf_math.e2m1_code(T.cast(yv[k * VEC + 2 * j], "float32") * inv[0])
-                            | T.shift_left(sf_math.e2m1_code(T.cast(yv[k * VEC + 2 * j + 1], "float32") * inv[0]), 4),
-                            "int8",
-                        )
-                else:
-                    for j in T.vectorized(VEC):
-                        qv[j] = T.cast(T.cast(yv[k * VEC + j], "float32") * inv[0], "float8_e4m3fn")
-                if norm.vectorize:
-                    if valid and col < D:
-                        for j in T.vectorized(VEC // VPB):
-                            q[t, flat // VPB + j] = qv[j]
-                else:
-                    for j in T.unroll(VEC // VPB):
-                        if valid and col + j * VPB < D:
-                            q[t, flat // VPB + j] = qv[j]
+        sf_t = cast.sf_type()
 
     @T.macro
     def cos_sin(cache, position, inside, p, cn):
@@ -197,10 +142,10 @@ def build_kernel(spec: NormRopeSpec):
             if WRITE_Y:
                 rows.store_row(y, yv, t, n, lane, valid)
             if quant is not None:
-                amax = T.alloc_local((1,), "int32")
-                inv = T.alloc_local((1,), "float32")
+                amax = T.alloc_local((rows.CHUNKS,), "int32")
+                inv = T.alloc_local((rows.CHUNKS,), "float32")
                 qv = T.alloc_local((VEC // VPB,), QDT)
-                cast_row(yv, q, sf, t, n, lane, valid, amax, inv, qv)
+                cast.cast(yv, q, sf, t, n, lane, valid, amax, inv, qv)
 
     # One prim_func per buffer set (TileLang reads the signature off the annotations).
     POSITIONS = spec.positions is not None

@@ -1,0 +1,110 @@
+"""The per-token cast of a normalized row held in registers: the last stage of the fused
+``rms_norm_per_token_cast`` and ``rms_norm_rope_per_token_cast`` kernels.
+
+It reads ``y`` (rounded to x.dtype) from the thread's row chunks with the quant family's
+scale macros (``quant.sf_math``) in the quant kernel's order of operations: amax on the
+bits of ``|y|`` (NaN-propagating integer max), reduced over the ``group / VEC`` lanes of a
+group with xor shuffles (a max: any order gives the same bits), ``group_inverse`` /
+``group_scale``, ``q = saturate(float(y) · inv)`` (e4m3 by the hardware's saturating
+conversion, e2m1 by ``sf_math.e2m1_code``). A group never leaves a row's lanes: a vector of
+a row is ``VEC`` consecutive columns, ``VEC`` divides the group, and a group's vectors sit in
+adjacent lanes of one chunk (``rows``' layout). A partial last group's amax covers its valid
+columns only. Row ``n`` of token ``t`` is columns ``n·D …`` of the quantized ``[T, N·D]``
+row (``heads`` None: a 2-D input, the row itself).
+
+No ``from __future__ import annotations``: TileLang evaluates the macro annotations.
+"""
+
+import tilelang.language as T
+
+from tileplug.backend_cuda.quant import sf_math
+from tileplug.core.quant.formats import QUANT_FORMATS
+
+SF_DTYPES = {"fp32": "float32", "e4m3": "float8_e4m3fn", "ue8m0": "uint8"}
+
+
+class RowCast:
+    """Constants, buffer types and the ``cast`` macro of one cast configuration ``quant`` (a
+    norm spec's quant part) over ``rows`` (``norm.rows.RowMacros``) of ``width`` values of
+    ``in_dtype`` in vectors of ``vec``; ``vectorize``: 128-bit stores of ``q``."""
+
+    def __init__(self, quant, rows, in_dtype: str, vec: int, width: int, heads, vectorize: bool) -> None:
+        self.e2m1 = quant.fmt == "e2m1"
+        self.values_per_byte = 2 if self.e2m1 else 1
+        self.q_dtype = "int8" if self.e2m1 else "float8_e4m3fn"
+        self.sf_dtype = SF_DTYPES[quant.sf_kind]
+        self.chunks = rows.CHUNKS
+        VEC, D, HEADS, VPB, E2M1 = vec, width, heads, self.values_per_byte, self.e2m1
+        IN = in_dtype
+        FMAX = QUANT_FORMATS[quant.fmt].max_value
+        FRCP = sf_math.f32(1.0 / FMAX)
+        CMIN_BITS = sf_math.f32_bits(quant.clamp_min)
+        ROUND = quant.round_sf
+        E4M3_SF = quant.sf_kind == "e4m3"
+        PACKED = quant.sf_kind == "ue8m0"
+        SF_COL = quant.sf_col_major
+        GROUP = quant.group
+        GROUP_LANES = min(GROUP // VEC, rows.LANES)  # lanes holding one group's values (fewer: the row is shorter)
+        GROUP_STEPS = [d for d in (16, 8, 4, 2, 1) if d < GROUP_LANES]
+        LANES_PER_GROUP = GROUP // VEC
+        CHUNK_INDICES, VALUE_INDICES = list(range(rows.CHUNKS)), list(range(VEC))  # unrolled while tracing
+
+        def amax_key(yv, i, inside):
+            """int32 amax key of output value ``i`` (the bits of |y|; 0 past D)."""
+            key = sf_math.bf16_abs_bits(yv[i]) if IN == "bfloat16" else sf_math.abs_bits(yv[i])
+            return key if inside is True else T.if_then_else(inside, key, 0)
+
+        def flat_column(n, col):
+            """Column of the quantized row ``[N·D]`` of a head's column."""
+            return col if HEADS is None else n * D + col
+
+        @T.macro
+        def store_scale(sf, t, gc, value):
+            if not PACKED:
+                sf[t, gc] = value
+            elif SF_COL:
+                sf[gc // 4, t * 4 + gc % 4] = value
+            else:
+                sf[t, gc] = value
+
+        @T.macro
+        def cast(yv, q, sf, t, n, lane, valid, amax, inv, qv):
+            """Scales and quantized bytes of the thread's values ``yv`` of row ``n`` of token ``t``
+            (``amax`` / ``inv``: ``chunks`` registers each, ``qv``: one vector of ``q``)."""
+            for k in CHUNK_INDICES:
+                amax[k] = 0
+                for j in VALUE_INDICES:
+                    amax[k] = T.max(amax[k], amax_key(yv, k * VEC + j, rows.in_row(k, j, lane)))
+                for d in GROUP_STEPS:
+                    amax[k] = T.max(amax[k], T.shfl_xor(amax[k], d))
+                inv[k] = sf_math.group_inverse(amax[k], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF)
+                col = rows.column(k, lane)
+                flat = flat_column(n, col)
+                if valid and col < D and lane % LANES_PER_GROUP == 0:
+                    store_scale(sf, t, flat // GROUP,
+                                sf_math.group_scale(amax[k], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED))
+                if E2M1:
+                    for j in T.unroll(VEC // 2):
+                        qv[j] = T.cast(
+                            sf_math.e2m1_code(T.cast(yv[k * VEC + 2 * j], "float32") * inv[k])
+                            | T.shift_left(sf_math.e2m1_code(T.cast(yv[k * VEC + 2 * j + 1], "float32") * inv[k]), 4),
+                            "int8",
+                        )
+                else:
+                    for j in T.vectorized(VEC):
+                        qv[j] = T.cast(T.cast(yv[k * VEC + j], "float32") * inv[k], "float8_e4m3fn")
+                if vectorize:
+                    if valid and col < D:
+                        for j in T.vectorized(VEC // VPB):
+                            q[t, flat // VPB + j] = qv[j]
+                else:
+                    for j in T.unroll(VEC // VPB):
+                        if valid and col + j * VPB < D:
+                            q[t, flat // VPB + j] = qv[j]
+
+        self.cast = cast
+
+    def sf_type(self):
+        """The ``sf`` buffer: any strides (the bytes of packed UE8M0 storage)."""
+        return T.StridedTensor((T.dynamic("OR"), T.dynamic("OC")), (T.dynamic("OS0"), T.dynamic("OS1")),
+                               self.sf_dtype)
