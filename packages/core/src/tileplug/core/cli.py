@@ -4,8 +4,9 @@ Every command is derived from the op table (``tileplug.core.opdefs``): the ``inf
 has a row per declared op, ``lower`` and ``ledger`` accept every declared op, ``bench``
 times every op's bench cases and ``demo`` quantizes with every bench case of an op that
 returns a ``(q, sf)`` pair; ``precompile`` compiles the kernels of every case and bench
-case. No op is named here except the demo's inverse (``cast_back``) and the default cases of
-the dispatch-cost measurement.
+case. No op is named here except the demo's inverse (``cast_back``), the demo's attention
+step (``DEMO_QK_STEP``: the fused QK op and the three ops it fuses, run with hand-made
+inputs) and the default cases of the dispatch-cost measurement.
 """
 
 from __future__ import annotations
