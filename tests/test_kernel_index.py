@@ -126,3 +126,24 @@ def test_precompile_rejects_an_unknown_device() -> None:
     done = subprocess.run([sys.executable, "-m", "tileplug.core.cli", "precompile", "--device", "bogus"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--device" in done.stderr
+
+
+def test_precompile_plans_every_declared_op(monkeypatch) -> None:
+    """``tileplug precompile`` with no ``--ops`` asks every kernel of the cuda backend for the
+    specialisations its calls run: each op the backend serves contributes at least one, and
+    every kernel object answers ``specs`` (no compilation here: the compile is stubbed)."""
+    from tileplug.backend_cuda import jit, plugin
+    from tileplug.core import opdefs
+    from tileplug.core.precompile import grid_calls
+    from tileplug.core.registry import registry
+
+    planned: list = []
+    monkeypatch.setattr(jit, "precompile", lambda specs, **options: planned.extend(specs) or len(specs))
+    calls = grid_calls(registry.get("cuda"), "cuda")
+    assert plugin.precompile(calls) == len(planned)
+    served = {call.op for call in calls if call.op in plugin._KERNELS and plugin._KERNELS[call.op].supports(call) is None}
+    assert served == {name for name in opdefs.names() if name in plugin._KERNELS}
+    names = {spec.name for spec in planned}
+    for op in served:
+        prefix = {"per_block_cast": "per_block", "per_channel_cast": "per_channel"}.get(op, op)
+        assert any(name.startswith(prefix) for name in names), f"{op}: no specialisation planned"

@@ -190,3 +190,48 @@ def test_assert_quantized_close_accepts_an_ulp_of_the_source_and_refuses_more() 
     far_q, far_sf = core.ops.per_token_cast(x * 1.5)
     with pytest.raises(AssertionError, match="factor"):
         testing.assert_quantized_close(far_q, far_sf, q, sf, "e4m3", 128, torch.bfloat16)
+
+
+def test_value_spacing_is_the_distance_to_the_next_value() -> None:
+    views = {2: torch.int16, 4: torch.int32}
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        values = torch.tensor([1.0, 1.5, -3.0, 1e-3, 0.0, 1e-7], dtype=dtype)
+        following = (values.abs().view(views[values.element_size()]) + 1).view(dtype)
+        expected = following.double() - values.abs().double()
+        assert torch.equal(testing.value_spacing(values, dtype), expected), dtype
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotated_chain_bound_allows_carried_ulps_and_refuses_more(interleaved: bool) -> None:
+    """[1 token, 1 head, D = 6], R = 4: pairs (0, 2), (1, 3) for NeoX, (0, 1), (2, 3) for GPT-J.
+    One pair cancels: its small value may be off by two spacings of the pair's magnitude; an
+    element of a balanced pair off by four of its own spacings is refused, as is a channel past
+    R off by two ulp."""
+    dtype = torch.float16
+    one = 1.0
+    small = 2.0 ** -9
+    values = [small, one, one, one, 0.5, 0.25]  # element 0's partner is 1 (GPT-J) or 2 (NeoX): both 1
+    expected = torch.tensor(values, dtype=dtype).view(1, 1, 6)
+    spacing_one = 2.0 ** -10
+    carried = expected.clone()
+    carried[0, 0, 0] += 2 * spacing_one  # 2 spacings of hypot(small, 1) ≈ 1: many ulp of `small`
+    assert testing.ulp_distance(carried, expected).max() > 2
+    testing.assert_rotated_within_chain_bound(carried, expected, 4, interleaved)
+    beyond = expected.clone()
+    beyond[0, 0, 0] += 4 * spacing_one
+    with pytest.raises(AssertionError, match="outside the chain's bound"):
+        testing.assert_rotated_within_chain_bound(beyond, expected, 4, interleaved)
+    balanced = expected.clone()
+    balanced[0, 0, 3] += 3 * spacing_one  # its partner is 1: bound spacing(1) + 2·spacing(√2) = 3 spacings of 1
+    testing.assert_rotated_within_chain_bound(balanced, expected, 4, interleaved)
+    balanced[0, 0, 3] += spacing_one
+    with pytest.raises(AssertionError, match="outside the chain's bound"):
+        testing.assert_rotated_within_chain_bound(balanced, expected, 4, interleaved)
+    tail = expected.clone()
+    tail[0, 0, 5] = torch.tensor(0.25 + 2 * 2.0 ** -12, dtype=dtype)
+    with pytest.raises(AssertionError, match="channels past R"):
+        testing.assert_rotated_within_chain_bound(tail, expected, 4, interleaved)
+    nan = expected.clone()
+    nan[0, 0, 1] = float("nan")
+    with pytest.raises(AssertionError, match="NaN mismatch"):
+        testing.assert_rotated_within_chain_bound(nan, expected, 4, interleaved)

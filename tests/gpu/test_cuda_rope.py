@@ -495,11 +495,11 @@ def _served_by_cuda(op: str, *args, **kwargs) -> None:
 @pytest.mark.parametrize("setup", NORM_SETUPS, ids=[s.label() for s in NORM_SETUPS])
 def test_rms_norm_rope_equals_the_unfused_chain_bytewise(setup: NormSetup, tokens: int) -> None:
     """SPEC §4 fusion rule: the fused kernel writes the bytes of this backend's ``rms_norm``
-    followed by its ``apply_rotary``; and within 2 ulp of the reference (the norm's ulp and
-    the rotation's)."""
+    followed by its ``apply_rotary``; and within the chain's bound of the reference (the
+    norm's ulp carried through the rotation, then the rotation's)."""
     from tileplug.core import ops
     from tileplug.core.registry import use_backend
-    from tileplug.core.testing import assert_bytes_equal, assert_within_ulps
+    from tileplug.core.testing import assert_bytes_equal, assert_rotated_within_chain_bound
 
     args, kwargs = setup.arguments(tokens)
     x, weight = args[0], args[1]
@@ -511,7 +511,8 @@ def test_rms_norm_rope_equals_the_unfused_chain_bytewise(setup: NormSetup, token
     with use_backend("reference"):
         expected = ops.rms_norm_rope(*args, **kwargs)
     assert_bytes_equal(fused, chain, what=f"{setup.label()} T={tokens} fused vs chain")
-    assert_within_ulps(fused, expected, 2, what=f"{setup.label()} T={tokens} vs reference")
+    assert_rotated_within_chain_bound(fused, expected, setup.rotary, setup.interleaved,
+                                      what=f"{setup.label()} T={tokens} vs reference")
 
 
 def test_rms_norm_rope_out_of_range_positions() -> None:
@@ -553,7 +554,7 @@ def test_rms_norm_rope_batch_invariance_bytewise() -> None:
             for probe, slot in enumerate(dict.fromkeys(slots)):
                 args[0][slot] = probe_args[0][probe]
                 kwargs["positions"][slot] = probe_kwargs["positions"][probe]
-            y = ops.rms_norm_rope(*args, **kwargs)
+            y = ops.rms_norm_rope(args[0], *probe_args[1:], **kwargs)  # the probes' weight and cache
             for probe, slot in enumerate(dict.fromkeys(slots)):
                 assert torch.equal(y[slot].view(torch.uint8), alone[probe].view(torch.uint8)), (batch, slot)
 

@@ -215,6 +215,57 @@ def assert_within_ulps(actual: torch.Tensor, expected: torch.Tensor, ulps: int, 
                              f"actual {have[index].item()!r} vs expected {want[index].item()!r}")
 
 
+_SPACING_BITS = {torch.bfloat16: (7, -126), torch.float16: (10, -14), torch.float32: (23, -126)}
+"""Per dtype: explicit mantissa bits and the smallest normal exponent."""
+
+
+def value_spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The distance between neighbouring representable values of ``dtype`` at each |value|
+    (float64, same shape): ``2^(e − mantissa bits)`` with ``e`` the exponent of the value,
+    the subnormal step below the normal range."""
+    mantissa_bits, smallest_exponent = _SPACING_BITS[dtype]
+    magnitude = values.double().abs()
+    _, exponent = torch.frexp(magnitude)
+    exponent = torch.where(magnitude == 0, smallest_exponent, torch.clamp(exponent - 1, min=smallest_exponent))
+    return torch.ldexp(torch.ones_like(magnitude), exponent - mantissa_bits)
+
+
+def assert_rotated_within_chain_bound(actual: torch.Tensor, expected: torch.Tensor, rotary_dim: int,
+                                      interleaved: bool, what: str = "rotated") -> None:
+    """Compare the output ``[..., D]`` of a norm followed by a rotation of its first
+    ``rotary_dim`` channels with the reference's, as SPEC §6 derives it through the chain: the
+    norm within 1 ulp, then the rotation within 1 ulp of the reference's rotation of the same
+    input. Channels past ``rotary_dim`` are the norm alone (≤ 1 ulp). A rotated element
+    ``y1·cos − y2·sin`` carries its inputs' ulp through the rotation: it may differ by one
+    spacing of itself plus two spacings of its pair's magnitude ``hypot(y1, y2)`` (which the
+    rotation preserves, so it is read from the expected pair). Where the rotation cancels,
+    that exceeds any fixed ulp count of the (small) result. NaNs must meet NaNs."""
+    require(actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}")
+    require(actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}")
+    have, want = actual.cpu(), expected.cpu()
+    assert_within_ulps(have[..., rotary_dim:], want[..., rotary_dim:], 1, what=f"{what} (channels past R)")
+    have, want = have[..., :rotary_dim].double(), want[..., :rotary_dim].double()
+    if interleaved:  # GPT-J: channel 2i pairs with 2i + 1
+        partner = want.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    else:  # NeoX: channel i pairs with i + R/2
+        partner = torch.cat([want[..., rotary_dim // 2:], want[..., :rotary_dim // 2]], dim=-1)
+    have_nan, want_nan = torch.isnan(have), torch.isnan(want)
+    mismatch = have_nan != want_nan
+    if mismatch.any():
+        index = tuple(mismatch.nonzero()[0].tolist())
+        raise AssertionError(f"{what}: NaN mismatch at {index}: actual {have[index].item()!r} vs "
+                             f"expected {want[index].item()!r}")
+    bound = value_spacing(want, actual.dtype) + 2 * value_spacing(torch.hypot(want, partner), actual.dtype)
+    excess = torch.where(want_nan, 0.0, (have - want).abs() - bound)
+    worst = float(excess.max()) if excess.numel() else 0.0
+    if worst > 0:
+        index = tuple((excess == worst).nonzero()[0].tolist())
+        count = int((excess > 0).sum())
+        raise AssertionError(f"{what}: {count} rotated element(s) outside the chain's bound; worst at {index}: "
+                             f"actual {have[index].item()!r} vs expected {want[index].item()!r} "
+                             f"(bound {bound[index].item():.3g})")
+
+
 _QUANT_STEPS = {"e4m3": (2.0 ** -3, 2.0 ** -9), "e2m1": (0.5, 0.5)}
 """Per format: the largest relative spacing of neighbouring normal values and the smallest
 absolute step (the subnormal step), in units of the scale."""

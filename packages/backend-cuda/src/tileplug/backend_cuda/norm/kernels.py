@@ -58,6 +58,10 @@ class NormKernel:
         """The specialisation serving ``call``."""
         return make_spec(call)
 
+    def specs(self, call: NormCall) -> list:
+        """Every specialisation a call runs (what ``tileplug precompile`` compiles)."""
+        return [self.spec(call)]
+
     def arguments(self, call: NormCall) -> Callable[[Any, Any], tuple]:
         """``order(inputs, outputs)`` → the kernel's tensors in its signature's order."""
         raise NotImplementedError
