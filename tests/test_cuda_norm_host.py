@@ -418,7 +418,7 @@ def test_backward_runs_the_row_kernel_then_the_column_sum() -> None:
     kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, x, torch.ones(7168, dtype=torch.bfloat16), rstd)
     assert kernel.supports(call) is None
     specs = kernel.specs(call)
-    assert len(specs) == 2 and specs[1] == ColumnSumSpec() and specs[0].op == "rms_norm_backward"
+    assert specs[1:] == [ColumnSumSpec(segment=True), ColumnSumSpec()] and specs[0].op == "rms_norm_backward"
     kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, x, None, rstd)
     assert len(kernel.specs(call)) == 1
 
@@ -428,8 +428,43 @@ def test_column_sum_lowers_with_an_ordered_loop() -> None:
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.norm.backward import ColumnSumSpec
 
-    source = jit.lower_source(ColumnSumSpec())
-    assert "__fadd_rn" in source and "atomic" not in source.lower()
+    for spec in (ColumnSumSpec(), ColumnSumSpec(segment=True)):
+        source = jit.lower_source(spec)
+        assert "__fadd_rn" in source and "atomic" not in source.lower(), spec.name
+    assert "blockIdx.y" in jit.lower_source(ColumnSumSpec(segment=True))  # segments along the grid's y
+
+
+def test_column_sum_stages_add_in_a_fixed_order() -> None:
+    """The two-stage column sum on the CPU, with the stages played by PyTorch loops in the
+    kernels' order: one segment is the plain row-order sum; more add each run of
+    SEGMENT_ROWS rows, then the runs in order."""
+    from tileplug.backend_cuda.norm.backward import SEGMENT_ROWS, ColumnSumSpec, column_sum_launcher
+
+    def serial(partials: torch.Tensor, out: torch.Tensor) -> None:
+        acc = partials[0].clone()
+        for row in partials[1:]:
+            acc += row
+        out.copy_(acc)
+
+    def segments(partials: torch.Tensor, sums: torch.Tensor) -> None:
+        for index in range(sums.shape[0]):
+            serial(partials[index * SEGMENT_ROWS:(index + 1) * SEGMENT_ROWS], sums[index])
+
+    entries = {ColumnSumSpec(): serial, ColumnSumSpec(segment=True): segments}
+    add = column_sum_launcher(entries.__getitem__)
+    for rows in (1, SEGMENT_ROWS, SEGMENT_ROWS + 1, 5 * SEGMENT_ROWS - 3):
+        partials = torch.randn(rows, 7, generator=torch.Generator().manual_seed(rows))
+        total = torch.empty(7)
+        add(partials, total)
+        expected = torch.empty(7)
+        if rows <= SEGMENT_ROWS:
+            serial(partials, expected)
+        else:
+            stage = torch.empty(-(-rows // SEGMENT_ROWS), 7)
+            segments(partials, stage)
+            serial(stage, expected)
+        assert torch.equal(total, expected), rows
+        assert torch.allclose(total, partials.double().sum(0).float(), rtol=1e-5, atol=1e-5)
 
 
 def test_layer_norm_backward_reduces_bias_and_weight() -> None:

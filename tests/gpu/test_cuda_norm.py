@@ -195,7 +195,7 @@ def precompiled():
         specs.append(_spec(RMS, (x, weight), {"residual": x, "weight_offset": 1.0}))
     from tileplug.backend_cuda.norm.backward import ColumnSumSpec
 
-    specs.append(ColumnSumSpec())
+    specs += [ColumnSumSpec(), ColumnSumSpec(segment=True)]
     jit.precompile([spec for spec in specs if spec is not None])
 
 

@@ -5,11 +5,15 @@ The row kernel of a backward op (``rms_norm_backward.py``, ``layer_norm_backward
 runs, in CTA ``b``, ``ROW_BLOCK`` consecutive iterations of its row tile (rows
 ``(b · ROW_BLOCK + i) · rows + slot``); each row slot adds its rows' terms in iteration
 order into registers and writes one partial row ``partials[b · rows + slot, :]`` per
-reduced vector. :class:`ColumnSumSpec` then adds the partials of each column in partial
-order. The blocking is a constant of the tile, so the order of every addition depends on
-``T`` alone — never on the SM count or the launch — and no atomics are used: the same
-inputs give the same bytes on every run. (The reference adds the rows in a pairwise tree;
-the two orders agree within SPEC §5's relative 1e-5.)
+reduced vector. The column sum then adds the partials of each column in two fixed stages:
+:class:`ColumnSumSpec` with ``segment`` set adds each run of ``SEGMENT_ROWS`` consecutive
+partial rows in row order (a 2-D grid: column blocks × segments, so a long ``T`` keeps every
+SM busy), and the plain :class:`ColumnSumSpec` adds those segment sums in segment order (or
+the partials themselves, when there is one segment). The blocking and the segments are
+constants, so the order of every addition depends on ``T`` alone — never on the SM count or
+the launch — and no atomics are used: the same inputs give the same bytes on every run.
+(The reference adds the rows in a pairwise tree; the orders agree within SPEC §5's relative
+1e-5.)
 """
 
 from __future__ import annotations
@@ -25,22 +29,45 @@ from tileplug.core.contracts.norm import NormCall
 ROW_BLOCK = 8
 """Iterations of its tile's rows one CTA runs: ``rows · ROW_BLOCK`` rows per partial block."""
 COLUMN_THREADS = 256
+SEGMENT_ROWS = 64
+"""Partial rows one CTA of the segment stage adds (in row order) into one segment sum."""
 
 
 @dataclass(frozen=True)
 class ColumnSumSpec:
-    """The column sum of ``partials [P, D]`` (fp32, P and D both runtime) into ``[D]``, each
-    column added in row order by one thread."""
+    """A column sum of fp32 ``partials [P, D]`` (P and D runtime), each column added in row
+    order by one thread: into ``[D]`` (``segment`` False), or, per run of ``SEGMENT_ROWS``
+    rows, into ``[ceil(P / SEGMENT_ROWS), D]`` (``segment`` True: grid ``(column blocks,
+    segments)``)."""
+
+    segment: bool = False
 
     @property
     def name(self) -> str:
-        return "norm_column_sum_fp32"
+        return "norm_column_segment_sum_fp32" if self.segment else "norm_column_sum_fp32"
 
     def build(self):
         import tilelang.language as T
 
         P = T.dynamic("P")
         D = T.dynamic("D")
+        if self.segment:
+            S = T.dynamic("S")
+
+            @T.prim_func
+            def kernel(partials: T.Tensor((P, D), "float32"), sums: T.Tensor((S, D), "float32")):
+                with T.Kernel(T.ceildiv(D, COLUMN_THREADS), S, threads=COLUMN_THREADS) as (bx, segment):
+                    tx = T.get_thread_binding()
+                    acc = T.alloc_local((1,), "float32")
+                    col = bx * COLUMN_THREADS + tx
+                    first = segment * SEGMENT_ROWS
+                    if col < D:
+                        acc[0] = partials[first, col]
+                        for p in T.serial(T.min(SEGMENT_ROWS, P - first) - 1):
+                            acc[0] = T.ieee_add(acc[0], partials[first + p + 1, col])
+                        sums[segment, col] = acc[0]
+
+            return kernel.with_attr("global_symbol", self.name)
 
         @T.prim_func
         def kernel(partials: T.Tensor((P, D), "float32"), total: T.Tensor((D,), "float32")):
@@ -57,6 +84,23 @@ class ColumnSumSpec:
         return kernel.with_attr("global_symbol", self.name)
 
 
+def column_sum_launcher(device_entry) -> Any:
+    """``add(partials, total)``: ``total[D]`` = the column sums of ``partials [P, D]`` in the
+    module's two fixed stages (``device_entry(spec)`` loads a compiled entry)."""
+    segments, final = device_entry(ColumnSumSpec(segment=True)), device_entry(ColumnSumSpec())
+
+    def add(partials: torch.Tensor, total: torch.Tensor) -> None:
+        count = -(-partials.shape[0] // SEGMENT_ROWS)
+        if count == 1:
+            final(partials, total)
+            return
+        sums = torch.empty((count, partials.shape[1]), dtype=torch.float32, device=partials.device)
+        segments(partials, sums)
+        final(sums, total)
+
+    return add
+
+
 class BackwardKernel(NormKernel):
     """Base of the backward kernel objects: the row kernel with its partial rows, then one
     column sum per reduced vector (:meth:`reduced`: the gradients' field names)."""
@@ -67,7 +111,7 @@ class BackwardKernel(NormKernel):
 
     def specs(self, call: NormCall) -> list:
         """Every specialisation a call runs."""
-        return [self.spec(call)] + ([ColumnSumSpec()] if self.reduced(call) else [])
+        return [self.spec(call)] + ([ColumnSumSpec(segment=True), ColumnSumSpec()] if self.reduced(call) else [])
 
     def prepare(self, call: NormCall):
         from tileplug.backend_cuda import jit
@@ -83,7 +127,7 @@ class BackwardKernel(NormKernel):
         slots = spec.tile.rows
         # the row kernel's "outputs" are (gradients, partial rows) for this call only
         rows_launch = make_launcher(spec, jit.entry(spec), lambda inputs, both: order(inputs, both[0], both[1]))
-        column_sum = jit.entry(ColumnSumSpec())
+        column_sum = column_sum_launcher(jit.entry)
 
         def launch(inputs: Any, outputs: Any) -> None:
             blocks = -(-(inputs.x.shape[0] * heads) // per_block)

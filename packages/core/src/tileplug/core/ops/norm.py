@@ -421,7 +421,11 @@ def _bench(name: str) -> list[BenchCase]:
         contracts.RMS_NORM: [BenchCase.of("rms_norm", "rms_norm"),
                              BenchCase.of("rms_norm/residual", "rms_norm", inputs={"residual": True})],
         contracts.LAYER_NORM: [BenchCase.of("layer_norm", "layer_norm", inputs={"bias": "bf16"})],
-        contracts.RMS_NORM_PER_TOKEN_CAST: [BenchCase.of("rms_norm_per_token_cast", "rms_norm_per_token_cast")],
+        contracts.RMS_NORM_PER_TOKEN_CAST: [
+            BenchCase.of("rms_norm_per_token_cast", "rms_norm_per_token_cast"),
+            # TileKernels' fused norm cast takes only 1×32 groups
+            BenchCase.of("rms_norm_per_token_cast/g32", "rms_norm_per_token_cast", num_per_channels=32),
+        ],
         contracts.RMS_NORM_BACKWARD: [BenchCase.of("rms_norm_backward", "rms_norm_backward")],
         contracts.LAYER_NORM_BACKWARD: [BenchCase.of("layer_norm_backward", "layer_norm_backward")],
     }.get(name, [])

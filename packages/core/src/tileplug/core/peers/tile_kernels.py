@@ -54,9 +54,11 @@ def rms_norm_per_token_cast(x: torch.Tensor, weight: torch.Tensor | None = None,
                             use_e4m3_sf: bool = False, return_unquantized: bool = False,
                             residual_out: torch.Tensor | None = None) -> object:
     """``norm_forward_and_per_token_cast`` with tileplug's arguments (no ``weight_offset``, no
-    e4m3-stored sf)."""
+    e4m3-stored sf, e4m3 1×32 groups only)."""
     _refuse("weight_offset", weight_offset, 0.0)
     _refuse("use_e4m3_sf", use_e4m3_sf, False)
+    if (fmt, num_per_channels) != ("e4m3", 32):
+        raise TypeError(f"TileKernels' fused norm cast takes only e4m3 1×32 groups (this case: {fmt} 1×{num_per_channels})")
     return norm_forward_and_per_token_cast(
         x, weight, eps, fmt, num_per_channels, residual, out_scale,
         use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, round_sf=round_sf,
