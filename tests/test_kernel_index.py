@@ -141,9 +141,54 @@ def test_precompile_plans_every_declared_op(monkeypatch) -> None:
     monkeypatch.setattr(jit, "precompile", lambda specs, **options: planned.extend(specs) or len(specs))
     calls = grid_calls(registry.get("cuda"), "cuda")
     assert plugin.precompile(calls) == len(planned)
-    served = {call.op for call in calls if call.op in plugin._KERNELS and plugin._KERNELS[call.op].supports(call) is None}
+    kernels = plugin._KERNELS
+    served = {call.op for call in calls if call.op in kernels and kernels[call.op].supports(call) is None}
     assert served == {name for name in opdefs.names() if name in plugin._KERNELS}
     names = {spec.name for spec in planned}
     for op in served:
         prefix = {"per_block_cast": "per_block", "per_channel_cast": "per_channel"}.get(op, op)
         assert any(name.startswith(prefix) for name in names), f"{op}: no specialisation planned"
+
+
+RANK = textwrap.dedent(
+    """
+    import json, os, sys, time, torch
+    from tileplug.core import describe_call, ops
+    from tileplug.backend_cuda.plugin import _KERNELS
+    from tileplug.backend_cuda import jit
+    call, _ = describe_call(ops.cast_back, (torch.empty(3, 256, dtype=torch.float8_e4m3fn, device="meta"),
+                                            torch.empty(3, 2, device="meta")), "bf16", (1, 128))
+    spec = _KERNELS["cast_back"].spec(call)
+    go = sys.argv[1]
+    while not os.path.exists(go):  # every rank imported: start together
+        time.sleep(0.01)
+    entry = jit.entry(spec, "sm_90")
+    print(json.dumps({"compiles": jit.compile_count, "hits": jit.index_hits, "waits": jit.index_waits,
+                      "callable": callable(entry)}))
+    """
+)
+
+
+def test_eight_processes_starting_at_once_compile_a_specialisation_once(tmp_path) -> None:
+    """Eight ranks with one empty cache directory make the same first call at the same moment:
+    one compiles, the seven others wait on the spec's lock and load what it published; a
+    ninth process then loads it from the index (nothing torn, nothing recompiled)."""
+    env = dict(os.environ, TILELANG_CACHE_DIR=str(tmp_path / "cache"),
+               TILEPLUG_CUDA_KERNEL_INDEX=str(tmp_path / "index"))
+    go = tmp_path / "go"
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(go)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    go.touch()
+    results = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=900)
+        assert rank.returncode == 0, err[-2000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert all(result["callable"] for result in results)
+    assert sum(result["compiles"] for result in results) == 1, results
+    assert sum(result["hits"] for result in results) == 7 and sum(result["waits"] for result in results) <= 7
+    ninth = subprocess.run([sys.executable, "-c", RANK, str(go)], env=env, capture_output=True, text=True, timeout=600)
+    assert ninth.returncode == 0, ninth.stderr[-2000:]
+    assert json.loads(ninth.stdout.strip().splitlines()[-1]) == {"compiles": 0, "hits": 1, "waits": 0, "callable": True}
+    published = list((tmp_path / "index").rglob("*.so"))
+    assert len(published) == 1 and not list((tmp_path / "index").rglob(".staging-*"))

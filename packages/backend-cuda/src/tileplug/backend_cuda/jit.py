@@ -14,7 +14,12 @@ call costs milliseconds, not the seconds of TileLang's import, trace and cache l
 On a miss, ``compiled(spec)`` compiles it with TileLang (whose disk cache may still hit)
 and the module is published to the index by an atomic rename, so concurrent processes
 never read a torn file. Concurrent first calls in one process wait for one load (a lock
-per spec); different specs load in parallel.
+per spec); different specs load in parallel. Across processes sharing the index (eight
+ranks of one host starting at once), a miss takes an exclusive ``flock`` on the spec's
+``.lock`` file beside its index entry and looks again once it holds it: one process
+compiles a specialisation, the others wait for it and load what it published
+(``index_waits`` counts those). The lock is the kernel's, so a process that dies while
+compiling releases it.
 
 ``lower_source(spec, arch)`` returns the generated CUDA source without needing a GPU.
 
@@ -25,6 +30,7 @@ empty ``TILELANG_CACHE_DIR`` is a cold start for both.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib.util
@@ -37,6 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from typing import Protocol
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: processes may compile a spec twice (each publish is still atomic)
+    fcntl = None
 
 
 class KernelSpec(Protocol):
@@ -72,6 +83,9 @@ load_count = 0
 check that concurrent first calls load once."""
 index_hits = 0
 """How many of those came from the kernel index."""
+index_waits = 0
+"""How many of those hits found the index filled by another process while this one waited
+for the spec's compile lock."""
 
 
 def device_arch() -> str:
@@ -151,17 +165,43 @@ def entry(spec: KernelSpec, arch: str | None = None) -> Callable[..., Any]:
 
 
 def _load(spec: KernelSpec, arch: str) -> Callable[..., Any]:
-    global load_count, index_hits
+    global load_count, index_hits, index_waits
     function = _load_indexed(spec, arch)
-    hit = function is not None
+    hit, waited = function is not None, False
     if function is None:
-        kernel = compiled(spec, arch)
-        _publish(spec, arch, kernel)
-        function = entry_of(kernel)
+        with compile_lock(spec, arch):
+            function = _load_indexed(spec, arch)  # another process may have published it meanwhile
+            hit = waited = function is not None
+            if function is None:
+                kernel = compiled(spec, arch)
+                _publish(spec, arch, kernel)
+                function = entry_of(kernel)
     with _lock:
         load_count += 1
         index_hits += hit
+        index_waits += waited
     return function
+
+
+@contextlib.contextmanager
+def compile_lock(spec: KernelSpec, arch: str):
+    """Hold the exclusive cross-process lock of ``spec``'s index entry (a no-op with the index
+    off, without ``fcntl``, or where the lock file cannot be made)."""
+    path = index_path(spec, arch)
+    handle = None
+    if path is not None and fcntl is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            handle = None
+    try:
+        if handle is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        if handle is not None:
+            os.close(handle)  # closing releases the flock
 
 
 def entry_of(jit_kernel: Any) -> Callable[..., Any]:
@@ -310,7 +350,9 @@ def _indexed(spec: KernelSpec, arch: str) -> bool:
 
 def _compile_only(spec: KernelSpec, arch: str) -> str:
     if not _indexed(spec, arch):
-        _publish(spec, arch, _compile(spec, arch))  # fills TileLang's disk cache and the index
+        with compile_lock(spec, arch):
+            if not _indexed(spec, arch):
+                _publish(spec, arch, _compile(spec, arch))  # fills TileLang's disk cache and the index
     return spec.name
 
 
