@@ -7,6 +7,7 @@ check. The cases' kernels come from the kernel index (fill it first, outside the
 
     . .gpu-bundle/prelude.sh && python3 -m tileplug.core.cli precompile --device cuda --ops $(python3 tests/gpu/sanitize_tails.py --ops)
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_tails.py
+    python3 tests/gpu/sanitize_tails.py --tokens 3,4001   # without the sanitizer: the same check at other T
 """
 
 from __future__ import annotations
@@ -25,16 +26,20 @@ def main() -> int:
     from tileplug.core import opdefs
     from tileplug.reference.conformance import CaseDeclined, check_case
 
+    tokens_list = TOKENS
+    if "--tokens" in sys.argv:
+        tokens_list = tuple(int(value) for value in sys.argv[sys.argv.index("--tokens") + 1].split(","))
     checked = declined = 0
     for op in OPS:
         for case in opdefs.get(op).cases():
-            for tokens in TOKENS:
+            for tokens in tokens_list:
                 try:
                     check_case(case, tokens, "cuda", "cuda")
                     checked += 1
                 except CaseDeclined:
                     declined += 1
-    print(f"sanitize_tails: {checked} case runs checked on cuda, {declined} declined (served by the reference)")
+    print(f"sanitize_tails: {checked} case runs checked on cuda at T in {tokens_list}, {declined} declined "
+          "(served by the reference)")
     return 0
 
 
