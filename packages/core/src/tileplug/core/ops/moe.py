@@ -489,7 +489,7 @@ def compare_moe(case: Case, tokens: int, actual: list[torch.Tensor | None], expe
             assert_within_ulps(have, want, 2, what=label)
         elif case.op == contracts.MOE_TOPK_GATE_BACKWARD:
             error = relative_error(have, want)
-            require(error <= 1e-5, f"{label}: relative error {error:.3g} > 1e-5")
+            require(error <= 1e-5, f"{label}: the gradients differ, relative error {error:.3g} > 1e-5")
         elif case.op == contracts.MOE_UNPERMUTE:
             assert_within_ulps(have, want, 1, what=label)
         else:
