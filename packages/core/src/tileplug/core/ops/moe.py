@@ -382,15 +382,19 @@ def moe_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwargs:
     if op in _GATES:
         experts = options.get("experts", hidden)
         if op == contracts.TOPK_GATE:
-            return (_logits(tokens, experts, torch.float32, options, device, seed), kwargs.pop("num_topk")), kwargs
+            return (_logits(tokens, experts, torch.float32, options, device, seed),
+                    kwargs.pop("num_topk", min(8, experts))), kwargs
         if op == contracts.MOE_TOPK_GATE:
             if options["bias"]:
                 kwargs["bias"] = _bias(experts, device, seed + 1)
             if options["mask"]:
                 kwargs["mask"] = _mask(tokens, device)
-            return (_logits(tokens, experts, dtype, options, device, seed), kwargs.pop("num_topk")), kwargs
+            return (_logits(tokens, experts, dtype, options, device, seed),
+                    kwargs.pop("num_topk", min(8, experts))), kwargs
         return _backward_arguments(tokens, experts, dtype, kwargs, options, device, seed)
     experts = kwargs.get("num_experts", options.get("experts", 16))
+    if op != contracts.MOE_UNPERMUTE:
+        kwargs.setdefault("num_experts", experts)
     slots = options["topk"] + options["shared"]
     topk_idx = _routing(tokens, experts, slots, options, device, seed + 1)
     if op == contracts.MOE_EXPERT_COUNTS:
@@ -438,6 +442,7 @@ def _backward_arguments(tokens: int, experts: int, dtype: torch.dtype, kwargs: d
     from tileplug.core.moe import formulas
 
     work = contracts.compute_dtype(dtype)
+    kwargs.setdefault("scoring", "softmax")
     num_topk = min(options["topk"], experts)
     slots = num_topk + options["shared"]
     mask = _mask(tokens, device) if options["mask"] else None
