@@ -111,13 +111,17 @@ def test_opcheck(opdef):
     """``torch.library.opcheck`` on every third case of the op. ``test_schema`` runs where no
     float8 tensor is involved: its SchemaCheckMode compares every aten op's arguments with
     ``torch.allclose``, which has no float8 CPU kernel in torch 2.13 (the other three
-    checks run on every case)."""
+    checks run on every case). ``test_aot_dispatch_dynamic`` compares outputs with
+    ``assert_close`` without ``equal_nan``: a case whose outputs hold a NaN (a router's scores
+    of a non-finite row) runs the other checks only."""
     checked_schema = 0
     for case in opdef.cases()[::3]:
         args, kwargs = case.arguments(5, "cpu")
         flat = tuple(opdef._flatten(*args, **kwargs))
         produced = _outputs(opdef.produced(opdef.function(*args, **kwargs), *args, **kwargs))
-        utils = ["test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"]
+        utils = ["test_autograd_registration", "test_faketensor"]
+        if not any(t.dtype.is_floating_point and t.dtype.itemsize > 1 and torch.isnan(t).any() for t in produced):
+            utils.append("test_aot_dispatch_dynamic")
         if not _involves_fp8(list(flat) + produced):
             utils.append("test_schema")
             checked_schema += 1
