@@ -37,7 +37,7 @@ class GateSpec:
     warp row (``values_per_vector`` on the 128-bit path, 1 on the scalar one), ``warps`` rows
     per CTA, and (moe_topk_gate) the routing constants: ``scoring``, ``biased``, ``groups`` /
     ``topk_groups``, ``renormalize``, ``scaling`` (routed_scaling_factor), ``shared`` slots,
-    ``masked``, ``with_scores``."""
+    ``masked``, ``with_scores``; (backward) ``index_dtype`` of topk_idx."""
 
     op: str
     experts: int
@@ -54,6 +54,7 @@ class GateSpec:
     shared: int = 0
     masked: bool = False
     with_scores: bool = False
+    index_dtype: str = "int64"
 
     @property
     def name(self) -> str:
@@ -76,6 +77,8 @@ class GateSpec:
             parts.append("mask")
         if self.with_scores:
             parts.append("scores")
+        if self.index_dtype != "int64":
+            parts.append(self.index_dtype)
         parts.append(f"w{self.warps}")
         return "_".join(parts)
 
@@ -90,4 +93,19 @@ class GateSpec:
 
     def build(self):
         """The TileLang ``PrimFunc`` (built by ``tileplug.backend_cuda.moe.<op>``)."""
+        return importlib.import_module(f"tileplug.backend_cuda.moe.{self.op}").build(self)
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """A kernel over rows of a fixed ``width`` (``normalize_weight``: K slots)."""
+
+    op: str
+    width: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}_w{self.width}"
+
+    def build(self):
         return importlib.import_module(f"tileplug.backend_cuda.moe.{self.op}").build(self)
