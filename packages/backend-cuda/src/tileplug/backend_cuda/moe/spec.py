@@ -109,3 +109,86 @@ class RowSpec:
 
     def build(self):
         return importlib.import_module(f"tileplug.backend_cuda.moe.{self.op}").build(self)
+
+
+CHUNK_PAIRS = 2048
+"""(token, slot) pairs per chunk of the layout kernels (``routing``): a constant, so the
+placement never depends on T's split or the device."""
+SCAN_THREADS = 1024
+"""Threads of the one-CTA expert scan: one per expert (E ≤ 1024)."""
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """One of the expert layout kernels (``routing``): ``kernel`` chunk_counts / expert_scan /
+    permute_index, ``experts`` E, ``slots`` K, ``index_dtype`` of topk_idx, ``alignment``
+    (expert_scan), ``bases`` (expert_scan also writes each chunk's first rows)."""
+
+    kernel: str
+    experts: int
+    slots: int = 1
+    index_dtype: str = "int64"
+    alignment: int = 1
+    bases: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = ["moe", self.kernel, f"e{self.experts}"]
+        if self.kernel != "expert_scan":
+            parts += [f"k{self.slots}", self.index_dtype]
+        else:
+            parts.append(f"a{self.alignment}")
+            if self.bases:
+                parts.append("bases")
+        return "_".join(parts)
+
+    def build(self):
+        from tileplug.backend_cuda.moe import routing
+
+        return getattr(routing, f"build_{self.kernel}")(self)
+
+
+@dataclass(frozen=True)
+class RowCopySpec:
+    """A kernel moving whole rows (``rows``): ``kernel`` permute_rows / zero_padding /
+    unpermute, the rows' TileLang ``dtype`` and ``width`` (elements), ``vec`` elements per
+    piece (16 bytes on the vector path, 1 otherwise), ``slots`` K, ``index_dtype`` (of the
+    permutation, unpermute), ``experts`` / ``alignment`` (zero_padding), the scale rows'
+    ``sf_dtype`` / ``sf_width`` (permute_rows, zero_padding of quantized rows)."""
+
+    kernel: str
+    dtype: str
+    width: int
+    vec: int = 1
+    slots: int = 1
+    index_dtype: str = "int32"
+    experts: int = 1
+    alignment: int = 1
+    sf_dtype: str | None = None
+    sf_width: int = 0
+
+    @property
+    def name(self) -> str:
+        parts = ["moe", self.kernel, self.dtype.replace("float8_e4m3fn", "e4m3").replace("float8_e4m3", "e4m3"),
+                 f"h{self.width}", "v128" if self.vec > 1 else "scalar"]
+        if self.kernel == "zero_padding":
+            parts += [f"e{self.experts}", f"a{self.alignment}"]
+        else:
+            parts += [f"k{self.slots}", self.index_dtype]
+        if self.sf_dtype is not None:
+            parts += ["sf" + self.sf_dtype.replace("float8_e4m3fn", "e4m3").replace("float8_e4m3", "e4m3"),
+                      f"f{self.sf_width}"]
+        return "_".join(parts)
+
+    @property
+    def vectorize(self) -> bool:
+        return self.vec > 1
+
+    @property
+    def vector_buffers(self) -> tuple[str, ...]:
+        return {"permute_rows": ("x",), "unpermute": ("y_expanded",)}.get(self.kernel, ())
+
+    def build(self):
+        from tileplug.backend_cuda.moe import rows
+
+        return getattr(rows, f"build_{self.kernel}")(self)
