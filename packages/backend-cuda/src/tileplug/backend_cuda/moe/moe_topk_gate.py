@@ -6,8 +6,8 @@ One warp per row (``warp_topk.WarpRow``), ``WARPS`` rows per CTA, every value in
 1. ``x`` = the row's logits in fp32 (bf16 widened exactly); scores ``u`` in fp32
    (``score_row``): softmax ``exp(x − m) / Σ exp(x − m)`` with ``m`` the row's maximum (the
    sum: each lane's values in column order, then the warp's butterfly, identical on every
-   lane), ``1 / (1 + exp(−x))``, or ``sqrt(softplus(x))`` with torch's softplus
-   (``x`` itself above 20, else ``log1p(exp(x))``). Division and square root are IEEE.
+   lane), ``1 / (1 + exp(−x))``, or ``sqrt(softplus(x))`` with the reference's stable
+   ``softplus(x) = max(x, 0) + log1p(exp(−|x|))``. Division and square root are IEEE.
 2. Selection keys on ``u + bias`` (bias for selection only).
 3. Groups (``G > 1``): group ``g``'s score is the sum of its two largest biased scores (two
    warp argmax rounds over its members); lane ``g`` holds it, and ``topk_groups`` argmax
@@ -29,8 +29,6 @@ from tileplug.backend_cuda.moe.spec import GateSpec
 from tileplug.backend_cuda.moe.warp_topk import NO_COLUMN, NONE, WARP, WarpRow, key_of, value_of
 
 RENORMALIZE_EPSILON = 1e-20
-SOFTPLUS_THRESHOLD = 20.0
-"""torch.nn.functional.softplus's default: above it, softplus(x) = x."""
 
 
 def build(spec: GateSpec):
@@ -64,7 +62,7 @@ def build(spec: GateSpec):
         """fp32 sigmoid / sqrtsoftplus score of logit ``v``."""
         if SCORING == "sigmoid":
             return T.ieee_fdiv(T.float32(1.0), T.ieee_add(T.float32(1.0), T.exp(T.ieee_sub(T.float32(0.0), v))))
-        softplus = T.if_then_else(v > T.float32(SOFTPLUS_THRESHOLD), v, T.log1p(T.exp(v)))
+        softplus = T.ieee_add(T.max(v, T.float32(0.0)), T.log1p(T.exp(T.ieee_sub(T.float32(0.0), T.abs(v)))))
         return T.ieee_fsqrt(softplus)
 
     @T.macro

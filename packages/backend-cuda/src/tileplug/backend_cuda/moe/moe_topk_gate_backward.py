@@ -6,12 +6,12 @@ With the forward's scores ``u`` (unbiased), slots ``i`` whose index ``e_i`` lies
 ``c = routed_scaling_factor``:
 
 - weights ``w_i = c · u[e_i] / D`` with ``D = Σ_i u[e_i] + 1e-20`` (``renormalize``), else
-  ``w_i = c · u[e_i]``; so ``∂L/∂u[e] = c / D · (G_e − n_e · P / D)`` with ``G_e = Σ_{e_i = e} g_i``,
-  ``n_e`` the number of slots routed to ``e`` and ``P = Σ_i g_i · u[e_i]`` (renormalize),
-  else ``c · G_e`` (repeated experts accumulate);
+  ``w_i = c · u[e_i]``; slot ``i`` adds ``(c / D) · (g_i − P / D)`` with ``P = Σ_r g_r · u[e_r]``
+  (renormalize), else ``c · g_i``, to column ``e_i`` in slot order (the reference's
+  operations and order: repeated experts accumulate);
 - softmax ``∂L/∂x = u · (∂L/∂u − Σ_e u[e] · ∂L/∂u[e])``; sigmoid ``∂L/∂u · u · (1 − u)``;
   sqrtsoftplus (``u = sqrt(softplus(x))``) ``∂L/∂u · sigmoid(x) / (2u)`` with
-  ``sigmoid(x) = −expm1(−u²)`` (0 where ``u = 0``).
+  ``sigmoid(x) = −expm1(−u²)`` (0 where ``u = 0``). A row without a routed slot gets zeros.
 
 A masked row (``mask[t]`` False) gets zeros. One warp per row (``warp_topk.WarpRow``): lane
 ``i`` loads slot ``i`` (K ≤ 32), each slot is broadcast in slot order (the sums' order is fixed:
@@ -58,8 +58,6 @@ def build(spec: GateSpec):
             t = bx * WARPS + tx // WARP
             if t < rows:
                 u = T.alloc_local((VALUES,), "float32")
-                routed = T.alloc_local((VALUES,), "float32")  # G_e of the lane's columns
-                hits = T.alloc_local((VALUES,), "float32")  # n_e
                 grad = T.alloc_local((VALUES,), "float32")
                 slot_expert = T.alloc_local((1,), "int32")
                 slot_grad = T.alloc_local((1,), "float32")
@@ -69,6 +67,7 @@ def build(spec: GateSpec):
                 total = T.alloc_local((1,), "float32")  # Σ u[e_i]
                 product = T.alloc_local((1,), "float32")  # Σ g_i · u[e_i]
                 acc = T.alloc_local((1,), "float32")
+                active = T.alloc_local((1,), "int32")
                 row.load_row(scores, t, lane, u)
                 slot_expert[0] = -1
                 slot_grad[0] = T.float32(0.0)
@@ -80,31 +79,35 @@ def build(spec: GateSpec):
                     if not mask[t]:
                         slot_expert[0] = -1
                 for i in ENTRIES:
-                    routed[i] = T.float32(0.0)
-                    hits[i] = T.float32(0.0)
+                    grad[i] = T.float32(0.0)
                 total[0] = T.float32(0.0)
                 product[0] = T.float32(0.0)
-                for s in T.serial(K):
+                active[0] = 0
+                for s in T.serial(K):  # the routed scores' sum and Σ g·u, in slot order
                     expert[0] = T.shfl_sync(slot_expert[0], s)
                     g[0] = T.shfl_sync(slot_grad[0], s)
                     if expert[0] >= 0:
+                        active[0] = 1
                         picked[0] = T.float32(0.0)
                         for i in ENTRIES:
                             if row.column(i, lane) == expert[0]:
-                                routed[i] = T.ieee_add(routed[i], g[0])
-                                hits[i] = T.ieee_add(hits[i], T.float32(1.0))
                                 picked[0] = u[i]
                         picked[0] = row.broadcast(picked[0], expert[0])
                         total[0] = T.ieee_add(total[0], picked[0])
                         product[0] = T.ieee_add(product[0], T.ieee_mul(g[0], picked[0]))
                 denominator = T.ieee_add(total[0], T.float32(RENORMALIZE_EPSILON))
-                for i in ENTRIES:
-                    if spec.renormalize:
-                        grad[i] = T.ieee_mul(T.ieee_fdiv(T.float32(SCALING), denominator),
-                                             T.ieee_sub(routed[i],
-                                                        T.ieee_mul(hits[i], T.ieee_fdiv(product[0], denominator))))
-                    else:
-                        grad[i] = T.ieee_mul(T.float32(SCALING), routed[i])
+                inner = T.ieee_fdiv(product[0], denominator)
+                factor = T.ieee_fdiv(T.float32(SCALING), denominator)
+                for s in T.serial(K):  # each slot's ∂L/∂u added to its expert's column, in slot order
+                    expert[0] = T.shfl_sync(slot_expert[0], s)
+                    g[0] = T.shfl_sync(slot_grad[0], s)
+                    if expert[0] >= 0:
+                        for i in ENTRIES:
+                            if row.column(i, lane) == expert[0]:
+                                if spec.renormalize:
+                                    grad[i] = T.ieee_add(grad[i], T.ieee_mul(factor, T.ieee_sub(g[0], inner)))
+                                else:
+                                    grad[i] = T.ieee_add(grad[i], T.ieee_mul(T.float32(SCALING), g[0]))
                 if SCORING == "softmax":
                     acc[0] = T.float32(0.0)
                     for i in ENTRIES:
@@ -118,7 +121,7 @@ def build(spec: GateSpec):
                         grad[i] = T.ieee_mul(u[i], T.ieee_sub(grad[i], dot))
                 elif SCORING == "sigmoid":
                     for i in ENTRIES:
-                        grad[i] = T.ieee_mul(T.ieee_mul(grad[i], u[i]), T.ieee_sub(T.float32(1.0), u[i]))
+                        grad[i] = T.ieee_mul(grad[i], T.ieee_mul(u[i], T.ieee_sub(T.float32(1.0), u[i])))
                 else:
                     for i in ENTRIES:
                         slope = T.ieee_fdiv(
@@ -127,6 +130,9 @@ def build(spec: GateSpec):
                                                      T.ieee_sub(T.float32(0.0), T.ieee_mul(u[i], u[i])))),
                             T.ieee_mul(T.float32(2.0), u[i]))
                         grad[i] = T.if_then_else(u[i] > T.float32(0.0), T.ieee_mul(grad[i], slope), T.float32(0.0))
+                if active[0] == 0:  # no routed slot (or masked): zeros, whatever the scores hold
+                    for i in ENTRIES:
+                        grad[i] = T.float32(0.0)
                 row.store_row(grad_logits, t, lane, grad)
 
     return kernel.with_attr("global_symbol", spec.name)
