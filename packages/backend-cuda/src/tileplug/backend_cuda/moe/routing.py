@@ -22,14 +22,9 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.moe.spec import CHUNK_PAIRS, SCAN_THREADS, LayoutSpec
+from tileplug.backend_cuda.moe.spec import SCAN_THREADS, LayoutSpec, chunk_tokens
 
 COUNT_THREADS = 256
-
-
-def chunk_tokens(slots: int) -> int:
-    """Tokens per chunk: about ``CHUNK_PAIRS`` pairs (a constant of K)."""
-    return max(1, CHUNK_PAIRS // slots)
 
 
 def _load_chunk(topk_idx, chunk, tx, experts, K, CT, rows, NT):

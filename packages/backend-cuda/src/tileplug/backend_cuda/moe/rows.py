@@ -11,7 +11,7 @@ path); thread ``tx`` of a CTA of ``ROW_THREADS`` holds pieces ``p · ROW_THREADS
   ``start[e] = align(expert_ends[e − 1], alignment)``): such a row (and its scale row) is
   written with zeros. Copies and zeros touch disjoint rows.
 - ``unpermute``: one CTA per token: ``y[t] = Σ_s w[t, s] · y_expanded[permutation[t, s]]``,
-  each product and sum rounded to fp32 in slot order (slots with −1 skipped), rounded once to
+  each product and sum rounded to fp32 in slot order (slots whose row is outside ``[0, R)`` skipped), rounded once to
   the output dtype.
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
@@ -153,7 +153,7 @@ def build_unpermute(spec: RowCopySpec):
             for s in T.serial(K):
                 source[0] = T.cast(permutation[t, s], "int64")
                 weight[0] = topk_weights[t, s]
-                if source[0] >= 0:
+                if T.And(source[0] >= 0, source[0] < T.cast(expanded, "int64")):
                     for p in geometry.SLOTS:
                         piece = p * ROW_THREADS + tx
                         if (not geometry.partial[p]) or piece < geometry.PIECES:

@@ -118,6 +118,11 @@ SCAN_THREADS = 1024
 """Threads of the one-CTA expert scan: one per expert (E ≤ 1024)."""
 
 
+def chunk_tokens(slots: int) -> int:
+    """Tokens per chunk of the layout kernels: about ``CHUNK_PAIRS`` pairs (a constant of K)."""
+    return max(1, CHUNK_PAIRS // slots)
+
+
 @dataclass(frozen=True)
 class LayoutSpec:
     """One of the expert layout kernels (``routing``): ``kernel`` chunk_counts / expert_scan /
