@@ -167,7 +167,7 @@ PTX_V4_LOAD = re.compile(r"ld\.global(?:\.nc)?(?:\.L1::\S+)?(?:\.L2::\S+)?\.v4\.
 
 def loads_are_128_bit(source: str, buffer: str) -> bool:
     """True when every load of ``buffer`` in the CUDA source is a 128-bit vector load."""
-    vector = re.compile(r"=\s*\*\((?:uint4|float4|int4|ulonglong2|longlong2)\*\)\(" + buffer + r" \+")
+    vector = re.compile(r"=\s*\*\((?:uint4|float4|int4|ulonglong2|longlong2|fp8_e4_16_t)\*\)\(" + buffer + r" \+")
     scalar = re.compile(r"(?<![\w.])" + buffer + r"\[")
     return bool(vector.search(source)) and not scalar.search(source)
 

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tileplug.backend_cuda import norm, quant, rope
+from tileplug.backend_cuda import moe, norm, quant, rope
 from tileplug.core import CUDA_LAYOUT, Backend, hookimpl
 
 PRIORITY = 100
@@ -94,6 +94,18 @@ def capabilities() -> str:
         "  NeoX pairs exchanged through shared memory, GPT-J pairs in registers; every sf layout of per_token_cast;\n"
         "  any x row strides (128-bit rows when aligned, checked per call). Declined: casts whose group does not\n"
         "  divide D (a group would straddle two heads), fp64 weights, heads too long for rms_norm's tile.\n"
+        "topk_gate, moe_topk_gate (softmax / sigmoid / sqrtsoftplus, selection bias, num_groups / topk_groups,\n"
+        "  renormalize, routed_scaling_factor, shared-expert slots, mask, scores), moe_topk_gate_backward: one warp\n"
+        "  per row, E <= 1024 (any E, 128-bit loads when E is a multiple of 16 bytes of values and rows are aligned),\n"
+        "  k (+ shared slots) <= 32, groups <= 32; bf16/fp32 logits; indices by k rounds of a warp max then a min\n"
+        "  over the indices holding it (ties to the smaller index); a non-finite or masked row gets -1 / 0, no\n"
+        "  device assert. normalize_weight: K <= 64. Declined (to the reference): E > 1024, k + shared > 32,\n"
+        "  fp64 logits / scores (gradcheck dtype), > 32 groups.\n"
+        "moe_expert_counts, moe_permute (bf16/fp16/fp32 or e4m3 / packed e2m1 rows with their sf rows),\n"
+        "  moe_unpermute: no atomics; fixed chunks of 2048 (token, slot) pairs counted per expert, one scan CTA,\n"
+        "  each pair's row placed by its expert's thread in token order (stable, deterministic); padding rows\n"
+        "  zeroed; unpermute in fp32 in slot order, rounded once. Declined: E > 1024, K > 2048, rows over 8192\n"
+        "  elements (64 per thread of 128 in registers).\n"
         "  Kernel cache: compiled modules are indexed next to TileLang's cache ($TILELANG_CACHE_DIR/tileplug-index,\n"
         "  TILEPLUG_CUDA_KERNEL_INDEX=DIR|off) and loaded without importing TileLang; `tileplug precompile` fills it.\n"
         "  Status: every specialisation of the CI grid lowers for sm_90 and compiles with nvcc; bit-exactness vs\n"
@@ -118,7 +130,7 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     return jit.precompile(specs, arch=arch, workers=workers, load=False)
 
 
-_KERNELS = {**quant.make_kernels(), **norm.make_kernels(), **rope.make_kernels()}
+_KERNELS = {**quant.make_kernels(), **norm.make_kernels(), **rope.make_kernels(), **moe.make_kernels()}
 
 
 def make_backend() -> Backend:

@@ -1,0 +1,200 @@
+"""CUDA ``moe_topk_gate`` (SPEC §7): scored, biased, optionally group-limited top-k routing
+with renormalisation, routed scaling, shared-expert slots, a row mask and the scores output.
+
+One warp per row (``warp_topk.WarpRow``), ``WARPS`` rows per CTA, every value in registers:
+
+1. ``x`` = the row's logits in fp32 (bf16 widened exactly); scores ``u`` in fp32
+   (``score_row``): softmax ``exp(x − m) / Σ exp(x − m)`` with ``m`` the row's maximum (the
+   sum: each lane's values in column order, then the warp's butterfly, identical on every
+   lane), ``1 / (1 + exp(−x))``, or ``sqrt(softplus(x))`` with the reference's stable
+   ``softplus(x) = max(x, 0) + log1p(exp(−|x|))``. Division and square root are IEEE.
+2. Selection keys on ``u + bias`` (bias for selection only).
+3. Groups (``G > 1``): group ``g``'s score is the sum of its two largest biased scores (two
+   warp argmax rounds over its members); lane ``g`` holds it, and ``topk_groups`` argmax
+   rounds over the lanes pick the groups (ties to the smaller group); other groups' experts
+   become ``NONE``.
+4. ``k`` argmax rounds; round ``r`` gives slot ``r`` (lane ``r`` keeps it) its expert and
+   unbiased ``u``, and adds ``u`` to the running sum in slot order (every lane the same sum).
+5. Weights: ``u / (sum + 1e-20) · routed_scaling_factor`` with ``renormalize``, else
+   ``u · routed_scaling_factor``; slots ``k .. k+S−1`` expert ``E + s``, weight 1.
+6. A masked row (``mask[t]`` False) or one whose logits (or biased scores) are not all
+   finite gets index −1 and weight 0 in every slot; its scores are still written.
+
+No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
+"""
+
+import tilelang.language as T
+
+from tileplug.backend_cuda.moe.spec import GateSpec
+from tileplug.backend_cuda.moe.warp_topk import NO_COLUMN, NONE, WARP, WarpRow, key_of, value_of
+
+RENORMALIZE_EPSILON = 1e-20
+
+
+def build(spec: GateSpec):
+    """The ``T.prim_func`` of a ``moe_topk_gate`` specialisation: buffers ``(logits, bias, mask,
+    topk_idx, topk_weights, scores)``, an absent one replaced by the logits (never read)."""
+    row = WarpRow(spec.experts, spec.vec)
+    E, K, S = spec.experts, spec.topk, spec.shared
+    SLOTS = K + S
+    WARPS = spec.warps
+    VALUES = row.VALUES
+    ENTRIES = row.entries
+    GROUPS, TOPK_GROUPS = spec.groups, spec.topk_groups
+    GROUP_SIZE = E // GROUPS
+    GROUP_LIST = list(range(GROUPS))
+    SCORING = spec.scoring
+    SCALING = spec.scaling
+    assert SLOTS <= WARP and GROUPS <= WARP
+
+    rows = T.dynamic("T")
+    logits_t = T.StridedTensor((rows, E), (T.dynamic("S0"), 1), spec.dtype)
+    bias_t = T.Tensor((E,), "float32") if spec.biased else \
+        T.StridedTensor((T.dynamic("bA"), T.dynamic("bB")), (T.dynamic("bC"), 1), spec.dtype)
+    mask_t = T.Tensor((rows,), "bool") if spec.masked else \
+        T.StridedTensor((T.dynamic("mA"), T.dynamic("mB")), (T.dynamic("mC"), 1), spec.dtype)
+    idx_t = T.Tensor((rows, SLOTS), "int64")
+    weights_t = T.Tensor((rows, SLOTS), "float32")
+    scores_t = T.Tensor((rows, E), "float32") if spec.with_scores else \
+        T.StridedTensor((T.dynamic("sA"), T.dynamic("sB")), (T.dynamic("sC"), 1), spec.dtype)
+
+    def elementwise_score(v):
+        """fp32 sigmoid / sqrtsoftplus score of logit ``v``."""
+        if SCORING == "sigmoid":
+            return T.ieee_fdiv(T.float32(1.0), T.ieee_add(T.float32(1.0), T.exp(T.ieee_sub(T.float32(0.0), v))))
+        softplus = T.ieee_add(T.max(v, T.float32(0.0)), T.log1p(T.exp(T.ieee_sub(T.float32(0.0), T.abs(v)))))
+        return T.ieee_fsqrt(softplus)
+
+    @T.macro
+    def score_row(x, u, lane, acc):
+        """``u`` = the scores of the lane's values ``x`` (softmax: over the whole row; ``acc``
+        holds the row's maximum, then the sum of the exponentials)."""
+        if SCORING == "softmax":
+            acc[0] = NONE
+            for i in ENTRIES:
+                if row.present(i, lane) is True:
+                    acc[0] = T.max(acc[0], key_of(x[i]))
+                else:
+                    if row.present(i, lane):
+                        acc[0] = T.max(acc[0], key_of(x[i]))
+            row_max = value_of(T.warp_reduce_max(acc[0]))
+            for i in ENTRIES:
+                u[i] = T.if_then_else(row.present(i, lane), T.exp(T.ieee_sub(x[i], row_max)), T.float32(0.0)) \
+                    if row.present(i, lane) is not True else T.exp(T.ieee_sub(x[i], row_max))
+            total = T.alloc_local((1,), "float32")
+            total[0] = T.float32(0.0)
+            for i in ENTRIES:
+                total[0] = T.ieee_add(total[0], u[i])
+            denominator = T.warp_reduce_sum(total[0])
+            for i in ENTRIES:
+                u[i] = T.ieee_fdiv(u[i], denominator)
+        else:
+            for i in ENTRIES:
+                u[i] = elementwise_score(x[i])
+
+    @T.macro
+    def pick_groups(keys, scratch, lane, best, where, found, index, group_key, chosen):
+        """Experts outside the ``topk_groups`` best groups become ``NONE`` in ``keys``."""
+        group_key[0] = NONE
+        for g in GROUP_LIST:
+            for i in ENTRIES:
+                scratch[i] = T.if_then_else(row.column(i, lane) // GROUP_SIZE == g, keys[i], NONE)
+            row.argmax(scratch, lane, best, where, found, index)
+            first = value_of(found[0])
+            row.take(scratch, lane, index[0])
+            row.argmax(scratch, lane, best, where, found, index)
+            if lane == g:
+                group_key[0] = key_of(T.ieee_add(first, value_of(found[0])))
+        chosen[0] = 0
+        for r in T.serial(TOPK_GROUPS):
+            found[0] = T.warp_reduce_max(group_key[0])
+            index[0] = T.warp_reduce_min(T.if_then_else(group_key[0] == found[0], lane, NO_COLUMN))
+            chosen[0] = chosen[0] | (1 << index[0])
+            if lane == index[0]:
+                group_key[0] = NONE
+        for i in ENTRIES:
+            if ((chosen[0] >> (row.column(i, lane) // GROUP_SIZE)) & 1) == 0:
+                keys[i] = NONE
+
+    @T.macro
+    def body(logits, bias, mask, topk_idx, topk_weights, scores_out):
+        with T.Kernel(T.ceildiv(rows, WARPS), threads=WARPS * WARP) as bx:
+            if spec.vec > 1:
+                T.assume(logits_t.strides[0] % spec.vec == 0)
+            tx = T.get_thread_binding()
+            lane = tx % WARP
+            t = bx * WARPS + tx // WARP
+            if t < rows:
+                x = T.alloc_local((VALUES,), "float32")
+                u = T.alloc_local((VALUES,), "float32")
+                keys = row.keys()
+                scratch = row.keys()
+                ok = T.alloc_local((1,), "int32")
+                acc = T.alloc_local((1,), "int32")
+                best = T.alloc_local((1,), "int32")
+                where = T.alloc_local((1,), "int32")
+                found = T.alloc_local((1,), "int32")
+                index = T.alloc_local((1,), "int32")
+                group_key = T.alloc_local((1,), "int32")
+                chosen = T.alloc_local((1,), "int32")
+                picked = T.alloc_local((1,), "float32")
+                total = T.alloc_local((1,), "float32")
+                slot_index = T.alloc_local((1,), "int64")
+                slot_weight = T.alloc_local((1,), "float32")
+                row.load_row(logits, t, lane, x)
+                row.all_finite(x, lane, ok)
+                score_row(x, u, lane, acc)
+                if spec.with_scores:
+                    row.store_row(scores_out, t, lane, u)
+                for i in ENTRIES:
+                    if spec.biased:
+                        column = T.min(row.column(i, lane), E - 1)
+                        x[i] = T.ieee_add(u[i], bias[column])  # x now holds the biased scores
+                    else:
+                        x[i] = u[i]
+                if spec.biased:
+                    row.all_finite(x, lane, ok)  # a non-finite bias spoils the row too (ok stays 0 if it was)
+                if spec.masked:
+                    if not mask[t]:
+                        ok[0] = 0
+                slot_index[0] = T.int64(-1)
+                slot_weight[0] = T.float32(0.0)
+                if ok[0]:
+                    for i in ENTRIES:
+                        keys[i] = T.if_then_else(row.present(i, lane), key_of(x[i]), NONE) \
+                            if row.present(i, lane) is not True else key_of(x[i])
+                    if GROUPS > 1:
+                        pick_groups(keys, scratch, lane, best, where, found, index, group_key, chosen)
+                    total[0] = T.float32(0.0)
+                    for r in T.serial(K):
+                        row.argmax(keys, lane, best, where, found, index)
+                        picked[0] = T.float32(0.0)
+                        for i in ENTRIES:
+                            if row.column(i, lane) == index[0]:
+                                picked[0] = u[i]
+                                keys[i] = NONE
+                        picked[0] = row.broadcast(picked[0], index[0])
+                        total[0] = T.ieee_add(total[0], picked[0])
+                        if lane == r:
+                            slot_index[0] = T.cast(index[0], "int64")
+                            slot_weight[0] = picked[0]
+                    if lane < K:
+                        if spec.renormalize:
+                            slot_weight[0] = T.ieee_fdiv(slot_weight[0],
+                                                         T.ieee_add(total[0], T.float32(RENORMALIZE_EPSILON)))
+                        if SCALING != 1.0:
+                            slot_weight[0] = T.ieee_mul(slot_weight[0], T.float32(SCALING))
+                    elif lane < SLOTS:
+                        slot_index[0] = T.cast(E - K + lane, "int64")
+                        slot_weight[0] = T.float32(1.0)
+                if lane < SLOTS:
+                    topk_idx[t, lane] = slot_index[0]
+                    topk_weights[t, lane] = slot_weight[0]
+
+    # One prim_func per buffer set: absent buffers are passed as the logits (never read).
+    @T.prim_func
+    def kernel(logits: logits_t, bias: bias_t, mask: mask_t, topk_idx: idx_t, topk_weights: weights_t,
+               scores_out: scores_t):
+        body(logits, bias, mask, topk_idx, topk_weights, scores_out)
+
+    return kernel.with_attr("global_symbol", spec.name)

@@ -1,0 +1,155 @@
+"""The expert layout kernels shared by ``moe_expert_counts``, ``moe_permute`` (and read by
+``moe_unpermute``): counting and a stable, deterministic placement without atomics.
+
+The ``T·K`` (token, slot) pairs are cut into fixed *chunks* of ``CHUNK_TOKENS`` tokens (a
+constant of ``K``, never of ``T`` or the device). Every position is computed by exactly one
+thread, never raced:
+
+1. ``chunk_counts`` (one CTA per chunk): the chunk's expert ids go to shared memory (an id
+   outside ``[0, E)`` becomes −1: not routed); thread ``e`` counts the pairs routed to expert
+   ``e`` in pair order → ``partial[chunk, e]``.
+2. ``expert_scan`` (one CTA of 1024 threads, ``E ≤ 1024``): thread ``e`` adds its column of
+   ``partial`` in chunk order → ``counts[e]``; an inclusive scan over experts (Hillis–Steele
+   in shared memory) of ``align(counts[e], alignment)`` gives ``start[e]`` and
+   ``expert_ends[e] = start[e] + counts[e]``; with ``bases``, ``partial[chunk, e]`` becomes
+   the first row of expert ``e`` that chunk fills (``start[e]`` + the counts of earlier chunks).
+3. ``permute_index`` (one CTA per chunk): thread ``e`` walks the chunk's pairs in order and
+   gives the ``j``-th pair routed to ``e`` the row ``partial[chunk, e] + j``:
+   ``permutation[t, s]`` (−1: not routed). Rows of an expert follow token order (then slot order).
+
+No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
+"""
+
+import tilelang.language as T
+
+from tileplug.backend_cuda.moe.spec import SCAN_THREADS, LayoutSpec, chunk_tokens
+
+COUNT_THREADS = 256
+
+
+def _load_chunk(topk_idx, chunk, tx, experts, K, CT, rows, NT):
+    """Macro body: the chunk's expert ids into shared memory (−1: not routed or past T)."""
+
+    @T.macro
+    def load(ids):
+        for step in T.serial(T.ceildiv(CT * K, NT)):
+            i = step * NT + tx
+            if i < CT * K:
+                t = chunk * CT + i // K
+                ids[i] = -1
+                if t < rows:
+                    expert = topk_idx[t, i % K]
+                    if T.And(expert >= 0, expert < experts):
+                        ids[i] = T.cast(expert, "int32")
+        T.sync_threads()
+
+    return load
+
+
+def build_chunk_counts(spec: LayoutSpec):
+    """``(topk_idx [T, K], partial [C, E])``: the pairs of each chunk routed to each expert."""
+    E, K = spec.experts, spec.slots
+    CT = chunk_tokens(K)
+    rows, chunks = T.dynamic("T"), T.dynamic("C")
+    idx_t = T.StridedTensor((rows, K), (T.dynamic("I0"), 1), spec.index_dtype)
+
+    @T.prim_func
+    def kernel(topk_idx: idx_t, partial: T.Tensor((chunks, E), "int32")):
+        with T.Kernel(chunks, threads=COUNT_THREADS) as bx:
+            tx = T.get_thread_binding()
+            ids = T.alloc_shared((CT * K,), "int32")
+            count = T.alloc_local((1,), "int32")
+            _load_chunk(topk_idx, bx, tx, E, K, CT, rows, COUNT_THREADS)(ids)
+            for step in T.serial(T.ceildiv(E, COUNT_THREADS)):
+                expert = step * COUNT_THREADS + tx
+                if expert < E:
+                    count[0] = 0
+                    for i in T.serial(CT * K):
+                        count[0] = count[0] + T.if_then_else(ids[i] == expert, 1, 0)
+                    partial[bx, expert] = count[0]
+
+    return kernel.with_attr("global_symbol", spec.name)
+
+
+def build_expert_scan(spec: LayoutSpec):
+    """``(partial [C, E], counts [E], expert_ends [E])``; with ``spec.bases`` ``partial`` is
+    overwritten with each chunk's first row per expert."""
+    E, ALIGN = spec.experts, spec.alignment
+    chunks = T.dynamic("C")
+    LEVELS = []
+    step = 1
+    while step < SCAN_THREADS:
+        LEVELS.append(step)
+        step *= 2
+
+    @T.prim_func
+    def kernel(partial: T.Tensor((chunks, E), "int32"), counts: T.Tensor((E,), "int32"),
+               expert_ends: T.Tensor((E,), "int32")):
+        with T.Kernel(1, threads=SCAN_THREADS) as bx:
+            e = T.get_thread_binding()
+            scan = T.alloc_shared((2, SCAN_THREADS), "int32")
+            total = T.alloc_local((1,), "int32")
+            running = T.alloc_local((1,), "int32")
+            value = T.alloc_local((1,), "int32")
+            total[0] = 0
+            if e < E:
+                for b in T.serial(chunks):
+                    total[0] = total[0] + partial[b, e]
+            scan[0, e] = T.if_then_else(e < E, (total[0] + (ALIGN - 1)) // ALIGN * ALIGN, 0)
+            T.sync_threads()
+            for level, distance in enumerate(LEVELS):
+                source, target = level % 2, 1 - level % 2
+                scan[target, e] = scan[source, e] + T.if_then_else(e >= distance, scan[source, e - distance], 0)
+                T.sync_threads()
+            inclusive = scan[len(LEVELS) % 2, e]
+            if e < E:
+                start = inclusive - (total[0] + (ALIGN - 1)) // ALIGN * ALIGN
+                counts[e] = total[0]
+                expert_ends[e] = start + total[0]
+                if spec.bases:
+                    running[0] = start
+                    for b in T.serial(chunks):
+                        value[0] = partial[b, e]
+                        partial[b, e] = running[0]
+                        running[0] = running[0] + value[0]
+
+    return kernel.with_attr("global_symbol", spec.name)
+
+
+def build_permute_index(spec: LayoutSpec):
+    """``(topk_idx [T, K], partial [C, E] (bases), permutation [T, K])``."""
+    E, K = spec.experts, spec.slots
+    CT = chunk_tokens(K)
+    rows, chunks = T.dynamic("T"), T.dynamic("C")
+    idx_t = T.StridedTensor((rows, K), (T.dynamic("I0"), 1), spec.index_dtype)
+
+    @T.prim_func
+    def kernel(topk_idx: idx_t, partial: T.Tensor((chunks, E), "int32"), permutation: T.Tensor((rows, K), "int32")):
+        with T.Kernel(chunks, threads=COUNT_THREADS) as bx:
+            tx = T.get_thread_binding()
+            ids = T.alloc_shared((CT * K,), "int32")
+            rows_of = T.alloc_shared((CT * K,), "int32")
+            row = T.alloc_local((1,), "int32")
+            _load_chunk(topk_idx, bx, tx, E, K, CT, rows, COUNT_THREADS)(ids)
+            for step in T.serial(T.ceildiv(CT * K, COUNT_THREADS)):
+                i = step * COUNT_THREADS + tx
+                if i < CT * K:
+                    rows_of[i] = -1
+            T.sync_threads()
+            for step in T.serial(T.ceildiv(E, COUNT_THREADS)):
+                expert = step * COUNT_THREADS + tx
+                if expert < E:
+                    row[0] = partial[bx, expert]
+                    for i in T.serial(CT * K):
+                        if ids[i] == expert:
+                            rows_of[i] = row[0]
+                            row[0] = row[0] + 1
+            T.sync_threads()
+            for step in T.serial(T.ceildiv(CT * K, COUNT_THREADS)):
+                i = step * COUNT_THREADS + tx
+                t = bx * CT + i // K
+                if i < CT * K:
+                    if t < rows:
+                        permutation[t, i % K] = rows_of[i]
+
+    return kernel.with_attr("global_symbol", spec.name)

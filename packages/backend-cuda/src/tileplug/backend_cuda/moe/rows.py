@@ -1,0 +1,171 @@
+"""The row-moving kernels of ``moe_permute`` / ``moe_unpermute`` (TileLang).
+
+A row of ``width`` elements is ``PIECES`` pieces of ``vec`` elements (16 bytes on the vector
+path); thread ``tx`` of a CTA of ``ROW_THREADS`` holds pieces ``p · ROW_THREADS + tx``
+(consecutive threads, consecutive 16 bytes: coalesced).
+
+- ``permute_rows``: one CTA per token reads its row (and scale row) once into registers and
+  writes it to each row ``permutation[t, s] ≥ 0`` (every expanded row has one writer).
+- ``zero_padding``: one warp per expanded row ``r``; ``r`` is padding when no expert's range
+  ``[start[e], expert_ends[e])`` holds it (a binary search of ``expert_ends``, ascending;
+  ``start[e] = align(expert_ends[e − 1], alignment)``): such a row (and its scale row) is
+  written with zeros. Copies and zeros touch disjoint rows.
+- ``unpermute``: one CTA per token: ``y[t] = Σ_s w[t, s] · y_expanded[permutation[t, s]]``,
+  each product and sum rounded to fp32 in slot order (slots whose row is outside ``[0, R)`` skipped), rounded once to
+  the output dtype.
+
+No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
+"""
+
+import tilelang.language as T
+
+from tileplug.backend_cuda.moe.spec import RowCopySpec
+
+ROW_THREADS = 128
+PADDING_WARPS = 4
+
+
+class RowPieces:
+    """Trace-time piece geometry of a row of ``width`` elements, ``vec`` per piece."""
+
+    def __init__(self, width: int, vec: int) -> None:
+        self.W, self.VEC = width, vec
+        self.PIECES = -(-width // vec)
+        self.PER_THREAD = -(-self.PIECES // ROW_THREADS)
+        self.SLOTS = list(range(self.PER_THREAD))  # unrolled while tracing
+        self.LANE_VALUES = list(range(vec))
+        # slot p of some thread lies (partly) past the row: only those test their piece
+        self.partial = [(p + 1) * ROW_THREADS > self.PIECES for p in self.SLOTS]
+
+
+def build_permute_rows(spec: RowCopySpec):
+    """``(x [T, W], x_sf [T, F] | x, permutation [T, K], x_expanded [R, W], x_sf_expanded [R, F] | x)``."""
+    geometry = RowPieces(spec.width, spec.vec)
+    VEC, K, F = spec.vec, spec.slots, spec.sf_width
+    rows, expanded = T.dynamic("T"), T.dynamic("R")
+    x_t = T.StridedTensor((rows, spec.width), (T.dynamic("S0"), 1), spec.dtype)
+    out_t = T.Tensor((expanded, spec.width), spec.dtype)
+    if spec.sf_dtype is not None:
+        sf_t = T.StridedTensor((rows, F), (T.dynamic("F0"), 1), spec.sf_dtype)
+        sf_out_t = T.Tensor((expanded, F), spec.sf_dtype)
+    else:
+        sf_t = T.StridedTensor((T.dynamic("fA"), T.dynamic("fB")), (T.dynamic("fC"), 1), spec.dtype)
+        sf_out_t = T.StridedTensor((T.dynamic("gA"), T.dynamic("gB")), (T.dynamic("gC"), 1), spec.dtype)
+
+    @T.prim_func
+    def kernel(x: x_t, x_sf: sf_t, permutation: T.Tensor((rows, K), "int32"), x_expanded: out_t,
+               x_sf_expanded: sf_out_t):
+        with T.Kernel(rows, threads=ROW_THREADS) as t:
+            if VEC > 1:
+                T.assume(x_t.strides[0] % VEC == 0)
+            tx = T.get_thread_binding()
+            values = T.alloc_local((geometry.PER_THREAD * VEC,), spec.dtype)
+            target = T.alloc_local((1,), "int32")
+            for p in geometry.SLOTS:
+                piece = p * ROW_THREADS + tx
+                if (not geometry.partial[p]) or piece < geometry.PIECES:
+                    for c in T.vectorized(VEC):
+                        values[p * VEC + c] = x[t, piece * VEC + c]
+            for s in T.serial(K):
+                target[0] = permutation[t, s]
+                if target[0] >= 0:
+                    for p in geometry.SLOTS:
+                        piece = p * ROW_THREADS + tx
+                        if (not geometry.partial[p]) or piece < geometry.PIECES:
+                            for c in T.vectorized(VEC):
+                                x_expanded[target[0], piece * VEC + c] = values[p * VEC + c]
+                    if spec.sf_dtype is not None:
+                        for step in T.serial(T.ceildiv(F, ROW_THREADS)):
+                            j = step * ROW_THREADS + tx
+                            if j < F:
+                                x_sf_expanded[target[0], j] = x_sf[t, j]
+
+    return kernel.with_attr("global_symbol", spec.name)
+
+
+def build_zero_padding(spec: RowCopySpec):
+    """``(expert_ends [E], x_expanded [R, W], x_sf_expanded [R, F] | x_expanded)``."""
+    VEC, E, ALIGN, F = spec.vec, spec.experts, spec.alignment, spec.sf_width
+    PIECES = -(-spec.width // VEC)
+    SEARCH = list(range(max(1, E.bit_length())))  # lower-bound steps over E ends (unrolled)
+    expanded = T.dynamic("R")
+    out_t = T.Tensor((expanded, spec.width), spec.dtype)
+    sf_out_t = T.Tensor((expanded, F), spec.sf_dtype) if spec.sf_dtype is not None else \
+        T.StridedTensor((T.dynamic("gA"), T.dynamic("gB")), (T.dynamic("gC"), 1), spec.dtype)
+
+    @T.prim_func
+    def kernel(expert_ends: T.Tensor((E,), "int32"), x_expanded: out_t, x_sf_expanded: sf_out_t):
+        with T.Kernel(T.ceildiv(expanded, PADDING_WARPS), threads=PADDING_WARPS * 32) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % 32
+            r = bx * PADDING_WARPS + tx // 32
+            low = T.alloc_local((1,), "int32")
+            high = T.alloc_local((1,), "int32")
+            if r < expanded:
+                low[0] = 0
+                high[0] = E
+                for _ in SEARCH:  # the first expert whose end is past r
+                    middle = (low[0] + high[0]) // 2
+                    if low[0] < high[0]:
+                        if expert_ends[T.min(middle, E - 1)] > r:
+                            high[0] = middle
+                        else:
+                            low[0] = middle + 1
+                start = T.if_then_else(low[0] == 0, 0,
+                                       (expert_ends[T.max(low[0] - 1, 0)] + (ALIGN - 1)) // ALIGN * ALIGN)
+                if T.Or(low[0] >= E, r < start):
+                    for step in T.serial(T.ceildiv(PIECES, 32)):
+                        piece = step * 32 + lane
+                        if piece < PIECES:
+                            for c in T.vectorized(VEC):
+                                x_expanded[r, piece * VEC + c] = T.cast(0, spec.dtype)
+                    if spec.sf_dtype is not None:
+                        for step in T.serial(T.ceildiv(F, 32)):
+                            j = step * 32 + lane
+                            if j < F:
+                                x_sf_expanded[r, j] = T.cast(0, spec.sf_dtype)
+
+    return kernel.with_attr("global_symbol", spec.name)
+
+
+def build_unpermute(spec: RowCopySpec):
+    """``(y_expanded [R, H], permutation [T, K], topk_weights [T, K], y [T, H])``."""
+    geometry = RowPieces(spec.width, spec.vec)
+    VEC, K = spec.vec, spec.slots
+    rows, expanded = T.dynamic("T"), T.dynamic("R")
+    y_exp_t = T.StridedTensor((expanded, spec.width), (T.dynamic("Y0"), 1), spec.dtype)
+    perm_t = T.StridedTensor((rows, K), (T.dynamic("P0"), 1), spec.index_dtype)
+    weights_t = T.StridedTensor((rows, K), (T.dynamic("W0"), 1), "float32")
+
+    @T.prim_func
+    def kernel(y_expanded: y_exp_t, permutation: perm_t, topk_weights: weights_t,
+               y: T.Tensor((rows, spec.width), spec.dtype)):
+        with T.Kernel(rows, threads=ROW_THREADS) as t:
+            if VEC > 1:
+                T.assume(y_exp_t.strides[0] % VEC == 0)
+            tx = T.get_thread_binding()
+            acc = T.alloc_local((geometry.PER_THREAD * VEC,), "float32")
+            values = T.alloc_local((geometry.PER_THREAD * VEC,), spec.dtype)
+            source = T.alloc_local((1,), "int64")
+            weight = T.alloc_local((1,), "float32")
+            for i in T.unroll(geometry.PER_THREAD * VEC):
+                acc[i] = T.float32(0.0)
+            for s in T.serial(K):
+                source[0] = T.cast(permutation[t, s], "int64")
+                weight[0] = topk_weights[t, s]
+                if T.And(source[0] >= 0, source[0] < T.cast(expanded, "int64")):
+                    for p in geometry.SLOTS:
+                        piece = p * ROW_THREADS + tx
+                        if (not geometry.partial[p]) or piece < geometry.PIECES:
+                            for c in T.vectorized(VEC):
+                                values[p * VEC + c] = y_expanded[source[0], piece * VEC + c]
+                            for c in geometry.LANE_VALUES:
+                                acc[p * VEC + c] = T.ieee_add(
+                                    acc[p * VEC + c], T.ieee_mul(weight[0], T.cast(values[p * VEC + c], "float32")))
+            for p in geometry.SLOTS:
+                piece = p * ROW_THREADS + tx
+                if (not geometry.partial[p]) or piece < geometry.PIECES:
+                    for c in T.vectorized(VEC):
+                        y[t, piece * VEC + c] = T.cast(acc[p * VEC + c], spec.dtype)
+
+    return kernel.with_attr("global_symbol", spec.name)

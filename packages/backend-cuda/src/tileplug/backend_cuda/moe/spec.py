@@ -1,0 +1,199 @@
+"""What a CUDA MoE routing kernel is specialised on (compile-time constants only; the token
+count and every row stride are runtime values, so one compiled kernel serves every batch).
+
+Nothing here imports TileLang (``table.py`` builds specs in processes that load compiled
+kernels from the index without it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+WARP = 32
+VECTOR_BYTES = 16
+MAX_EXPERTS = 1024
+"""Rows of at most 1024 experts: 32 registers of fp32 per lane of one warp."""
+MAX_TOPK = 32
+"""Slots per row: one lane keeps each slot."""
+GATE_WARPS = 4
+"""Rows (warps) per CTA of the gate kernels."""
+
+TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+SHORT = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16", None: "none"}
+
+
+def values_per_vector(dtype: str) -> int:
+    """Values of ``dtype`` in 16 bytes."""
+    return VECTOR_BYTES // (4 if dtype == "float32" else 2)
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """A ``topk_gate`` / ``moe_topk_gate`` / ``moe_topk_gate_backward`` kernel: ``op``,
+    ``experts`` E, ``topk`` k, the logits' TileLang ``dtype``, ``vec`` values per piece of the
+    warp row (``values_per_vector`` on the 128-bit path, 1 on the scalar one), ``warps`` rows
+    per CTA, and (moe_topk_gate) the routing constants: ``scoring``, ``biased``, ``groups`` /
+    ``topk_groups``, ``renormalize``, ``scaling`` (routed_scaling_factor), ``shared`` slots,
+    ``masked``, ``with_scores``; (backward) ``index_dtype`` of topk_idx."""
+
+    op: str
+    experts: int
+    topk: int
+    dtype: str = "float32"
+    vec: int = 1
+    warps: int = GATE_WARPS
+    scoring: str = ""
+    biased: bool = False
+    groups: int = 1
+    topk_groups: int = 1
+    renormalize: bool = False
+    scaling: float = 1.0
+    shared: int = 0
+    masked: bool = False
+    with_scores: bool = False
+    index_dtype: str = "int64"
+
+    @property
+    def name(self) -> str:
+        """A short, unique, identifier-safe name (kernel symbol and cache key text)."""
+        parts = [self.op, SHORT[self.dtype], f"e{self.experts}", f"k{self.topk}",
+                 "v128" if self.vec > 1 else "scalar"]
+        if self.scoring:
+            parts.append(self.scoring)
+        if self.biased:
+            parts.append("bias")
+        if self.groups > 1:
+            parts.append(f"g{self.groups}t{self.topk_groups}")
+        if self.renormalize:
+            parts.append("renorm")
+        if self.scaling != 1.0:
+            parts.append("s" + float(self.scaling).hex().replace(".", "_").replace("+", "").replace("-", "m"))
+        if self.shared:
+            parts.append(f"sh{self.shared}")
+        if self.masked:
+            parts.append("mask")
+        if self.with_scores:
+            parts.append("scores")
+        if self.index_dtype != "int64":
+            parts.append(self.index_dtype)
+        parts.append(f"w{self.warps}")
+        return "_".join(parts)
+
+    @property
+    def vector_buffers(self) -> tuple[str, ...]:
+        """Buffers the vector path loads 128 bits at a time (compile-grid check)."""
+        return ("scores",) if self.op == "topk_gate" else ("logits",) if self.op == "moe_topk_gate" else ("scores",)
+
+    @property
+    def vectorize(self) -> bool:
+        return self.vec > 1
+
+    def build(self):
+        """The TileLang ``PrimFunc`` (built by ``tileplug.backend_cuda.moe.<op>``)."""
+        return importlib.import_module(f"tileplug.backend_cuda.moe.{self.op}").build(self)
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """A kernel over rows of a fixed ``width`` (``normalize_weight``: K slots)."""
+
+    op: str
+    width: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}_w{self.width}"
+
+    def build(self):
+        return importlib.import_module(f"tileplug.backend_cuda.moe.{self.op}").build(self)
+
+
+CHUNK_PAIRS = 2048
+"""(token, slot) pairs per chunk of the layout kernels (``routing``): a constant, so the
+placement never depends on T's split or the device."""
+SCAN_THREADS = 1024
+"""Threads of the one-CTA expert scan: one per expert (E ≤ 1024)."""
+
+
+def chunk_tokens(slots: int) -> int:
+    """Tokens per chunk of the layout kernels: about ``CHUNK_PAIRS`` pairs (a constant of K)."""
+    return max(1, CHUNK_PAIRS // slots)
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """One of the expert layout kernels (``routing``): ``kernel`` chunk_counts / expert_scan /
+    permute_index, ``experts`` E, ``slots`` K, ``index_dtype`` of topk_idx, ``alignment``
+    (expert_scan), ``bases`` (expert_scan also writes each chunk's first rows)."""
+
+    kernel: str
+    experts: int
+    slots: int = 1
+    index_dtype: str = "int64"
+    alignment: int = 1
+    bases: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = ["moe", self.kernel, f"e{self.experts}"]
+        if self.kernel != "expert_scan":
+            parts += [f"k{self.slots}", self.index_dtype]
+        else:
+            parts.append(f"a{self.alignment}")
+            if self.bases:
+                parts.append("bases")
+        return "_".join(parts)
+
+    def build(self):
+        from tileplug.backend_cuda.moe import routing
+
+        return getattr(routing, f"build_{self.kernel}")(self)
+
+
+@dataclass(frozen=True)
+class RowCopySpec:
+    """A kernel moving whole rows (``rows``): ``kernel`` permute_rows / zero_padding /
+    unpermute, the rows' TileLang ``dtype`` and ``width`` (elements), ``vec`` elements per
+    piece (16 bytes on the vector path, 1 otherwise), ``slots`` K, ``index_dtype`` (of the
+    permutation, unpermute), ``experts`` / ``alignment`` (zero_padding), the scale rows'
+    ``sf_dtype`` / ``sf_width`` (permute_rows, zero_padding of quantized rows)."""
+
+    kernel: str
+    dtype: str
+    width: int
+    vec: int = 1
+    slots: int = 1
+    index_dtype: str = "int32"
+    experts: int = 1
+    alignment: int = 1
+    sf_dtype: str | None = None
+    sf_width: int = 0
+
+    @property
+    def name(self) -> str:
+        parts = ["moe", self.kernel, self.dtype.replace("float8_e4m3fn", "e4m3").replace("float8_e4m3", "e4m3"),
+                 f"h{self.width}", "v128" if self.vec > 1 else "scalar"]
+        if self.kernel == "zero_padding":
+            parts += [f"e{self.experts}", f"a{self.alignment}"]
+        else:
+            parts += [f"k{self.slots}", self.index_dtype]
+        if self.sf_dtype is not None:
+            parts += ["sf" + self.sf_dtype.replace("float8_e4m3fn", "e4m3").replace("float8_e4m3", "e4m3"),
+                      f"f{self.sf_width}"]
+        return "_".join(parts)
+
+    @property
+    def vectorize(self) -> bool:
+        return self.vec > 1
+
+    @property
+    def vector_buffers(self) -> tuple[str, ...]:
+        return {"permute_rows": ("x",), "unpermute": ("y_expanded",)}.get(self.kernel, ())
+
+    def build(self):
+        from tileplug.backend_cuda.moe import rows
+
+        return getattr(rows, f"build_{self.kernel}")(self)

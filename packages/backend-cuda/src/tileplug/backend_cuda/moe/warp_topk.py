@@ -1,0 +1,157 @@
+"""The warp top-k of the CUDA MoE routing kernels (TileLang macros), shared by ``topk_gate``,
+``moe_topk_gate`` and ``moe_topk_gate_backward``.
+
+Layout (:class:`WarpRow`): one warp per row of ``E`` values. Lane ``l`` holds ``CHUNKS``
+pieces of ``VEC`` values, piece ``j`` being columns ``[(j·32 + l)·VEC, + VEC)``: consecutive
+lanes read consecutive pieces (16 bytes each on the vector path, coalesced; one value each on
+the scalar path). A lane's values are held in increasing column order, so its own first
+maximum is its smallest column holding it.
+
+Selection ("repeatedly take the max, ties to the smaller index"): each value is turned into
+an order-preserving int32 *key* (:meth:`WarpRow.key`: the fp32 bits with the magnitude bits
+of negatives flipped, ``-0.0`` first made ``+0.0`` so the two zeros tie as they do in a
+stable sort). One round is a lane's own first maximum (strict ``>`` in column order), then
+the warp's maximum key (one ``redux.sync.max``), then the smallest column among the lanes
+holding that key (one ``redux.sync.min``): the index is exact. The chosen column's key then
+becomes ``NONE`` (below every finite value's key), and so is every column past ``E`` or
+excluded by a group mask. Only finite values are ever ranked: a row holding a non-finite
+value is detected first (``__any_sync``) and never selected from.
+
+No ``from __future__ import annotations``: TileLang evaluates macro annotations.
+"""
+
+import tilelang.language as T
+
+WARP = 32
+NONE = -(2**31)
+"""The key of a column that can no longer be chosen (taken, masked, or past ``E``)."""
+MAGNITUDE = 0x7FFFFFFF
+NO_COLUMN = 1 << 30
+"""The column of a lane holding no candidate (larger than every ``E``)."""
+
+
+def key_of(value):
+    """Order-preserving int32 key of a finite fp32 ``value`` (``-0.0`` and ``+0.0`` equal)."""
+    bits = T.reinterpret(T.ieee_add(value, T.float32(0.0)), "int32")
+    return T.bitwise_xor(bits, T.bitwise_and(T.shift_right(bits, 31), MAGNITUDE))
+
+
+def value_of(key):
+    """The fp32 value of a key (the map is its own inverse)."""
+    return T.reinterpret(T.bitwise_xor(key, T.bitwise_and(T.shift_right(key, 31), MAGNITUDE)), "float32")
+
+
+class WarpRow:
+    """Trace-time constants of one warp's row of ``experts`` values and the macros over them.
+
+    ``vec``: values per piece (4 fp32 / 8 bf16 on the 128-bit path, 1 on the scalar path).
+    Register arrays of a lane have ``VALUES = CHUNKS · VEC`` entries, entry ``i = j·VEC + c``
+    being column :meth:`column` ``(i, lane)``."""
+
+    def __init__(self, experts: int, vec: int) -> None:
+        self.E = experts
+        self.VEC = vec
+        self.CHUNKS = -(-experts // (WARP * vec))
+        self.VALUES = self.CHUNKS * vec
+        E, VEC, CHUNKS, VALUES = self.E, self.VEC, self.CHUNKS, self.VALUES
+        # piece j of some lane lies (partly) past E: only those pieces test their columns
+        PARTIAL = [(j + 1) * WARP * VEC > E for j in range(CHUNKS)]
+        self.partial = PARTIAL
+        PIECES = list(range(CHUNKS))  # Python lists: unrolled while tracing
+        ENTRIES = list(range(VALUES))
+        LANE_VALUES = list(range(VEC))
+        self.entries = ENTRIES
+
+        def column(i, lane):
+            return ((i // VEC) * WARP + lane) * VEC + i % VEC
+
+        self.column = column
+
+        def present(i, lane):
+            """Whether entry ``i`` of the lane is a column of the row (Python True where always)."""
+            if not PARTIAL[i // VEC]:
+                return True
+            return column(i, lane) < E
+
+        self.present = present
+
+        @T.macro
+        def load_row(src, t, lane, dst):
+            """``dst[i]`` = fp32 of column ``column(i, lane)`` of row ``t`` of ``src`` (0 past E)."""
+            for j in PIECES:
+                col = (j * WARP + lane) * VEC
+                if VEC > 1:
+                    if PARTIAL[j]:
+                        if col < E:
+                            for c in T.vectorized(VEC):
+                                dst[j * VEC + c] = T.cast(src[t, col + c], "float32")
+                        else:
+                            for c in LANE_VALUES:
+                                dst[j * VEC + c] = T.float32(0.0)
+                    else:
+                        for c in T.vectorized(VEC):
+                            dst[j * VEC + c] = T.cast(src[t, col + c], "float32")
+                else:
+                    if PARTIAL[j]:
+                        dst[j] = T.if_then_else(col < E, T.cast(src[t, T.min(col, E - 1)], "float32"), T.float32(0.0))
+                    else:
+                        dst[j] = T.cast(src[t, col], "float32")
+
+        @T.macro
+        def store_row(dst, t, lane, values):
+            """Column ``column(i, lane)`` of row ``t`` of ``dst`` = ``values[i]`` (within E)."""
+            for j in PIECES:
+                col = (j * WARP + lane) * VEC
+                if PARTIAL[j]:
+                    if col < E:
+                        for c in T.vectorized(VEC):
+                            dst[t, col + c] = values[j * VEC + c]
+                else:
+                    for c in T.vectorized(VEC):
+                        dst[t, col + c] = values[j * VEC + c]
+
+        @T.macro
+        def all_finite(values, lane, flag):
+            """``flag[0]`` = 1 when every value of the row (all lanes) is finite, else 0 (uniform)."""
+            flag[0] = 1
+            for i in ENTRIES:
+                if present(i, lane):
+                    if not T.isfinite(values[i]):
+                        flag[0] = 0
+            flag[0] = T.all_sync(flag[0])
+
+        @T.macro
+        def argmax(keys, lane, best, where, found, index):
+            """One selection round: ``found[0]`` = the warp's largest key, ``index[0]`` = the smallest
+            column holding it (uniform); ``best`` / ``where``: the lane's own first maximum."""
+            best[0] = NONE
+            where[0] = NO_COLUMN
+            for i in ENTRIES:
+                if keys[i] > best[0]:
+                    best[0] = keys[i]
+                    where[0] = column(i, lane)
+            found[0] = T.warp_reduce_max(best[0])
+            index[0] = T.warp_reduce_min(T.if_then_else(best[0] == found[0], where[0], NO_COLUMN))
+
+        @T.macro
+        def take(keys, lane, index):
+            """Column ``index`` can no longer be chosen."""
+            for i in ENTRIES:
+                if column(i, lane) == index:
+                    keys[i] = NONE
+
+        @T.macro
+        def broadcast(value, index):
+            """``value`` of the lane owning column ``index`` (all lanes call it)."""
+            return T.shfl_sync(value, (index // VEC) % WARP)
+
+        self.load_row = load_row
+        self.store_row = store_row
+        self.all_finite = all_finite
+        self.argmax = argmax
+        self.take = take
+        self.broadcast = broadcast
+
+    def keys(self):
+        """A lane's key registers."""
+        return T.alloc_local((self.VALUES,), "int32")
