@@ -20,7 +20,9 @@ first levels pair a lane's chunk ``c`` with its chunk ``c + chunks/2`` (same lan
 value: in registers) while the chunk count is even; the remaining ``width`` values (else
 all ``D``) go to shared memory, where the row's lanes run one tree level per barrier
 (``__syncwarp`` for a row within one warp, ``__syncthreads`` for a row over several). A
-thread holding its whole row (``lanes == 1``) adds in registers. Several rows per CTA use
+thread holding its whole row (``lanes == 1``) adds in registers; so does a row within one
+warp whose remaining width is one vector per lane and a power of two (the levels across
+lanes through ``shfl_down``: the same additions, no shared memory, no barrier). Several rows per CTA use
 disjoint parts of the buffer, so a non-finite value stays in its row.
 
 Buffers: a 2-D row buffer is ``[M, D]`` with row stride ``S0``; a 3-D one ``[M, N, D]``
@@ -34,7 +36,7 @@ import struct
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.spec import NormKernelSpec, reduction_plan
+from tileplug.backend_cuda.norm.spec import NormKernelSpec, reduction_plan, tree_levels
 
 
 def f32(value: float) -> float:
@@ -73,6 +75,15 @@ class RowMacros:
         LEVELS = plan.levels
         VALUE_INDICES = list(range(VEC))
         self.WIDTH = WIDTH
+        # a row within one warp whose tree starts from exactly one vector per lane on a power of
+        # two of values: the tree's levels run in registers — a level pairing values VEC or more
+        # apart takes the partner from the lane h / VEC above (shfl_down within the row's lanes),
+        # a closer level pairs two values of one thread — with the same additions as the shared
+        # buffer's levels, bit for bit, and no barrier
+        SHUFFLE = (not LOCAL_ONLY and EXACT and plan.written_chunks == 1 and LANES <= 32
+                   and WIDTH == LANES * VEC and WIDTH & (WIDTH - 1) == 0)
+        SHUFFLE_LEVELS = [h for _, h, _ in tree_levels(WIDTH)] if SHUFFLE else []
+        self.shuffle_tree = SHUFFLE
         # chunk k of some lane may lie (partly) past D: only those chunks test their columns
         PARTIAL = [(k + 1) * LANES * VEC > D for k in range(CHUNKS)]
         KS = list(range(CHUNKS))
@@ -172,6 +183,17 @@ class RowMacros:
                 for i, partner in LOCAL_STEPS:
                     terms[i] = T.ieee_add(terms[i], terms[partner])
                 acc[0] = terms[0]
+            elif SHUFFLE:
+                for i, partner in FOLD_STEPS:
+                    terms[i] = T.ieee_add(terms[i], terms[partner])
+                for h in SHUFFLE_LEVELS:
+                    if h >= VEC:
+                        for j in VALUE_INDICES:
+                            terms[j] = T.ieee_add(terms[j], T.shfl_down(terms[j], h // VEC, LANES))
+                    else:
+                        for j in range(h):
+                            terms[j] = T.ieee_add(terms[j], terms[j + h])
+                acc[0] = T.shfl_sync(terms[0], 0, LANES)
             else:
                 for i, partner in FOLD_STEPS:
                     terms[i] = T.ieee_add(terms[i], terms[partner])
@@ -220,7 +242,7 @@ class RowMacros:
     def tree_buffer(self):
         """The shared fp32 buffer of :meth:`row_sum` (``rows · WIDTH``; a thread holding its
         whole row needs none: one element)."""
-        return T.alloc_shared((1 if self.LANES == 1 else self.ROWS * self.WIDTH,), "float32")
+        return T.alloc_shared((1 if self.LANES == 1 or self.shuffle_tree else self.ROWS * self.WIDTH,), "float32")
 
     def slot(self, tx):
         """Row of thread ``tx`` within its CTA."""
