@@ -25,7 +25,7 @@ RANKS = 8
 TOKENS = 4001
 OPS = ("per_token_cast", "per_block_cast", "cast_back", "rms_norm", "layer_norm", "rms_norm_per_token_cast",
        "apply_rotary", "rms_norm_rope")
-CASES_PER_OP = 2
+CASES_PER_OP = 1
 
 
 def calls(rank: int) -> dict:
