@@ -130,6 +130,14 @@ def test_demo_reports_error_and_bandwidth_for_every_quant_op():
     fused, chain = (line.split() for line in result.stdout.splitlines()
                     if line.startswith(("rms_norm_rope_per_token_cast ", "rms_norm -> ")))
     assert fused[1] == "reference" and float(fused[2]) < float(chain[6]) / 3  # ledger MB: fused < a third
+    # the MoE step: each routing op timed on its backend, the layer against a token-by-token loop
+    assert "MoE step: route [8, 256] fp32 logits (top-8, 8 groups, best 4, sigmoid + bias, x2.5)" in result.stdout
+    routing = {line.split()[0]: line.split() for line in result.stdout.splitlines()
+               if line.startswith(cli.DEMO_MOE_STEP)}
+    assert list(routing) == list(cli.DEMO_MOE_STEP)
+    assert all(row[1] == "reference" and float(row[3]) > 0 for row in routing.values())
+    error = float(result.stdout.split("token-by-token torch loop: rel err ")[1].split()[0])
+    assert error < 8e-3  # bf16 outputs: within about one rounding of the sum
 
 
 def test_bench_writes_json_with_copy_ceiling_and_dispatch(tmp_path):

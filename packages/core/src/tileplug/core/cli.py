@@ -6,7 +6,8 @@ times every op's bench cases and ``demo`` quantizes with every bench case of an 
 returns a ``(q, sf)`` pair; ``precompile`` compiles the kernels of every case and bench
 case. No op is named here except the demo's inverse (``cast_back``), the demo's attention
 step (``DEMO_QK_STEP``: the fused QK op and the three ops it fuses, run with hand-made
-inputs) and the default cases of the dispatch-cost measurement.
+inputs), its MoE routing step (``DEMO_MOE_STEP``: the routing ops of a DeepSeek-style router
+in the order a layer calls them) and the default cases of the dispatch-cost measurement.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ DEMO_QK_STEP = ("rms_norm_rope_per_token_cast", ("rms_norm", "apply_rotary", "pe
 """The attention step ``demo`` runs after the casts: the fused QK-norm + RoPE + FP8 op and the
 chain of ops it fuses (their results must be the same bytes)."""
 DEMO_HEADS, DEMO_HEAD_DIM = 32, 128
+
+DEMO_MOE_STEP = ("moe_topk_gate", "moe_expert_counts", "moe_permute", "moe_unpermute")
+"""The MoE layer step ``demo`` runs: route, count, permute, (the experts in torch), unpermute."""
+DEMO_ROUTER = {"num_experts": 256, "num_topk": 8, "scoring": "sigmoid", "num_groups": 8, "topk_groups": 4,
+               "routed_scaling_factor": 2.5}
+"""DeepSeek-V3's router: 256 experts, top-8 from the best 4 of 8 groups, sigmoid scores with
+a selection bias, renormalized and scaled by 2.5."""
+DEMO_EXPERT_HIDDEN, DEMO_EXPERT_INTERMEDIATE, DEMO_ALIGNMENT = 256, 64, 8
 
 DEFAULT_DISPATCH_CASES = "per_token_cast,cast_back"
 """Bench cases whose dispatch cost ``bench`` measures at T = 1 unless told otherwise."""
@@ -503,6 +512,7 @@ def command_demo(args: argparse.Namespace) -> int:
                  rows))
     print(f"round-trip rel err = ||{DEMO_INVERSE}(q, sf) - x|| / ||x||; GB/s = ledger bytes / median time")
     demo_qk_step(device, tokens)
+    demo_moe_step(device, tokens)
     return 0
 
 
@@ -566,6 +576,81 @@ def demo_qk_step(device: torch.device, tokens: int) -> None:
     print(_table(("path", "backend", "ledger MB", "us", "GB/s"), rows))
     print(f"fused == chain bytewise: {'yes' if same else 'NO'}; bytes saved by fusing: "
           f"{chain_bytes / ledgers[0]:.2f}x; time: {chain_seconds / fused_seconds:.2f}x")
+
+
+def demo_moe_step(device: torch.device, tokens: int) -> None:
+    """An MoE layer of ``tokens`` tokens: ``DEMO_ROUTER``'s routing of fp32 logits, the counts
+    and the expanded layout (rows of an expert aligned to ``DEMO_ALIGNMENT``), the permuted
+    bf16 rows, each expert's SwiGLU MLP in torch (no SwiGLU op is declared yet), and the
+    weighted unpermute — the time of each routing op, and the layer against a token-by-token
+    torch loop over the same routing."""
+    from tileplug.core import opdefs
+    from tileplug.core.benchmark import median_seconds
+    from tileplug.core.errors import TileplugError
+    from tileplug.core.opdefs import describe_call
+    from tileplug.core.registry import registry
+    from tileplug.core.testing import relative_error
+
+    if not all(name in opdefs.names() for name in DEMO_MOE_STEP):
+        return
+    gate, counts_op, permute, unpermute = (opdefs.get(name) for name in DEMO_MOE_STEP)
+    router = dict(DEMO_ROUTER)
+    experts, topk = router.pop("num_experts"), router.pop("num_topk")
+    hidden, intermediate = DEMO_EXPERT_HIDDEN, DEMO_EXPERT_INTERMEDIATE
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(tokens, experts, generator=generator).to(device)
+    bias = (0.1 * torch.randn(experts, generator=generator)).to(device)
+    x = torch.randn(tokens, hidden, generator=generator).to(torch.bfloat16).to(device)
+    up = (torch.randn(experts, hidden, 2 * intermediate, generator=generator) / hidden ** 0.5).to(torch.bfloat16)
+    down = (torch.randn(experts, intermediate, hidden, generator=generator) / intermediate ** 0.5).to(torch.bfloat16)
+    up, down = up.to(device), down.to(device)
+
+    def expert_mlp(expert: int, rows: torch.Tensor) -> torch.Tensor:
+        gate_up = (rows @ up[expert]).float()
+        activated = torch.nn.functional.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
+        return (activated.to(torch.bfloat16) @ down[expert])
+
+    print(f"\nMoE step: route [{tokens}, {experts}] fp32 logits (top-{topk}, {router['num_groups']} groups, best "
+          f"{router['topk_groups']}, {router['scoring']} + bias, x{router['routed_scaling_factor']}), permute "
+          f"[{tokens}, {hidden}] bf16, experts in torch, unpermute, on {device.type}")
+    try:
+        topk_idx, topk_weights = gate.function(logits, topk, bias=bias, **router)
+        counts, expert_ends = counts_op.function(topk_idx, experts, alignment=DEMO_ALIGNMENT)
+        x_expanded, _, permutation, _ = permute.function(x, topk_idx, experts, alignment=DEMO_ALIGNMENT)
+        y_expanded = torch.zeros_like(x_expanded)
+        ends = expert_ends.tolist()
+        for expert, count in enumerate(counts.tolist()):
+            if count:
+                start = ends[expert] - count
+                y_expanded[start:ends[expert]] = expert_mlp(expert, x_expanded[start:ends[expert]])
+        y = unpermute.function(y_expanded, permutation, topk_weights, tokens)
+        timed = [
+            (gate, (logits, topk), {"bias": bias, **router}),
+            (counts_op, (topk_idx, experts), {"alignment": DEMO_ALIGNMENT}),
+            (permute, (x, topk_idx, experts), {"alignment": DEMO_ALIGNMENT}),
+            (unpermute, (y_expanded, permutation, topk_weights, tokens), {}),
+        ]
+        rows = []
+        for opdef, op_args, op_kwargs in timed:
+            call, _ = describe_call(opdef.name, *op_args, **op_kwargs)
+            backend, _ = registry.select(call.op, call)
+            seconds = median_seconds(lambda: opdef.function(*op_args, **op_kwargs), device)
+            ledger = opdef.ledger(call, backend.traits_for(device.type)).bytes_total
+            rows.append((opdef.name, backend.name, f"{ledger / 1e6:.3f}", f"{seconds * 1e6:.0f}",
+                         f"{ledger / seconds / 1e9:.2f}"))
+    except TileplugError as error:
+        print(f"  not run: {_one_line(error, 160)}")
+        return
+    expected = torch.zeros(tokens, hidden, dtype=torch.float32, device=device)
+    for token in range(tokens):
+        for slot in range(topk):
+            expert = int(topk_idx[token, slot])
+            if 0 <= expert < experts:
+                expected[token] += float(topk_weights[token, slot]) * expert_mlp(expert, x[token:token + 1])[0].float()
+    print(_table(("op", "backend", "ledger MB", "us", "GB/s"), rows))
+    busy = int((counts > 0).sum())
+    print(f"{busy} of {experts} experts received tokens; layer vs a token-by-token torch loop: rel err "
+          f"{relative_error(y.float(), expected):.2e} (one bf16 rounding of the sum)")
 
 
 # ---------------------------------------------------------------------- bench
