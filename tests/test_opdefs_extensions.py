@@ -158,3 +158,25 @@ def test_backward_registered_through_the_table_eager_and_compiled():
     assert torch.allclose(x.grad, 8 * x.detach())
     with torch.no_grad():
         assert toy_double(x).grad_fn is None
+
+
+@pytest.mark.parametrize("op,hidden,inputs,argument", [
+    ("apply_rotary", 256, {"bogus": 1}, "inputs.bogus"),
+    ("apply_rotary", 256, {"head_dim": 0}, "inputs.head_dim"),
+    ("apply_rotary", 256, {"positions": "int8"}, "inputs.positions"),
+    ("apply_rotary", 256, {"row_stride_pad": -1}, "inputs.row_stride_pad"),
+    ("moe_topk_gate", 64, {"topk": 0}, "inputs.topk"),
+    ("moe_topk_gate", 64, {"shared": -1}, "inputs.shared"),
+    ("moe_topk_gate", 64, {"ties": "random"}, "inputs.ties"),
+])
+def test_case_inputs_are_checked_by_name(op: str, hidden: int, inputs: dict, argument: str) -> None:
+    """A case's ``inputs`` (how the family makes its tensors) are checked like arguments: a
+    ContractError naming ``inputs.<name>``."""
+    from tileplug.core import opdefs
+    from tileplug.core.errors import ContractError
+    from tileplug.core.opdefs import Case
+
+    case = Case.of(op, hidden, torch.float32, inputs=inputs)
+    with pytest.raises(ContractError, match=argument.replace(".", r"\.")):
+        case.arguments(3, "cpu")
+    assert opdefs.get(op).family in ("rope", "moe")

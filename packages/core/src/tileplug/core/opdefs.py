@@ -76,6 +76,24 @@ def _short(value: Any) -> str:
     return str(value)
 
 
+def checked_case_inputs(op: str, inputs: Mapping[str, Any], options: Mapping[str, str],
+                        choices: Mapping[str, tuple], minimum: Mapping[str, int] | None = None,
+                        default_minimum: int = 0) -> None:
+    """Check a case's ``inputs`` (how a family's cases make their tensors) against the family's
+    ``options`` (name → description, the text before ``:`` naming what is expected): a name
+    in ``choices`` takes one of its values (of the same type), any other an int of at least
+    ``minimum.get(name, default_minimum)``. Raises ``ContractError`` naming ``inputs.<name>``."""
+    for key, value in inputs.items():
+        if key not in options:
+            raise ContractError(op, f"inputs.{key}", f"one of {', '.join(options)}", key)
+        allowed = choices.get(key)
+        if allowed is not None:
+            if value not in allowed or type(value) is not type(allowed[0]):
+                raise ContractError(op, f"inputs.{key}", f"one of {', '.join(map(repr, allowed))}", repr(value))
+        elif type(value) is not int or value < (minimum or {}).get(key, default_minimum):
+            raise ContractError(op, f"inputs.{key}", options[key].split(":")[0], repr(value))
+
+
 @dataclass(frozen=True)
 class BenchCase:
     """One configuration ``tileplug bench`` times: ``name`` (unique, comma-free), the op, and

@@ -34,7 +34,7 @@ from torch.compiler import is_compiling
 from tileplug.core import config
 from tileplug.core.contracts import moe as contracts
 from tileplug.core.errors import ContractError
-from tileplug.core.opdefs import BenchCase, Case, OpDef, declare, run, wants_grad
+from tileplug.core.opdefs import BenchCase, Case, OpDef, checked_case_inputs, declare, run, wants_grad
 
 # ---------------------------------------------------------------------- the public ops
 
@@ -264,15 +264,7 @@ _GATES = (contracts.TOPK_GATE, contracts.MOE_TOPK_GATE, contracts.MOE_TOPK_GATE_
 
 
 def _options(op: str, inputs: dict[str, Any]) -> dict[str, Any]:
-    for key, value in inputs.items():
-        if key not in INPUT_OPTIONS:
-            raise ContractError(op, f"inputs.{key}", f"one of {', '.join(INPUT_OPTIONS)}", key)
-        choices = _CHOICES.get(key)
-        if choices is not None:
-            if value not in choices or type(value) is not type(choices[0]):
-                raise ContractError(op, f"inputs.{key}", f"one of {', '.join(map(repr, choices))}", repr(value))
-        elif type(value) is not int or value < (0 if key in ("shared", "row_stride_pad") else 1):
-            raise ContractError(op, f"inputs.{key}", INPUT_OPTIONS[key].split(":")[0], repr(value))
+    checked_case_inputs(op, inputs, INPUT_OPTIONS, _CHOICES, {"shared": 0, "row_stride_pad": 0}, default_minimum=1)
     defaults = {"ties": "none", "non_finite": False, "bias": False, "mask": False, "topk": 8, "shared": 0,
                 "unrouted": False, "skewed": False, "index_dtype": "int64", "quantized": "none", "alignment": 1,
                 "row_stride_pad": 0}

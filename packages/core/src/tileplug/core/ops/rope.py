@@ -21,7 +21,7 @@ from tileplug.core.call import IN_PLACE_PLAN
 from tileplug.core.contracts import rope as contracts
 from tileplug.core.errors import ContractError
 from tileplug.core import unfused
-from tileplug.core.opdefs import BenchCase, Case, OpDef, declare, run
+from tileplug.core.opdefs import BenchCase, Case, OpDef, checked_case_inputs, declare, run
 
 
 def apply_rotary(
@@ -141,15 +141,7 @@ _CHOICES: dict[str, tuple] = {"positions": ("none", "int32", "int64"), "qkv": (F
 
 def _options(op: str, inputs: dict[str, Any], hidden: int) -> dict[str, Any]:
     """The input options checked, with defaults filled."""
-    for key, value in inputs.items():
-        if key not in INPUT_OPTIONS:
-            raise ContractError(op, f"inputs.{key}", f"one of {', '.join(INPUT_OPTIONS)}", key)
-        choices = _CHOICES.get(key)
-        if choices is not None:
-            if value not in choices or type(value) is not type(choices[0]):
-                raise ContractError(op, f"inputs.{key}", f"one of {', '.join(map(repr, choices))}", repr(value))
-        elif type(value) is not int or value < (1 if key == "head_dim" else 0):
-            raise ContractError(op, f"inputs.{key}", INPUT_OPTIONS[key].split(":")[0], repr(value))
+    checked_case_inputs(op, inputs, INPUT_OPTIONS, _CHOICES, {"head_dim": 1})
     default_head = next((size for size in (128, 64) if hidden % size == 0), hidden)
     options = {"head_dim": default_head, "tail_view": 0, "query_heads_per_key": 0, "batch": 0, "positions": "none",
                "qkv": False, "row_stride_pad": 0, **inputs}
