@@ -125,7 +125,7 @@ def test_the_grid_covers_every_case_of_the_op_table():
     assert len(CASES) > 100 and len(CASES) + len(DECLINED) <= total
     allowed = ("e4m3-stored", "not an Ascend layout", "the Ascend layouts", "UB plan needs", "falls to the reference",
                "no split-row form", "not produced by the fused norm + cast", "writes e4m3 only",
-               "hidden size must be a multiple of 16")
+               "hidden size must be a multiple of 16", "does not divide D")
     unexpected = {case: why for case, why in DECLINED.items() if not any(a in why for a in allowed)}
     assert not unexpected, unexpected
     row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[")
@@ -302,3 +302,58 @@ def test_core_lower_of_the_row_ops_names_the_specialisation():
     assert "specialisation: rms_norm [T, 576] bfloat16" in norm and "stats" in norm and "stand-in" in norm
     assert "specialisation: apply_rotary [T, N, D] bfloat16" in rope and "gptj" in rope
     assert "__global__" in norm and "__global__" in rope
+
+
+# ---------------------------------------------------------------------- the fused QK-norm + RoPE + cast
+
+
+def _norm_rope_cast_call(heads, head_dim, dtype, rotary_dim=None, **kwargs):
+    with core.config.host_layout("ascend"):
+        x = torch.empty(5, heads, head_dim, dtype=dtype, device=META)
+        call, _ = core.describe_call(core.ops.rms_norm_rope_per_token_cast, x, torch.empty(head_dim, device=META),
+                                     torch.empty(64, rotary_dim or head_dim, device=META), **kwargs)
+    return call
+
+
+@pytest.mark.parametrize("heads,head_dim,dtype,kwargs", [
+    (8, 128, torch.bfloat16, dict(num_per_channels=16, round_sf=True)),
+    (8, 128, torch.bfloat16, dict(num_per_channels=32, interleaved=True, return_unquantized=True)),
+    (4, 256, torch.float32, dict(num_per_channels=64, use_tma_aligned_col_major_sf=True, weight_offset=1.0)),
+    (2, 384, torch.bfloat16, dict(num_per_channels=128, interleaved=True)),
+], ids=["g16-round", "g32-gptj-y", "fp32-g64-col", "d384-g128-gptj"])
+def test_rms_norm_rope_per_token_cast_lowers_beyond_the_grid(heads, head_dim, dtype, kwargs):
+    """Specialisations of the fused QK-norm + RoPE + cast the op table's grid does not reach
+    (narrow groups, several groups per head, GPT-J, fp32, Gemma offset) lower and pass every
+    check; the kernel's description names the op and the cast."""
+    from tileplug.backend_ascend import lowering_checks as checks
+
+    call = _norm_rope_cast_call(heads, head_dim, dtype, **kwargs)
+    kernel = _kernels()[call.op]
+    assert kernel.supports(call) is None
+    lowering = kernel.lowering(call)
+    lowered = lowering.lowered
+    results = {
+        "ub": checks.check_ub(lowered.compiler_ub_bytes, lowered.primfunc_ub_bytes, lowering.plan_bytes,
+                              lowering.budget),
+        "pipelined": checks.check_pipelined(lowered.source),
+        "vector": checks.check_vector(lowered.source),
+    }
+    assert all(ok for ok, _ in results.values()), results
+    assert lowering.name.startswith("rms_norm_rope_per_token_cast") and f"1x{kwargs['num_per_channels']}" in lowering.name
+    assert "__gm__ fp8_e4_t* Q" in lowered.source and "__gm__ float* SF" in lowered.source
+
+
+def test_rms_norm_rope_per_token_cast_declines_with_reasons():
+    """What the fused kernel leaves to the reference, each with its reason: a group spanning two
+    heads, R not a multiple of 128, e2m1, packed UE8M0."""
+    kernel = _kernels()["rms_norm_rope"]
+    reasons = {
+        "does not divide D": _norm_rope_cast_call(3, 192, torch.bfloat16, rotary_dim=128, num_per_channels=128),
+        "a multiple of 128": _norm_rope_cast_call(3, 192, torch.bfloat16, num_per_channels=64),
+        "writes e4m3 only": _norm_rope_cast_call(2, 128, torch.bfloat16, fmt="e2m1", num_per_channels=32),
+        "not produced by the fused norm + cast": _norm_rope_cast_call(2, 128, torch.bfloat16, round_sf=True,
+                                                                      use_packed_ue8m0=True),
+    }
+    for expected, call in reasons.items():
+        why = kernel.supports(call)
+        assert why is not None and expected in why, (expected, why)

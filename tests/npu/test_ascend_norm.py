@@ -20,7 +20,8 @@ from tileplug.reference.conformance import CaseDeclined, check_case
 pytestmark = pytest.mark.npu
 
 TOKENS = (0, 1, 3, 129, 4001)
-ROW_OPS = ("rms_norm", "layer_norm", "rms_norm_per_token_cast", "apply_rotary", "rms_norm_rope")
+ROW_OPS = ("rms_norm", "layer_norm", "rms_norm_per_token_cast", "apply_rotary", "rms_norm_rope",
+           "rms_norm_rope_per_token_cast")
 
 
 def _ascend_ops() -> list[str]:
@@ -137,3 +138,29 @@ def test_rms_norm_rope_equals_the_ascend_chain(interleaved, dtype):
         chain = core.ops.rms_norm(x.to("npu"), weight.to("npu"), weight_offset=1.0)
         core.ops.apply_rotary(chain, cache.to("npu"), positions=positions.to("npu"), interleaved=interleaved)
     assert_bytes_equal(cpu_copy(fused), cpu_copy(chain), "y", nan_equal=True)
+
+
+@pytest.mark.parametrize("group", [16, 32, 64, 128])
+@pytest.mark.parametrize("flags", [dict(), dict(round_sf=True), dict(use_tma_aligned_col_major_sf=True)],
+                         ids=lambda f: "-".join(f) or "plain")
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rms_norm_rope_per_token_cast_equals_the_ascend_chain(group, flags, interleaved):
+    """The fused QK-norm + RoPE + cast equals, bytewise, the Ascend chain
+    per_token_cast(rms_norm_rope(x).view(T, N·D)) (SPEC §4 fusion rule, §6), with y returned,
+    out-of-range positions included (their NaN rows give NaN scales in both)."""
+    x = _rows(129 * 8, 128, torch.bfloat16, 15).view(129, 8, 128)
+    weight = _rows(1, 128, torch.bfloat16, 16)[0]
+    angles = torch.rand(64, 64, generator=torch.Generator().manual_seed(17)) * 6.0
+    cache = torch.cat((angles.cos(), angles.sin()), dim=1)
+    positions = torch.randint(-2, 70, (129,), generator=torch.Generator().manual_seed(18)).to("npu")
+    kwargs = dict(num_per_channels=group, **flags)
+    with core.use_backend("ascend"):
+        q, sf, y = core.ops.rms_norm_rope_per_token_cast(x.to("npu"), weight.to("npu"), cache.to("npu"),
+                                                         positions=positions, interleaved=interleaved,
+                                                         return_unquantized=True, **kwargs)
+        chain = core.ops.rms_norm_rope(x.to("npu"), weight.to("npu"), cache.to("npu"), positions=positions,
+                                       interleaved=interleaved)
+        q_chain, sf_chain = core.ops.per_token_cast(chain.view(129, 8 * 128), **kwargs)
+    assert_bytes_equal(cpu_copy(y), cpu_copy(chain), "y", nan_equal=True)
+    assert_bytes_equal(cpu_copy(q), cpu_copy(q_chain), "q")
+    assert_bytes_equal(cpu_copy(sf), cpu_copy(sf_chain), "sf", strides=True, nan_equal=True)
