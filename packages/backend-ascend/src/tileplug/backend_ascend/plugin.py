@@ -36,9 +36,9 @@ def kernel_table() -> dict:
 
 def lower(call) -> str:
     """Ascend C of ``call`` (lowered with stand-in device constants; no NPU needed), headed by
-    comment lines naming the specialisation, the stand-ins and the UB plan."""
-    lowering = kernel_table()[call.op].lowering(call)
-    return lowering.header + lowering.lowered.source
+    comment lines naming the specialisation, the stand-ins and the UB plan; an op that launches
+    several kernels (the norm backward: rows, then the column sum) gives each in launch order."""
+    return "\n".join(lowering.header + lowering.lowered.source for lowering in kernel_table()[call.op].lowerings(call))
 
 
 def capabilities() -> str:
