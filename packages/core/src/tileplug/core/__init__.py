@@ -6,7 +6,7 @@
 
 from tileplug.core import config, nn, opdefs, ops
 from tileplug.core.backend import ANY_DEVICE, Backend, Kernel
-from tileplug.core.call import Call, Ledger, QuantMode
+from tileplug.core.call import Call, Ledger, QuantMode, Scoring
 from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
 from tileplug.core.errors import BackendError, ContractError, NoBackendError, TileplugError
 from tileplug.core.lowering import LoweringError, lower
@@ -39,6 +39,7 @@ __all__ = [
     "QuantInputs",
     "QuantMode",
     "QuantOutputs",
+    "Scoring",
     "TileplugError",
     "config",
     "declare",

@@ -32,6 +32,14 @@ class QuantMode(enum.Enum):
     CAST_BACK = "cast_back"  # dequantize (q, sf)
 
 
+class Scoring(enum.Enum):
+    """How ``moe_topk_gate`` turns a row of logits ``x`` into scores ``u`` (fp32)."""
+
+    SOFTMAX = "softmax"  # exp(x - max(x)) / sum(exp(x - max(x))) over the row
+    SIGMOID = "sigmoid"  # 1 / (1 + exp(-x)), per element
+    SQRTSOFTPLUS = "sqrtsoftplus"  # sqrt(log(1 + exp(x))), per element
+
+
 class Ledger(NamedTuple):
     """Bytes an op must move (and flops it must do): the denominator of effective GB/s."""
 

@@ -1,4 +1,4 @@
-"""Runtime switches: amax clamps, PDL, SM count, token alignment, host sf layout.
+"""Runtime switches: amax clamps, PDL, SM count, token alignment, host sf layout, finite checks.
 
 Values are process-wide (``config.set(...)``) and can be overridden for a block of code,
 per thread and per asyncio task, with ``config.override(...)`` or the narrower context
@@ -33,6 +33,10 @@ class RuntimeConfig:
     - ``host_layout``: the device family whose sf layout host devices (cpu, meta) produce,
       so that CUDA and Ascend layouts can both be made and checked on a CPU.
     - ``ascend_vector_cores``: Ascend vector-core count override (None: from the device).
+    - ``check_finite``: a debug mode of the top-k gates (``topk_gate``, ``moe_topk_gate``):
+      before the launch the op synchronises with the device to look for non-finite scores
+      (logits, bias) and raises ContractError naming the rows. Off, such rows get index −1
+      and weight 0 and nothing waits on the device.
     """
 
     amax_clamps: Mapping[tuple[str, bool], float] = field(default_factory=lambda: dict(DEFAULT_CLAMP_MIN))
@@ -41,6 +45,7 @@ class RuntimeConfig:
     token_alignment_bytes: int | None = None
     host_layout: LayoutTraits = CUDA_LAYOUT
     ascend_vector_cores: int | None = None
+    check_finite: bool = False
 
     def clamp_min(self, fmt: str, use_e4m3_sf: bool) -> float:
         """The amax lower clamp for ``fmt`` with or without e4m3-stored sf."""
@@ -88,8 +93,9 @@ def _validated(base: RuntimeConfig, changes: dict[str, Any]) -> RuntimeConfig:
                 raise ContractError(op, "amax_clamps", f"a finite clamp >= {smallest!r} for {key}", value)
             merged[key] = float(value)
         changes["amax_clamps"] = merged
-    if "pdl" in changes and not isinstance(changes["pdl"], bool):
-        raise ContractError(op, "pdl", "a bool", changes["pdl"])
+    for name in ("pdl", "check_finite"):
+        if name in changes and not isinstance(changes[name], bool):
+            raise ContractError(op, name, "a bool", changes[name])
     for name in ("sm_count", "token_alignment_bytes", "ascend_vector_cores"):
         value = changes.get(name)
         if value is not None and (type(value) is not int or value <= 0):
@@ -151,3 +157,11 @@ def token_alignment(alignment_bytes: int | None) -> contextlib.AbstractContextMa
 def host_layout(family: str | LayoutTraits) -> contextlib.AbstractContextManager[RuntimeConfig]:
     """Make host devices (cpu, meta) produce ``family``'s sf layout ("cuda" or "ascend")."""
     return override(host_layout=family)
+
+
+def check_finite(enabled: bool = True) -> contextlib.AbstractContextManager[RuntimeConfig]:
+    """Debug mode of the top-k gates inside a block: a row with a non-finite score raises
+    ContractError naming the rows instead of getting index −1 / weight 0. It costs a host
+    synchronisation per call (the check reads the scores back); never enable it on a hot path.
+    ``config.set(check_finite=True)`` turns it on process-wide."""
+    return override(check_finite=enabled)

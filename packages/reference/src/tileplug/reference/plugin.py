@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tileplug.core import ANY_DEVICE, ASCEND_LAYOUT, CUDA_LAYOUT, Backend, LayoutTraits, config, hookimpl
+from tileplug.reference.moe import gate as moe_gate
+from tileplug.reference.moe import permute as moe_permute
 from tileplug.reference.norm.layer_norm import layer_norm
 from tileplug.reference.norm.layer_norm_backward import layer_norm_backward
 from tileplug.reference.norm.rms_norm import rms_norm
@@ -61,6 +63,13 @@ def make_backend() -> Backend:
             "layer_norm_backward": ReferenceKernel(layer_norm_backward),
             "apply_rotary": ReferenceKernel(apply_rotary),
             "rms_norm_rope": ReferenceKernel(rms_norm_rope),
+            "topk_gate": ReferenceKernel(moe_gate.topk_gate),
+            "normalize_weight": ReferenceKernel(moe_gate.normalize_weight),
+            "moe_topk_gate": ReferenceKernel(moe_gate.moe_topk_gate),
+            "moe_topk_gate_backward": ReferenceKernel(moe_gate.moe_topk_gate_backward),
+            "moe_expert_counts": ReferenceKernel(moe_permute.moe_expert_counts),
+            "moe_permute": ReferenceKernel(moe_permute.moe_permute),
+            "moe_unpermute": ReferenceKernel(moe_permute.moe_unpermute),
         },
         layout_for=layout_for,
         description="exact PyTorch model of SPEC.md, any device, slow",

@@ -22,12 +22,27 @@ from tileplug.core.ops.norm import (
     rms_norm_per_token_cast,
 )
 from tileplug.core.ops.rope import apply_rotary, rms_norm_rope, rms_norm_rope_per_token_cast
+from tileplug.core.ops.moe import (
+    moe_expert_counts,
+    moe_permute,
+    moe_topk_gate,
+    moe_topk_gate_backward,
+    moe_unpermute,
+    normalize_weight,
+    topk_gate,
+)
 
 __all__ = [
     "apply_rotary",
     "cast_back",
     "layer_norm",
     "layer_norm_backward",
+    "moe_expert_counts",
+    "moe_permute",
+    "moe_topk_gate",
+    "moe_topk_gate_backward",
+    "moe_unpermute",
+    "normalize_weight",
     "per_block_cast",
     "per_block_cast_with_precomputed_sf",
     "per_block_cast_with_sf_only",
@@ -40,4 +55,5 @@ __all__ = [
     "rms_norm_per_token_cast",
     "rms_norm_rope",
     "rms_norm_rope_per_token_cast",
+    "topk_gate",
 ]
