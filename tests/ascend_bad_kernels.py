@@ -156,3 +156,57 @@ def rotary_scalar_tokens(spec):
 
     with mock.patch.object(apply_rotary, "rotate_compute", _scalar_rotate_compute):
         return apply_rotary.build(spec)
+
+
+# ---------------------------------------------------------------------- the norm backward (rows reduced)
+
+def backward_atomic_partials(build, spec):
+    """The prim_func of a norm backward ``spec`` whose blocks add their partial sums into one
+    shared row with a store-mode atomic add (the order of accumulation then varies run to run)."""
+    from tileplug.backend_ascend.norm import backward
+
+    @T.macro
+    def atomic_store(accumulator, partials, block, width):
+        T.set_atomic("add", "float32")
+        T.copy(accumulator[0:width], partials[0, 0:width])
+        T.set_atomic_none()
+
+    with mock.patch.object(backward, "store_partial", atomic_store):
+        return build(spec)
+
+
+def backward_split_by_cores(build, spec):
+    """The prim_func of a norm backward ``spec`` whose rows are split by the vector-core count
+    (row ``r`` into partial ``r % C``): its summation order then depends on the device."""
+    from tileplug.backend_ascend.norm import backward
+
+    with mock.patch.object(backward, "PARTIALS", spec.vector_cores):
+        return build(spec)
+
+
+def _scalar_rms_backward_compute(spec):
+    """Per-element scalar RMSNorm backward of one row (weight, no grad_residual)."""
+    assert spec.kind == "rms" and spec.weight_dtype is not None and not spec.grad_residual
+    D, dt = spec.hidden, spec.in_dtype
+
+    @T.macro
+    def compute(buffers):
+        gy_ub, x_ub, w_ub, gw_acc = buffers["gy_ub"], buffers["x_ub"], buffers["w_ub"], buffers["gw_acc"]
+        rstd = buffers["rstd_ub"][0]
+        total = T.alloc_var(T.float32)
+        total = T.float32(0)
+        for k in T.serial(D):
+            total = total + T.Cast("float32", gy_ub[k]) * w_ub[k] * T.Cast("float32", x_ub[k]) * rstd
+        for k in T.serial(D):
+            x_hat = T.Cast("float32", x_ub[k]) * rstd
+            gw_acc[k] = gw_acc[k] + T.Cast("float32", gy_ub[k]) * x_hat
+            gy_ub[k] = T.Cast(dt, rstd * (T.Cast("float32", gy_ub[k]) * w_ub[k] - x_hat * total / T.float32(D)))
+
+    return compute
+
+
+def rms_backward_scalar_rows(spec):
+    """The prim_func of an ``rms_norm_backward`` ``spec`` whose rows are computed in scalar code."""
+    from tileplug.backend_ascend.norm import backward
+
+    return backward.build_rows(spec, _scalar_rms_backward_compute)

@@ -82,16 +82,30 @@ def lower_and_check(entry) -> dict:
     if why is not None:
         result["declined"] = why
         return result
-    lowering = kernel.lowering(call)
-    lowered, source = lowering.lowered, lowering.lowered.source
-    result["checks"] = {
-        "ub": checks.check_ub(lowered.compiler_ub_bytes, lowered.primfunc_ub_bytes, lowering.plan_bytes,
-                              lowering.budget),
-        "pipelined": checks.check_pipelined(source),
-        "vector": checks.check_vector(source),
-        "nonempty": ("__gm__" in source, "kernel has __gm__ parameters"),
-    }
+    lowerings = kernel.lowerings(call)
+    result["checks"] = {}
+    for lowering in lowerings:  # every kernel the call launches (the norm backward: rows, then the column sum)
+        lowered, source = lowering.lowered, lowering.lowered.source
+        result["checks"].update({
+            f"{lowering.name}: ub": checks.check_ub(lowered.compiler_ub_bytes, lowered.primfunc_ub_bytes,
+                                                    lowering.plan_bytes, lowering.budget),
+            f"{lowering.name}: pipelined": checks.check_pipelined(source),
+            f"{lowering.name}: vector": checks.check_vector(source),
+            f"{lowering.name}: nonempty": ("__gm__" in source, "kernel has __gm__ parameters"),
+        })
+    if call.op in ROW_REDUCING_OPS:
+        with core.config.override(ascend_vector_cores=OTHER_VECTOR_CORES):
+            others = kernel.lowerings(call)
+        for lowering, other in zip(lowerings, others):
+            result["checks"][f"{lowering.name}: deterministic"] = checks.check_deterministic(
+                lowering.lowered.source, other.lowered.source)
     return result
+
+
+ROW_REDUCING_OPS = ("rms_norm_backward", "layer_norm_backward")
+"""Ops whose kernels sum over rows (the weight / bias gradients): also checked deterministic."""
+OTHER_VECTOR_CORES = 40
+"""A second vector-core count the row-reducing ops are lowered for: the Ascend C must not change."""
 
 
 CASES, DECLINED = _grid()
@@ -125,10 +139,10 @@ def test_the_grid_covers_every_case_of_the_op_table():
     assert len(CASES) > 100 and len(CASES) + len(DECLINED) <= total
     allowed = ("e4m3-stored", "not an Ascend layout", "the Ascend layouts", "UB plan needs", "falls to the reference",
                "no split-row form", "not produced by the fused norm + cast", "writes e4m3 only",
-               "hidden size must be a multiple of 16")
+               "hidden size must be a multiple of 16", "does not divide D")
     unexpected = {case: why for case, why in DECLINED.items() if not any(a in why for a in allowed)}
     assert not unexpected, unexpected
-    row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[")
+    row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[", "rms_norm_backward[", "layer_norm_backward[")
     assert not [case for case in DECLINED if case.startswith(row_ops)]
 
 
@@ -302,3 +316,137 @@ def test_core_lower_of_the_row_ops_names_the_specialisation():
     assert "specialisation: rms_norm [T, 576] bfloat16" in norm and "stats" in norm and "stand-in" in norm
     assert "specialisation: apply_rotary [T, N, D] bfloat16" in rope and "gptj" in rope
     assert "__global__" in norm and "__global__" in rope
+
+
+# ---------------------------------------------------------------------- the fused QK-norm + RoPE + cast
+
+
+def _norm_rope_cast_call(heads, head_dim, dtype, rotary_dim=None, **kwargs):
+    with core.config.host_layout("ascend"):
+        x = torch.empty(5, heads, head_dim, dtype=dtype, device=META)
+        call, _ = core.describe_call(core.ops.rms_norm_rope_per_token_cast, x, torch.empty(head_dim, device=META),
+                                     torch.empty(64, rotary_dim or head_dim, device=META), **kwargs)
+    return call
+
+
+@pytest.mark.parametrize("heads,head_dim,dtype,kwargs", [
+    (8, 128, torch.bfloat16, dict(num_per_channels=16, round_sf=True)),
+    (8, 128, torch.bfloat16, dict(num_per_channels=32, interleaved=True, return_unquantized=True)),
+    (4, 256, torch.float32, dict(num_per_channels=64, use_tma_aligned_col_major_sf=True, weight_offset=1.0)),
+    (2, 384, torch.bfloat16, dict(num_per_channels=128, interleaved=True)),
+], ids=["g16-round", "g32-gptj-y", "fp32-g64-col", "d384-g128-gptj"])
+def test_rms_norm_rope_per_token_cast_lowers_beyond_the_grid(heads, head_dim, dtype, kwargs):
+    """Specialisations of the fused QK-norm + RoPE + cast the op table's grid does not reach
+    (narrow groups, several groups per head, GPT-J, fp32, Gemma offset) lower and pass every
+    check; the kernel's description names the op and the cast."""
+    from tileplug.backend_ascend import lowering_checks as checks
+
+    call = _norm_rope_cast_call(heads, head_dim, dtype, **kwargs)
+    kernel = _kernels()[call.op]
+    assert kernel.supports(call) is None
+    lowering = kernel.lowering(call)
+    lowered = lowering.lowered
+    results = {
+        "ub": checks.check_ub(lowered.compiler_ub_bytes, lowered.primfunc_ub_bytes, lowering.plan_bytes,
+                              lowering.budget),
+        "pipelined": checks.check_pipelined(lowered.source),
+        "vector": checks.check_vector(lowered.source),
+    }
+    assert all(ok for ok, _ in results.values()), results
+    assert lowering.name.startswith("rms_norm_rope_per_token_cast") and f"1x{kwargs['num_per_channels']}" in lowering.name
+    assert "__gm__ fp8_e4_t* Q" in lowered.source and "__gm__ float* SF" in lowered.source
+
+
+def test_rms_norm_rope_per_token_cast_declines_with_reasons():
+    """What the fused kernel leaves to the reference, each with its reason: a group spanning two
+    heads, R not a multiple of 128, e2m1, packed UE8M0."""
+    kernel = _kernels()["rms_norm_rope"]
+    reasons = {
+        "does not divide D": _norm_rope_cast_call(3, 192, torch.bfloat16, rotary_dim=128, num_per_channels=128),
+        "a multiple of 128": _norm_rope_cast_call(3, 192, torch.bfloat16, num_per_channels=64),
+        "writes e4m3 only": _norm_rope_cast_call(2, 128, torch.bfloat16, fmt="e2m1", num_per_channels=32),
+        "not produced by the fused norm + cast": _norm_rope_cast_call(2, 128, torch.bfloat16, round_sf=True,
+                                                                      use_packed_ue8m0=True),
+    }
+    for expected, call in reasons.items():
+        why = kernel.supports(call)
+        assert why is not None and expected in why, (expected, why)
+
+
+# ---------------------------------------------------------------------- the norm backward: checks that can fail
+
+
+def _backward_spec():
+    """A plain bf16 rms_norm_backward specialisation with a weight (the stand-ins)."""
+    from tileplug.backend_ascend.norm.backward import spec_of
+
+    x = _x(3, 2048)
+    rstd = torch.empty(3, device=META)
+    with core.config.host_layout("ascend"):
+        call, _ = core.describe_call(core.ops.rms_norm_backward, x, x, torch.empty(2048, dtype=torch.bfloat16,
+                                                                                    device=META), rstd)
+    return spec_of(call)
+
+
+def test_backward_checks_fail_on_bad_variants():
+    """The norm backward's row kernel and column sum pass every check, and each check fails on a
+    bad variant of them: (a) 8 buffer versions of a wide fp32 row, over the UB budget (the
+    builder refuses it); (b) a serial, single-buffered row loop (row kernel and column sum);
+    (c) the row's math in scalar code; (d, the determinism check) the partial sums added into
+    one row with a store-mode atomic, and the rows split by the vector-core count (its Ascend C
+    changes with the device)."""
+    import ascend_bad_kernels as bad_kernels
+
+    from tileplug.backend_ascend import lowering_checks as checks
+    from tileplug.backend_ascend.device import UBBudgetError
+    from tileplug.backend_ascend.lowering import lower_prim_func
+    from tileplug.backend_ascend.norm import backward, rms_norm_backward
+
+    def build(spec):
+        return backward.build_rows(spec, rms_norm_backward.row_compute)
+
+    spec = _backward_spec()
+    other = replace(spec, vector_cores=OTHER_VECTOR_CORES)
+    good = _checked(build(spec), spec)
+    assert all(ok for ok, _ in good.values()), good
+    source = lower_prim_func(build(spec)).kernel_source
+    assert checks.check_deterministic(source, lower_prim_func(build(other)).kernel_source)[0]
+    column = backward.ColumnSumSpec(spec.hidden)
+    good_column = _checked(backward.build_column_sum(column), column)
+    assert all(ok for ok, _ in good_column.values()), good_column
+
+    wide = replace(spec, hidden=16384, in_dtype="float32", weight_dtype="float32", grad_residual=True, num_buffers=8)
+    assert wide.footprint > wide.budget
+    with pytest.raises(UBBudgetError):
+        build(wide)
+    ok, detail = _checked(bad_kernels.row_over_budget(build, wide), wide)["ub"]
+    assert not ok and "over budget" in detail, detail
+
+    for serial, bad_spec in ((bad_kernels.row_serial_loop(build, spec), spec),
+                             (bad_kernels.row_serial_loop(backward.build_column_sum, column), column)):
+        ok, detail = _checked(serial, bad_spec)["pipelined"]
+        assert not ok and "versions=[1]" in detail, detail
+
+    ok, detail = _checked(bad_kernels.rms_backward_scalar_rows(spec), spec)["vector"]
+    assert not ok and "scalar UB dereference" in detail, detail
+
+    atomic = lower_prim_func(bad_kernels.backward_atomic_partials(build, spec)).kernel_source
+    ok, detail = checks.check_deterministic(atomic, atomic)
+    assert not ok and "atomics armed" in detail, detail
+
+    split = lower_prim_func(bad_kernels.backward_split_by_cores(build, spec)).kernel_source
+    split_other = lower_prim_func(bad_kernels.backward_split_by_cores(build, other)).kernel_source
+    ok, detail = checks.check_deterministic(split, split_other)
+    assert not ok and "vector-core count" in detail, detail
+
+
+def test_core_lower_of_a_backward_op_gives_both_kernels():
+    """core.lower of a norm backward gives the row kernel and the column sum, each with its header."""
+    x = _x(3, 576)
+    stat = torch.empty(3, device=META)
+    with core.config.host_layout("ascend"):
+        source = core.lower(core.ops.layer_norm_backward, x, x, torch.empty(576, dtype=torch.bfloat16, device=META),
+                            stat, stat, backend="ascend")
+    assert source.count("LOWERED") == 2 and source.count("__global__") == 2
+    assert "specialisation: layer_norm_backward [T, 576] bfloat16" in source
+    assert "specialisation: norm_column_sum [64, 576] float32" in source

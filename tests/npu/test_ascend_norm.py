@@ -20,7 +20,8 @@ from tileplug.reference.conformance import CaseDeclined, check_case
 pytestmark = pytest.mark.npu
 
 TOKENS = (0, 1, 3, 129, 4001)
-ROW_OPS = ("rms_norm", "layer_norm", "rms_norm_per_token_cast", "apply_rotary", "rms_norm_rope")
+ROW_OPS = ("rms_norm", "layer_norm", "rms_norm_per_token_cast", "apply_rotary", "rms_norm_rope",
+           "rms_norm_rope_per_token_cast", "rms_norm_backward", "layer_norm_backward")
 
 
 def _ascend_ops() -> list[str]:
@@ -137,3 +138,62 @@ def test_rms_norm_rope_equals_the_ascend_chain(interleaved, dtype):
         chain = core.ops.rms_norm(x.to("npu"), weight.to("npu"), weight_offset=1.0)
         core.ops.apply_rotary(chain, cache.to("npu"), positions=positions.to("npu"), interleaved=interleaved)
     assert_bytes_equal(cpu_copy(fused), cpu_copy(chain), "y", nan_equal=True)
+
+
+@pytest.mark.parametrize("group", [16, 32, 64, 128])
+@pytest.mark.parametrize("flags", [dict(), dict(round_sf=True), dict(use_tma_aligned_col_major_sf=True)],
+                         ids=lambda f: "-".join(f) or "plain")
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rms_norm_rope_per_token_cast_equals_the_ascend_chain(group, flags, interleaved):
+    """The fused QK-norm + RoPE + cast equals, bytewise, the Ascend chain
+    per_token_cast(rms_norm_rope(x).view(T, N·D)) (SPEC §4 fusion rule, §6), with y returned,
+    out-of-range positions included (their NaN rows give NaN scales in both)."""
+    x = _rows(129 * 8, 128, torch.bfloat16, 15).view(129, 8, 128)
+    weight = _rows(1, 128, torch.bfloat16, 16)[0]
+    angles = torch.rand(64, 64, generator=torch.Generator().manual_seed(17)) * 6.0
+    cache = torch.cat((angles.cos(), angles.sin()), dim=1)
+    positions = torch.randint(-2, 70, (129,), generator=torch.Generator().manual_seed(18)).to("npu")
+    kwargs = dict(num_per_channels=group, **flags)
+    with core.use_backend("ascend"):
+        q, sf, y = core.ops.rms_norm_rope_per_token_cast(x.to("npu"), weight.to("npu"), cache.to("npu"),
+                                                         positions=positions, interleaved=interleaved,
+                                                         return_unquantized=True, **kwargs)
+        chain = core.ops.rms_norm_rope(x.to("npu"), weight.to("npu"), cache.to("npu"), positions=positions,
+                                       interleaved=interleaved)
+        q_chain, sf_chain = core.ops.per_token_cast(chain.view(129, 8 * 128), **kwargs)
+    assert_bytes_equal(cpu_copy(y), cpu_copy(chain), "y", nan_equal=True)
+    assert_bytes_equal(cpu_copy(q), cpu_copy(q_chain), "q")
+    assert_bytes_equal(cpu_copy(sf), cpu_copy(sf_chain), "sf", strides=True, nan_equal=True)
+
+
+def _backward(op_name: str, x: torch.Tensor, grad_y: torch.Tensor, weight: torch.Tensor):
+    """``core.ops.<op_name>`` on the NPU with the statistics of the reference forward; the
+    results on the CPU."""
+    with core.use_backend("reference"):
+        if op_name == "rms_norm_backward":
+            statistics = core.ops.rms_norm(x, weight, return_rstd=True)[1:]
+        else:
+            statistics = core.ops.layer_norm(x, weight, return_stats=True)[1:]
+    op = getattr(core.ops, op_name)
+    with core.use_backend("ascend"):
+        result = op(grad_y.to("npu"), x.to("npu"), weight.to("npu"), *(s.to("npu") for s in statistics))
+    return [cpu_copy(r) if r is not None else None for r in result]
+
+
+@pytest.mark.parametrize("op_name", ["rms_norm_backward", "layer_norm_backward"])
+@pytest.mark.parametrize("hidden", [7, 576, 7168])
+def test_backward_weight_gradient_deterministic_and_rows_batch_invariant(op_name, hidden):
+    """The weight (and bias) gradients are the same bytes on every run (no atomics, a split of
+    the rows that is a constant); each row's grad_x does not depend on the batch it sits in
+    (1, 7 rows at several positions of 4001)."""
+    x = _rows(4001, hidden, torch.bfloat16, hidden)
+    grad_y = _rows(4001, hidden, torch.bfloat16, hidden + 1)
+    weight = _rows(1, hidden, torch.float32, hidden + 2)[0]
+    full = _backward(op_name, x, grad_y, weight)
+    again = _backward(op_name, x, grad_y, weight)
+    for index, (first, second) in enumerate(zip(full, again)):
+        if first is not None:
+            assert_bytes_equal(second, first, f"output {index}, second run")
+    for start, count in ((0, 1), (5, 7), (3990, 1)):
+        part = _backward(op_name, x[start:start + count], grad_y[start:start + count], weight)
+        assert_bytes_equal(part[0], full[0][start:start + count], f"grad_x of rows {start}:{start + count}")

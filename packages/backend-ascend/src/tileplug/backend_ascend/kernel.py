@@ -31,6 +31,12 @@ def header(spec: Any, target: DeviceTarget) -> str:
     ])
 
 
+def checked_lowering(spec: Any, build: Callable[[Any], Any], target: DeviceTarget) -> CheckedLowering:
+    """``spec`` lowered (disk-cached; ``build(spec)`` traces it) with its UB plan, budget and header."""
+    lowered = lower_cached(spec, lambda: build(spec))
+    return CheckedLowering(spec.describe(), lowered, spec.footprint, spec.budget, header(spec, target))
+
+
 class SpecKernel:
     """A tileplug Kernel of one op over a family's specialisation and prim_func builder."""
 
@@ -55,9 +61,11 @@ class SpecKernel:
     def lowering(self, call) -> CheckedLowering:
         """``call`` lowered with the stand-ins (disk-cached), for the checks and ``core.lower``."""
         target = lowering_target()
-        spec = self.spec_of(call, target)
-        lowered = lower_cached(spec, lambda: self.build(spec))
-        return CheckedLowering(spec.describe(), lowered, spec.footprint, spec.budget, header(spec, target))
+        return checked_lowering(self.spec_of(call, target), self.build, target)
+
+    def lowerings(self, call) -> list[CheckedLowering]:
+        """Every kernel ``call`` launches, lowered (one here; an op of several kernels says more)."""
+        return [self.lowering(call)]
 
     def __call__(self, call, inputs, outputs) -> None:
         spec = self.spec_of(call, dispatch_target(call.device))

@@ -13,6 +13,10 @@ the Ascend C -- never an execution. Each check returns ``(ok, detail)``.
 * :func:`check_vector` -- the hot loop is SIMD: a ``__simd_vf__`` function with vector loads and
   stores is called inside every row loop; the ``__global__`` function never dereferences UB as
   a scalar; nothing is synchronised on the scalar pipe (``PIPE_S``).
+* :func:`check_deterministic` -- a kernel that reduces over rows (the norm backward's weight
+  gradient) arms no store-mode atomic (``asc_set_atomic_*``: its order of accumulation would
+  vary) and lowers to the same Ascend C whatever the vector-core count (its split of the rows
+  is a constant, never the device's).
 """
 
 from __future__ import annotations
@@ -171,3 +175,15 @@ def check_vector(source: str) -> tuple[bool, str]:
         why.append("PIPE_S synchronisation: data work on the scalar pipe")
     count = sum(len(re.findall(r"simd_inst::\w+", b)) for b in simd.values())
     return not why, "; ".join(why) if why else f"{count} simd_inst calls in {len(simd)} __simd_vf__ function(s)"
+
+
+def check_deterministic(source: str, other_cores_source: str) -> tuple[bool, str]:
+    """``source``: a lowering; ``other_cores_source``: the same specialisation lowered for another
+    vector-core count."""
+    why = []
+    atomics = sorted(set(re.findall(r"asc_set_atomic_(?!none)\w+", source)))
+    if atomics:
+        why.append(f"store-mode atomics armed ({', '.join(atomics)}): the order of accumulation varies")
+    if source != other_cores_source:
+        why.append("the Ascend C differs with the vector-core count: the split of the rows depends on the device")
+    return not why, "; ".join(why) if why else "no atomics; the same Ascend C for every vector-core count"

@@ -36,9 +36,9 @@ def kernel_table() -> dict:
 
 def lower(call) -> str:
     """Ascend C of ``call`` (lowered with stand-in device constants; no NPU needed), headed by
-    comment lines naming the specialisation, the stand-ins and the UB plan."""
-    lowering = kernel_table()[call.op].lowering(call)
-    return lowering.header + lowering.lowered.source
+    comment lines naming the specialisation, the stand-ins and the UB plan; an op that launches
+    several kernels (the norm backward: rows, then the column sum) gives each in launch order."""
+    return "\n".join(lowering.header + lowering.lowered.source for lowering in kernel_table()[call.op].lowerings(call))
 
 
 def capabilities() -> str:
@@ -56,16 +56,22 @@ def capabilities() -> str:
         "apply_rotary (NeoX / GPT-J, in place, query + key, [T, N, D] / [B, S, N, D] views, positions None /",
         "  int32 / int64 + seqlen_offset, conjugate, any even R <= D; out-of-range positions -> NaN rows).",
         "  Declined: one token's heads x R over UB.",
-        "rms_norm_rope (per-head RMSNorm + RoPE of the rounded y in one pass, NeoX / GPT-J, R a multiple of 128);",
-        "  rms_norm_per_token_cast (2-D, e4m3, groups 16/32/64/128, fp32 sf row- or column-major, round_sf).",
-        "  Declined (reference): rms_norm_rope_per_token_cast, R not a multiple of 128 in rms_norm_rope, 3-D / e2m1 /",
-        "  packed UE8M0 in rms_norm_per_token_cast, the backward ops (no Ascend kernel).",
+        "rms_norm_rope (per-head RMSNorm + RoPE of the rounded y in one pass, NeoX / GPT-J, R a multiple of 128)",
+        "  and rms_norm_rope_per_token_cast (the same pass, then each rotated head cast, groups numbered over N·D);",
+        "  rms_norm_per_token_cast (2-D). Both casts: e4m3, groups 16/32/64/128, fp32 sf row- or column-major,",
+        "  round_sf, +y. Declined (reference): R not a multiple of 128, a group spanning two heads, 3-D input of",
+        "  rms_norm_per_token_cast, e2m1, packed UE8M0.",
+        "rms_norm_backward / layer_norm_backward (weight optional, grad_residual_out, weight_offset, out_scale,",
+        "  [T, D] / [T, N, D], bf16/fp16/fp32, any D that fits UB): grad_x per pipelined row; weight / bias",
+        "  gradients deterministic and batch-invariant: row r adds into partial r % 64 (a constant, not the core",
+        "  count) in row order, then a column sum in partial order, no atomics. Declined: fp64, a row too wide for UB.",
         "  Status: LOWERED to Ascend C with TileLang (CPU, stand-in constants), source-checked; never run on an NPU",
         "  (not verified).",
         "  The CI lowering grid (tests/test_ascend_lowering.py, hatch run ascend-lower) checks that each of its",
-        "  specialisations lowers to Ascend C and that the lowering passes three checks: UB within the per-vector-core",
-        "  budget (compiler, traced prim_func and plan agree), every row loop pipelined with >1 buffer version, and a",
-        "  SIMD hot loop (no scalar UB access, no PIPE_S).",
+        "  specialisations lowers to Ascend C and that every kernel it launches passes three checks: UB within the",
+        "  per-vector-core budget (compiler, traced prim_func and plan agree), every row loop pipelined with >1 buffer",
+        "  version, and a SIMD hot loop (no scalar UB access, no PIPE_S); the backward kernels also: no store-mode",
+        "  atomics and the same Ascend C for 64 and 40 vector cores.",
     ]
     return "\n".join(lines)
 

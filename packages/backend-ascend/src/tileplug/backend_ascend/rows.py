@@ -88,18 +88,26 @@ def at(row, off):
 
 
 @T.macro
-def row_sum(buf, dtype, width, term, row):
-    """Sum over a UB row of ``width`` values of ``term(v)`` (``v``: a register of the row as
-    fp32), in the fixed order of this module; the total is in lane 0 of the result. ``row``:
-    None for a 1-D buffer, else the row of a 2-D one."""
+def row_sum_at(width, term_at):
+    """Sum over the columns ``[0, width)`` of a row of ``term_at(off)`` (the fp32 register of
+    the columns ``off .. off + 63``, from one or more UB rows), in the fixed order of this
+    module; the total is in lane 0 of the result."""
     full, tail = chunks(width)
     acc = T.simd.alloc_var(F32)
     acc = T.simd.vdup(T.float32(0.0), F32)
     for c in T.serial(full):
-        acc = T.simd.vadd(acc, term(load_f32(buf, at(row, c * LANES), dtype)))
+        acc = T.simd.vadd(acc, term_at(c * LANES))
     if tail > 0:
-        acc = T.simd.vadd(acc, tail_only(term(load_f32(buf, at(row, full * LANES), dtype)), tail))
+        acc = T.simd.vadd(acc, tail_only(term_at(full * LANES), tail))
     return T.simd.vcadd(acc)
+
+
+@T.macro
+def row_sum(buf, dtype, width, term, row):
+    """Sum over a UB row of ``width`` values of ``term(v)`` (``v``: a register of the row as
+    fp32), in the fixed order of this module; the total is in lane 0 of the result. ``row``:
+    None for a 1-D buffer, else the row of a 2-D one."""
+    return row_sum_at(width, lambda off: term(load_f32(buf, at(row, off), dtype)))
 
 
 @T.macro

@@ -38,3 +38,8 @@ def footprint(plan: Plan) -> int:
 def padded(columns: int) -> int:
     """``columns`` rounded up to whole 64-lane registers (a UB row's allocated width)."""
     return align(max(columns, 1), LANES)
+
+
+def sf_rows(groups: int) -> int:
+    """Allocated fp32 elements of one row's group scales in UB (whole 32-byte blocks, at least one)."""
+    return max(8, align(groups, 8))

@@ -20,6 +20,7 @@ import tilelang.ascend.language as T
 
 from tileplug.backend_ascend import gm, rows
 from tileplug.backend_ascend.norm.spec import NormSpec
+from tileplug.backend_ascend.quant import row_cast
 
 
 def parameters(spec: NormSpec):
@@ -38,12 +39,8 @@ def parameters(spec: NormSpec):
         params.append(("Y", gm.rows_tensor("y", D, N, dt, Tn)))
     if spec.residual:
         params.append(("RO", gm.rows_tensor("ro", D, N, dt, Tn)))
-    if spec.cast is not None:
-        params.append(("Q", T.Tensor((Tn, D), "float8_e4m3fn")))
-        if spec.cast[4]:  # column-major scales, passed as their [groups, T] transpose
-            params.append(("SF", T.StridedTensor((spec.groups, Tn), (T.dynamic("sf_s0"), 1), "float32")))
-        else:
-            params.append(("SF", T.Tensor((Tn, spec.groups), "float32")))
+    if spec.cast is not None:  # column-major scales are passed as their [groups, T] transpose
+        params += row_cast.cast_tensors(Tn, (Tn, D), spec.groups, spec.cast[4])
     if spec.stats and spec.kind == "layer":
         params.append(("MEAN", T.Tensor(stat_shape, "float32")))
     if spec.stats:
@@ -77,6 +74,7 @@ def build(spec: NormSpec, row_compute):
     rms = spec.kind == "rms"
     writes_y = spec.cast is None or spec.unquantized
     compute = row_compute(spec)
+    store_scales = row_cast.store_cast(spec.groups, spec.cast[4]) if spec.cast is not None else None
 
     @T.macro
     def prepare(G, buffers):
@@ -105,10 +103,7 @@ def build(spec: NormSpec, row_compute):
             T.copy(x_ub[0:D], gm.row_of(G["Y"], N, row, 0, D))
         if spec.cast is not None:
             T.copy(buffers["q_ub"][0:D], G["Q"][row, 0:D])
-            if spec.cast[4]:
-                T.copy(buffers["sf_ub"][0:spec.groups], G["SF"][0:spec.groups, row])
-            else:
-                T.copy(buffers["sf_ub"][0:spec.groups], G["SF"][row, 0:spec.groups])
+            store_scales(G, buffers["sf_ub"], row)
         if spec.stats and not rms:
             T.copy(buffers["mean_ub"][0:1], gm.statistic_of(G["MEAN"], N, row))
         if spec.stats:

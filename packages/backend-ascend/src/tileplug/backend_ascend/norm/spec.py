@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from tileplug.backend_ascend.device import UB_BYTES_SIMD, DeviceTarget, lowering_target
-from tileplug.backend_ascend.ub import VERSIONS, Plan, footprint, padded
+from tileplug.backend_ascend.ub import VERSIONS, Plan, footprint, padded, sf_rows
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 KIND_OF_OP = {"rms_norm": "rms", "layer_norm": "layer", "rms_norm_per_token_cast": "rms"}
@@ -70,7 +70,7 @@ class NormSpec:
                     plan[f"{name}_raw"] = ((width,), dtype, 1)
         if self.cast is not None:
             plan["q_ub"] = ((width,), "float8_e4m3fn", versions)
-            plan["sf_ub"] = ((max(8, -(-self.groups // 8) * 8),), "float32", versions)
+            plan["sf_ub"] = ((sf_rows(self.groups),), "float32", versions)
         if self.stats:
             if self.kind == "layer":
                 plan["mean_ub"] = ((8,), "float32", versions)
@@ -116,10 +116,9 @@ def spec_of(call, target: DeviceTarget | None = None) -> NormSpec:
     """The kernel specialisation of a forward norm ``call`` on ``target`` (default: the
     lowering stand-in)."""
     cores = (target or lowering_target()).vector_cores
-    cast = None
-    if call.quant is not None:
-        config = call.quant.cast
-        cast = (config.fmt.name, config.block[1], config.round_sf, config.clamp_min, bool(config.col_major_sf))
+    from tileplug.backend_ascend.quant.row_cast import cast_key
+
+    cast = cast_key(call.quant) if call.quant is not None else None
     return NormSpec(
         kind=KIND_OF_OP[call.op], hidden=call.hidden, heads=call.heads, in_dtype=DTYPE_NAMES[call.input_dtype],
         weight_dtype=DTYPE_NAMES.get(call.weight_dtype), bias_dtype=DTYPE_NAMES.get(call.bias_dtype),
@@ -149,15 +148,10 @@ def decline_reason(call) -> str | None:
 
 
 def _cast_reason(call) -> str | None:
-    """Why the fused RMSNorm + per-token cast is not served (None: it is): the per-token cast
-    kernel's own declines, then what the fused kernel leaves to the reference."""
-    from tileplug.backend_ascend.quant.common import decline_reason as cast_decline_reason
+    """Why the fused RMSNorm + per-token cast is not served (None: it is): a 3-D input, then
+    what every fused cast leaves to the reference."""
+    from tileplug.backend_ascend.quant.row_cast import fused_cast_decline
 
-    cast = call.quant.cast
     if call.heads is not None:
         return "3-D x (per-head norm, then a cast over N·D) is not fused on Ascend; falls to the reference"
-    if cast.fmt.name != "e4m3":
-        return f"fmt={cast.fmt.name}: the fused norm + cast writes e4m3 only (e2m1 nibble packing needs a SIMT region)"
-    if cast.use_packed_ue8m0:
-        return "packed UE8M0 scales are not produced by the fused norm + cast (the SIMT pack is not fused)"
-    return cast_decline_reason(call.quant)
+    return fused_cast_decline(call.quant)
