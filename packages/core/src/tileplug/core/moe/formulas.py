@@ -28,7 +28,8 @@ RENORMALIZE_EPSILON = 1e-20
 def scores_of(logits: torch.Tensor, scoring: Scoring, work: torch.dtype) -> torch.Tensor:
     """The scores ``u`` ``[T, E]`` in ``work``: softmax over each row (max subtracted, the
     denominator a pairwise-tree sum), ``sigmoid(x)``, or ``sqrt(softplus(x))`` with the stable
-    ``softplus(x) = max(x, 0) + log1p(exp(-|x|))``."""
+    ``softplus(x) = max(x, 0) + log1p(exp(-|x|))`` (each step rounded to ``work``; the square
+    root correctly rounded)."""
     x = logits.to(work)
     if scoring is Scoring.SOFTMAX:
         if x.shape[1] == 0:
@@ -38,7 +39,17 @@ def scores_of(logits: torch.Tensor, scoring: Scoring, work: torch.dtype) -> torc
     if scoring is Scoring.SIGMOID:
         return torch.sigmoid(x)
     softplus = torch.clamp_min(x, 0) + torch.log1p(torch.exp(-x.abs()))
-    return torch.sqrt(softplus)
+    return correctly_rounded_sqrt(softplus)
+
+
+def correctly_rounded_sqrt(values: torch.Tensor) -> torch.Tensor:
+    """The IEEE square root (what a kernel's ``__fsqrt_rn`` gives): fp32 roots are taken in fp64
+    and rounded once, since PyTorch's vectorized fp32 CPU ``sqrt`` is not correctly rounded on
+    every host (see :func:`tileplug.core.norm.formulas.reciprocal_sqrt`; a double root rounds
+    to fp32 without a double-rounding error). Other dtypes use ``torch.sqrt``."""
+    if values.dtype == torch.float32:
+        return torch.sqrt(values.to(torch.float64)).to(torch.float32)
+    return torch.sqrt(values)
 
 
 def finite_rows(logits: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
