@@ -13,8 +13,8 @@ One warp per row (``warp_topk.WarpRow``), ``WARPS`` rows per CTA, every value in
    ``softplus(x) = max(x, 0) + log1p(exp(−|x|))``. Every add / divide / square root is IEEE
    (``__fadd_rn``, ``__fdiv_rn``, ``__fsqrt_rn``); ``exp`` and ``log1p`` are taken in fp64 and
    rounded once to fp32, the correctly rounded fp32 result (but for a double rounding at a
-   near-tie, about 2^-28 of the inputs) — CUDA's ``expf`` is up to 2 ulp off, the reference's
-   CPU ``exp`` within 1 ulp of the true value.
+   near-tie, about 2^-28 of the inputs), as the reference computes them
+   (``formulas.correctly_rounded``) — CUDA's ``expf`` is up to 2 ulp off.
 2. Selection keys on ``u + bias`` (bias for selection only).
 3. Groups (``G > 1``): group ``g``'s score is the sum of its two largest biased scores (two
    warp argmax rounds over its members); lane ``g`` holds it, and ``topk_groups`` argmax
@@ -70,9 +70,8 @@ def build(spec: GateSpec):
         T.StridedTensor((T.dynamic("sA"), T.dynamic("sB")), (T.dynamic("sC"), 1), spec.dtype)
 
     def exp32(v):
-        """fp32 ``exp(v)``, correctly rounded: the fp64 exponential rounded once to fp32 (CUDA's
-        ``expf`` is up to 2 ulp off; the reference's CPU ``exp`` is within 1 ulp of the true value,
-        so the two differ by at most that one ulp)."""
+        """fp32 ``exp(v)``, correctly rounded: the fp64 exponential rounded once to fp32, as the
+        reference's ``formulas.correctly_rounded`` (CUDA's ``expf`` is up to 2 ulp off)."""
         return T.cast(T.exp(T.cast(v, "float64")), "float32")
 
     def log1p32(v):
