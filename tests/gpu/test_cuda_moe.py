@@ -108,7 +108,20 @@ def _specs(case: Case) -> list:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def precompiled():
+def gate_forced_on():
+    """The CUDA ``moe_topk_gate`` declines every call until a GPU run verifies it
+    (``moe.table.GATE_VERIFIED``): this module forces it on, so that its cases run the kernel
+    (never the reference through the fallback) and one GPU run verifies it."""
+    from tileplug.backend_cuda.moe import table
+
+    saved = table.GATE_VERIFIED
+    table.GATE_VERIFIED = True
+    yield
+    table.GATE_VERIFIED = saved
+
+
+@pytest.fixture(scope="module", autouse=True)
+def precompiled(gate_forced_on):
     """Compile every specialisation of the module up front, in parallel processes."""
     from tileplug.backend_cuda import jit
 
@@ -162,8 +175,8 @@ def test_batch_invariance_and_determinism(case: Case) -> None:
         for position in (0, (BATCH - tokens) // 2, BATCH - tokens):
             part_args = tuple(sliced(a, position, tokens) for a in args)
             part_kwargs = {k: sliced(v, position, tokens) for k, v in kwargs.items()}
-            if case.op == UNPERMUTE:
-                part_kwargs["num_tokens"] = tokens
+            if case.op == UNPERMUTE:  # (y_expanded, permutation, topk_weights, num_tokens): T is positional
+                part_args = (*part_args[:3], tokens)
             part = _cuda(case, part_args, part_kwargs)
             for index, (whole, piece) in enumerate(zip(full, part)):
                 if whole is not None:

@@ -4,21 +4,32 @@ with renormalisation, routed scaling, shared-expert slots, a row mask and the sc
 One warp per row (``warp_topk.WarpRow``), ``WARPS`` rows per CTA, every value in registers:
 
 1. ``x`` = the row's logits in fp32 (bf16 widened exactly); scores ``u`` in fp32
-   (``score_row``): softmax ``exp(x − m) / Σ exp(x − m)`` with ``m`` the row's maximum (the
-   sum: each lane's values in column order, then the warp's butterfly, identical on every
-   lane), ``1 / (1 + exp(−x))``, or ``sqrt(softplus(x))`` with the reference's stable
-   ``softplus(x) = max(x, 0) + log1p(exp(−|x|))``. Division and square root are IEEE.
+   (``score_row``) with the reference's operations and rounding points
+   (``tileplug.core.moe.formulas.scores_of``): softmax ``exp(x − m) / D`` with ``m`` the row's
+   maximum and ``D`` the sum of the exponentials in the reference's own order, the pairwise
+   halving tree of ``tileplug.core.norm.formulas.row_sum`` (``WarpRow.row_sum``: the norm rows'
+   plan, in registers then in the warp's part of a shared buffer, ``__syncwarp`` per level),
+   bit for bit; ``1 / (1 + exp(−x))``; or ``sqrt(softplus(x))`` with the reference's stable
+   ``softplus(x) = max(x, 0) + log1p(exp(−|x|))``. Every add / divide / square root is IEEE
+   (``__fadd_rn``, ``__fdiv_rn``, ``__fsqrt_rn``); ``exp`` and ``log1p`` are taken in fp64 and
+   rounded once to fp32, the correctly rounded fp32 result (but for a double rounding at a
+   near-tie, about 2^-28 of the inputs), as the reference computes them
+   (``formulas.correctly_rounded``) — CUDA's ``expf`` is up to 2 ulp off.
 2. Selection keys on ``u + bias`` (bias for selection only).
 3. Groups (``G > 1``): group ``g``'s score is the sum of its two largest biased scores (two
    warp argmax rounds over its members); lane ``g`` holds it, and ``topk_groups`` argmax
    rounds over the lanes pick the groups (ties to the smaller group); other groups' experts
    become ``NONE``.
 4. ``k`` argmax rounds; round ``r`` gives slot ``r`` (lane ``r`` keeps it) its expert and
-   unbiased ``u``, and adds ``u`` to the running sum in slot order (every lane the same sum).
+   unbiased ``u``, and adds ``u`` to the running sum in slot order, left to right from 0 (the
+   reference's ``slot_sum``; every lane the same sum).
 5. Weights: ``u / (sum + 1e-20) · routed_scaling_factor`` with ``renormalize``, else
-   ``u · routed_scaling_factor``; slots ``k .. k+S−1`` expert ``E + s``, weight 1.
-6. A masked row (``mask[t]`` False) or one whose logits (or biased scores) are not all
-   finite gets index −1 and weight 0 in every slot; its scores are still written.
+   ``u · routed_scaling_factor`` (each op rounded to fp32, as the reference's tensor ops);
+   slots ``k .. k+S−1`` expert ``E + s``, weight 1.
+6. A masked row (``mask[t]`` False), a row whose logits are not all finite, or every row when
+   the bias holds a non-finite value (the reference's ``finite_rows``: the logits are checked,
+   not the scores — ``sqrt(softplus(−inf)) = 0`` is finite) gets index −1 and weight 0 in
+   every slot; its scores are still written.
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
@@ -58,17 +69,27 @@ def build(spec: GateSpec):
     scores_t = T.Tensor((rows, E), "float32") if spec.with_scores else \
         T.StridedTensor((T.dynamic("sA"), T.dynamic("sB")), (T.dynamic("sC"), 1), spec.dtype)
 
+    def exp32(v):
+        """fp32 ``exp(v)``, correctly rounded: the fp64 exponential rounded once to fp32, as the
+        reference's ``formulas.correctly_rounded`` (CUDA's ``expf`` is up to 2 ulp off)."""
+        return T.cast(T.exp(T.cast(v, "float64")), "float32")
+
+    def log1p32(v):
+        """fp32 ``log1p(v)``, correctly rounded the same way."""
+        return T.cast(T.log1p(T.cast(v, "float64")), "float32")
+
     def elementwise_score(v):
-        """fp32 sigmoid / sqrtsoftplus score of logit ``v``."""
+        """fp32 sigmoid / sqrtsoftplus score of logit ``v``, with the reference's rounding points:
+        ``1 / (1 + exp(−v))``; ``sqrt(max(v, 0) + log1p(exp(−|v|)))`` (each op rounded to fp32)."""
         if SCORING == "sigmoid":
-            return T.ieee_fdiv(T.float32(1.0), T.ieee_add(T.float32(1.0), T.exp(T.ieee_sub(T.float32(0.0), v))))
-        softplus = T.ieee_add(T.max(v, T.float32(0.0)), T.log1p(T.exp(T.ieee_sub(T.float32(0.0), T.abs(v)))))
+            return T.ieee_fdiv(T.float32(1.0), T.ieee_add(T.float32(1.0), exp32(T.ieee_sub(T.float32(0.0), v))))
+        softplus = T.ieee_add(T.max(v, T.float32(0.0)), log1p32(exp32(T.ieee_sub(T.float32(0.0), T.abs(v)))))
         return T.ieee_fsqrt(softplus)
 
     @T.macro
-    def score_row(x, u, lane, acc):
-        """``u`` = the scores of the lane's values ``x`` (softmax: over the whole row; ``acc``
-        holds the row's maximum, then the sum of the exponentials)."""
+    def score_row(x, u, lane, acc, total, tree, base):
+        """``u`` = the scores of the lane's values ``x`` (softmax: over the whole row, ``acc``
+        holding the row's maximum key, ``total`` the denominator; ``x`` is consumed)."""
         if SCORING == "softmax":
             acc[0] = NONE
             for i in ENTRIES:
@@ -79,15 +100,12 @@ def build(spec: GateSpec):
                         acc[0] = T.max(acc[0], key_of(x[i]))
             row_max = value_of(T.warp_reduce_max(acc[0]))
             for i in ENTRIES:
-                u[i] = T.if_then_else(row.present(i, lane), T.exp(T.ieee_sub(x[i], row_max)), T.float32(0.0)) \
-                    if row.present(i, lane) is not True else T.exp(T.ieee_sub(x[i], row_max))
-            total = T.alloc_local((1,), "float32")
-            total[0] = T.float32(0.0)
+                u[i] = T.if_then_else(row.present(i, lane), exp32(T.ieee_sub(x[i], row_max)), T.float32(0.0)) \
+                    if row.present(i, lane) is not True else exp32(T.ieee_sub(x[i], row_max))
+                x[i] = u[i]
+            row.row_sum(x, tree, base, lane, total)  # the reference's pairwise tree, bit for bit
             for i in ENTRIES:
-                total[0] = T.ieee_add(total[0], u[i])
-            denominator = T.warp_reduce_sum(total[0])
-            for i in ENTRIES:
-                u[i] = T.ieee_fdiv(u[i], denominator)
+                u[i] = T.ieee_fdiv(u[i], total[0])
         else:
             for i in ENTRIES:
                 u[i] = elementwise_score(x[i])
@@ -121,6 +139,7 @@ def build(spec: GateSpec):
         with T.Kernel(T.ceildiv(rows, WARPS), threads=WARPS * WARP) as bx:
             if spec.vec > 1:
                 T.assume(logits_t.strides[0] % spec.vec == 0)
+            tree = T.alloc_shared((WARPS * row.TREE_WIDTH,), "float32") if SCORING == "softmax" else None
             tx = T.get_thread_binding()
             lane = tx % WARP
             t = bx * WARPS + tx // WARP
@@ -130,6 +149,7 @@ def build(spec: GateSpec):
                 keys = row.keys()
                 scratch = row.keys()
                 ok = T.alloc_local((1,), "int32")
+                bias_ok = T.alloc_local((1,), "int32")
                 acc = T.alloc_local((1,), "int32")
                 best = T.alloc_local((1,), "int32")
                 where = T.alloc_local((1,), "int32")
@@ -142,18 +162,21 @@ def build(spec: GateSpec):
                 slot_index = T.alloc_local((1,), "int64")
                 slot_weight = T.alloc_local((1,), "float32")
                 row.load_row(logits, t, lane, x)
-                row.all_finite(x, lane, ok)
-                score_row(x, u, lane, acc)
+                row.all_finite(x, lane, ok)  # the logits decide (sqrt(softplus(-inf)) = 0 is finite)
+                score_row(x, u, lane, acc, total, tree, (tx // WARP) * row.TREE_WIDTH)
                 if spec.with_scores:
                     row.store_row(scores_out, t, lane, u)
                 for i in ENTRIES:
                     if spec.biased:
-                        column = T.min(row.column(i, lane), E - 1)
-                        x[i] = T.ieee_add(u[i], bias[column])  # x now holds the biased scores
+                        x[i] = bias[T.min(row.column(i, lane), E - 1)]
+                if spec.biased:
+                    row.all_finite(x, lane, bias_ok)  # a non-finite bias spoils every row
+                    ok[0] = ok[0] & bias_ok[0]
+                for i in ENTRIES:
+                    if spec.biased:
+                        x[i] = T.ieee_add(u[i], x[i])  # x now holds the biased scores
                     else:
                         x[i] = u[i]
-                if spec.biased:
-                    row.all_finite(x, lane, ok)  # a non-finite bias spoils the row too (ok stays 0 if it was)
                 if spec.masked:
                     if not mask[t]:
                         ok[0] = 0

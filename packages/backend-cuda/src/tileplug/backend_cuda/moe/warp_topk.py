@@ -22,6 +22,8 @@ No ``from __future__ import annotations``: TileLang evaluates macro annotations.
 
 import tilelang.language as T
 
+from tileplug.backend_cuda.norm.spec import RowTile, reduction_plan
+
 WARP = 32
 NONE = -(2**31)
 """The key of a column that can no longer be chosen (taken, masked, or past ``E``)."""
@@ -61,6 +63,12 @@ class WarpRow:
         ENTRIES = list(range(VALUES))
         LANE_VALUES = list(range(VEC))
         self.entries = ENTRIES
+        # the reference's pairwise tree (tileplug.core.norm.formulas.row_sum) on this layout:
+        # the norm rows' plan (a lane's vector k is columns [(k·32 + lane)·VEC, + VEC) there too)
+        plan = reduction_plan(experts, RowTile(WARP, 1, CHUNKS), vec)
+        FOLD_STEPS, EXACT, LEVELS = plan.fold_steps, plan.exact, plan.levels
+        WRITTEN_CHUNKS = list(range(plan.written_chunks))
+        self.TREE_WIDTH = plan.width
 
         def column(i, lane):
             return ((i // VEC) * WARP + lane) * VEC + i % VEC
@@ -145,7 +153,42 @@ class WarpRow:
             """``value`` of the lane owning column ``index`` (all lanes call it)."""
             return T.shfl_sync(value, (index // VEC) % WARP)
 
+        @T.macro
+        def row_sum(terms, tree, base, lane, acc):
+            """``acc[0]`` (every lane) = the sum of the row's fp32 ``terms`` (entries within E)
+            added in the reference's order: ``row_sum``'s halving tree, value ``i < h`` of a
+            level becoming ``v[i] + v[i + h]`` (an odd level's last value carried in place), each
+            addition one IEEE fp32 add. The first levels pair a lane's chunk ``c`` with its chunk
+            ``c + CHUNKS/2`` in registers where the row fills the lanes exactly; the rest run in
+            the warp's part ``tree[base, base + TREE_WIDTH)`` of a shared buffer, one level per
+            ``__syncwarp``. ``terms`` is consumed."""
+            for i, partner in FOLD_STEPS:
+                terms[i] = T.ieee_add(terms[i], terms[partner])
+            for c in WRITTEN_CHUNKS:
+                col = (c * WARP + lane) * VEC
+                if EXACT:
+                    for j in LANE_VALUES:
+                        tree[base + col + j] = terms[c * VEC + j]
+                else:
+                    for j in LANE_VALUES:
+                        if col + j < E:
+                            tree[base + col + j] = terms[c * VEC + j]
+            T.sync_warp()
+            for h, last, rounds in LEVELS:
+                for offset, whole in rounds:
+                    i = lane + offset
+                    partner = i + h if last is None else T.if_then_else(i == h - 1, last, i + h)
+                    if whole:
+                        tree[base + i] = T.ieee_add(tree[base + i], tree[base + partner])
+                    else:
+                        if i < h:
+                            tree[base + i] = T.ieee_add(tree[base + i], tree[base + partner])
+                T.sync_warp()
+            acc[0] = tree[base]
+            T.sync_warp()  # every lane has read the sum before the buffer is reused
+
         self.load_row = load_row
+        self.row_sum = row_sum
         self.store_row = store_row
         self.all_finite = all_finite
         self.argmax = argmax

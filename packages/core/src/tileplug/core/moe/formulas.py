@@ -27,18 +27,36 @@ RENORMALIZE_EPSILON = 1e-20
 
 def scores_of(logits: torch.Tensor, scoring: Scoring, work: torch.dtype) -> torch.Tensor:
     """The scores ``u`` ``[T, E]`` in ``work``: softmax over each row (max subtracted, the
-    denominator a pairwise-tree sum), ``sigmoid(x)``, or ``sqrt(softplus(x))`` with the stable
-    ``softplus(x) = max(x, 0) + log1p(exp(-|x|))``."""
+    denominator a pairwise-tree sum), ``sigmoid(x) = 1 / (1 + exp(-x))``, or ``sqrt(softplus(x))``
+    with the stable ``softplus(x) = max(x, 0) + log1p(exp(-|x|))``. Each step is rounded to
+    ``work``; in fp32 ``exp``, ``log1p`` and ``sqrt`` are correctly rounded
+    (:func:`correctly_rounded`), so the scores are the same bytes on every host and device."""
     x = logits.to(work)
     if scoring is Scoring.SOFTMAX:
         if x.shape[1] == 0:
             return x
-        shifted = torch.exp(x - x.amax(dim=1, keepdim=True))
+        shifted = correctly_rounded(torch.exp, x - x.amax(dim=1, keepdim=True))
         return shifted / row_sum(shifted).unsqueeze(1)
     if scoring is Scoring.SIGMOID:
-        return torch.sigmoid(x)
-    softplus = torch.clamp_min(x, 0) + torch.log1p(torch.exp(-x.abs()))
-    return torch.sqrt(softplus)
+        if work == torch.float64:
+            return torch.sigmoid(x)
+        return 1 / (1 + correctly_rounded(torch.exp, -x))
+    softplus = torch.clamp_min(x, 0) + correctly_rounded(torch.log1p, correctly_rounded(torch.exp, -x.abs()))
+    return correctly_rounded(torch.sqrt, softplus)
+
+
+def correctly_rounded(function, values: torch.Tensor) -> torch.Tensor:
+    """``function(values)`` (``torch.exp`` / ``torch.log1p`` / ``torch.sqrt``) correctly rounded
+    for fp32: taken in fp64 and rounded once to fp32 (exact but for a double rounding at a
+    near-tie, about 2^-28 of the inputs for exp / log1p; never for sqrt: a double root rounds to
+    fp32 without one, see :func:`tileplug.core.norm.formulas.reciprocal_sqrt`). PyTorch's
+    vectorized fp32 CPU functions are not correctly rounded (exp and log1p differ from the
+    correctly rounded value by one ulp for about 1 % of the inputs on an AVX-512 host; sqrt on
+    some hosts), and a kernel's ``expf`` differs again: one fixed rounding is what lets a
+    backend match the scores and weights to the ulp on every host. Other dtypes: ``function``."""
+    if values.dtype == torch.float32:
+        return function(values.to(torch.float64)).to(torch.float32)
+    return function(values)
 
 
 def finite_rows(logits: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
