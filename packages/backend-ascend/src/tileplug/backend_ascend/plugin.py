@@ -27,11 +27,12 @@ def probe() -> str | None:
 
 def kernel_table() -> dict:
     """Op (kernel-table key) -> Ascend kernel, every family."""
+    from tileplug.backend_ascend.moe import KERNELS as MOE_KERNELS
     from tileplug.backend_ascend.norm import KERNELS as NORM_KERNELS
     from tileplug.backend_ascend.quant import KERNELS as QUANT_KERNELS
     from tileplug.backend_ascend.rope import KERNELS as ROPE_KERNELS
 
-    return {**QUANT_KERNELS, **NORM_KERNELS, **ROPE_KERNELS}
+    return {**QUANT_KERNELS, **NORM_KERNELS, **ROPE_KERNELS, **MOE_KERNELS}
 
 
 def lower(call) -> str:
