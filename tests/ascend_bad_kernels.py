@@ -251,7 +251,7 @@ def _scalar_gate_compute(spec):
     E, k = spec.experts, spec.topk
 
     @T.macro
-    def compute(buffers):
+    def compute(buffers, keep):
         x_ub, u_ub, s_ub, o_ub, w_ub = (buffers[n] for n in ("x_ub", "u_ub", "s_ub", "o_ub", "w_ub"))
         for c in T.serial(E):
             u_ub[c] = T.float32(1.0) / (T.float32(1.0) + T.exp(-T.Cast("float32", x_ub[c])))

@@ -134,7 +134,8 @@ def test_the_grid_covers_every_case_of_the_op_table():
     Ascend's, or a UB plan over budget (per-block re-quantization of a UE8M0-scaled 1 x 128
     input: 401504 bytes at the narrowest tile, so it falls through to the reference; see
     docs/ascend-backend.md); for the fused RMSNorm + cast: 3-D input, e2m1, packed UE8M0, or
-    the cast's own declines. Every norm and RoPE case the fused-cast rules leave is lowered."""
+    the cast's own declines. Every norm and RoPE case the fused-cast rules leave is lowered, every
+    topk_gate case too; moe_topk_gate declines only group-limited routing (num_groups > 1)."""
     total = sum(len(opdef.cases()) for opdef in core.opdefs.all_ops())
     assert len(CASES) > 100 and len(CASES) + len(DECLINED) <= total
     allowed = ("e4m3-stored", "not an Ascend layout", "the Ascend layouts", "UB plan needs", "falls to the reference",
@@ -142,8 +143,11 @@ def test_the_grid_covers_every_case_of_the_op_table():
                "hidden size must be a multiple of 16", "does not divide D")
     unexpected = {case: why for case, why in DECLINED.items() if not any(a in why for a in allowed)}
     assert not unexpected, unexpected
-    row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[", "rms_norm_backward[", "layer_norm_backward[")
+    row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[", "rms_norm_backward[", "layer_norm_backward[",
+               "topk_gate[")
     assert not [case for case in DECLINED if case.startswith(row_ops)]
+    gate_declines = {case: why for case, why in DECLINED.items() if case.startswith("moe_topk_gate[")}
+    assert gate_declines and all("group-limited" in why for why in gate_declines.values()), gate_declines
 
 
 # ---------------------------------------------------------------------- the checks can fail
@@ -502,7 +506,7 @@ def test_moe_kernel_checks_fail_on_bad_variants(op):
 
 def test_moe_kernels_decline_with_reasons():
     """What the Ascend MoE kernels leave to the reference, each with its reason: k > 32, group
-    routing, a mask, fp64 logits."""
+    routing, fp64 logits; a mask is served."""
     table = _kernels()
     with core.config.host_layout("ascend"):
         wide_k, _ = core.describe_call(core.ops.topk_gate, torch.empty(3, 128, device=META), 40)
@@ -513,8 +517,8 @@ def test_moe_kernels_decline_with_reasons():
         fp64, _ = core.describe_call(core.ops.moe_topk_gate, torch.empty(3, 64, dtype=torch.float64, device=META), 4)
     reasons = {"num_topk = 40 > 32": (table["topk_gate"], wide_k),
                "group-limited": (table["moe_topk_gate"], groups),
-               "token mask": (table["moe_topk_gate"], masked),
                "not served on Ascend": (table["moe_topk_gate"], fp64)}
     for expected, (kernel, call) in reasons.items():
         why = kernel.supports(call)
         assert why is not None and expected in why and "falls to the reference" in why, (expected, why)
+    assert table["moe_topk_gate"].supports(masked) is None

@@ -1,4 +1,4 @@
-"""Ascend kernel of ``moe_topk_gate`` without group routing or a mask (SPEC §7): scores in fp32,
+"""Ascend kernel of ``moe_topk_gate`` without group routing (SPEC §7): scores in fp32,
 selection on ``u + bias``, the unbiased weights renormalized and scaled, shared-expert slots.
 
 No ``from __future__ import annotations`` here: TileLang parses the macros' source.
@@ -18,7 +18,8 @@ every per-row buffer double-buffered); the bias is DMA'd once per vector core. P
    register and adding it to the running slot-order sum;
 4. weights ``/ (sum + 1e-20)`` (correctly rounded) with ``renormalize``, then ``× factor``;
    lanes ``k .. k+S−1`` get index ``E + lane − k`` and weight 1; a non-finite row −1 / 0 in
-   every lane. Indices are written as int32 pairs (the int64 view), weights and scores fp32.
+   every lane, and so does a row whose ``mask`` flag (a byte read from GM as a scalar in the
+   row loop) is False. Indices are written as int32 pairs (the int64 view), weights and scores fp32.
 """
 
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ class GateSpec:
     routed_scaling_factor: float
     num_shared_experts: int
     return_scores: bool
+    has_mask: bool = False
     vector_cores: int = 64
     num_buffers: int = VERSIONS
 
@@ -91,6 +93,8 @@ class GateSpec:
             bits.append(f"scale={self.routed_scaling_factor!r}")
         if self.num_shared_experts:
             bits.append(f"shared={self.num_shared_experts}")
+        if self.has_mask:
+            bits.append("mask")
         if self.return_scores:
             bits.append("scores")
         return " ".join(bits)
@@ -102,7 +106,7 @@ def spec_of(call, target: DeviceTarget | None = None) -> GateSpec:
         experts=call.num_experts, topk=call.num_topk, scoring=call.scoring.value,
         logits_dtype=DTYPE_NAMES[str(call.logits_dtype)], has_bias=call.has_bias, renormalize=call.renormalize,
         routed_scaling_factor=float(call.routed_scaling_factor), num_shared_experts=call.num_shared_experts,
-        return_scores=call.return_scores, vector_cores=cores,
+        return_scores=call.return_scores, has_mask=call.has_mask, vector_cores=cores,
     )
 
 
@@ -112,8 +116,6 @@ def decline_reason(call) -> str | None:
         return f"logits dtype {call.logits_dtype} is not served on Ascend (bf16 / fp32); falls to the reference"
     if call.num_groups > 1:
         return "group-limited routing (num_groups > 1) has no Ascend kernel yet; falls to the reference"
-    if call.has_mask:
-        return "a token mask has no Ascend kernel yet; falls to the reference"
     if call.num_topk + call.num_shared_experts > MAX_TOPK:
         return (f"k + S = {call.num_topk + call.num_shared_experts} > {MAX_TOPK}: one index register holds 32 int64 "
                 "slots on Ascend; falls to the reference")
@@ -150,7 +152,7 @@ def gate_compute(spec: GateSpec):
     softmax = spec.scoring == "softmax"
 
     @T.macro
-    def compute(buffers):
+    def compute(buffers, keep):
         x_ub, u_ub, s_ub, o_ub, w_ub = (buffers[n] for n in ("x_ub", "u_ub", "s_ub", "o_ub", "w_ub"))
         b_ub = buffers.get("b_ub")
         with T.SimdVF():
@@ -240,6 +242,10 @@ def gate_compute(spec: GateSpec):
                 weights = T.simd.vsel(T.simd.vdup(T.float32(1.0), F32), weights, shared)
             found = T.simd.vsel(found, T.simd.vdup(T.float32(-1.0), F32), finite)
             weights = T.simd.vsel(weights, T.simd.vdup(T.float32(0.0), F32), finite)
+            if spec.has_mask:
+                kept = T.simd.vcmps(T.simd.vdup(keep, "int32"), T.int32(0), op="ne")
+                found = T.simd.vsel(found, T.simd.vdup(T.float32(-1.0), F32), kept)
+                weights = T.simd.vsel(weights, T.simd.vdup(T.float32(0.0), F32), kept)
             low = T.simd.vcvt(found, "int32", round="ROUND_R")
             high = T.simd.vcvt(T.simd.vmins(found, T.float32(0.0)), "int32", round="ROUND_R")
             pairs, _ = T.simd.vintlv(low, high)
@@ -261,6 +267,8 @@ def parameters(spec: GateSpec):
     params.append(("W", T.Tensor((Tn, spec.slots), F32)))
     if spec.return_scores:
         params.append(("U", T.Tensor((Tn, spec.experts), F32)))
+    if spec.has_mask:
+        params.append(("M", T.Tensor((Tn,), "uint8")))
     return params, Tn
 
 
@@ -282,7 +290,10 @@ def build(spec: GateSpec):
                 T.copy(G["B"][0:E], buffers["b_ub"][0:E])
             for it in rows.row_loop(T.ceildiv(Tn - cid, C), versions, spec.num_buffers):
                 T.copy(G["X"][cid + it * C, 0:E], buffers["x_ub"][0:E])
-                compute(buffers)
+                if spec.has_mask:
+                    compute(buffers, T.Cast("int32", G["M"][cid + it * C]))
+                else:
+                    compute(buffers, 0)
                 T.copy(buffers["o_ub"][0:2 * K], G["O"][cid + it * C, 0:2 * K])
                 T.copy(buffers["w_ub"][0:K], G["W"][cid + it * C, 0:K])
                 if spec.return_scores:
@@ -301,6 +312,8 @@ def arguments(spec: GateSpec, inputs, outputs) -> list:
     values += [outputs.topk_idx.view(torch.int32), outputs.topk_weights]
     if spec.return_scores:
         values.append(outputs.scores)
+    if spec.has_mask:
+        values.append(inputs.mask.view(torch.uint8))
     return values
 
 
