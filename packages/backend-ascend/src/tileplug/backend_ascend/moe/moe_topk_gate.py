@@ -143,6 +143,11 @@ def score_of(x, scoring):
         return T.simd.vsqrt(T.simd.vadd(T.simd.vmaxs(x, T.float32(0.0)), log1p), precision=rows.SQRT_EXACT)
 
 
+def nan_unless_finite(v):
+    """``v − v``: +0 in a lane holding a finite value, NaN where it holds an inf or a NaN."""
+    return T.simd.vsub(v, v)
+
+
 def gate_compute(spec: GateSpec):
     """The per-row vector work of ``spec`` (a macro over the UB buffers by plan name). Looked up
     by :func:`build` at trace time."""
@@ -187,12 +192,9 @@ def gate_compute(spec: GateSpec):
                 last = T.simd.vld(s_ub[full * LANES])
                 T.simd.vsts(s_ub[full * LANES], T.simd.vsel(last, ninf, tail_mask))
             T.simd.mem_bar("VST_VLD")
+            bad = rows.row_sum_at(E, lambda off: nan_unless_finite(rows.load_f32(x_ub, off, dt)))
             if spec.has_bias:
-                bad = T.simd.vadd(
-                    rows.row_sum_at(E, lambda off: T.simd.vsub(rows.load_f32(x_ub, off, dt), rows.load_f32(x_ub, off, dt))),
-                    rows.row_sum_at(E, lambda off: T.simd.vsub(T.simd.vld(b_ub[off]), T.simd.vld(b_ub[off]))))
-            else:
-                bad = rows.row_sum_at(E, lambda off: T.simd.vsub(rows.load_f32(x_ub, off, dt), rows.load_f32(x_ub, off, dt)))
+                bad = T.simd.vadd(bad, rows.row_sum_at(E, lambda off: nan_unless_finite(T.simd.vld(b_ub[off]))))
             finite = T.simd.vcmps(T.simd.vdupv(bad), T.float32(0.0), op="eq")
             lanes = T.simd.vci(T.float32(0.0), F32)
             slot = T.simd.alloc_var(F32)
