@@ -210,3 +210,72 @@ def rms_backward_scalar_rows(spec):
     from tileplug.backend_ascend.norm import backward
 
     return backward.build_rows(spec, _scalar_rms_backward_compute)
+
+
+# ---------------------------------------------------------------------- the MoE routing kernels
+
+def _scalar_topk_compute(spec):
+    """Per-element scalar top-k of one row on the scalar unit: k rounds of a max scan and a
+    first-index scan over the UB row, the taken column overwritten, no SIMD region."""
+    E, k = spec.experts, spec.topk
+
+    @T.macro
+    def compute(s_ub, o_ub):
+        best = T.alloc_var(T.float32)
+        where = T.alloc_var(T.int32)
+        for j in T.serial(k):
+            best = s_ub[0]
+            where = 0
+            for c in T.serial(E):
+                if s_ub[c] > best:
+                    best = s_ub[c]
+                    where = c
+            o_ub[2 * j] = where
+            o_ub[2 * j + 1] = 0
+            s_ub[where] = T.float32(-3.4e38)
+
+    return compute
+
+
+def topk_scalar_rows(spec):
+    """The prim_func of a ``topk_gate`` ``spec`` whose rows are ranked in scalar code."""
+    from tileplug.backend_ascend.moe import topk_gate
+
+    with mock.patch.object(topk_gate, "select_compute", _scalar_topk_compute):
+        return topk_gate.build(spec)
+
+
+def _scalar_gate_compute(spec):
+    """Per-element scalar sigmoid gate of one row (no bias, no renormalize): the scores on the
+    scalar unit, then the same scalar top-k rounds."""
+    E, k = spec.experts, spec.topk
+
+    @T.macro
+    def compute(buffers, keep):
+        x_ub, u_ub, s_ub, o_ub, w_ub = (buffers[n] for n in ("x_ub", "u_ub", "s_ub", "o_ub", "w_ub"))
+        for c in T.serial(E):
+            u_ub[c] = T.float32(1.0) / (T.float32(1.0) + T.exp(-T.Cast("float32", x_ub[c])))
+            s_ub[c] = u_ub[c]
+        best = T.alloc_var(T.float32)
+        where = T.alloc_var(T.int32)
+        for j in T.serial(k):
+            best = s_ub[0]
+            where = 0
+            for c in T.serial(E):
+                if s_ub[c] > best:
+                    best = s_ub[c]
+                    where = c
+            o_ub[2 * j] = where
+            o_ub[2 * j + 1] = 0
+            w_ub[j] = u_ub[where]
+            s_ub[where] = T.float32(-3.4e38)
+
+    return compute
+
+
+def gate_scalar_rows(spec):
+    """The prim_func of a ``moe_topk_gate`` ``spec`` whose rows are scored and ranked in scalar code."""
+    from tileplug.backend_ascend.moe import moe_topk_gate
+
+    with mock.patch.object(moe_topk_gate, "gate_compute", _scalar_gate_compute):
+        return moe_topk_gate.build(spec)

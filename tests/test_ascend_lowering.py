@@ -134,7 +134,8 @@ def test_the_grid_covers_every_case_of_the_op_table():
     Ascend's, or a UB plan over budget (per-block re-quantization of a UE8M0-scaled 1 x 128
     input: 401504 bytes at the narrowest tile, so it falls through to the reference; see
     docs/ascend-backend.md); for the fused RMSNorm + cast: 3-D input, e2m1, packed UE8M0, or
-    the cast's own declines. Every norm and RoPE case the fused-cast rules leave is lowered."""
+    the cast's own declines. Every norm and RoPE case the fused-cast rules leave is lowered, every
+    topk_gate case too; moe_topk_gate declines only group-limited routing (num_groups > 1)."""
     total = sum(len(opdef.cases()) for opdef in core.opdefs.all_ops())
     assert len(CASES) > 100 and len(CASES) + len(DECLINED) <= total
     allowed = ("e4m3-stored", "not an Ascend layout", "the Ascend layouts", "UB plan needs", "falls to the reference",
@@ -142,8 +143,11 @@ def test_the_grid_covers_every_case_of_the_op_table():
                "hidden size must be a multiple of 16", "does not divide D")
     unexpected = {case: why for case, why in DECLINED.items() if not any(a in why for a in allowed)}
     assert not unexpected, unexpected
-    row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[", "rms_norm_backward[", "layer_norm_backward[")
+    row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[", "rms_norm_backward[", "layer_norm_backward[",
+               "topk_gate[")
     assert not [case for case in DECLINED if case.startswith(row_ops)]
+    gate_declines = {case: why for case, why in DECLINED.items() if case.startswith("moe_topk_gate[")}
+    assert gate_declines and all("group-limited" in why for why in gate_declines.values()), gate_declines
 
 
 # ---------------------------------------------------------------------- the checks can fail
@@ -450,3 +454,71 @@ def test_core_lower_of_a_backward_op_gives_both_kernels():
     assert source.count("LOWERED") == 2 and source.count("__global__") == 2
     assert "specialisation: layer_norm_backward [T, 576] bfloat16" in source
     assert "specialisation: norm_column_sum [64, 576] float32" in source
+
+
+# ---------------------------------------------------------------------- the MoE routing kernels
+
+
+def _moe_specs():
+    """A topk_gate (E = 72, k = 6) and a moe_topk_gate (sigmoid, E = 100, k = 4, no bias) specialisation."""
+    from tileplug.backend_ascend.moe import moe_topk_gate, topk_gate
+
+    with core.config.host_layout("ascend"):
+        topk_call, _ = core.describe_call(core.ops.topk_gate, torch.empty(3, 72, device=META), 6)
+        gate_call, _ = core.describe_call(core.ops.moe_topk_gate, torch.empty(3, 100, dtype=torch.bfloat16,
+                                                                              device=META), 4, scoring="sigmoid",
+                                          renormalize=False)
+    return topk_gate.spec_of(topk_call), moe_topk_gate.spec_of(gate_call)
+
+
+@pytest.mark.parametrize("op", ["topk_gate", "moe_topk_gate"])
+def test_moe_kernel_checks_fail_on_bad_variants(op):
+    """The MoE routing kernels pass every check, and each check fails on a bad variant of them:
+    (a) 8 buffer versions of a 16384-expert row, over the UB budget (the builder refuses it);
+    (b) a serial, single-buffered row loop; (c) the ranking (and scoring) in scalar code."""
+    import ascend_bad_kernels as bad_kernels
+
+    from tileplug.backend_ascend.device import UBBudgetError
+    from tileplug.backend_ascend.moe import moe_topk_gate, topk_gate
+
+    topk_spec, gate_spec = _moe_specs()
+    if op == "topk_gate":
+        build, spec, scalar = topk_gate.build, topk_spec, bad_kernels.topk_scalar_rows
+    else:
+        build, spec, scalar = moe_topk_gate.build, gate_spec, bad_kernels.gate_scalar_rows
+
+    good = _checked(build(spec), spec)
+    assert all(ok for ok, _ in good.values()), good
+
+    wide = replace(spec, experts=16384, num_buffers=8)
+    assert wide.footprint > wide.budget
+    with pytest.raises(UBBudgetError):
+        build(wide)
+    ok, detail = _checked(bad_kernels.row_over_budget(build, wide), wide)["ub"]
+    assert not ok and "over budget" in detail, detail
+
+    ok, detail = _checked(bad_kernels.row_serial_loop(build, spec), spec)["pipelined"]
+    assert not ok and "versions=[1]" in detail, detail
+
+    ok, detail = _checked(scalar(spec), spec)["vector"]
+    assert not ok and "scalar UB dereference" in detail, detail
+
+
+def test_moe_kernels_decline_with_reasons():
+    """What the Ascend MoE kernels leave to the reference, each with its reason: k > 32, group
+    routing, fp64 logits; a mask is served."""
+    table = _kernels()
+    with core.config.host_layout("ascend"):
+        wide_k, _ = core.describe_call(core.ops.topk_gate, torch.empty(3, 128, device=META), 40)
+        groups, _ = core.describe_call(core.ops.moe_topk_gate, torch.empty(3, 64, device=META), 4, num_groups=8,
+                                       topk_groups=2)
+        masked, _ = core.describe_call(core.ops.moe_topk_gate, torch.empty(3, 64, device=META), 4,
+                                       mask=torch.empty(3, dtype=torch.bool, device=META))
+        fp64, _ = core.describe_call(core.ops.moe_topk_gate, torch.empty(3, 64, dtype=torch.float64, device=META), 4)
+    reasons = {"num_topk = 40 > 32": (table["topk_gate"], wide_k),
+               "group-limited": (table["moe_topk_gate"], groups),
+               "not served on Ascend": (table["moe_topk_gate"], fp64)}
+    for expected, (kernel, call) in reasons.items():
+        why = kernel.supports(call)
+        assert why is not None and expected in why and "falls to the reference" in why, (expected, why)
+    assert table["moe_topk_gate"].supports(masked) is None

@@ -27,11 +27,12 @@ def probe() -> str | None:
 
 def kernel_table() -> dict:
     """Op (kernel-table key) -> Ascend kernel, every family."""
+    from tileplug.backend_ascend.moe import KERNELS as MOE_KERNELS
     from tileplug.backend_ascend.norm import KERNELS as NORM_KERNELS
     from tileplug.backend_ascend.quant import KERNELS as QUANT_KERNELS
     from tileplug.backend_ascend.rope import KERNELS as ROPE_KERNELS
 
-    return {**QUANT_KERNELS, **NORM_KERNELS, **ROPE_KERNELS}
+    return {**QUANT_KERNELS, **NORM_KERNELS, **ROPE_KERNELS, **MOE_KERNELS}
 
 
 def lower(call) -> str:
@@ -65,6 +66,12 @@ def capabilities() -> str:
         "  [T, D] / [T, N, D], bf16/fp16/fp32, any D that fits UB): grad_x per pipelined row; weight / bias",
         "  gradients deterministic and batch-invariant: row r adds into partial r % 64 (a constant, not the core",
         "  count) in row order, then a column sum in partial order, no atomics. Declined: fp64, a row too wide for UB.",
+        "topk_gate (fp32 scores, any E up to 16384 incl. non-multiples of 64, k <= 32, any row stride): one row per",
+        "  pipelined step, k rounds of a vmax / vcmax row max then the smallest index holding it (ties to the smaller",
+        "  index), the taken column -> -inf; a row holding inf / NaN -> -1 in every slot. Declined: k > 32.",
+        "moe_topk_gate (bf16 / fp32 logits; softmax / sigmoid / sqrtsoftplus in fp32; selection on u + bias;",
+        "  renormalize (+1e-20), routed_scaling_factor, shared-expert slots, mask, return_scores; non-finite rows",
+        "  -> -1 / 0). Declined (reference): group-limited routing (num_groups > 1), fp64 logits, k + S > 32.",
         "  Status: LOWERED to Ascend C with TileLang (CPU, stand-in constants), source-checked; never run on an NPU",
         "  (not verified).",
         "  The CI lowering grid (tests/test_ascend_lowering.py, hatch run ascend-lower) checks that each of its",

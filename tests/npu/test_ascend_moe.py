@@ -1,0 +1,105 @@
+"""Ascend MoE routing kernels (``topk_gate``, ``moe_topk_gate``) on an NPU against the reference
+(marker ``npu``).
+
+Skipped everywhere without an Ascend NPU (tests/conftest.py gives the reason). On an Ascend
+950 host with torch_npu they run unchanged. Indices are compared byte for byte (ties to the
+smaller index, non-finite rows −1 in every slot), weights and scores within 2 ulp fp32 (SPEC
+§7, the op table's ``compare``). Until these pass there, the Ascend MoE kernels are
+"lowered", never "verified".
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tileplug import core
+from tileplug.core.testing import assert_bytes_equal, assert_within_ulps, cpu_copy
+from tileplug.reference.conformance import CaseDeclined, check_case
+
+pytestmark = pytest.mark.npu
+
+TOKENS = (0, 1, 3, 129, 4001)
+MOE_OPS = ("topk_gate", "moe_topk_gate")
+
+
+def _cases() -> list:
+    return [(case, tokens) for name in MOE_OPS for case in core.opdefs.get(name).cases() for tokens in TOKENS]
+
+
+@pytest.mark.parametrize("case,tokens", _cases(), ids=lambda v: v.id if hasattr(v, "id") else f"T={v}")
+def test_matches_reference(case, tokens):
+    """Every op-table case of the routing ops with an Ascend kernel against the reference on
+    the CPU: indices bytewise, weights / scores within the op's SPEC tolerance (its ``compare``)."""
+    try:
+        check_case(case, tokens, "ascend", "npu")
+    except CaseDeclined as declined:
+        pytest.skip(str(declined))
+
+
+def _reference_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    with core.use_backend("reference"):
+        return core.ops.topk_gate(scores, k)
+
+
+@pytest.mark.parametrize("experts,k", [(8, 8), (72, 6), (100, 32), (1000, 8), (1024, 32)])
+def test_topk_gate_ties_to_the_smaller_index(experts, k):
+    """Rows of coarse quarter-step values (many ties at every place, the k-th included), all-equal
+    rows, and rows holding −0.0 and +0.0: indices bytewise equal to the reference's stable sort."""
+    generator = torch.Generator().manual_seed(experts)
+    coarse = torch.randint(-4, 4, (257, experts), generator=generator).float() / 4
+    coarse[0] = 1.5
+    coarse[1, ::2], coarse[1, 1::2] = -0.0, 0.0
+    with core.use_backend("ascend"):
+        got = cpu_copy(core.ops.topk_gate(coarse.to("npu"), k))
+    assert_bytes_equal(got, _reference_topk(coarse, k), "topk_idx")
+    assert got[0].tolist() == list(range(k))
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")], ids=["inf", "-inf", "nan"])
+def test_topk_gate_non_finite_rows_give_minus_one(bad):
+    """A row holding a non-finite score (first column, last column, the padded tail's edge) gives
+    −1 in every slot; every other row is exactly what it is without it. No abort."""
+    scores = torch.randn(64, 100, generator=torch.Generator().manual_seed(1))
+    scores[3, 0] = bad
+    scores[10, 99] = bad
+    scores[20, 63] = bad
+    with core.use_backend("ascend"):
+        got = cpu_copy(core.ops.topk_gate(scores.to("npu"), 8))
+    expected = _reference_topk(scores, 8)
+    assert_bytes_equal(got, expected, "topk_idx")
+    assert (got[[3, 10, 20]] == -1).all()
+
+
+def test_topk_gate_batch_invariant_and_strided():
+    """A row's indices do not depend on the batch it sits in; a padded row stride reads the same."""
+    scores = torch.randn(4001, 256, generator=torch.Generator().manual_seed(2))
+    padded = torch.zeros(4001, 259)
+    padded[:, :256] = scores
+    with core.use_backend("ascend"):
+        full = cpu_copy(core.ops.topk_gate(scores.to("npu"), 8))
+        strided = cpu_copy(core.ops.topk_gate(padded.to("npu")[:, :256], 8))
+        part = cpu_copy(core.ops.topk_gate(scores[2000:2007].to("npu"), 8))
+    assert_bytes_equal(strided, full, "strided")
+    assert_bytes_equal(part, full[2000:2007], "rows 2000:2007")
+
+
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid", "sqrtsoftplus"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_moe_topk_gate_non_finite_rows_and_shared_slots(scoring, dtype):
+    """Non-finite logits give −1 / 0 in every slot, shared ones included; other rows keep the
+    reference's indices bytewise and weights within 2 ulp; shared slots are E, E+1 with weight 1."""
+    logits = (torch.randn(129, 160, generator=torch.Generator().manual_seed(3)) * 2).to(dtype)
+    logits[5, 7] = float("nan")
+    logits[9, 159] = float("inf")
+    bias = torch.randn(160, generator=torch.Generator().manual_seed(4)) * 0.1
+    kwargs = dict(scoring=scoring, num_shared_experts=2, routed_scaling_factor=2.5, return_scores=True)
+    with core.use_backend("ascend"):
+        idx, w, _ = (cpu_copy(t) for t in core.ops.moe_topk_gate(logits.to("npu"), 6, bias=bias.to("npu"),
+                                                                     **kwargs))
+    with core.use_backend("reference"):
+        ref_idx, ref_w, _ = core.ops.moe_topk_gate(logits, 6, bias=bias, **kwargs)
+    assert_bytes_equal(idx, ref_idx, "topk_idx")
+    assert_within_ulps(w, ref_w, 2, "topk_weights")
+    assert (idx[[5, 9]] == -1).all() and (w[[5, 9]] == 0).all()
+    assert idx[0, 6:].tolist() == [160, 161] and w[0, 6:].tolist() == [1.0, 1.0]
