@@ -25,7 +25,9 @@ def test_backend_registers_every_quant_op() -> None:
     backend = make_backend()
     assert set(backend.kernels) == {"per_token_cast", "per_block_cast", "per_channel_cast", "cast_back", "rms_norm",
                                     "layer_norm", "rms_norm_per_token_cast", "rms_norm_backward",
-                                    "layer_norm_backward", "apply_rotary", "rms_norm_rope"}
+                                    "layer_norm_backward", "apply_rotary", "rms_norm_rope", "topk_gate",
+                                    "normalize_weight", "moe_topk_gate", "moe_topk_gate_backward",
+                                    "moe_expert_counts", "moe_permute", "moe_unpermute"}
     assert backend.lower is not None and "Declined" in backend.capabilities()
 
 

@@ -28,6 +28,8 @@ from typing import Any
 from tileplug.core import Call
 
 # VENDOR: these imports go away with the delegation; a real backend imports its own kernels.
+from tileplug.reference.moe import gate as reference_gate
+from tileplug.reference.moe import permute as reference_permute
 from tileplug.reference.norm.layer_norm import layer_norm as reference_layer_norm
 from tileplug.reference.norm.layer_norm_backward import layer_norm_backward as reference_layer_norm_backward
 from tileplug.reference.norm.rms_norm import rms_norm as reference_rms_norm
@@ -113,6 +115,15 @@ KERNELS: dict[str, DelegatingToReferenceKernel] = {
     # in place: writes inputs.query / inputs.key (its outputs are empty)
     "apply_rotary": DelegatingToReferenceKernel("apply_rotary", reference_apply_rotary),
     "rms_norm_rope": DelegatingToReferenceKernel("rms_norm_rope", reference_rms_norm_rope),
+    # MoE routing: indices, weights, counts and the expanded layout
+    "topk_gate": DelegatingToReferenceKernel("topk_gate", reference_gate.topk_gate),
+    "normalize_weight": DelegatingToReferenceKernel("normalize_weight", reference_gate.normalize_weight),
+    "moe_topk_gate": DelegatingToReferenceKernel("moe_topk_gate", reference_gate.moe_topk_gate),
+    "moe_topk_gate_backward": DelegatingToReferenceKernel("moe_topk_gate_backward",
+                                                          reference_gate.moe_topk_gate_backward),
+    "moe_expert_counts": DelegatingToReferenceKernel("moe_expert_counts", reference_permute.moe_expert_counts),
+    "moe_permute": DelegatingToReferenceKernel("moe_permute", reference_permute.moe_permute),
+    "moe_unpermute": DelegatingToReferenceKernel("moe_unpermute", reference_permute.moe_unpermute),
 }
 """Kernel-table key (``opdef.kernel``) → kernel. One kernel serves an op and its variants
 (``call.mode``: ``QuantMode.CAST``, ``SF_ONLY``, ``PRECOMPUTED_SF``; e.g. the

@@ -248,7 +248,8 @@ class NormalizeWeightCall(_MoeCall, Call):
     num_slots: int
 
     def allocate(self, tokens: int, device: torch.device | None) -> NormalizeWeightOutputs:
-        return NormalizeWeightOutputs(torch.empty((tokens,), dtype=torch.float32, device=device),
+        fill = torch.zeros if self.num_slots == 0 else torch.empty  # no slot: the sum over none, nothing launched
+        return NormalizeWeightOutputs(fill((tokens,), dtype=torch.float32, device=device),
                                       torch.empty((tokens, self.num_slots), dtype=torch.float32, device=device))
 
     def result(self, outputs: NormalizeWeightOutputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -368,7 +369,7 @@ class ExpertCountsCall(_MoeCall, Call):
     alignment: int = 1
 
     def allocate(self, tokens: int, device: torch.device | None) -> ExpertCountsOutputs:
-        fill = torch.zeros if tokens == 0 else torch.empty  # nothing is launched for T = 0
+        fill = torch.zeros if tokens == 0 or self.num_slots == 0 else torch.empty  # nothing is launched then
         return ExpertCountsOutputs(fill((self.num_experts,), dtype=torch.int32, device=device),
                                    fill((self.num_experts,), dtype=torch.int32, device=device))
 
@@ -540,7 +541,7 @@ def _plain(tensor: torch.Tensor | None) -> torch.Tensor | None:
 def _base(op: str, tensor: torch.Tensor) -> dict[str, Any]:
     current = config.current()
     return dict(host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,
-                tokens=int(tensor.shape[0]), device=tensor.device, empty=tensor.shape[0] == 0)
+                tokens=int(tensor.shape[0]), device=tensor.device, empty=tensor.numel() == 0)
 
 
 # ---------------------------------------------------------------------- the checked contracts

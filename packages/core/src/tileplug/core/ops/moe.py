@@ -292,7 +292,7 @@ def _logits(tokens: int, experts: int, dtype: torch.dtype, options: dict[str, An
         values = torch.round(values.clamp(-1.5, 1.5) * 4) / 4  # 13 levels: ties at the k-th place, across groups
     elif options["ties"] == "all_equal":
         values = torch.zeros_like(values) + 0.5
-    if options["non_finite"]:
+    if options["non_finite"] and experts:
         for token in range(1, tokens, 4):
             column = (token * 7) % experts
             values[token, column] = (float("nan"), float("inf"), float("-inf"))[(token // 4) % 3]
@@ -353,7 +353,8 @@ def _rows(tokens: int, hidden: int, dtype: torch.dtype, options: dict[str, Any],
     if data_dtype == torch.float8_e4m3fn:
         data = torch.where((data & 0x7F) == 0x7F, 0x3C, data)  # no NaN encodings: any byte pattern is copied
     sf = torch.randint(0, 2**15, (tokens, sf_width * sf_dtype.itemsize), generator=generator).to(torch.uint8)
-    return _padded(data.view(data_dtype), pad).to(device), sf.view(sf_dtype).to(device)
+    sf = sf.view(sf_dtype) if sf.shape[1] else torch.empty((tokens, 0), dtype=sf_dtype)  # no group: no scale
+    return _padded(data.view(data_dtype), pad).to(device), sf.to(device)
 
 
 def moe_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwargs: dict[str, Any],
