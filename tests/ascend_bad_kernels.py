@@ -279,3 +279,77 @@ def gate_scalar_rows(spec):
 
     with mock.patch.object(moe_topk_gate, "gate_compute", _scalar_gate_compute):
         return moe_topk_gate.build(spec)
+
+
+def _scalar_normalize_compute(spec):
+    """Per-element scalar normalize_weight of one row: the slot sum and the divisions on the
+    scalar unit, no SIMD region."""
+    K = spec.slots
+
+    @T.macro
+    def compute(w_ub, n_ub, d_ub):
+        total = T.alloc_var(T.float32)
+        total = w_ub[0]
+        for j in T.serial(K - 1):
+            total = total + w_ub[j + 1]
+        for j in T.serial(K):
+            n_ub[j] = w_ub[j] / total
+        d_ub[0] = total
+
+    return compute
+
+
+def normalize_scalar_rows(spec):
+    """The prim_func of a ``normalize_weight`` ``spec`` whose rows are summed and divided in scalar code."""
+    from tileplug.backend_ascend.moe import normalize_weight
+
+    with mock.patch.object(normalize_weight, "normalize_compute", _scalar_normalize_compute):
+        return normalize_weight.build(spec)
+
+
+def _scalar_count_compute(spec):
+    """Per-pair scalar counting of one row of int32 indices: ``acc[idx] += 1`` on the scalar unit."""
+    assert spec.index_dtype == "int32"
+    E, K = spec.experts, spec.slots
+
+    @T.macro
+    def compute(buffers):
+        i_ub, acc_ub = buffers["i_ub"], buffers["acc_ub"]
+        for j in T.serial(K):
+            if i_ub[j] >= 0 and i_ub[j] < E:
+                acc_ub[i_ub[j]] = acc_ub[i_ub[j]] + T.float32(1.0)
+
+    return compute
+
+
+def counts_scalar_rows(spec):
+    """The prim_func of a ``moe_expert_counts`` count ``spec`` whose pairs are counted in scalar code."""
+    from tileplug.backend_ascend.moe import expert_counts
+
+    with mock.patch.object(expert_counts, "count_compute", _scalar_count_compute):
+        return expert_counts.build_count(spec)
+
+
+def counts_atomic_partials(spec):
+    """The prim_func of a count ``spec`` whose blocks add their counts into one shared row with
+    a store-mode atomic add (the order of accumulation then varies run to run)."""
+    from tileplug.backend_ascend.moe import expert_counts
+
+    @T.macro
+    def atomic_store(accumulator, partials, block, width):
+        T.set_atomic("add", "float32")
+        T.copy(accumulator[0:width], partials[0, 0:width])
+        T.set_atomic_none()
+
+    with mock.patch.object(expert_counts, "store_partial", atomic_store):
+        return expert_counts.build_count(spec)
+
+
+def counts_split_by_cores(spec):
+    """The prim_func of a count ``spec`` whose rows are split by the vector-core count (row
+    ``r`` counted by block ``r % C``): its Ascend C then depends on the device."""
+    from tileplug.backend_ascend.moe import expert_counts
+
+    with mock.patch.object(expert_counts, "PARTIALS", spec.vector_cores):
+        return expert_counts.build_count(spec)
+

@@ -102,8 +102,9 @@ def lower_and_check(entry) -> dict:
     return result
 
 
-ROW_REDUCING_OPS = ("rms_norm_backward", "layer_norm_backward")
-"""Ops whose kernels sum over rows (the weight / bias gradients): also checked deterministic."""
+ROW_REDUCING_OPS = ("rms_norm_backward", "layer_norm_backward", "moe_expert_counts")
+"""Ops whose kernels sum over rows (the weight / bias gradients, the expert counts): also
+checked deterministic."""
 OTHER_VECTOR_CORES = 40
 """A second vector-core count the row-reducing ops are lowered for: the Ascend C must not change."""
 
@@ -135,7 +136,7 @@ def test_the_grid_covers_every_case_of_the_op_table():
     input: 401504 bytes at the narrowest tile, so it falls through to the reference; see
     docs/ascend-backend.md); for the fused RMSNorm + cast: 3-D input, e2m1, packed UE8M0, or
     the cast's own declines. Every norm and RoPE case the fused-cast rules leave is lowered, every
-    topk_gate case too; moe_topk_gate declines only group-limited routing (num_groups > 1)."""
+    topk_gate, normalize_weight and moe_expert_counts case too; moe_topk_gate declines only group-limited routing (num_groups > 1)."""
     total = sum(len(opdef.cases()) for opdef in core.opdefs.all_ops())
     assert len(CASES) > 100 and len(CASES) + len(DECLINED) <= total
     allowed = ("e4m3-stored", "not an Ascend layout", "the Ascend layouts", "UB plan needs", "falls to the reference",
@@ -144,7 +145,7 @@ def test_the_grid_covers_every_case_of_the_op_table():
     unexpected = {case: why for case, why in DECLINED.items() if not any(a in why for a in allowed)}
     assert not unexpected, unexpected
     row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[", "rms_norm_backward[", "layer_norm_backward[",
-               "topk_gate[")
+               "topk_gate[", "normalize_weight[", "moe_expert_counts[")
     assert not [case for case in DECLINED if case.startswith(row_ops)]
     gate_declines = {case: why for case, why in DECLINED.items() if case.startswith("moe_topk_gate[")}
     assert gate_declines and all("group-limited" in why for why in gate_declines.values()), gate_declines
@@ -522,3 +523,126 @@ def test_moe_kernels_decline_with_reasons():
         why = kernel.supports(call)
         assert why is not None and expected in why and "falls to the reference" in why, (expected, why)
     assert table["moe_topk_gate"].supports(masked) is None
+
+
+def _routing_specs():
+    """A normalize_weight (K = 9) and a moe_expert_counts (E = 72, K = 6, int32, alignment 16)
+    specialisation: the count kernel's and the scan kernel's."""
+    from tileplug.backend_ascend.moe import expert_counts, normalize_weight
+
+    with core.config.host_layout("ascend"):
+        weights, _ = core.describe_call(core.ops.normalize_weight, torch.empty(3, 9, device=META))
+        counts, _ = core.describe_call(core.ops.moe_expert_counts, torch.empty(3, 6, dtype=torch.int32, device=META),
+                                       72, 16)
+    return normalize_weight.spec_of(weights), expert_counts.spec_of(counts), expert_counts.scan_spec_of(counts)
+
+
+def test_normalize_weight_checks_fail_on_bad_variants():
+    """normalize_weight's row kernel passes every check, and each check fails on a bad variant:
+    (a) 8 buffer versions of 16384-slot rows, over the UB budget (the builder refuses it);
+    (b) a serial, single-buffered row loop; (c) the slot sum and the divisions in scalar code."""
+    import ascend_bad_kernels as bad_kernels
+
+    from tileplug.backend_ascend.device import UBBudgetError
+    from tileplug.backend_ascend.moe import normalize_weight
+
+    spec, _, _ = _routing_specs()
+    build = normalize_weight.build
+    good = _checked(build(spec), spec)
+    assert all(ok for ok, _ in good.values()), good
+
+    wide = replace(spec, slots=16384, num_buffers=8)
+    assert wide.footprint > wide.budget
+    with pytest.raises(UBBudgetError):
+        build(wide)
+    ok, detail = _checked(bad_kernels.row_over_budget(build, wide), wide)["ub"]
+    assert not ok and "over budget" in detail, detail
+
+    ok, detail = _checked(bad_kernels.row_serial_loop(build, spec), spec)["pipelined"]
+    assert not ok and "versions=[1]" in detail, detail
+
+    ok, detail = _checked(bad_kernels.normalize_scalar_rows(spec), spec)["vector"]
+    assert not ok and "scalar UB dereference" in detail, detail
+
+
+def test_expert_counts_checks_fail_on_bad_variants():
+    """moe_expert_counts' count and scan kernels pass every check (the count kernel's Ascend C
+    the same for 64 and 40 vector cores), and each check fails on a bad variant: (a) 65536
+    experts' accumulator over the UB budget (the builder refuses it); (b) a serial,
+    single-buffered row loop (count and scan kernels); (c) the pairs counted in scalar code;
+    (d) the block counts added into one row with a store-mode atomic, and the rows split by
+    the vector-core count."""
+    import ascend_bad_kernels as bad_kernels
+
+    from tileplug.backend_ascend import lowering_checks as checks
+    from tileplug.backend_ascend.device import UBBudgetError
+    from tileplug.backend_ascend.lowering import lower_prim_func
+    from tileplug.backend_ascend.moe import expert_counts
+
+    _, spec, scan = _routing_specs()
+    build = expert_counts.build_count
+    other = replace(spec, vector_cores=OTHER_VECTOR_CORES)
+    good = _checked(build(spec), spec)
+    assert all(ok for ok, _ in good.values()), good
+    good_scan = _checked(expert_counts.build_scan(scan), scan)
+    assert all(ok for ok, _ in good_scan.values()), good_scan
+    source = lower_prim_func(build(spec)).kernel_source
+    assert checks.check_deterministic(source, lower_prim_func(build(other)).kernel_source)[0]
+
+    wide = replace(scan, experts=8192, num_buffers=8)
+    assert wide.footprint > wide.budget
+    with pytest.raises(UBBudgetError):
+        expert_counts.build_scan(wide)
+    ok, detail = _checked(bad_kernels.row_over_budget(expert_counts.build_scan, wide), wide)["ub"]
+    assert not ok and "over budget" in detail, detail
+    with pytest.raises(UBBudgetError):
+        build(replace(spec, experts=65536))
+
+    for serial, bad_spec in ((bad_kernels.row_serial_loop(build, spec), spec),
+                             (bad_kernels.row_serial_loop(expert_counts.build_scan, scan), scan)):
+        ok, detail = _checked(serial, bad_spec)["pipelined"]
+        assert not ok and "versions=[1]" in detail, detail
+
+    ok, detail = _checked(bad_kernels.counts_scalar_rows(spec), spec)["vector"]
+    assert not ok and "scalar UB dereference" in detail, detail
+
+    atomic = lower_prim_func(bad_kernels.counts_atomic_partials(spec)).kernel_source
+    ok, detail = checks.check_deterministic(atomic, atomic)
+    assert not ok and "atomics armed" in detail, detail
+
+    split = lower_prim_func(bad_kernels.counts_split_by_cores(spec)).kernel_source
+    split_other = lower_prim_func(bad_kernels.counts_split_by_cores(other)).kernel_source
+    ok, detail = checks.check_deterministic(split, split_other)
+    assert not ok and "vector-core count" in detail, detail
+
+
+def test_routing_kernels_decline_with_reasons():
+    """What normalize_weight and moe_expert_counts leave to the reference, each with its reason:
+    K > 1024 slots; E > 8192 experts, K > 64 slots."""
+    table = _kernels()
+    with core.config.host_layout("ascend"):
+        wide, _ = core.describe_call(core.ops.normalize_weight, torch.empty(3, 1025, device=META))
+        many, _ = core.describe_call(core.ops.moe_expert_counts, torch.empty(3, 8, dtype=torch.int64, device=META),
+                                     8193)
+        slots, _ = core.describe_call(core.ops.moe_expert_counts, torch.empty(3, 65, dtype=torch.int32, device=META),
+                                      64)
+        served, _ = core.describe_call(core.ops.moe_expert_counts, torch.empty(3, 64, dtype=torch.int64, device=META),
+                                       8192, 128)
+    reasons = {"K = 1025 > 1024": (table["normalize_weight"], wide),
+               "E = 8193 > 8192": (table["moe_expert_counts"], many),
+               "K = 65 > 64": (table["moe_expert_counts"], slots)}
+    for expected, (kernel, call) in reasons.items():
+        why = kernel.supports(call)
+        assert why is not None and expected in why and "falls to the reference" in why, (expected, why)
+    assert table["moe_expert_counts"].supports(served) is None
+
+
+def test_core_lower_of_moe_expert_counts_gives_both_kernels():
+    """core.lower of moe_expert_counts gives the count kernel and the scan kernel, each headed."""
+    with core.config.host_layout("ascend"):
+        source = core.lower(core.ops.moe_expert_counts, torch.empty(7, 8, dtype=torch.int64, device=META), 256, 128,
+                            backend="ascend")
+    assert source.count("LOWERED") == 2 and source.count("__global__") == 2
+    assert "specialisation: moe_expert_counts [T, 8] int64 E=256" in source
+    assert "specialisation: moe_expert_scan [64, 256] float32 alignment=128" in source
+

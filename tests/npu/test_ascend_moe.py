@@ -1,10 +1,10 @@
-"""Ascend MoE routing kernels (``topk_gate``, ``moe_topk_gate``) on an NPU against the reference
-(marker ``npu``).
+"""Ascend MoE routing kernels (``topk_gate``, ``moe_topk_gate``, ``normalize_weight``,
+``moe_expert_counts``) on an NPU against the reference (marker ``npu``).
 
 Skipped everywhere without an Ascend NPU (tests/conftest.py gives the reason). On an Ascend
 950 host with torch_npu they run unchanged. Indices are compared byte for byte (ties to the
 smaller index, non-finite rows −1 in every slot), weights and scores within 2 ulp fp32 (SPEC
-§7, the op table's ``compare``). Until these pass there, the Ascend MoE kernels are
+§7, the op table's ``compare``); ``normalize_weight`` and the counts / ends bytewise. Until these pass there, the Ascend MoE kernels are
 "lowered", never "verified".
 """
 
@@ -20,7 +20,7 @@ from tileplug.reference.conformance import CaseDeclined, check_case
 pytestmark = pytest.mark.npu
 
 TOKENS = (0, 1, 3, 129, 4001)
-MOE_OPS = ("topk_gate", "moe_topk_gate")
+MOE_OPS = ("topk_gate", "moe_topk_gate", "normalize_weight", "moe_expert_counts")
 
 
 def _cases() -> list:
@@ -103,3 +103,42 @@ def test_moe_topk_gate_non_finite_rows_and_shared_slots(scoring, dtype):
     assert_within_ulps(w, ref_w, 2, "topk_weights")
     assert (idx[[5, 9]] == -1).all() and (w[[5, 9]] == 0).all()
     assert idx[0, 6:].tolist() == [160, 161] and w[0, 6:].tolist() == [1.0, 1.0]
+
+
+def test_normalize_weight_bytewise_edge_rows():
+    """Rows whose left-to-right sum differs from a pairwise one, a single slot, −0.0 and a zero
+    sum (NaN), inf and NaN weights: denominators and quotients bytewise the reference's."""
+    generator = torch.Generator().manual_seed(5)
+    for slots in (1, 6, 9, 64, 65, 130):
+        weights = torch.rand(257, slots, generator=generator) * torch.logspace(-8, 8, slots)
+        weights[0] = -0.0
+        weights[1] = 0.0
+        weights[2, 0] = float("inf")
+        weights[3, -1] = float("nan")
+        with core.use_backend("ascend"):
+            denominator, normalized = (cpu_copy(t) for t in core.ops.normalize_weight(weights.to("npu")))
+        with core.use_backend("reference"):
+            want_denominator, want_normalized = core.ops.normalize_weight(weights)
+        assert_bytes_equal(denominator, want_denominator, f"denominator K={slots}")
+        assert_bytes_equal(normalized, want_normalized, f"normalized K={slots}")
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+@pytest.mark.parametrize("experts,alignment", [(1, 1), (9, 3), (72, 16), (256, 128), (8192, 1)])
+def test_moe_expert_counts_bytewise_and_deterministic(index_dtype, experts, alignment):
+    """Counts and ends bytewise the reference's for routings with −1, shared experts past E,
+    int64 values past 2**32 (not routed), and empty experts; the same bytes on a second run;
+    T below, at and above the 64 blocks of the count kernel."""
+    generator = torch.Generator().manual_seed(experts)
+    for tokens in (1, 63, 64, 4001):
+        topk_idx = torch.randint(-1, experts + 3, (tokens, 8), generator=generator).to(index_dtype)
+        if index_dtype == torch.int64:
+            topk_idx[::7, 0] = 2**32 + 1  # low word 1, high word 1: not routed
+        with core.use_backend("ascend"):
+            first = [cpu_copy(t) for t in core.ops.moe_expert_counts(topk_idx.to("npu"), experts, alignment)]
+            second = [cpu_copy(t) for t in core.ops.moe_expert_counts(topk_idx.to("npu"), experts, alignment)]
+        with core.use_backend("reference"):
+            want = core.ops.moe_expert_counts(topk_idx, experts, alignment)
+        for name, have, again, expected in zip(("counts", "expert_ends"), first, second, want):
+            assert_bytes_equal(have, expected, f"{name} T={tokens}")
+            assert_bytes_equal(again, have, f"{name} T={tokens} (second run)")

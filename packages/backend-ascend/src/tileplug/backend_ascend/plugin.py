@@ -72,13 +72,20 @@ def capabilities() -> str:
         "moe_topk_gate (bf16 / fp32 logits; softmax / sigmoid / sqrtsoftplus in fp32; selection on u + bias;",
         "  renormalize (+1e-20), routed_scaling_factor, shared-expert slots, mask, return_scores; non-finite rows",
         "  -> -1 / 0). Declined (reference): group-limited routing (num_groups > 1), fp64 logits, k + S > 32.",
+        "normalize_weight (fp32 [T, K], K <= 1024, any row stride): one row per pipelined step, the slot-order sum",
+        "  exact (each slot taken out of its register, added to a running -0.0), one correctly rounded division.",
+        "  Declined: K > 1024.",
+        "moe_expert_counts (int32 / int64 topk_idx, E <= 8192, K <= 64, any alignment < 2**22): 64 blocks (a",
+        "  constant) count their rows' pairs into partial counts in a GM workspace, then one block adds them in",
+        "  partial order and scans the aligned ends; no atomics; fp32 integers, exact below 2**24 expanded rows (past",
+        "  that the launch runs the reference's formula). Declined: E > 8192, K > 64.",
         "  Status: LOWERED to Ascend C with TileLang (CPU, stand-in constants), source-checked; never run on an NPU",
         "  (not verified).",
         "  The CI lowering grid (tests/test_ascend_lowering.py, hatch run ascend-lower) checks that each of its",
         "  specialisations lowers to Ascend C and that every kernel it launches passes three checks: UB within the",
         "  per-vector-core budget (compiler, traced prim_func and plan agree), every row loop pipelined with >1 buffer",
-        "  version, and a SIMD hot loop (no scalar UB access, no PIPE_S); the backward kernels also: no store-mode",
-        "  atomics and the same Ascend C for 64 and 40 vector cores.",
+        "  version, and a SIMD hot loop (no scalar UB access, no PIPE_S); the norm backward and expert-count kernels",
+        "  also: no store-mode atomics and the same Ascend C for 64 and 40 vector cores.",
     ]
     return "\n".join(lines)
 
