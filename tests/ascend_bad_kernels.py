@@ -353,3 +353,30 @@ def counts_split_by_cores(spec):
     with mock.patch.object(expert_counts, "PARTIALS", spec.vector_cores):
         return expert_counts.build_count(spec)
 
+
+def _scalar_unpermute_compute(spec, rows_total):
+    """Per-element scalar weighted sum of one (token, column tile) of int32 rows on the scalar unit."""
+    assert spec.index_dtype == "int32"
+    K, W, dt = spec.slots, spec.width, spec.dtype
+    width = (W + 63) // 64 * 64
+
+    @T.macro
+    def compute(buffers):
+        p_ub, w_ub, y_ub, o_ub = (buffers[n] for n in ("p_ub", "w_ub", "y_ub", "o_ub"))
+        acc = T.alloc_var(T.float32)
+        for c in T.serial(W):
+            acc = T.float32(0.0)
+            for j in T.serial(K):
+                if p_ub[j] >= 0:
+                    acc = acc + w_ub[j] * T.Cast("float32", y_ub[j * width + c])
+            o_ub[c] = T.Cast(dt, acc)
+
+    return compute
+
+
+def unpermute_scalar_rows(spec):
+    """The prim_func of a ``moe_unpermute`` ``spec`` whose weighted sums are computed in scalar code."""
+    from tileplug.backend_ascend.moe import unpermute
+
+    with mock.patch.object(unpermute, "unpermute_compute", _scalar_unpermute_compute):
+        return unpermute.build(spec)

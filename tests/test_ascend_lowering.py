@@ -136,7 +136,7 @@ def test_the_grid_covers_every_case_of_the_op_table():
     input: 401504 bytes at the narrowest tile, so it falls through to the reference; see
     docs/ascend-backend.md); for the fused RMSNorm + cast: 3-D input, e2m1, packed UE8M0, or
     the cast's own declines. Every norm and RoPE case the fused-cast rules leave is lowered, every
-    topk_gate, normalize_weight and moe_expert_counts case too; moe_topk_gate declines only group-limited routing (num_groups > 1)."""
+    topk_gate, normalize_weight, moe_expert_counts and moe_unpermute case too; moe_topk_gate declines only group-limited routing (num_groups > 1)."""
     total = sum(len(opdef.cases()) for opdef in core.opdefs.all_ops())
     assert len(CASES) > 100 and len(CASES) + len(DECLINED) <= total
     allowed = ("e4m3-stored", "not an Ascend layout", "the Ascend layouts", "UB plan needs", "falls to the reference",
@@ -145,7 +145,7 @@ def test_the_grid_covers_every_case_of_the_op_table():
     unexpected = {case: why for case, why in DECLINED.items() if not any(a in why for a in allowed)}
     assert not unexpected, unexpected
     row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[", "rms_norm_backward[", "layer_norm_backward[",
-               "topk_gate[", "normalize_weight[", "moe_expert_counts[")
+               "topk_gate[", "normalize_weight[", "moe_expert_counts[", "moe_unpermute[")
     assert not [case for case in DECLINED if case.startswith(row_ops)]
     gate_declines = {case: why for case, why in DECLINED.items() if case.startswith("moe_topk_gate[")}
     assert gate_declines and all("group-limited" in why for why in gate_declines.values()), gate_declines
@@ -646,3 +646,65 @@ def test_core_lower_of_moe_expert_counts_gives_both_kernels():
     assert "specialisation: moe_expert_counts [T, 8] int64 E=256" in source
     assert "specialisation: moe_expert_scan [64, 256] float32 alignment=128" in source
 
+
+def _unpermute_spec():
+    """A bf16 moe_unpermute specialisation (H = 576, K = 6, int32 permutation)."""
+    from tileplug.backend_ascend.moe import unpermute
+
+    with core.config.host_layout("ascend"):
+        call, _ = core.describe_call(core.ops.moe_unpermute, _x(40, 576), torch.empty(5, 6, dtype=torch.int32,
+                                                                                      device=META),
+                                     torch.empty(5, 6, device=META), 5)
+    return unpermute.spec_of(call)
+
+
+def test_unpermute_checks_fail_on_bad_variants():
+    """moe_unpermute's kernel (one (token, column tile) per pipelined step, the slots' rows DMA'd
+    by their GM row index) passes every check, and each check fails on a bad variant: (a) 8
+    12 slots' 4096-column tiles with 3 buffer versions, over the UB budget; (b) a
+    serial, single-buffered loop; (c) the weighted sums in scalar code. (a) is refused by the
+    builder and, when forced through, by TileLang's own loop scheduler (before the UB check)."""
+    import ascend_bad_kernels as bad_kernels
+
+    from tileplug.backend_ascend.device import UBBudgetError
+    from tileplug.backend_ascend.moe import unpermute
+
+    spec = _unpermute_spec()
+    assert spec.width == 576 and spec.tiles == 1
+    build = unpermute.build
+    good = _checked(build(spec), spec)
+    assert all(ok for ok, _ in good.values()), good
+
+    wide = replace(spec, hidden=4096, width=4096, slots=12, num_buffers=3)
+    assert wide.footprint > wide.budget
+    with pytest.raises(UBBudgetError):
+        build(wide)
+    # Unlike the row kernels' over-budget variants, TileLang refuses this one itself (its loop
+    # scheduler finds the versioned slot rows over the UB capacity), so the UB check is not
+    # reached: the builder's refusal and TileLang's are both asserted.
+    with pytest.raises(Exception, match="capacity is negative"):
+        _checked(bad_kernels.row_over_budget(build, wide), wide)
+
+    ok, detail = _checked(bad_kernels.row_serial_loop(build, spec), spec)["pipelined"]
+    assert not ok and "versions=[1]" in detail, detail
+
+    ok, detail = _checked(bad_kernels.unpermute_scalar_rows(spec), spec)["vector"]
+    assert not ok and "scalar UB dereference" in detail, detail
+
+
+def test_unpermute_tiles_and_declines():
+    """A 7168-column bf16 row with 9 slots is split into column tiles that fit UB (the last one
+    overlapping); K > 32 slots is declined with its reason."""
+    from tileplug.backend_ascend.moe import unpermute
+
+    with core.config.host_layout("ascend"):
+        wide, _ = core.describe_call(core.ops.moe_unpermute, _x(40, 7168), torch.empty(5, 9, device=META,
+                                                                                       dtype=torch.int64),
+                                     torch.empty(5, 9, device=META), 5)
+        many, _ = core.describe_call(core.ops.moe_unpermute, _x(40, 64), torch.empty(1, 33, device=META,
+                                                                                     dtype=torch.int32),
+                                     torch.empty(1, 33, device=META), 1)
+    spec = unpermute.spec_of(wide)
+    assert spec.width % 64 == 0 and spec.width < 7168 and spec.footprint <= spec.budget and spec.tiles >= 2
+    why = _kernels()["moe_unpermute"].supports(many)
+    assert why is not None and "K = 33 > 32" in why and "falls to the reference" in why, why

@@ -1,10 +1,11 @@
 """Ascend MoE routing kernels (``topk_gate``, ``moe_topk_gate``, ``normalize_weight``,
-``moe_expert_counts``) on an NPU against the reference (marker ``npu``).
+``moe_expert_counts``, ``moe_unpermute``) on an NPU against the reference (marker ``npu``).
 
 Skipped everywhere without an Ascend NPU (tests/conftest.py gives the reason). On an Ascend
 950 host with torch_npu they run unchanged. Indices are compared byte for byte (ties to the
 smaller index, non-finite rows −1 in every slot), weights and scores within 2 ulp fp32 (SPEC
-§7, the op table's ``compare``); ``normalize_weight`` and the counts / ends bytewise. Until these pass there, the Ascend MoE kernels are
+§7, the op table's ``compare``); ``normalize_weight`` and the counts / ends bytewise,
+``moe_unpermute`` within 1 ulp. Until these pass there, the Ascend MoE kernels are
 "lowered", never "verified".
 """
 
@@ -20,7 +21,7 @@ from tileplug.reference.conformance import CaseDeclined, check_case
 pytestmark = pytest.mark.npu
 
 TOKENS = (0, 1, 3, 129, 4001)
-MOE_OPS = ("topk_gate", "moe_topk_gate", "normalize_weight", "moe_expert_counts")
+MOE_OPS = ("topk_gate", "moe_topk_gate", "normalize_weight", "moe_expert_counts", "moe_unpermute")
 
 
 def _cases() -> list:
@@ -142,3 +143,25 @@ def test_moe_expert_counts_bytewise_and_deterministic(index_dtype, experts, alig
         for name, have, again, expected in zip(("counts", "expert_ends"), first, second, want):
             assert_bytes_equal(have, expected, f"{name} T={tokens}")
             assert_bytes_equal(again, have, f"{name} T={tokens} (second run)")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+def test_moe_unpermute_round_trip_and_skipped_slots(dtype, index_dtype):
+    """Unit weights give ``x · K`` back exactly (moe_permute on the reference, then the Ascend
+    unpermute); slots of row −1 are skipped; H = 7168 runs in two column tiles. Within 1 ulp
+    of the reference in every case."""
+    generator = torch.Generator().manual_seed(6)
+    x = (torch.randint(-8, 8, (129, 7168), generator=generator) / 4).to(dtype)
+    topk_idx = torch.randint(-1, 16, (129, 4), generator=generator)
+    with core.use_backend("reference"):
+        x_expanded, _, permutation, _ = core.ops.moe_permute(x, topk_idx, 16, 16)
+    weights = torch.ones(129, 4)
+    permutation = permutation.to(index_dtype)
+    with core.use_backend("ascend"):
+        y = cpu_copy(core.ops.moe_unpermute(x_expanded.to("npu"), permutation.to("npu"), weights.to("npu"), 129))
+    with core.use_backend("reference"):
+        want = core.ops.moe_unpermute(x_expanded, permutation, weights, 129)
+    assert_within_ulps(y, want, 1, "y")
+    routed = (topk_idx >= 0).sum(dim=1, keepdim=True).to(torch.float32)
+    assert_bytes_equal(y, (x.float() * routed).to(dtype), "x · routed slots")
