@@ -126,7 +126,7 @@ class ScanSpec:
 
     @property
     def layout(self) -> str:
-        return f"one block; one partial row per pipeline step, then an aligned prefix scan in registers"
+        return "one block; one partial row per pipeline step, then an aligned prefix scan in registers"
 
     def describe(self) -> str:
         return f"moe_expert_scan [{PARTIALS}, {self.experts}] float32 alignment={self.alignment}"
