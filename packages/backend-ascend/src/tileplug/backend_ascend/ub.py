@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from tileplug.backend_ascend.device import UB_BYTES_SIMD
 from tileplug.core.quant.sf_math import align
 
 LANES = 64
@@ -43,3 +44,16 @@ def padded(columns: int) -> int:
 def sf_rows(groups: int) -> int:
     """Allocated fp32 elements of one row's group scales in UB (whole 32-byte blocks, at least one)."""
     return max(8, align(groups, 8))
+
+
+class PlannedInSimdUb:
+    """Mixin of a kernel spec whose UB buffers are its ``plan()``, held against the SIMD
+    vector unit's UB: the ``footprint`` and ``budget`` the lowering checks compare."""
+
+    @property
+    def footprint(self) -> int:
+        return footprint(self.plan())
+
+    @property
+    def budget(self) -> int:
+        return UB_BYTES_SIMD

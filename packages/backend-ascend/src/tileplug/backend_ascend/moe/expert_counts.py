@@ -33,11 +33,11 @@ from dataclasses import dataclass
 import tilelang.ascend.language as T
 
 from tileplug.backend_ascend import gm, rows
-from tileplug.backend_ascend.device import UB_BYTES_SIMD, DeviceTarget, dispatch_target, lowering_target
+from tileplug.backend_ascend.device import DeviceTarget, dispatch_target, lowering_target
 from tileplug.backend_ascend.kernel import SpecKernel, checked_lowering
 from tileplug.backend_ascend.lowering import CompileCache
 from tileplug.backend_ascend.moe.topk_gate import neg_inf, ramp
-from tileplug.backend_ascend.ub import LANES, VERSIONS, Plan, footprint, padded
+from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, padded
 
 F32 = "float32"
 PARTIALS = 64
@@ -55,7 +55,7 @@ INDEX_DTYPES = {"torch.int32": "int32", "torch.int64": "int64"}
 
 
 @dataclass(frozen=True)
-class CountSpec:
+class CountSpec(PlannedInSimdUb):
     """What the count kernel is specialised on: ``experts`` E, ``slots`` K, ``index_dtype``
     ("int32" / "int64"). ``vector_cores`` only heads the lowered source: the split is
     :data:`PARTIALS`."""
@@ -81,14 +81,6 @@ class CountSpec:
         }
 
     @property
-    def footprint(self) -> int:
-        return footprint(self.plan())
-
-    @property
-    def budget(self) -> int:
-        return UB_BYTES_SIMD
-
-    @property
     def layout(self) -> str:
         return (f"one row of indices per pipeline step; row r counted by block r % {PARTIALS} "
                 f"({PARTIALS} blocks, a constant)")
@@ -98,7 +90,7 @@ class CountSpec:
 
 
 @dataclass(frozen=True)
-class ScanSpec:
+class ScanSpec(PlannedInSimdUb):
     """The scan kernel: the partial counts ``[PARTIALS, experts]`` summed, aligned, scanned."""
 
     experts: int
@@ -115,14 +107,6 @@ class ScanSpec:
             "c_ub": ((width,), "int32", 1),
             "e_ub": ((width,), "int32", 1),
         }
-
-    @property
-    def footprint(self) -> int:
-        return footprint(self.plan())
-
-    @property
-    def budget(self) -> int:
-        return UB_BYTES_SIMD
 
     @property
     def layout(self) -> str:

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import tilelang.ascend.language as T
 
 from tileplug.backend_ascend import gm, rows
-from tileplug.backend_ascend.device import UB_BYTES_SIMD, DeviceTarget, lowering_target
+from tileplug.backend_ascend.device import DeviceTarget, lowering_target
 from tileplug.backend_ascend.moe.topk_gate import MAX_EXPERTS, MAX_TOPK, NOT_FOUND, neg_inf, ramp
-from tileplug.backend_ascend.ub import LANES, VERSIONS, Plan, footprint, padded
+from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, padded
 
 F32 = "float32"
 DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float32": "float32"}
@@ -37,7 +37,7 @@ RENORMALIZE_EPSILON = 1e-20
 
 
 @dataclass(frozen=True)
-class GateSpec:
+class GateSpec(PlannedInSimdUb):
     """What the ``moe_topk_gate`` kernel is specialised on (compile-time constants)."""
 
     experts: int
@@ -71,14 +71,6 @@ class GateSpec:
         if self.has_bias:
             plan["b_ub"] = ((width,), F32, 1)
         return plan
-
-    @property
-    def footprint(self) -> int:
-        return footprint(self.plan())
-
-    @property
-    def budget(self) -> int:
-        return UB_BYTES_SIMD
 
     @property
     def layout(self) -> str:

@@ -26,8 +26,8 @@ import tilelang.ascend.language as T
 from tvm import tirx
 
 from tileplug.backend_ascend import gm, rows
-from tileplug.backend_ascend.device import UB_BYTES_SIMD, DeviceTarget, lowering_target
-from tileplug.backend_ascend.ub import LANES, VERSIONS, Plan, footprint, padded
+from tileplug.backend_ascend.device import DeviceTarget, lowering_target
+from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, padded
 
 F32 = "float32"
 MAX_SLOTS = 1024
@@ -35,7 +35,7 @@ MAX_SLOTS = 1024
 
 
 @dataclass(frozen=True)
-class NormalizeSpec:
+class NormalizeSpec(PlannedInSimdUb):
     """What the ``normalize_weight`` kernel is specialised on: ``slots`` K, the vector-core
     count and the buffer versions of the streamed rows."""
 
@@ -51,14 +51,6 @@ class NormalizeSpec:
             "n_ub": ((width,), F32, versions),
             "d_ub": ((8,), F32, versions),
         }
-
-    @property
-    def footprint(self) -> int:
-        return footprint(self.plan())
-
-    @property
-    def budget(self) -> int:
-        return UB_BYTES_SIMD
 
     @property
     def layout(self) -> str:

@@ -31,8 +31,8 @@ import tilelang.ascend.language as T
 from tvm import tirx
 
 from tileplug.backend_ascend import gm, rows
-from tileplug.backend_ascend.device import UB_BYTES_SIMD, DeviceTarget, lowering_target
-from tileplug.backend_ascend.ub import LANES, VERSIONS, Plan, footprint, padded
+from tileplug.backend_ascend.device import DeviceTarget, lowering_target
+from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, padded
 
 F32 = "float32"
 MAX_TOPK = 32
@@ -44,7 +44,7 @@ NOT_FOUND = 16777216.0
 
 
 @dataclass(frozen=True)
-class TopkSpec:
+class TopkSpec(PlannedInSimdUb):
     """Everything the ``topk_gate`` kernel is specialised on: ``experts`` E, ``topk`` k, the
     vector-core count and the buffer versions of the streamed rows."""
 
@@ -60,14 +60,6 @@ class TopkSpec:
             "s_ub": ((padded(self.experts),), F32, self.num_buffers),
             "o_ub": ((LANES,), "int32", self.num_buffers),
         }
-
-    @property
-    def footprint(self) -> int:
-        return footprint(self.plan())
-
-    @property
-    def budget(self) -> int:
-        return UB_BYTES_SIMD
 
     @property
     def layout(self) -> str:

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import tilelang.ascend.language as T
 
 from tileplug.backend_ascend import gm, rows
-from tileplug.backend_ascend.device import UB_BYTES_SIMD, DeviceTarget, lowering_target
+from tileplug.backend_ascend.device import DeviceTarget, lowering_target
 from tileplug.backend_ascend.moe.normalize_weight import neg_zero
 from tileplug.backend_ascend.moe.topk_gate import neg_inf
-from tileplug.backend_ascend.ub import LANES, VERSIONS, Plan, footprint, padded
+from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, padded
 
 F32 = "float32"
 DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
@@ -43,7 +43,7 @@ MAX_TILE = 4096
 
 
 @dataclass(frozen=True)
-class UnpermuteSpec:
+class UnpermuteSpec(PlannedInSimdUb):
     """What the ``moe_unpermute`` kernel is specialised on: ``hidden`` H, ``dtype`` of the rows,
     ``slots`` K, ``index_dtype`` of the permutation, the column tile ``width`` W, the
     vector-core count and the buffer versions."""
@@ -76,14 +76,6 @@ class UnpermuteSpec:
             "o_ub": ((width,), self.dtype, versions),
             "b_ub": ((2 * self.slots * LANES,), F32, 1),
         }
-
-    @property
-    def footprint(self) -> int:
-        return footprint(self.plan())
-
-    @property
-    def budget(self) -> int:
-        return UB_BYTES_SIMD
 
     @property
     def layout(self) -> str:

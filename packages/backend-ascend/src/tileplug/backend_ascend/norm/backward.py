@@ -33,11 +33,11 @@ from dataclasses import dataclass
 import tilelang.ascend.language as T
 
 from tileplug.backend_ascend import gm, rows
-from tileplug.backend_ascend.device import UB_BYTES_SIMD, DeviceTarget, dispatch_target, lowering_target
+from tileplug.backend_ascend.device import DeviceTarget, dispatch_target, lowering_target
 from tileplug.backend_ascend.kernel import SpecKernel, checked_lowering
 from tileplug.backend_ascend.lowering import CompileCache
 from tileplug.backend_ascend.norm.spec import DTYPE_NAMES
-from tileplug.backend_ascend.ub import LANES, VERSIONS, Plan, footprint, padded
+from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, padded
 
 PARTIALS = 64
 """Partial-sum rows of the weight / bias gradients: row ``r`` of the input adds into partial
@@ -48,7 +48,7 @@ KIND_OF_OP = {"rms_norm_backward": "rms", "layer_norm_backward": "layer"}
 
 
 @dataclass(frozen=True)
-class BackwardSpec:
+class BackwardSpec(PlannedInSimdUb):
     """What a norm backward row kernel is specialised on: ``kind`` "rms" / "layer", ``hidden``
     D, ``heads`` N of a 3-D input (None: 2-D), ``in_dtype`` of ``grad_y`` / ``x`` / ``grad_x``,
     ``weight_dtype`` (None: no weight, no weight gradient), ``grad_residual`` (``grad_residual_out``
@@ -97,14 +97,6 @@ class BackwardSpec:
         return plan
 
     @property
-    def footprint(self) -> int:
-        return footprint(self.plan())
-
-    @property
-    def budget(self) -> int:
-        return UB_BYTES_SIMD
-
-    @property
     def layout(self) -> str:
         return (f"one row per pipeline step, whole in UB; row r adds into partial r % {PARTIALS} "
                 f"({PARTIALS} blocks, a constant)")
@@ -120,7 +112,7 @@ class BackwardSpec:
 
 
 @dataclass(frozen=True)
-class ColumnSumSpec:
+class ColumnSumSpec(PlannedInSimdUb):
     """The column sum of ``partials`` fp32 ``[PARTIALS, hidden]`` into ``[hidden]``."""
 
     hidden: int
@@ -140,14 +132,6 @@ class ColumnSumSpec:
         """UB buffers: ``part_ub`` one partial row's columns, ``sum_ub`` their running sum."""
         return {"part_ub": ((padded(self.width),), "float32", self.num_buffers),
                 "sum_ub": ((padded(self.width),), "float32", 1)}
-
-    @property
-    def footprint(self) -> int:
-        return footprint(self.plan())
-
-    @property
-    def budget(self) -> int:
-        return UB_BYTES_SIMD
 
     @property
     def layout(self) -> str:

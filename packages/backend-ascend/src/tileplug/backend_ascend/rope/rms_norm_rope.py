@@ -36,16 +36,16 @@ from dataclasses import dataclass
 import tilelang.ascend.language as T
 
 from tileplug.backend_ascend import gm, rows
-from tileplug.backend_ascend.device import UB_BYTES_SIMD, lowering_target
+from tileplug.backend_ascend.device import lowering_target
 from tileplug.backend_ascend.kernel import SpecKernel
 from tileplug.backend_ascend.quant.row_cast import cast_key, cast_tensors, fused_cast_decline, row_cast, store_cast
 from tileplug.backend_ascend.rope.rotation import PAIR_BLOCK, cache_parameters, load_cache_row, rotation
 from tileplug.backend_ascend.rope.spec import DTYPE_NAMES, POSITION_NAMES
-from tileplug.backend_ascend.ub import LANES, VERSIONS, footprint, padded, sf_rows
+from tileplug.backend_ascend.ub import LANES, PlannedInSimdUb, VERSIONS, padded, sf_rows
 
 
 @dataclass(frozen=True)
-class NormRopeSpec:
+class NormRopeSpec(PlannedInSimdUb):
     """What an ``rms_norm_rope`` kernel is specialised on: ``heads`` N, ``head_dim`` D,
     ``rotary_dim`` R, ``dtype`` of ``x`` / ``y``, ``weight_dtype``, ``eps``, ``weight_offset``,
     ``interleaved`` (GPT-J), ``positions`` ("int32" / "int64" / None); ``cast``: the per-token
@@ -94,14 +94,6 @@ class NormRopeSpec:
             plan["q_ub"] = ((self.heads, width), "float8_e4m3fn", versions)
             plan["sf_ub"] = ((sf_rows(self.groups),), "float32", versions)
         return plan
-
-    @property
-    def footprint(self) -> int:
-        return footprint(self.plan())
-
-    @property
-    def budget(self) -> int:
-        return UB_BYTES_SIMD
 
     @property
     def layout(self) -> str:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tileplug.backend_ascend.device import UB_BYTES_SIMD, DeviceTarget, lowering_target
-from tileplug.backend_ascend.ub import VERSIONS, Plan, footprint, padded
+from tileplug.backend_ascend.device import DeviceTarget, lowering_target
+from tileplug.backend_ascend.ub import Plan, PlannedInSimdUb, VERSIONS, padded
 from tileplug.core.quant.sf_math import align
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -22,7 +22,7 @@ PAIR_BLOCK = 128  # channels of one GPT-J block (rope/rotation.py): two register
 
 
 @dataclass(frozen=True)
-class RotarySpec:
+class RotarySpec(PlannedInSimdUb):
     """Everything an ``apply_rotary`` kernel is specialised on (compile-time constants).
 
     ``head_dim`` D, ``rotary_dim`` R (even, <= D), ``query_heads`` Nq, ``key_heads`` Nk (None:
@@ -73,14 +73,6 @@ class RotarySpec:
         plan["cos_ub"] = ((padded(self.half),), "float32", versions)
         plan["sin_ub"] = ((padded(self.half),), "float32", versions)
         return plan
-
-    @property
-    def footprint(self) -> int:
-        return footprint(self.plan())
-
-    @property
-    def budget(self) -> int:
-        return UB_BYTES_SIMD
 
     @property
     def layout(self) -> str:
