@@ -141,3 +141,35 @@ def test_peer_adapters_take_the_ops_arguments(peer: str) -> None:
                 assert theirs is not None and eval(theirs) == eval(mine), f"{peer}.{name}({param}): {theirs} != {mine}"
         checked += 1
     assert checked or not declared & set(adapters)
+
+
+def test_torch_compile_peer_formulations_match_the_reference() -> None:
+    """The torch_compile peer's plain PyTorch formulas (here uncompiled) compute the ops: RMSNorm
+    with residual and offset, LayerNorm, and NeoX / GPT-J / conjugate RoPE with positions and an
+    offset, within 2 ulp of the reference on CPU; cases it cannot express are refused by name."""
+    from tileplug.core import ops
+    from tileplug.core.ops.rope import make_cos_sin_cache
+    from tileplug.core.peers import torch_compile as peer
+    from tileplug.core.testing import activation, assert_within_ulps
+
+    x = activation(37, 256, torch.bfloat16, "cpu", seed=1)
+    residual = activation(37, 256, torch.bfloat16, "cpu", seed=2)
+    weight = (1 + 0.1 * torch.randn(256, generator=torch.Generator().manual_seed(3))).to(torch.bfloat16)
+    bias = (0.1 * torch.randn(256, generator=torch.Generator().manual_seed(4))).to(torch.bfloat16)
+    expected, _ = ops.rms_norm(x, weight, residual=residual, weight_offset=1.0)
+    assert_within_ulps(peer._rms_norm(x, weight, 1e-6, residual, 1.0), expected, 2, what="rms_norm")
+    assert_within_ulps(peer._layer_norm(x, weight, bias, 1e-5, None), ops.layer_norm(x, weight, bias), 2,
+                       what="layer_norm")
+    cache = make_cos_sin_cache(64, 64)
+    positions = torch.randint(0, 60, (37,), generator=torch.Generator().manual_seed(5))
+    for interleaved, conjugate in ((False, False), (True, False), (False, True)):
+        query = activation(37, 4 * 96, torch.bfloat16, "cpu", seed=6).view(37, 4, 96)
+        key = activation(37, 2 * 96, torch.bfloat16, "cpu", seed=7).view(37, 2, 96)
+        mine_query, mine_key = query.clone(), key.clone()
+        ops.apply_rotary(query, cache, key, positions=positions, interleaved=interleaved, conjugate=conjugate,
+                         seqlen_offset=2)
+        peer._apply_rotary(mine_query, cache, mine_key, positions.long() + 2, interleaved, conjugate)
+        assert_within_ulps(mine_query, query, 2, what=f"query {interleaved} {conjugate}")
+        assert_within_ulps(mine_key, key, 2, what=f"key {interleaved} {conjugate}")
+    with pytest.raises(TypeError, match="return_rstd"):
+        peer.rms_norm(x, weight, return_rstd=True)

@@ -4,8 +4,9 @@ table: the cases are every op's ``OpDef.bench()``, the bytes its ``OpDef.ledger`
 Effective bandwidth is the op's ledger bytes (what must move) over the median time. The
 device copy (``dst.copy_(src)``) measured in the same process is the reference line,
 ``torch.compile`` of the reference is one peer, where it compiles, and other kernel
-libraries (``PEERS``: TileKernels, Liger, through the adapters of ``tileplug.core.peers``)
-are timed in the same process and the same way when they are importable.
+libraries (``PEERS``: TileKernels, Liger, plain PyTorch under torch.compile, through the
+adapters of ``tileplug.core.peers``) are timed in the same process and the same way when they
+are importable.
 
 Two times per runner on CUDA: *eager* (median over calls between CUDA events, L2 flushed
 clean before each: what a user's call costs on the device, launch included) and *graph*
@@ -53,6 +54,7 @@ class Peer:
 PEERS = {
     "tile_kernels": Peer("tile_kernels", "tileplug.core.peers.tile_kernels", "tile-kernels"),
     "liger": Peer("liger", "tileplug.core.peers.liger", "liger-kernel"),
+    "torch_compile": Peer("torch_compile", "tileplug.core.peers.torch_compile", "torch"),
 }
 """Peers ``tileplug bench --peer`` knows, by runner name (their adapters: ``tileplug.core.peers``)."""
 
