@@ -101,6 +101,82 @@ def column_sum_launcher(device_entry) -> Any:
     return add
 
 
+class ColumnAccumulators:
+    """A backward row kernel's running column sums (``count`` of them: the weight's, the bias's),
+    fp32, one per value a thread holds. Each sum lives in shared memory while the kernel's
+    shared memory stays within ``MAX_SHARED_BYTES`` (the first sums first), else in registers:
+    kept in registers, a long row's sums cost ``values`` registers each and halve the CTAs an
+    SM holds. In shared memory value ``i`` of thread ``tx`` is at ``(i // 4 · threads + tx) · 4
+    + i % 4``: each thread owns its words (no barrier), 128-bit accesses, consecutive threads on
+    consecutive words (no bank conflict).
+
+    Macros (built at trace time for one row tile): :attr:`zero` (the thread's values of a sum to
+    0), :attr:`add` (``add(buffer, c, tx, value_of, quad)``: sum ``c`` += ``value_of(i)`` for each
+    of the thread's values ``i``; ``quad`` a local 4-value scratch) and :attr:`store` (the
+    thread's values of a sum into a partial row)."""
+
+    def __init__(self, rows: Any, count: int) -> None:
+        import tilelang.language as T
+
+        from tileplug.backend_cuda.norm.spec import MAX_SHARED_BYTES
+
+        VALUES, THREADS, VEC, D = rows.VALUES, rows.THREADS, rows.VEC, rows.D
+        assert VALUES % 4 == 0
+        QUADS = list(range(VALUES // 4))
+        per_sum = VALUES * THREADS * 4
+        SHARED = [rows.tree_bytes() + (c + 1) * per_sum <= MAX_SHARED_BYTES for c in range(count)]
+        self.shared = SHARED
+
+        def at(q, tx):
+            return (q * THREADS + tx) * 4
+
+        @T.macro
+        def zero(buffer, c, tx):
+            if SHARED[c]:
+                for q in QUADS:
+                    for e in T.vectorized(4):
+                        buffer[at(q, tx) + e] = T.float32(0.0)
+            else:
+                for i in T.unroll(VALUES):
+                    buffer[i] = T.float32(0.0)
+
+        @T.macro
+        def add(buffer, c, tx, value_of, quad):
+            if SHARED[c]:
+                for q in QUADS:
+                    for e in T.vectorized(4):
+                        quad[e] = buffer[at(q, tx) + e]
+                    for e in T.unroll(4):
+                        quad[e] = T.ieee_add(quad[e], value_of(q * 4 + e))
+                    for e in T.vectorized(4):
+                        buffer[at(q, tx) + e] = quad[e]
+            else:
+                for i in T.unroll(VALUES):
+                    buffer[i] = T.ieee_add(buffer[i], value_of(i))
+
+        @T.macro
+        def store(buffer, c, partials, row, tx, lane):
+            for k in range(rows.CHUNKS):
+                col = rows.column(k, lane)
+                for j in T.unroll(VEC):
+                    if col + j < D:
+                        if SHARED[c]:
+                            partials[row, col + j] = buffer[at((k * VEC + j) // 4, tx) + (k * VEC + j) % 4]
+                        else:
+                            partials[row, col + j] = buffer[k * VEC + j]
+
+        self.zero, self.add, self.store = zero, add, store
+        self.VALUES, self.THREADS = VALUES, THREADS
+
+    def buffer(self, c: int):
+        """Sum ``c``'s buffer (shared: one per CTA; else the thread's registers)."""
+        import tilelang.language as T
+
+        if self.shared[c]:
+            return T.alloc_shared((self.VALUES * self.THREADS,), "float32")
+        return T.alloc_local((self.VALUES,), "float32")
+
+
 class BackwardKernel(NormKernel):
     """Base of the backward kernel objects: the row kernel with its partial rows, then one
     column sum per reduced vector (:meth:`reduced`: the gradients' field names)."""

@@ -15,9 +15,9 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.backward import ROW_BLOCK
+from tileplug.backend_cuda.norm.backward import ROW_BLOCK, ColumnAccumulators
 from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, row_buffer, statistic_buffer, vector_buffer
-from tileplug.backend_cuda.norm.spec import NormKernelSpec
+from tileplug.backend_cuda.norm.spec import NormKernelSpec, backward_ctas_per_sm
 
 
 def build(spec: NormKernelSpec):
@@ -46,7 +46,6 @@ def build(spec: NormKernelSpec):
     bp_t = T.Tensor((P, D), "float32")
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
-    KS = list(range(rows.CHUNKS))
 
     def normalized(sv, i, row_mean, row_rstd):
         """``x̂ = (s − mean) · rstd`` of value ``i``."""
@@ -61,18 +60,14 @@ def build(spec: NormKernelSpec):
         value = buffer[t] if spec.heads is None else buffer[t, n]
         return T.if_then_else(valid, value, T.float32(0.0))
 
-    @T.macro
-    def store_partial(partials, values, bx, tx, lane):
-        for k in KS:
-            col = rows.column(k, lane)
-            for j in T.unroll(VEC):
-                if col + j < D:
-                    partials[bx * ROWS + rows.slot(tx), col + j] = values[k * VEC + j]
+    # sum 0: the bias gradient's, sum 1: the weight gradient's
+    sums = ColumnAccumulators(rows, 1 if WDT is None else 2)
 
     @T.prim_func
     def kernel(grad_y: g_t, x: x_t, weight: w_t, mean: mean_t, rstd: rstd_t, grad_residual_out: gr_t, grad_x: dx_t,
                weight_partials: wp_t, bias_partials: bp_t):
         with T.Kernel(T.ceildiv(R, ROWS * ROW_BLOCK), threads=rows.THREADS) as bx:
+            T.annotate_min_blocks_per_sm(backward_ctas_per_sm())
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
             tx = T.get_thread_binding()
@@ -81,16 +76,17 @@ def build(spec: NormKernelSpec):
             rv = T.alloc_local((VALUES,), IN)  # grad_residual_out, then grad_x (in place)
             wv = T.alloc_local((VALUES,), W_LOCAL)
             terms = T.alloc_local((VALUES,), "float32")
-            gw = T.alloc_local((VALUES,), "float32")
-            gb = T.alloc_local((VALUES,), "float32")
+            quad = T.alloc_local((4,), "float32")
+            bias_sums = sums.buffer(0)
+            weight_sums = sums.buffer(1) if WDT is not None else None
             acc = T.alloc_local((1,), "float32")
             tree = rows.tree_buffer()
             lane = tx % rows.LANES
             if WDT is not None:
                 rows.load_vector(weight, wv, lane, WDT)
-            for i in T.unroll(VALUES):
-                gw[i] = T.float32(0.0)
-                gb[i] = T.float32(0.0)
+            sums.zero(bias_sums, 0, tx)
+            if WDT is not None:
+                sums.zero(weight_sums, 1, tx)
             for block_row in T.serial(ROW_BLOCK):
                 t, n, _, valid = rows.coords(bx * ROW_BLOCK + block_row, tx)
                 rows.load_row(grad_y, gv, t, n, lane, valid, IN)
@@ -119,13 +115,13 @@ def build(spec: NormKernelSpec):
                         rv[i] = T.cast(difference, IN)
                 rows.store_row(grad_x, rv, t, n, lane, valid)
                 if valid:
-                    for i in T.unroll(VALUES):
-                        gb[i] = T.ieee_add(gb[i], T.cast(gv[i], "float32"))
-                        if WDT is not None:
-                            gw[i] = T.ieee_add(gw[i], T.ieee_mul(T.cast(gv[i], "float32"),
-                                                                 normalized(sv, i, row_mean, row_rstd)))
-            store_partial(bias_partials, gb, bx, tx, lane)
+                    sums.add(bias_sums, 0, tx, lambda i: T.cast(gv[i], "float32"), quad)
+                    if WDT is not None:
+                        sums.add(weight_sums, 1, tx, lambda i: T.ieee_mul(T.cast(gv[i], "float32"),
+                                                                          normalized(sv, i, row_mean, row_rstd)), quad)
+            partial_row = bx * ROWS + rows.slot(tx)
+            sums.store(bias_sums, 0, bias_partials, partial_row, tx, lane)
             if WDT is not None:
-                store_partial(weight_partials, gw, bx, tx, lane)
+                sums.store(weight_sums, 1, weight_partials, partial_row, tx, lane)
 
     return kernel.with_attr("global_symbol", spec.name)

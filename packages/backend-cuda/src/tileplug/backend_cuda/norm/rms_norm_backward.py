@@ -16,9 +16,9 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.backward import ROW_BLOCK
+from tileplug.backend_cuda.norm.backward import ROW_BLOCK, ColumnAccumulators
 from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, f32, row_buffer, statistic_buffer, vector_buffer
-from tileplug.backend_cuda.norm.spec import NormKernelSpec
+from tileplug.backend_cuda.norm.spec import NormKernelSpec, backward_ctas_per_sm
 
 def build(spec: NormKernelSpec):
     """The ``T.prim_func`` of an ``rms_norm_backward`` specialisation: buffers ``(grad_y, x,
@@ -35,7 +35,7 @@ def build(spec: NormKernelSpec):
     SCALE = f32(spec.out_scale)
     GRAD_RESIDUAL = spec.grad_residual
     W_LOCAL = WDT or "float32"
-    W_PARTIAL = "float32"
+    sums = ColumnAccumulators(rows, 1) if WDT is not None else None
     g_t = row_buffer(spec, "g", IN, M)
     x_t = row_buffer(spec, "x", IN, M)
     w_t = vector_buffer(spec, "w", WDT)
@@ -45,7 +45,6 @@ def build(spec: NormKernelSpec):
     partials_t = T.Tensor((T.dynamic("P"), D), "float32") if WDT is not None else vector_buffer(spec, "p", None)
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
-    KS = list(range(rows.CHUNKS))
 
     def factor(wv, i):
         """``(float(w) + offset) · out_scale`` (no weight: ``out_scale``)."""
@@ -70,6 +69,7 @@ def build(spec: NormKernelSpec):
     def kernel(grad_y: g_t, x: x_t, weight: w_t, rstd: rstd_t, grad_residual_out: gr_t, grad_x: dx_t,
                partials: partials_t):
         with T.Kernel(T.ceildiv(R, ROWS * ROW_BLOCK), threads=rows.THREADS) as bx:
+            T.annotate_min_blocks_per_sm(backward_ctas_per_sm())
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
             tx = T.get_thread_binding()
@@ -78,14 +78,14 @@ def build(spec: NormKernelSpec):
             rv = T.alloc_local((VALUES,), IN)  # grad_residual_out, then grad_x (in place)
             wv = T.alloc_local((VALUES,), W_LOCAL)
             terms = T.alloc_local((VALUES,), "float32")
-            gw = T.alloc_local((VALUES,), W_PARTIAL)
+            quad = T.alloc_local((4,), "float32")
             acc = T.alloc_local((1,), "float32")
             tree = rows.tree_buffer()
             lane = tx % rows.LANES
             if WDT is not None:
+                gw = sums.buffer(0)
                 rows.load_vector(weight, wv, lane, WDT)
-                for i in T.unroll(VALUES):
-                    gw[i] = T.float32(0.0)
+                sums.zero(gw, 0, tx)
             for block_row in T.serial(ROW_BLOCK):
                 t, n, _, valid = rows.coords(bx * ROW_BLOCK + block_row, tx)
                 rows.load_row(grad_y, gv, t, n, lane, valid, IN)
@@ -108,14 +108,9 @@ def build(spec: NormKernelSpec):
                 rows.store_row(grad_x, rv, t, n, lane, valid)
                 if WDT is not None:
                     if valid:
-                        for i in T.unroll(VALUES):
-                            gw[i] = T.ieee_add(gw[i], T.ieee_mul(T.ieee_mul(T.cast(gv[i], "float32"), T.float32(SCALE)),
-                                                                 normalized(sv, i, row_rstd)))
+                        sums.add(gw, 0, tx, lambda i: T.ieee_mul(T.ieee_mul(T.cast(gv[i], "float32"), T.float32(SCALE)),
+                                                                 normalized(sv, i, row_rstd)), quad)
             if WDT is not None:
-                for k in KS:
-                    col = rows.column(k, lane)
-                    for j in T.unroll(VEC):
-                        if col + j < D:
-                            partials[bx * ROWS + rows.slot(tx), col + j] = gw[k * VEC + j]
+                sums.store(gw, 0, partials, bx * ROWS + rows.slot(tx), tx, lane)
 
     return kernel.with_attr("global_symbol", spec.name)

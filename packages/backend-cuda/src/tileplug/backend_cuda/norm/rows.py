@@ -244,6 +244,10 @@ class RowMacros:
         whole row needs none: one element)."""
         return T.alloc_shared((1 if self.LANES == 1 or self.shuffle_tree else self.ROWS * self.WIDTH,), "float32")
 
+    def tree_bytes(self) -> int:
+        """Shared bytes of :meth:`tree_buffer`."""
+        return 4 * (1 if self.LANES == 1 or self.shuffle_tree else self.ROWS * self.WIDTH)
+
     def slot(self, tx):
         """Row of thread ``tx`` within its CTA."""
         return tx // self.LANES

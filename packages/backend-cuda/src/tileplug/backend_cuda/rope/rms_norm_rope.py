@@ -58,6 +58,10 @@ def build_kernel(spec: NormRopeSpec):
     HALF = R // 2
     GPTJ = spec.interleaved
     ROWS = rows.ROWS
+    # whole vectors rotate at once where R/2 is a multiple of VEC (the launcher takes the scalar
+    # entry when the cache row is not 16-byte aligned)
+    ROPE_VECTOR = norm.vectorize and HALF % VEC == 0
+    PAIRS_PER_VECTOR = VEC // 2 if GPTJ else VEC
     CHUNKS, VALUES = list(range(rows.CHUNKS)), list(range(VEC))  # unrolled while tracing
     L, CS, PS = T.dynamic("L"), T.dynamic("CS"), T.dynamic("PS")
 
@@ -90,24 +94,98 @@ def build_kernel(spec: NormRopeSpec):
             cn[1] = nan_f32()
 
     @T.macro
+    def rotate_vectors(cache, position, inside, pairs, yv, lane, valid, tx):
+        """The rotation on whole vectors (``R/2`` a multiple of VEC: a vector lies in one half of
+        the rotated channels, or past ``R``): each vector's cos/sin are one vector load per
+        half of the cache row, a NeoX vector's partners one vector load from ``pairs``; the
+        first / second half of a NeoX pair is a select, not a branch."""
+        # c, n: the vector's cos and sin (GPT-J: one per pair); partner: the NeoX partners' values
+        c = T.alloc_local((VEC,), "float32")
+        n = T.alloc_local((VEC,), "float32")
+        partner = T.alloc_local((VEC,), IN)
+        for k in CHUNKS:
+            col = rows.column(k, lane)
+            if valid and col < R:
+                first = T.truncmod(col, HALF) if not GPTJ else col // 2  # cache column of the vector's first pair
+                if inside:
+                    for j in T.vectorized(PAIRS_PER_VECTOR):
+                        c[j] = cache[position, first + j]
+                    for j in T.vectorized(PAIRS_PER_VECTOR):
+                        n[j] = cache[position, HALF + first + j]
+                else:
+                    for j in T.unroll(PAIRS_PER_VECTOR):
+                        c[j] = nan_f32()
+                        n[j] = nan_f32()
+                if GPTJ:
+                    for j in VALUES[::2]:
+                        x1 = T.cast(yv[k * VEC + j], "float32")
+                        x2 = T.cast(yv[k * VEC + j + 1], "float32")
+                        yv[k * VEC + j] = T.cast(rotated_first(x1, x2, c[j // 2], n[j // 2]), IN)
+                        yv[k * VEC + j + 1] = T.cast(rotated_second(x1, x2, c[j // 2], n[j // 2]), IN)
+                else:
+                    row = rows.slot(tx)
+                    for j in T.vectorized(VEC):
+                        partner[j] = pairs[row * R + T.truncmod(col + HALF, R) + j]
+                    for j in VALUES:
+                        own = T.cast(yv[k * VEC + j], "float32")
+                        other = T.cast(partner[j], "float32")
+                        yv[k * VEC + j] = T.cast(T.if_then_else(col < HALF, rotated_first(own, other, c[j], n[j]),
+                                                                rotated_second(other, own, c[j], n[j])), IN)
+
+    @T.macro
+    def rotate_values(cache, position, inside, pairs, yv, lane, valid, tx):
+        """The rotation value by value (any even ``R``; the scalar rows)."""
+        cn = T.alloc_local((2,), "float32")
+        for k in CHUNKS:
+            if GPTJ:
+                for j in VALUES[::2]:
+                    col = rows.column(k, lane) + j
+                    if valid and col < R:
+                        cos_sin(cache, position, inside, col // 2, cn)
+                        x1 = T.cast(yv[k * VEC + j], "float32")
+                        x2 = T.cast(yv[k * VEC + j + 1], "float32")
+                        yv[k * VEC + j] = T.cast(rotated_first(x1, x2, cn[0], cn[1]), IN)
+                        yv[k * VEC + j + 1] = T.cast(rotated_second(x1, x2, cn[0], cn[1]), IN)
+            else:
+                row = rows.slot(tx)
+                for j in VALUES:
+                    col = rows.column(k, lane) + j
+                    if valid and col < R:
+                        own = T.cast(yv[k * VEC + j], "float32")
+                        if col < HALF:
+                            cos_sin(cache, position, inside, col, cn)
+                            other = T.cast(pairs[row * R + col + HALF], "float32")
+                            yv[k * VEC + j] = T.cast(rotated_first(own, other, cn[0], cn[1]), IN)
+                        else:
+                            cos_sin(cache, position, inside, col - HALF, cn)
+                            other = T.cast(pairs[row * R + col - HALF], "float32")
+                            yv[k * VEC + j] = T.cast(rotated_second(other, own, cn[0], cn[1]), IN)
+
+    @T.macro
     def body(x, weight, cache, positions, y, q, sf, offset):
         with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
+            if ROPE_VECTOR:
+                T.assume(CS % 4 == 0)
             tx = T.get_thread_binding()
             t, n, lane, valid = rows.coords(bx, tx)
             s, rv, wv, yv, terms, acc, tree = RmsNormMacros.locals(norm, rows)
-            cn = T.alloc_local((2,), "float32")
             position = T.alloc_var("int64")
             rms.normalize(x, weight, None, None, None, s, rv, wv, yv, terms, acc, tree, t, n, lane, valid, tx)
             if not GPTJ:  # NeoX partners sit in other lanes of the row: exchange through shared memory
                 pairs = T.alloc_shared((ROWS * R,), IN)
                 row = rows.slot(tx)
                 for k in CHUNKS:
-                    for j in VALUES:
-                        col = rows.column(k, lane) + j
+                    col = rows.column(k, lane)
+                    if ROPE_VECTOR:
                         if valid and col < R:
-                            pairs[row * R + col] = yv[k * VEC + j]
+                            for j in T.vectorized(VEC):
+                                pairs[row * R + col + j] = yv[k * VEC + j]
+                    else:
+                        for j in VALUES:
+                            if valid and col + j < R:
+                                pairs[row * R + col + j] = yv[k * VEC + j]
                 rows.reuse_barrier()
             position = 0
             if valid:
@@ -116,29 +194,10 @@ def build_kernel(spec: NormRopeSpec):
                 else:
                     position = T.cast(positions[t], "int64") + offset
             inside = position >= 0 and position < T.cast(L, "int64")
-            for k in CHUNKS:
-                if GPTJ:
-                    for j in VALUES[::2]:
-                        col = rows.column(k, lane) + j
-                        if valid and col < R:
-                            cos_sin(cache, position, inside, col // 2, cn)
-                            x1 = T.cast(yv[k * VEC + j], "float32")
-                            x2 = T.cast(yv[k * VEC + j + 1], "float32")
-                            yv[k * VEC + j] = T.cast(rotated_first(x1, x2, cn[0], cn[1]), IN)
-                            yv[k * VEC + j + 1] = T.cast(rotated_second(x1, x2, cn[0], cn[1]), IN)
-                else:
-                    for j in VALUES:
-                        col = rows.column(k, lane) + j
-                        if valid and col < R:
-                            own = T.cast(yv[k * VEC + j], "float32")
-                            if col < HALF:
-                                cos_sin(cache, position, inside, col, cn)
-                                other = T.cast(pairs[row * R + col + HALF], "float32")
-                                yv[k * VEC + j] = T.cast(rotated_first(own, other, cn[0], cn[1]), IN)
-                            else:
-                                cos_sin(cache, position, inside, col - HALF, cn)
-                                other = T.cast(pairs[row * R + col - HALF], "float32")
-                                yv[k * VEC + j] = T.cast(rotated_second(other, own, cn[0], cn[1]), IN)
+            if ROPE_VECTOR:
+                rotate_vectors(cache, position, inside, pairs if not GPTJ else None, yv, lane, valid, tx)
+            else:
+                rotate_values(cache, position, inside, pairs if not GPTJ else None, yv, lane, valid, tx)
             if WRITE_Y:
                 rows.store_row(y, yv, t, n, lane, valid)
             if quant is not None:
@@ -263,10 +322,17 @@ class RmsNormRope:
         def aligned(tensor: torch.Tensor) -> bool:
             return tensor.data_ptr() % 16 == 0 and all(stride % vec == 0 for stride in tensor.stride()[:-1])
 
+        # the vector entry reads cos/sin as vectors where R/2 is a multiple of VEC
+        cache_vectors = (call.rotary_dim // 2) % vec == 0
+
+        def cache_aligned(cache: torch.Tensor) -> bool:
+            return cache.data_ptr() % 16 == 0 and cache.stride(0) % 4 == 0
+
         def entry(inputs: NormRopeInputs, y: torch.Tensor | None) -> Any:
             weight = inputs.weight
             if vector_entry is not None and aligned(inputs.x) and (y is None or aligned(y)) \
-                    and weight.data_ptr() % (vec * weight.element_size()) == 0:
+                    and weight.data_ptr() % (vec * weight.element_size()) == 0 \
+                    and (not cache_vectors or cache_aligned(inputs.cos_sin_cache)):
                 return vector_entry
             if not scalar:
                 scalar.append(jit.entry(scalar_spec))
