@@ -42,14 +42,15 @@ MAX_ROW_ELEMENTS_PER_THREAD = 64
 as many fp32 sums): rows of at most 8192 elements."""
 ROW_THREADS = 128
 
-GATE_VERIFIED = False
-"""Whether ``MoeTopkGate.supports`` accepts calls. False until a GPU run verifies the kernel
-after the fixes of :data:`GATE_FIX_COMMIT` (softmax denominator in the reference's pairwise tree,
-correctly rounded exp / log1p, -inf logits flagged): until then every call is declined with
-:data:`GATE_UNVERIFIED` and falls to the next backend. The compile grid still lowers and
-compiles its specialisations (it asks :meth:`_Kernel.capability`, which ignores the switch),
-and ``tests/gpu/test_cuda_moe.py`` sets it to True for its module, so one GPU run verifies
-the kernel; flip it here once that run passes."""
+GATE_VERIFIED = True
+"""Whether ``MoeTopkGate.supports`` accepts calls. True since the GPU run of 2026-12-01 (fifth
+session, H200, main at 5d9867f: ``tests/gpu/test_cuda_moe.py`` 362 passed) verified the kernel
+after the fixes of :data:`GATE_FIX_COMMIT` (softmax denominator in the reference's pairwise
+tree, correctly rounded exp / log1p, -inf logits flagged). Set to False, every call is declined
+with :data:`GATE_UNVERIFIED` and falls to the next backend, while the compile grid still lowers
+and compiles its specialisations (it asks :meth:`_Kernel.capability`, which ignores the switch)
+and ``tests/gpu/test_cuda_moe.py`` sets it to True for its module: the state to put a changed
+gate in until one GPU run verifies it."""
 GATE_UNVERIFIED = ("not yet GPU-verified after the fixes of {commit}: weights were 3-5 ulp from the reference "
                    "and -inf logits under sqrtsoftplus were not flagged")
 GATE_FIX_COMMIT = "e2063ca"
