@@ -94,42 +94,34 @@ def build_kernel(spec: NormRopeSpec):
             cn[1] = nan_f32()
 
     @T.macro
-    def load_cos_sin_vectors(cache, position, inside, c, n, lane, valid):
-        """``c`` / ``n`` ``[CHUNKS · VEC]``: the cos and sin of each of the thread's vectors within
-        ``R`` (GPT-J: one per pair), one vector load per half of the cache row (``R/2`` a multiple
-        of VEC: a vector lies in one half of the rotated channels, or past ``R``); NaN when the
-        position is outside the cache (which then reads row 0 and drops it: no branch, so the
-        position → cache chain, independent of ``x``, overlaps the row's load)."""
-        # an outside position reads row 0 (the launcher gives an empty cache one row), never its own
-        row_read = T.if_then_else(inside, position, T.int64(0))
+    def rotate_vectors(cache, position, inside, pairs, yv, lane, valid, tx):
+        """The rotation on whole vectors (``R/2`` a multiple of VEC: a vector lies in one half of
+        the rotated channels, or past ``R``): each vector's cos/sin are one vector load per
+        half of the cache row, a NeoX vector's partners one vector load from ``pairs``; the
+        first / second half of a NeoX pair is a select, not a branch."""
+        # c, n: the vector's cos and sin (GPT-J: one per pair); partner: the NeoX partners' values
+        c = T.alloc_local((VEC,), "float32")
+        n = T.alloc_local((VEC,), "float32")
+        partner = T.alloc_local((VEC,), IN)
         for k in CHUNKS:
             col = rows.column(k, lane)
             if valid and col < R:
                 first = T.truncmod(col, HALF) if not GPTJ else col // 2  # cache column of the vector's first pair
-                for j in T.vectorized(PAIRS_PER_VECTOR):
-                    c[k * VEC + j] = cache[row_read, first + j]
-                for j in T.vectorized(PAIRS_PER_VECTOR):
-                    n[k * VEC + j] = cache[row_read, HALF + first + j]
-                for j in T.unroll(PAIRS_PER_VECTOR):
-                    c[k * VEC + j] = T.if_then_else(inside, c[k * VEC + j], nan_f32())
-                    n[k * VEC + j] = T.if_then_else(inside, n[k * VEC + j], nan_f32())
-
-    @T.macro
-    def rotate_vectors(c, n, pairs, yv, lane, valid, tx):
-        """The rotation on whole vectors by :meth:`load_cos_sin_vectors`' ``c`` / ``n``, a NeoX
-        vector's partners one vector read from ``pairs``; the first / second half of a NeoX pair
-        is a select, not a branch."""
-        partner = T.alloc_local((VEC,), IN)  # the NeoX partners' values
-        for k in CHUNKS:
-            col = rows.column(k, lane)
-            if valid and col < R:
+                if inside:
+                    for j in T.vectorized(PAIRS_PER_VECTOR):
+                        c[j] = cache[position, first + j]
+                    for j in T.vectorized(PAIRS_PER_VECTOR):
+                        n[j] = cache[position, HALF + first + j]
+                else:
+                    for j in T.unroll(PAIRS_PER_VECTOR):
+                        c[j] = nan_f32()
+                        n[j] = nan_f32()
                 if GPTJ:
                     for j in VALUES[::2]:
                         x1 = T.cast(yv[k * VEC + j], "float32")
                         x2 = T.cast(yv[k * VEC + j + 1], "float32")
-                        cos, sin = c[k * VEC + j // 2], n[k * VEC + j // 2]
-                        yv[k * VEC + j] = T.cast(rotated_first(x1, x2, cos, sin), IN)
-                        yv[k * VEC + j + 1] = T.cast(rotated_second(x1, x2, cos, sin), IN)
+                        yv[k * VEC + j] = T.cast(rotated_first(x1, x2, c[j // 2], n[j // 2]), IN)
+                        yv[k * VEC + j + 1] = T.cast(rotated_second(x1, x2, c[j // 2], n[j // 2]), IN)
                 else:
                     row = rows.slot(tx)
                     for j in T.vectorized(VEC):
@@ -137,9 +129,8 @@ def build_kernel(spec: NormRopeSpec):
                     for j in VALUES:
                         own = T.cast(yv[k * VEC + j], "float32")
                         other = T.cast(partner[j], "float32")
-                        cos, sin = c[k * VEC + j], n[k * VEC + j]
-                        yv[k * VEC + j] = T.cast(T.if_then_else(col < HALF, rotated_first(own, other, cos, sin),
-                                                                rotated_second(other, own, cos, sin)), IN)
+                        yv[k * VEC + j] = T.cast(T.if_then_else(col < HALF, rotated_first(own, other, c[j], n[j]),
+                                                                rotated_second(other, own, c[j], n[j])), IN)
 
     @T.macro
     def rotate_values(cache, position, inside, pairs, yv, lane, valid, tx):
@@ -181,17 +172,6 @@ def build_kernel(spec: NormRopeSpec):
             t, n, lane, valid = rows.coords(bx, tx)
             s, rv, wv, yv, terms, acc, tree = RmsNormMacros.locals(norm, rows)
             position = T.alloc_var("int64")
-            position = 0
-            if valid:
-                if positions is None:
-                    position = T.cast(t, "int64") + offset
-                else:
-                    position = T.cast(positions[t], "int64") + offset
-            inside = position >= 0 and position < T.cast(L, "int64")
-            if ROPE_VECTOR:
-                cosines = T.alloc_local((rows.VALUES,), "float32")
-                sines = T.alloc_local((rows.VALUES,), "float32")
-                load_cos_sin_vectors(cache, position, inside, cosines, sines, lane, valid)
             rms.normalize(x, weight, None, None, None, s, rv, wv, yv, terms, acc, tree, t, n, lane, valid, tx)
             if not GPTJ:  # NeoX partners sit in other lanes of the row: exchange through shared memory
                 pairs = T.alloc_shared((ROWS * R,), IN)
@@ -207,8 +187,15 @@ def build_kernel(spec: NormRopeSpec):
                             if valid and col + j < R:
                                 pairs[row * R + col + j] = yv[k * VEC + j]
                 rows.reuse_barrier()
+            position = 0
+            if valid:
+                if positions is None:
+                    position = T.cast(t, "int64") + offset
+                else:
+                    position = T.cast(positions[t], "int64") + offset
+            inside = position >= 0 and position < T.cast(L, "int64")
             if ROPE_VECTOR:
-                rotate_vectors(cosines, sines, pairs if not GPTJ else None, yv, lane, valid, tx)
+                rotate_vectors(cache, position, inside, pairs if not GPTJ else None, yv, lane, valid, tx)
             else:
                 rotate_values(cache, position, inside, pairs if not GPTJ else None, yv, lane, valid, tx)
             if WRITE_Y:
