@@ -477,3 +477,39 @@ def test_layer_norm_backward_reduces_bias_and_weight() -> None:
     assert kernel.supports(call) is None and kernel.reduced(call) == ("grad_bias", "grad_weight")
     kernel, call, _ = _kernel_call(ops.layer_norm_backward, grad, x, None, mean, rstd)
     assert kernel.reduced(call) == ("grad_bias",) and len(kernel.specs(call)) == 3  # row kernel, two column stages
+
+
+@pytest.mark.parametrize(("op", "hidden", "dtype", "in_shared"), [
+    ("rms_norm_backward", 7168, torch.bfloat16, [True]),  # 28 KB of sums + 7 KB of tree
+    ("layer_norm_backward", 7168, torch.bfloat16, [True, False]),  # a second 28 KB would pass 48 KB
+    ("rms_norm_backward", 16384, torch.bfloat16, [False]),  # 64 KB alone
+    ("layer_norm_backward", 1024, torch.float32, [True, True]),
+])
+def test_backward_column_sums_live_in_shared_memory_while_they_fit(op: str, hidden: int, dtype: torch.dtype,
+                                                                   in_shared: list[bool]) -> None:
+    """The backward's running column sums: shared memory for the first sums within 48 KB (with the
+    reduction's tree), registers for the rest; and the row kernel asks for 2 CTAs per SM."""
+    pytest.importorskip("tilelang")
+    from tileplug import core
+    from tileplug.backend_cuda.norm.backward import ColumnAccumulators
+    from tileplug.backend_cuda.norm.rows import RowMacros
+    from tileplug.backend_cuda.norm.spec import BACKWARD_CTAS_PER_SM, MAX_SHARED_BYTES, NormKernelSpec
+
+    tile = row_tile(hidden, dtype)
+    spec = NormKernelSpec(op=op, hidden=hidden, heads=None, in_dtype={torch.bfloat16: "bfloat16",
+                                                                      torch.float32: "float32"}[dtype],
+                          weight_dtype="bfloat16", bias_dtype=None, residual=False, stats=True, eps=0.0,
+                          weight_offset=0.0, out_scale=1.0, vectorize=True, tile=tile)
+    rows = RowMacros(spec, 1)
+    sums = ColumnAccumulators(rows, len(in_shared))
+    assert sums.shared == in_shared
+    shared = rows.tree_bytes() + sum(in_shared) * rows.VALUES * rows.THREADS * 4
+    assert shared <= MAX_SHARED_BYTES
+    x = torch.empty(4, hidden, dtype=dtype, device="meta")
+    weight = torch.empty(hidden, dtype=torch.bfloat16, device="meta")
+    statistic = torch.empty(4, dtype=torch.float32, device="meta")
+    if op == "rms_norm_backward":
+        source = core.lower(core.ops.rms_norm_backward, x, x, weight, statistic, backend="cuda")
+    else:
+        source = core.lower(core.ops.layer_norm_backward, x, x, weight, statistic, statistic, backend="cuda")
+    assert f"__launch_bounds__({tile.threads}, {BACKWARD_CTAS_PER_SM})" in source
