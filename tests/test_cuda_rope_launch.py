@@ -229,3 +229,35 @@ def test_fused_cast_launcher_argument_order(entries) -> None:
         assert written[-2] is outputs.q
         assert written[-1].dtype == torch.uint8 and written[-1].data_ptr() == outputs.sf.data_ptr()
         assert torch.equal(written[-1], outputs.sf.t().view(torch.uint8))
+
+
+def test_rms_norm_rope_takes_the_vector_entry_only_with_an_aligned_cache(monkeypatch) -> None:
+    """The vector specialisation of ``rms_norm_rope`` reads each vector's cos/sin as vector loads
+    (R/2 a multiple of the values per 128-bit load), so it is launched only when the cache rows
+    are 16-byte aligned; the vector source holds those loads and no per-value branch on the half."""
+    from tileplug.core.contracts.rope import NormRopeInputs, NormRopeOutputs
+
+    made: dict[str, Recorder] = {}
+
+    def fake_entry(spec, arch=None):
+        key = "vector" if spec.norm.vectorize else "scalar"
+        return made.setdefault(key, Recorder(key))
+
+    x, weight = torch.zeros(3, 4, 128, dtype=torch.bfloat16), torch.ones(128, dtype=torch.bfloat16)
+    kernel = _KERNELS["rms_norm_rope"]
+    call, _ = describe_call("rms_norm_rope", x, weight, torch.zeros(10, 128))
+    source = kernel.source(call)
+    assert source.count("= *(float4*)(cache + ") == 2, "a loop of 128-bit loads each for cos and sin"
+    scalar_source = jit.lower_source(kernel.spec(call, vectorize=False))
+    assert "(float4*)(cache" not in scalar_source and "cache[" in scalar_source
+    monkeypatch.setattr(jit, "entry", fake_entry)
+    launch = kernel.prepare(call)
+    y = torch.empty_like(x)
+    for cache, expected in ((torch.zeros(10, 128), "vector"), (torch.zeros(10, 132)[:, :128], "vector"),
+                            (torch.zeros(10, 129)[:, :128], "scalar"), (torch.zeros(10 * 128 + 1)[1:].view(10, 128),
+                                                                        "scalar")):
+        before = {name: len(r.calls) for name, r in made.items()}
+        launch(NormRopeInputs(x, weight, cache, None, 0), NormRopeOutputs(y))
+        used = [name for name, r in made.items() if len(r.calls) > before.get(name, 0)]
+        assert used == [expected], (cache.stride(), cache.data_ptr() % 16, used)
+        assert made[expected].calls[-1][2] is cache
