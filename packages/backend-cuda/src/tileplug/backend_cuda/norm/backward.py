@@ -168,6 +168,15 @@ class ColumnAccumulators:
         self.zero, self.add, self.store = zero, add, store
         self.VALUES, self.THREADS = VALUES, THREADS
 
+    @property
+    def ctas_per_sm(self) -> int:
+        """The row kernel's ``__launch_bounds__`` CTAs per SM: ``spec.backward_ctas_per_sm()`` when
+        every sum is in shared memory, else 1 (a long row holding a sum in registers spills at 2:
+        layer_norm_backward D = 7168, 248-528 bytes)."""
+        from tileplug.backend_cuda.norm.spec import backward_ctas_per_sm
+
+        return backward_ctas_per_sm() if all(self.shared) else 1
+
     def buffer(self, c: int):
         """Sum ``c``'s buffer (shared: one per CTA; else the thread's registers)."""
         import tilelang.language as T

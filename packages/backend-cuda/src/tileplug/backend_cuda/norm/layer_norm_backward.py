@@ -17,7 +17,7 @@ import tilelang.language as T
 
 from tileplug.backend_cuda.norm.backward import ROW_BLOCK, ColumnAccumulators
 from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, row_buffer, statistic_buffer, vector_buffer
-from tileplug.backend_cuda.norm.spec import NormKernelSpec, backward_ctas_per_sm
+from tileplug.backend_cuda.norm.spec import NormKernelSpec
 
 
 def build(spec: NormKernelSpec):
@@ -67,7 +67,7 @@ def build(spec: NormKernelSpec):
     def kernel(grad_y: g_t, x: x_t, weight: w_t, mean: mean_t, rstd: rstd_t, grad_residual_out: gr_t, grad_x: dx_t,
                weight_partials: wp_t, bias_partials: bp_t):
         with T.Kernel(T.ceildiv(R, ROWS * ROW_BLOCK), threads=rows.THREADS) as bx:
-            T.annotate_min_blocks_per_sm(backward_ctas_per_sm())
+            T.annotate_min_blocks_per_sm(sums.ctas_per_sm)
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
             tx = T.get_thread_binding()

@@ -69,7 +69,7 @@ def build(spec: NormKernelSpec):
     def kernel(grad_y: g_t, x: x_t, weight: w_t, rstd: rstd_t, grad_residual_out: gr_t, grad_x: dx_t,
                partials: partials_t):
         with T.Kernel(T.ceildiv(R, ROWS * ROW_BLOCK), threads=rows.THREADS) as bx:
-            T.annotate_min_blocks_per_sm(backward_ctas_per_sm())
+            T.annotate_min_blocks_per_sm(sums.ctas_per_sm if sums is not None else backward_ctas_per_sm())
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
             tx = T.get_thread_binding()
