@@ -6,8 +6,10 @@ int32 ``[E]`` (SPEC §7), ``y`` ``[N, H]``. In the op table a case's ``hidden`` 
 
 With ``expert_ends`` (and the ``expert_alignment`` it was made with), rows outside every
 expert's valid range ``[start[e], expert_ends[e])`` are padding: never read, written as
-zeros (zero gradients, zero scales). None of the three ops is differentiable through
-autograd yet: ``swiglu_backward`` is the explicit backward.
+zeros (zero gradients, zero scales). ``swiglu`` is differentiable w.r.t. ``x`` and
+``topk_weights``: while autograd records it goes through ``torch.ops.tileplug.swiglu``, whose
+backward is ``swiglu_backward`` through the op table (eager and under
+``torch.compile(fullgraph=True)``); the cast is not differentiable.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch.compiler import is_compiling
 
 from tileplug.core import unfused
 from tileplug.core.contracts import swiglu as contracts
-from tileplug.core.opdefs import BenchCase, Case, OpDef, checked_case_inputs, declare, run
+from tileplug.core.opdefs import BenchCase, Case, OpDef, checked_case_inputs, declare, run, wants_grad
 from tileplug.core.ops.quant import SF_MODES
 from tileplug.core.swiglu.layout import expert_ends_for, valid_rows_of
 
@@ -42,9 +44,9 @@ def swiglu(
     routed_scaling_factor)`` with ``w`` = ``topk_weights[row]`` (fp32 ``[N]``; 1 without),
     rounded once to ``out_dtype`` (None: x's dtype; bf16 or fp32). ``expert_ends`` int32 ``[E]``
     with its ``expert_alignment``: rows outside every expert's ``[start[e], expert_ends[e])``
-    are not read and their ``y`` is 0.
+    are not read and their ``y`` is 0. Differentiable w.r.t. ``x`` and ``topk_weights``.
     """
-    if is_compiling():
+    if is_compiling() or wants_grad(x, topk_weights):
         return SWIGLU.traced(x, out_dtype, topk_weights, routed_scaling_factor, clamp_value, expert_ends,
                              expert_alignment)
     call, inputs = contracts.swiglu(x, out_dtype, topk_weights, routed_scaling_factor, clamp_value, expert_ends,
@@ -107,6 +109,27 @@ def swiglu_backward(
     call, inputs = contracts.swiglu_backward(x, grad_y, topk_weights, routed_scaling_factor, clamp_value,
                                              expert_ends, expert_alignment)
     return run(call, inputs)
+
+
+# ---------------------------------------------------------------------- autograd (through the op table)
+
+
+def _swiglu_setup(ctx: Any, inputs: tuple, output: Any) -> None:
+    x, out_dtype, topk_weights, routed_scaling_factor, clamp_value, expert_ends, expert_alignment = inputs
+    ctx.save_for_backward(x, topk_weights, expert_ends)
+    ctx.options = (routed_scaling_factor, clamp_value, expert_alignment)
+
+
+def _swiglu_backward(ctx: Any, grad_y: torch.Tensor) -> tuple:
+    x, topk_weights, expert_ends = ctx.saved_tensors
+    routed_scaling_factor, clamp_value, expert_alignment = ctx.options
+    if grad_y.stride(-1) != 1 and grad_y.shape[-1] > 1:  # autograd hands e.g. expanded gradients of a sum
+        grad_y = grad_y.contiguous()
+    if grad_y.dtype not in (x.dtype, *contracts.OUTPUT_DTYPES):
+        grad_y = grad_y.to(x.dtype)
+    grad_x, grad_weights = swiglu_backward(x.detach(), grad_y, None if topk_weights is None else topk_weights.detach(),
+                                           routed_scaling_factor, clamp_value, expert_ends, expert_alignment)
+    return grad_x, None, grad_weights, None, None, None, None
 
 
 # ---------------------------------------------------------------------- declarations: arguments
@@ -287,7 +310,8 @@ def _contract(function: Any, builder: Any) -> Any:
     return contract
 
 
-def _declare(function: Any, builder: Any, unfused_steps: Any = None) -> OpDef:
+def _declare(function: Any, builder: Any, unfused_steps: Any = None, autograd: tuple[Any, Any] | None = None
+             ) -> OpDef:
     name = function.__name__
     return declare(OpDef(
         name=name, family="swiglu", function=function, contract=_contract(function, builder),
@@ -296,11 +320,11 @@ def _declare(function: Any, builder: Any, unfused_steps: Any = None) -> OpDef:
         cases=lambda: [case for case in swiglu_cases() if case.op == name],
         bench=lambda: _bench(name),
         arguments=lambda *args: swiglu_arguments(name, *args),
-        compare=compare_swiglu, input_options=INPUT_OPTIONS, unfused=unfused_steps,
+        compare=compare_swiglu, input_options=INPUT_OPTIONS, unfused=unfused_steps, autograd=autograd,
     ))
 
 
-SWIGLU = _declare(swiglu, contracts.swiglu)
+SWIGLU = _declare(swiglu, contracts.swiglu, autograd=(_swiglu_setup, _swiglu_backward))
 SWIGLU_PER_TOKEN_CAST = _declare(swiglu_per_token_cast, contracts.swiglu_per_token_cast,
                                  unfused_steps=unfused.swiglu_cast_chain)
 SWIGLU_BACKWARD = _declare(swiglu_backward, contracts.swiglu_backward)
