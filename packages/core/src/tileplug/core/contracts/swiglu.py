@@ -162,10 +162,7 @@ class SwigluPlan:
     def allocate(self, tokens: int, device: torch.device | None) -> Any:
         call = self.call
         if call.op == SWIGLU_BACKWARD:
-            grad_weights = None
-            if call.weighted:  # a sum over no columns is 0: with nothing launched the gradient is zeros
-                fill = torch.zeros if call.hidden == 0 else torch.empty
-                grad_weights = fill(tokens, dtype=call.compute_dtype, device=device)
+            grad_weights = torch.empty(tokens, dtype=call.compute_dtype, device=device) if call.weighted else None
             return SwigluGradients(torch.empty(tokens, 2 * call.hidden, dtype=call.input_dtype, device=device),
                                    grad_weights)
         if call.op == SWIGLU_PER_TOKEN_CAST:

@@ -15,8 +15,7 @@ def expert_ends_for(rows: int, experts: int, alignment: int, seed: int) -> torch
     ends, start = [], 0
     for expert in range(experts):
         room = rows - start - (alignment - 1 if expert < experts - 1 else 0)
-        count = int(torch.randint(0, max(room, 0) + 1, (1,), generator=generator)) if room > 0 else 0
-        count = min(count, max(room, 0))
+        count = int(torch.randint(0, room + 1, (1,), generator=generator)) if room > 0 else 0
         end = start + count
         ends.append(end)
         start = (end + alignment - 1) // alignment * alignment

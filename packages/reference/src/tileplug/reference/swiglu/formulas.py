@@ -5,7 +5,8 @@ with ``w' = w · routed_scaling_factor`` (``routed_scaling_factor`` alone withou
 each product rounded to the compute dtype; the sigmoid is correctly rounded to fp32 (taken in
 fp64 and rounded once, as the MoE scores' exp is: PyTorch's vectorized fp32 sigmoid is up to
 2 ulp off and flushes below −88 to zero, which would spend the whole tolerance). Padding rows are replaced by zeros before any
-arithmetic (so NaN there never reaches a result) and their results are zero.
+arithmetic (so NaN there never reaches a result) and their results are zero. The backward's
+sum over a row (``grad_topk_weights``) is the norms' pairwise halving tree: a fixed order.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from tileplug.core.contracts.swiglu import SwigluCall, SwigluInputs
 from tileplug.core.moe.formulas import correctly_rounded
+from tileplug.core.norm.formulas import row_sum
 from tileplug.core.swiglu.layout import valid_rows_of
 
 
@@ -79,5 +81,5 @@ def backward(call: SwigluCall, inputs: SwigluInputs) -> tuple[torch.Tensor, torc
     if inputs.topk_weights is None:
         return grad_x, None
     factor = torch.tensor(call.routed_scaling_factor, dtype=work, device=g.device)
-    grad_weights = _only_valid((grad * silu * u).sum(dim=1, keepdim=True) * factor, valid)
+    grad_weights = _only_valid(row_sum(grad * silu * u).unsqueeze(1) * factor, valid)  # a fixed order: batch invariant
     return grad_x, grad_weights.squeeze(1)
