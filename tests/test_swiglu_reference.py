@@ -227,3 +227,53 @@ def test_fp32_output_of_bf16_input_is_not_rounded_to_bf16() -> None:
     y16 = ops.swiglu(x)
     assert y32.dtype == FP32 and torch.equal(y32.to(BF16), y16)
     assert not torch.equal(y32, y16.float())  # the fp32 result keeps bits bf16 drops
+
+
+def test_the_clamp_edge_passes_the_gradient() -> None:
+    x = torch.tensor([[2.0, -2.0, 2.0, 2.0]])  # gate = [2, -2], up = [2, 2]; c = 2: nothing is cut
+    grad_x, _ = ops.swiglu_backward(x, torch.ones(1, 2), clamp_value=2.0)
+    unclamped, _ = ops.swiglu_backward(x, torch.ones(1, 2))
+    assert torch.equal(grad_x, unclamped) and bool(grad_x.ne(0).all())
+
+
+def test_backward_rows_are_batch_invariant() -> None:
+    torch.manual_seed(1)
+    x = torch.randn(260, 2 * 704)
+    grad = torch.randn(260, 704)
+    weights = torch.rand(260)
+    grad_x, grad_w = ops.swiglu_backward(x, grad, weights, routed_scaling_factor=2.5)
+    part_x, part_w = ops.swiglu_backward(x[3:4], grad[3:4], weights[3:4], routed_scaling_factor=2.5)
+    assert_bytes_equal(grad_x[3:4], part_x) and assert_bytes_equal(grad_w[3:4], part_w)
+
+
+@pytest.mark.parametrize("layout", ["cuda", "ascend"])
+def test_every_case_passes_the_conformance_check_on_the_reference(layout) -> None:
+    from tileplug import core
+    from tileplug.reference import conformance
+
+    with core.config.host_layout(layout):
+        for case in FORWARD_CASES + CAST_CASES + BACKWARD_CASES:
+            conformance.check_case(case, 129, "reference", "cpu")
+
+
+def test_the_comparison_catches_a_wrong_result() -> None:
+    compare = opdefs.get("swiglu").compare
+    case = FORWARD_CASES[2]  # fp32, weighted
+    (x,), kwargs = case.arguments(9, "cpu")
+    y = ops.swiglu(x, **kwargs)
+    compare(case, 9, [y], [y.clone()])
+    off = y.clone()
+    off[4, 5] = torch.nextafter(torch.nextafter(torch.nextafter(off[4, 5], torch.tensor(2.0)), torch.tensor(2.0)),
+                                torch.tensor(2.0))  # 3 ulp away
+    with pytest.raises(AssertionError, match="more than 2 ulp"):
+        compare(case, 9, [off], [y])
+    backward = BACKWARD_CASES[1]  # weighted
+    (x, grad), kwargs = backward.arguments(9, "cpu")
+    grad_x, grad_w = ops.swiglu_backward(x, grad, **kwargs)
+    with pytest.raises(AssertionError, match="relative error"):
+        opdefs.get("swiglu_backward").compare(backward, 9, [grad_x, grad_w * 1.001], [grad_x, grad_w])
+    cast = CAST_CASES[0]
+    (x,), kwargs = cast.arguments(9, "cpu")
+    q, sf = ops.swiglu_per_token_cast(x, **kwargs)
+    with pytest.raises(AssertionError):
+        opdefs.get("swiglu_per_token_cast").compare(cast, 9, [q, sf * 4], [q, sf])
