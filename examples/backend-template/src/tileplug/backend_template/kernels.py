@@ -43,6 +43,9 @@ from tileplug.reference.quant.per_channel_cast import per_channel_cast as refere
 from tileplug.reference.quant.per_token_cast import per_token_cast as reference_per_token_cast
 from tileplug.reference.rope.apply_rotary import apply_rotary as reference_apply_rotary
 from tileplug.reference.rope.rms_norm_rope import rms_norm_rope as reference_rms_norm_rope
+from tileplug.reference.swiglu.swiglu import swiglu as reference_swiglu
+from tileplug.reference.swiglu.swiglu_backward import swiglu_backward as reference_swiglu_backward
+from tileplug.reference.swiglu.swiglu_per_token_cast import swiglu_per_token_cast as reference_swiglu_per_token_cast
 
 DECLINED_FORMATS: set[str] = {"e2m1"}
 """Formats the template declines, to demonstrate a kernel declining. VENDOR: empty it
@@ -124,6 +127,10 @@ KERNELS: dict[str, DelegatingToReferenceKernel] = {
     "moe_expert_counts": DelegatingToReferenceKernel("moe_expert_counts", reference_permute.moe_expert_counts),
     "moe_permute": DelegatingToReferenceKernel("moe_permute", reference_permute.moe_permute),
     "moe_unpermute": DelegatingToReferenceKernel("moe_unpermute", reference_permute.moe_unpermute),
+    # SwiGLU: the activation, its fused per-token cast (declined for e2m1 like the casts) and its backward
+    "swiglu": DelegatingToReferenceKernel("swiglu", reference_swiglu),
+    "swiglu_per_token_cast": DelegatingToReferenceKernel("swiglu_per_token_cast", reference_swiglu_per_token_cast),
+    "swiglu_backward": DelegatingToReferenceKernel("swiglu_backward", reference_swiglu_backward),
 }
 """Kernel-table key (``opdef.kernel``) → kernel. One kernel serves an op and its variants
 (``call.mode``: ``QuantMode.CAST``, ``SF_ONLY``, ``PRECOMPUTED_SF``; e.g. the

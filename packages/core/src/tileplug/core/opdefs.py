@@ -381,6 +381,8 @@ def _schema_type(annotation: Any, name: str) -> list[tuple[str, str]]:
             return [(name, "float" + mark)]
         if member is str:
             return [(name, "str" + mark)]
+        if member is torch.dtype:
+            return [(name, "ScalarType" + mark)]
         if typing.get_origin(member) is tuple and all(a is int for a in typing.get_args(member)):
             return [(name, "int[]" + mark)]
     raise TypeError(f"parameter '{name}': no torch.library schema type for {annotation!r}")

@@ -127,3 +127,11 @@ def norm_rope_chain(call: Any, traits: Any) -> Steps:
     if call.quant is not None:
         steps.append(("per_token_cast", call.quant.ledger(traits)))
     return steps
+
+
+def swiglu_cast_chain(call: Any, traits: Any) -> Steps:
+    """``swiglu_per_token_cast`` as ``swiglu(x, out_dtype=torch.float32)`` then ``per_token_cast``
+    of that fp32 activation: the same call without its cast is the ``swiglu`` call, and the
+    chain pays the activation's round trip (written, then read back, in fp32)."""
+    forward = dataclasses.replace(call, op="swiglu", name="swiglu", quant=None, output_dtype=torch.float32)
+    return [("swiglu", forward.ledger(traits)), ("per_token_cast", call.quant.ledger(traits))]

@@ -19,6 +19,9 @@ from tileplug.reference.quant.per_channel_cast import per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast
 from tileplug.reference.rope.apply_rotary import apply_rotary
 from tileplug.reference.rope.rms_norm_rope import rms_norm_rope
+from tileplug.reference.swiglu.swiglu import swiglu
+from tileplug.reference.swiglu.swiglu_backward import swiglu_backward
+from tileplug.reference.swiglu.swiglu_per_token_cast import swiglu_per_token_cast
 
 PRIORITY = -1000
 """Lowest: every other backend for a device type is tried first."""
@@ -70,6 +73,9 @@ def make_backend() -> Backend:
             "moe_expert_counts": ReferenceKernel(moe_permute.moe_expert_counts),
             "moe_permute": ReferenceKernel(moe_permute.moe_permute),
             "moe_unpermute": ReferenceKernel(moe_permute.moe_unpermute),
+            "swiglu": ReferenceKernel(swiglu),
+            "swiglu_per_token_cast": ReferenceKernel(swiglu_per_token_cast),
+            "swiglu_backward": ReferenceKernel(swiglu_backward),
         },
         layout_for=layout_for,
         description="exact PyTorch model of SPEC.md, any device, slow",

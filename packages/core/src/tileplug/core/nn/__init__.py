@@ -1,4 +1,5 @@
-"""``torch.nn`` drop-ins computed by tileplug's ops: :class:`RMSNorm` and :class:`LayerNorm`
+"""``torch.nn`` drop-ins computed by tileplug's ops: :class:`SwiGLU` (the activation of a
+``[gate | up]`` projection, no parameters); :class:`RMSNorm` and :class:`LayerNorm`
 take ``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm``'s constructor arguments, hold the same
 parameters (so ``load_state_dict`` works both ways) and train eager and under
 ``torch.compile(fullgraph=True)`` (backward through the op table). The functional forms are
@@ -13,7 +14,7 @@ import torch
 from tileplug.core.nn import functional
 from tileplug.core.nn.functional import normalized_size
 
-__all__ = ["LayerNorm", "RMSNorm", "functional"]
+__all__ = ["LayerNorm", "RMSNorm", "SwiGLU", "functional"]
 
 
 class RMSNorm(torch.nn.Module):
@@ -79,3 +80,20 @@ class LayerNorm(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class SwiGLU(torch.nn.Module):
+    """``y = silu(min(gate, c)) · clamp(up, −c, c) · routed_scaling_factor`` of ``x`` ``[..., 2H]``
+    = ``[gate | up]`` → ``[..., H]`` (``clamp_value=None``: no clamp), fp32 math, output in x's
+    dtype; ``forward(x, topk_weights=None)`` multiplies each row by its routed weight too."""
+
+    def __init__(self, clamp_value: float | None = None, routed_scaling_factor: float = 1.0) -> None:
+        super().__init__()
+        self.clamp_value = clamp_value
+        self.routed_scaling_factor = routed_scaling_factor
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+        return functional.swiglu(x, topk_weights, self.routed_scaling_factor, self.clamp_value)
+
+    def extra_repr(self) -> str:
+        return f"clamp_value={self.clamp_value}, routed_scaling_factor={self.routed_scaling_factor}"

@@ -1,7 +1,8 @@
 """Functional norms with ``torch.nn.functional``'s signatures, computed by tileplug's ops
-(any leading dims; ``normalized_shape`` the trailing dims, flattened into one ``D``).
-Differentiable through the op table: the backward is ``rms_norm_backward`` /
-``layer_norm_backward``, eager and under ``torch.compile(fullgraph=True)``."""
+(any leading dims; ``normalized_shape`` the trailing dims, flattened into one ``D``), and
+the SwiGLU activation (any leading dims). Differentiable through the op table: the backward
+is ``rms_norm_backward`` / ``layer_norm_backward`` / ``swiglu_backward``, eager and under
+``torch.compile(fullgraph=True)``."""
 
 from __future__ import annotations
 
@@ -54,3 +55,20 @@ def layer_norm(input: torch.Tensor, normalized_shape: int | Sequence[int], weigh
     rows = _as_rows("layer_norm", input, dims)
     size = rows.shape[1]
     return norm.layer_norm(rows, _flat(weight, size), _flat(bias, size), eps).reshape(input.shape)
+
+
+def swiglu(input: torch.Tensor, topk_weights: torch.Tensor | None = None, routed_scaling_factor: float = 1.0,
+           clamp_value: float | None = None, expert_ends: torch.Tensor | None = None, expert_alignment: int = 128,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """SwiGLU of ``input`` ``[..., 2H]`` = ``[gate | up]`` (any leading dims, flattened into rows)
+    → ``[..., H]``: ``silu(min(gate, c)) · clamp(up, −c, c) · (w · routed_scaling_factor)`` as
+    :func:`tileplug.core.ops.swiglu` computes it (``topk_weights`` ``[rows]`` and
+    ``expert_ends`` refer to the flattened rows). Differentiable w.r.t. ``input`` and
+    ``topk_weights``; the backward is ``swiglu_backward`` through the op table."""
+    from tileplug.core.ops.swiglu import swiglu as swiglu_op
+
+    if not isinstance(input, torch.Tensor) or input.dim() < 1:
+        raise ContractError("swiglu", "input", "a tensor [..., 2H]", input)
+    rows = input.reshape(-1, input.shape[-1])
+    y = swiglu_op(rows, out_dtype, topk_weights, routed_scaling_factor, clamp_value, expert_ends, expert_alignment)
+    return y.reshape(*input.shape[:-1], y.shape[-1])

@@ -31,6 +31,7 @@ from tileplug.core.ops.moe import (
     normalize_weight,
     topk_gate,
 )
+from tileplug.core.ops.swiglu import swiglu, swiglu_backward, swiglu_per_token_cast
 
 __all__ = [
     "apply_rotary",
@@ -55,5 +56,8 @@ __all__ = [
     "rms_norm_per_token_cast",
     "rms_norm_rope",
     "rms_norm_rope_per_token_cast",
+    "swiglu",
+    "swiglu_backward",
+    "swiglu_per_token_cast",
     "topk_gate",
 ]
