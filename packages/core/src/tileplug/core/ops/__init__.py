@@ -31,10 +31,13 @@ from tileplug.core.ops.moe import (
     normalize_weight,
     topk_gate,
 )
+from tileplug.core.ops.random import fill_rand, fill_randn
 
 __all__ = [
     "apply_rotary",
     "cast_back",
+    "fill_rand",
+    "fill_randn",
     "layer_norm",
     "layer_norm_backward",
     "moe_expert_counts",
