@@ -97,6 +97,9 @@ def compare_random(case: Case, tokens: int, actual: list[torch.Tensor], expected
     require(len(actual) == len(expected) == 2, f"{what}: {len(actual)} outputs, expected {len(expected)}")
     (values, offset), (want_values, want_offset) = actual, expected
     if case.op == contracts.FILL_RANDN:
+        unwritten = torch.isnan(values.float()).flatten().nonzero()
+        require(unwritten.numel() == 0, f"{what} values differ from the reference's: NaN at element "
+                f"{unwritten[:1].tolist()} (a draw is never NaN: unwritten or corrupted)")
         ulps = 2 if want_values.dtype == torch.float32 else 1
         assert_within_ulps(values, want_values, ulps, what=f"{what} values", nan_equal=False)
     else:
