@@ -56,7 +56,7 @@ class RandomCall(Call):
 
 def check_values(op: str, values: Any) -> torch.Tensor:
     """``values``: a contiguous tensor of a draw dtype."""
-    if values.__class__ is not torch.Tensor and not isinstance(values, torch.Tensor):
+    if not isinstance(values, torch.Tensor):
         raise ContractError(op, "values", "a torch.Tensor", describe(values))
     if values.dtype not in VALUE_DTYPES:
         raise ContractError(op, "values", f"dtype {VALUE_DTYPE_NAMES}", describe(values))
