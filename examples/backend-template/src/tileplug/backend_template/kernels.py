@@ -38,6 +38,7 @@ from tileplug.reference.norm.rms_norm_per_token_cast import (
     rms_norm_per_token_cast as reference_rms_norm_per_token_cast,
 )
 from tileplug.reference.quant.cast_back import cast_back as reference_cast_back
+from tileplug.reference.random import draw as reference_random
 from tileplug.reference.quant.per_block_cast import per_block_cast as reference_per_block_cast
 from tileplug.reference.quant.per_channel_cast import per_channel_cast as reference_per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast as reference_per_token_cast
@@ -131,6 +132,9 @@ KERNELS: dict[str, DelegatingToReferenceKernel] = {
     "swiglu": DelegatingToReferenceKernel("swiglu", reference_swiglu),
     "swiglu_per_token_cast": DelegatingToReferenceKernel("swiglu_per_token_cast", reference_swiglu_per_token_cast),
     "swiglu_backward": DelegatingToReferenceKernel("swiglu_backward", reference_swiglu_backward),
+    # random numbers, in place: write inputs.values and advance inputs.offset (the generator's state)
+    "fill_rand": DelegatingToReferenceKernel("fill_rand", reference_random.fill_rand),
+    "fill_randn": DelegatingToReferenceKernel("fill_randn", reference_random.fill_randn),
 }
 """Kernel-table key (``opdef.kernel``) → kernel. One kernel serves an op and its variants
 (``call.mode``: ``QuantMode.CAST``, ``SF_ONLY``, ``PRECOMPUTED_SF``; e.g. the

@@ -4,7 +4,7 @@
     q, sf = core.ops.per_token_cast(x)     # runs on the backend installed for x.device
 """
 
-from tileplug.core import config, nn, opdefs, ops
+from tileplug.core import config, nn, opdefs, ops, random
 from tileplug.core.backend import ANY_DEVICE, Backend, Kernel
 from tileplug.core.call import Call, Ledger, QuantMode, Scoring
 from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
@@ -49,6 +49,7 @@ __all__ = [
     "nn",
     "opdefs",
     "ops",
+    "random",
     "registry",
     "use_backend",
 ]

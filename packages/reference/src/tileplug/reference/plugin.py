@@ -17,6 +17,7 @@ from tileplug.reference.quant.cast_back import cast_back
 from tileplug.reference.quant.per_block_cast import per_block_cast
 from tileplug.reference.quant.per_channel_cast import per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast
+from tileplug.reference.random import draw as random_draw
 from tileplug.reference.rope.apply_rotary import apply_rotary
 from tileplug.reference.rope.rms_norm_rope import rms_norm_rope
 from tileplug.reference.swiglu.swiglu import swiglu
@@ -76,6 +77,8 @@ def make_backend() -> Backend:
             "swiglu": ReferenceKernel(swiglu),
             "swiglu_per_token_cast": ReferenceKernel(swiglu_per_token_cast),
             "swiglu_backward": ReferenceKernel(swiglu_backward),
+            "fill_rand": ReferenceKernel(random_draw.fill_rand),
+            "fill_randn": ReferenceKernel(random_draw.fill_randn),
         },
         layout_for=layout_for,
         description="exact PyTorch model of SPEC.md, any device, slow",

@@ -31,11 +31,14 @@ from tileplug.core.ops.moe import (
     normalize_weight,
     topk_gate,
 )
+from tileplug.core.ops.random import fill_rand, fill_randn
 from tileplug.core.ops.swiglu import swiglu, swiglu_backward, swiglu_per_token_cast
 
 __all__ = [
     "apply_rotary",
     "cast_back",
+    "fill_rand",
+    "fill_randn",
     "layer_norm",
     "layer_norm_backward",
     "moe_expert_counts",
