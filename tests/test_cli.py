@@ -136,6 +136,10 @@ def test_demo_reports_error_and_bandwidth_for_every_quant_op():
                if line.startswith(cli.DEMO_MOE_STEP)}
     assert list(routing) == list(cli.DEMO_MOE_STEP)
     assert all(row[1] == "reference" and float(row[3]) > 0 for row in routing.values())
+    # the experts' activation goes through the op table's swiglu (padding rows of the expert layout zero)
+    assert "experts in torch with swiglu, unpermute" in result.stdout
+    swiglu_rows = [line.split() for line in result.stdout.splitlines() if line.startswith("swiglu ")]
+    assert len(swiglu_rows) == 1 and swiglu_rows[0][1] == "reference" and float(swiglu_rows[0][3]) > 0
     error = float(result.stdout.split("token-by-token torch loop: rel err ")[1].split()[0])
     assert error < 8e-3  # bf16 outputs: within about one rounding of the sum
 

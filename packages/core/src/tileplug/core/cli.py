@@ -610,26 +610,40 @@ def demo_moe_step(device: torch.device, tokens: int) -> None:
         activated = torch.nn.functional.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
         return (activated.to(torch.bfloat16) @ down[expert])
 
+    # the experts' activation through the op table where it is declared (padding rows stay zero)
+    swiglu = opdefs.get("swiglu") if "swiglu" in opdefs.names() else None
+
     print(f"\nMoE step: route [{tokens}, {experts}] fp32 logits (top-{topk}, {router['num_groups']} groups, best "
           f"{router['topk_groups']}, {router['scoring']} + bias, x{router['routed_scaling_factor']}), permute "
-          f"[{tokens}, {hidden}] bf16, experts in torch, unpermute, on {device.type}")
+          f"[{tokens}, {hidden}] bf16, experts in torch{' with swiglu' if swiglu is not None else ''}, unpermute, "
+          f"on {device.type}")
     try:
         topk_idx, topk_weights = gate.function(logits, topk, bias=bias, **router)
         counts, expert_ends = counts_op.function(topk_idx, experts, alignment=DEMO_ALIGNMENT)
         x_expanded, _, permutation, _ = permute.function(x, topk_idx, experts, alignment=DEMO_ALIGNMENT)
         y_expanded = torch.zeros_like(x_expanded)
         ends = expert_ends.tolist()
-        for expert, count in enumerate(counts.tolist()):
-            if count:
-                start = ends[expert] - count
-                y_expanded[start:ends[expert]] = expert_mlp(expert, x_expanded[start:ends[expert]])
-        y = unpermute.function(y_expanded, permutation, topk_weights, tokens)
+        busy_experts = [(expert, ends[expert] - count, ends[expert]) for expert, count in enumerate(counts.tolist())
+                        if count]
         timed = [
             (gate, (logits, topk), {"bias": bias, **router}),
             (counts_op, (topk_idx, experts), {"alignment": DEMO_ALIGNMENT}),
             (permute, (x, topk_idx, experts), {"alignment": DEMO_ALIGNMENT}),
-            (unpermute, (y_expanded, permutation, topk_weights, tokens), {}),
         ]
+        if swiglu is None:
+            for expert, start, end in busy_experts:
+                y_expanded[start:end] = expert_mlp(expert, x_expanded[start:end])
+        else:
+            gate_up = torch.zeros(x_expanded.shape[0], 2 * intermediate, dtype=torch.bfloat16, device=device)
+            for expert, start, end in busy_experts:
+                gate_up[start:end] = x_expanded[start:end] @ up[expert]
+            swiglu_kwargs = {"expert_ends": expert_ends, "expert_alignment": DEMO_ALIGNMENT}
+            activated = swiglu.function(gate_up, **swiglu_kwargs)
+            for expert, start, end in busy_experts:
+                y_expanded[start:end] = activated[start:end] @ down[expert]
+            timed.append((swiglu, (gate_up,), swiglu_kwargs))
+        y = unpermute.function(y_expanded, permutation, topk_weights, tokens)
+        timed.append((unpermute, (y_expanded, permutation, topk_weights, tokens), {}))
         rows = []
         for opdef, op_args, op_kwargs in timed:
             call, _ = describe_call(opdef.name, *op_args, **op_kwargs)
