@@ -428,3 +428,31 @@ def permute_scalar_copy(spec):
 
     with mock.patch.object(permute, "copy_compute", _scalar_copy_compute):
         return permute.build_copy(spec)
+
+
+def _scalar_backward_compute(spec):
+    """Per-element scalar ``moe_topk_gate_backward`` of one row of int32 indices (sigmoid, no
+    renormalization, no mask) on the scalar unit."""
+    assert spec.index_dtype == "int32" and spec.scoring == "sigmoid" and not spec.renormalize
+    E, K, factor = spec.experts, spec.slots, spec.routed_scaling_factor
+
+    @T.macro
+    def compute(buffers, keep):
+        s_ub, i_ub, g_ub, o_ub = buffers["s_ub"], buffers["i_ub"], buffers["g_ub"], buffers["o_ub"]
+        for e in T.serial(E):
+            o_ub[e] = T.float32(0.0)
+        for j in T.serial(K):
+            if i_ub[j] >= 0 and i_ub[j] < E:
+                o_ub[i_ub[j]] = o_ub[i_ub[j]] + g_ub[j] * T.float32(factor)
+        for e in T.serial(E):
+            o_ub[e] = o_ub[e] * (s_ub[e] * (T.float32(1.0) - s_ub[e]))
+
+    return compute
+
+
+def backward_scalar_rows(spec):
+    """The prim_func of a ``moe_topk_gate_backward`` ``spec`` whose gradient is computed in scalar code."""
+    from tileplug.backend_ascend.moe import gate_backward
+
+    with mock.patch.object(gate_backward, "backward_compute", _scalar_backward_compute):
+        return gate_backward.build(spec)

@@ -136,8 +136,8 @@ def test_the_grid_covers_every_case_of_the_op_table():
     input: 401504 bytes at the narrowest tile, so it falls through to the reference; see
     docs/ascend-backend.md); for the fused RMSNorm + cast: 3-D input, e2m1, packed UE8M0, or
     the cast's own declines. Every norm and RoPE case the fused-cast rules leave is lowered, every
-    topk_gate, normalize_weight, moe_expert_counts, moe_permute and moe_unpermute case too; moe_topk_gate declines
-    only group-limited routing (num_groups > 1)."""
+    topk_gate, moe_topk_gate_backward, normalize_weight, moe_expert_counts, moe_permute and moe_unpermute case
+    too; moe_topk_gate declines only group-limited routing (num_groups > 1)."""
     total = sum(len(opdef.cases()) for opdef in core.opdefs.all_ops())
     assert len(CASES) > 100 and len(CASES) + len(DECLINED) <= total
     allowed = ("e4m3-stored", "not an Ascend layout", "the Ascend layouts", "UB plan needs", "falls to the reference",
@@ -146,7 +146,8 @@ def test_the_grid_covers_every_case_of_the_op_table():
     unexpected = {case: why for case, why in DECLINED.items() if not any(a in why for a in allowed)}
     assert not unexpected, unexpected
     row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[", "rms_norm_backward[", "layer_norm_backward[",
-               "topk_gate[", "normalize_weight[", "moe_expert_counts[", "moe_permute[", "moe_unpermute[")
+               "topk_gate[", "moe_topk_gate_backward[", "normalize_weight[", "moe_expert_counts[", "moe_permute[",
+               "moe_unpermute[")
     assert not [case for case in DECLINED if case.startswith(row_ops)]
     gate_declines = {case: why for case, why in DECLINED.items() if case.startswith("moe_topk_gate[")}
     assert gate_declines and all("group-limited" in why for why in gate_declines.values()), gate_declines
@@ -792,3 +793,57 @@ def test_core_lower_of_moe_permute_gives_both_kernels():
     assert source.count("LOWERED") == 2 and source.count("__global__") == 2
     assert "specialisation: moe_permute_index [T, 8] int64 E=32 alignment=1" in source
     assert "specialisation: moe_permute_rows [R, 128] words + sf [R, 4] words K=8 W=128" in source
+
+
+def _backward_call(experts, slots, index_dtype=torch.int32, scores_dtype=torch.float32, **kwargs):
+    scores = torch.empty(5, experts, dtype=scores_dtype, device=META)
+    weights = torch.empty(5, slots, dtype=scores_dtype, device=META)
+    with core.config.host_layout("ascend"):
+        call, _ = core.describe_call(core.ops.moe_topk_gate_backward, scores,
+                                     torch.empty(5, slots, dtype=index_dtype, device=META), weights, weights,
+                                     kwargs.pop("scoring", "sigmoid"), **kwargs)
+    return call
+
+
+def test_gate_backward_checks_fail_on_bad_variants():
+    """moe_topk_gate_backward's row kernel (sigmoid, E = 100, K = 6, int32, no renormalization)
+    passes every check, and each fails on a bad variant: (a) 4 versions of an E = 8192 row over
+    the UB budget (refused by the builder and, forced through, by TileLang's loop scheduler); (b) a serial, single-buffered row loop; (c) the
+    gradient computed in scalar code."""
+    import ascend_bad_kernels as bad_kernels
+
+    from tileplug.backend_ascend.device import UBBudgetError
+    from tileplug.backend_ascend.moe import gate_backward
+
+    spec = gate_backward.spec_of(_backward_call(100, 6, renormalize=False))
+    build = gate_backward.build
+    good = _checked(build(spec), spec)
+    assert all(ok for ok, _ in good.values()), good
+
+    wide = replace(spec, experts=8192, num_buffers=4)
+    assert wide.footprint > wide.budget
+    with pytest.raises(UBBudgetError):
+        build(wide)
+    # As moe_unpermute's: TileLang's loop scheduler refuses the versioned rows over the UB
+    # capacity itself, before the UB check is reached; both refusals are asserted.
+    with pytest.raises(Exception, match="capacity is negative"):
+        _checked(bad_kernels.row_over_budget(build, wide), wide)
+
+    ok, detail = _checked(bad_kernels.row_serial_loop(build, spec), spec)["pipelined"]
+    assert not ok and "versions=[1]" in detail, detail
+
+    ok, detail = _checked(bad_kernels.backward_scalar_rows(spec), spec)["vector"]
+    assert not ok and "scalar UB dereference" in detail, detail
+
+
+def test_gate_backward_declines_with_reasons():
+    """fp64 scores (gradcheck's) and K > 64 slots fall to the reference with their reasons; a
+    mask and int64 indices are served."""
+    kernel = _kernels()["moe_topk_gate_backward"]
+    reasons = {"fp32 only": _backward_call(64, 4, scores_dtype=torch.float64),
+               "K = 65 > 64": _backward_call(128, 65)}
+    for expected, call in reasons.items():
+        why = kernel.supports(call)
+        assert why is not None and expected in why and "falls to the reference" in why, (expected, why)
+    masked = _backward_call(64, 4, torch.int64, mask=torch.empty(5, dtype=torch.bool, device=META))
+    assert kernel.supports(masked) is None
