@@ -1,13 +1,14 @@
-"""Ascend MoE routing kernels (``topk_gate``, ``moe_topk_gate``, ``normalize_weight``,
-``moe_expert_counts``, ``moe_permute``, ``moe_unpermute``) on an NPU against the reference (marker ``npu``).
+"""Ascend MoE routing kernels (``topk_gate``, ``moe_topk_gate``, ``moe_topk_gate_backward``,
+``normalize_weight``, ``moe_expert_counts``, ``moe_permute``, ``moe_unpermute``) on an NPU
+against the reference (marker ``npu``).
 
 Skipped everywhere without an Ascend NPU (tests/conftest.py gives the reason). On an Ascend
 950 host with torch_npu they run unchanged. Indices are compared byte for byte (ties to the
 smaller index, non-finite rows −1 in every slot), weights and scores within 2 ulp fp32 (SPEC
 §7, the op table's ``compare``); ``normalize_weight``, the counts / ends and everything
-``moe_permute`` writes bytewise,
-``moe_unpermute`` within 1 ulp. Until these pass there, the Ascend MoE kernels are
-"lowered", never "verified".
+``moe_permute`` writes bytewise, ``moe_unpermute`` within 1 ulp, the backward within a
+relative 1e-5 (norm-wise). Until these pass there, the Ascend MoE kernels are "lowered",
+never "verified".
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from tileplug.reference.conformance import CaseDeclined, check_case
 pytestmark = pytest.mark.npu
 
 TOKENS = (0, 1, 3, 129, 4001)
-MOE_OPS = ("topk_gate", "moe_topk_gate", "normalize_weight", "moe_expert_counts", "moe_permute", "moe_unpermute")
+MOE_OPS = ("topk_gate", "moe_topk_gate", "moe_topk_gate_backward", "normalize_weight", "moe_expert_counts",
+           "moe_permute", "moe_unpermute")
 
 
 def _cases() -> list:
@@ -219,3 +221,32 @@ def test_moe_permute_quantized_rows_travel_with_their_scales(sf_dtype):
         got, want = _permute_both(x, topk_idx, 16, 16, x_sf=x_sf)
         for name, have, expected in zip(("x_expanded", "x_sf_expanded", "permutation", "expert_ends"), got, want):
             assert_bytes_equal(have, expected, f"{name} {x.dtype}")
+
+
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid", "sqrtsoftplus"])
+@pytest.mark.parametrize("renormalize", [True, False], ids=["renormalize", "plain"])
+def test_moe_topk_gate_backward_slots_mask_and_empty_rows(scoring, renormalize):
+    """An expert named in two slots receives both, shared / −1 slots carry nothing, masked rows
+    and rows without a routed slot are zero (exactly); the rest within a relative 1e-5 (norm-wise)
+    of the reference, row by row. Scores from the forward, so sqrtsoftplus meets small ``u``."""
+    generator = torch.Generator().manual_seed(8)
+    logits = torch.randn(129, 160, generator=generator) * 4
+    with core.use_backend("reference"):
+        topk_idx, weights, scores = core.ops.moe_topk_gate(logits, 6, scoring=scoring, num_shared_experts=1,
+                                                           return_scores=True)
+    topk_idx = topk_idx.clone()
+    topk_idx[3, 2] = topk_idx[3, 1]
+    topk_idx[4, :] = -1
+    grads = torch.randn(129, 7, generator=generator)
+    mask = torch.rand(129, generator=generator) > 0.2
+    kwargs = dict(renormalize=renormalize, routed_scaling_factor=2.5, mask=mask)
+    with core.use_backend("ascend"):
+        got = cpu_copy(core.ops.moe_topk_gate_backward(scores.to("npu"), topk_idx.to("npu"), weights.to("npu"),
+                                                       grads.to("npu"), scoring,
+                                                       **{**kwargs, "mask": mask.to("npu")}))
+    with core.use_backend("reference"):
+        want = core.ops.moe_topk_gate_backward(scores, topk_idx, weights, grads, scoring, **kwargs)
+    zero_rows = (~mask).nonzero().flatten().tolist() + [4]
+    assert (got[zero_rows] == 0).all()
+    error = (got - want).norm(dim=1) / want.norm(dim=1).clamp_min(1e-30)
+    assert (error[want.norm(dim=1) > 0] <= 1e-5).all(), error.max()
