@@ -250,3 +250,24 @@ def test_moe_topk_gate_backward_slots_mask_and_empty_rows(scoring, renormalize):
     assert (got[zero_rows] == 0).all()
     error = (got - want).norm(dim=1) / want.norm(dim=1).clamp_min(1e-30)
     assert (error[want.norm(dim=1) > 0] <= 1e-5).all(), error.max()
+
+
+@pytest.mark.parametrize("ties", ["random", "coarse"])
+@pytest.mark.parametrize("experts,groups,chosen", [(256, 8, 4), (160, 10, 3), (64, 32, 5)])
+def test_moe_topk_gate_group_limited(ties, experts, groups, chosen):
+    """Group-limited routing: indices bytewise the reference's (groups by their top-two sum, ties
+    to the smaller group, experts outside the chosen groups never taken), weights within 2 ulp;
+    coarse rows tie groups and experts alike."""
+    generator = torch.Generator().manual_seed(experts + groups)
+    logits = torch.randn(257, experts, generator=generator)
+    if ties == "coarse":
+        logits = torch.randint(-2, 2, (257, experts), generator=generator).float()
+    bias = torch.randn(experts, generator=generator) * 0.01 if ties == "random" else None
+    kwargs = dict(scoring="sigmoid", bias=bias, num_groups=groups, topk_groups=chosen)
+    with core.use_backend("ascend"):
+        idx, w = (cpu_copy(t) for t in core.ops.moe_topk_gate(
+            logits.to("npu"), 6, **{**kwargs, "bias": None if bias is None else bias.to("npu")}))
+    with core.use_backend("reference"):
+        ref_idx, ref_w = core.ops.moe_topk_gate(logits, 6, **kwargs)
+    assert_bytes_equal(idx, ref_idx, "topk_idx")
+    assert_within_ulps(w, ref_w, 2, "topk_weights")
