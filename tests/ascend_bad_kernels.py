@@ -380,3 +380,79 @@ def unpermute_scalar_rows(spec):
 
     with mock.patch.object(unpermute, "unpermute_compute", _scalar_unpermute_compute):
         return unpermute.build(spec)
+
+
+def _scalar_place_compute(spec):
+    """Per-pair scalar placement of one row of int32 indices: ``permutation[slot] = cursor[idx]++``
+    on the scalar unit."""
+    assert spec.index_dtype == "int32"
+    E, K = spec.experts, spec.slots
+
+    @T.macro
+    def compute(buffers):
+        p_ub, acc_ub, o_ub = buffers["p_ub"], buffers["acc_ub"], buffers["o_ub"]
+        for j in T.serial(K):
+            o_ub[j] = -1
+            if p_ub[j] >= 0 and p_ub[j] < E:
+                o_ub[j] = T.Cast("int32", acc_ub[p_ub[j]])
+                acc_ub[p_ub[j]] = acc_ub[p_ub[j]] + T.float32(1.0)
+
+    return compute
+
+
+def permute_scalar_place(spec):
+    """The prim_func of a ``moe_permute`` index ``spec`` whose pairs are placed in scalar code."""
+    from tileplug.backend_ascend.moe import permute
+
+    with mock.patch.object(permute, "place_compute", _scalar_place_compute):
+        return permute.build_index(spec)
+
+
+def _scalar_copy_compute(spec):
+    """Word-by-word scalar copy of one tile (no scale rows) on the scalar unit."""
+    assert spec.sf_words == 0
+    W = spec.width
+
+    @T.macro
+    def compute(buffers):
+        x_ub, o_ub = buffers["x_ub"], buffers["o_ub"]
+        for c in T.serial(W):
+            o_ub[c] = x_ub[c]
+
+    return compute
+
+
+def permute_scalar_copy(spec):
+    """The prim_func of a ``moe_permute`` copy ``spec`` whose tile is copied word by word in scalar code."""
+    from tileplug.backend_ascend.moe import permute
+
+    with mock.patch.object(permute, "copy_compute", _scalar_copy_compute):
+        return permute.build_copy(spec)
+
+
+def _scalar_backward_compute(spec):
+    """Per-element scalar ``moe_topk_gate_backward`` of one row of int32 indices (sigmoid, no
+    renormalization, no mask) on the scalar unit."""
+    assert spec.index_dtype == "int32" and spec.scoring == "sigmoid" and not spec.renormalize
+    E, K, factor = spec.experts, spec.slots, spec.routed_scaling_factor
+
+    @T.macro
+    def compute(buffers, keep):
+        s_ub, i_ub, g_ub, o_ub = buffers["s_ub"], buffers["i_ub"], buffers["g_ub"], buffers["o_ub"]
+        for e in T.serial(E):
+            o_ub[e] = T.float32(0.0)
+        for j in T.serial(K):
+            if i_ub[j] >= 0 and i_ub[j] < E:
+                o_ub[i_ub[j]] = o_ub[i_ub[j]] + g_ub[j] * T.float32(factor)
+        for e in T.serial(E):
+            o_ub[e] = o_ub[e] * (s_ub[e] * (T.float32(1.0) - s_ub[e]))
+
+    return compute
+
+
+def backward_scalar_rows(spec):
+    """The prim_func of a ``moe_topk_gate_backward`` ``spec`` whose gradient is computed in scalar code."""
+    from tileplug.backend_ascend.moe import gate_backward
+
+    with mock.patch.object(gate_backward, "backward_compute", _scalar_backward_compute):
+        return gate_backward.build(spec)

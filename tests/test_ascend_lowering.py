@@ -136,7 +136,8 @@ def test_the_grid_covers_every_case_of_the_op_table():
     input: 401504 bytes at the narrowest tile, so it falls through to the reference; see
     docs/ascend-backend.md); for the fused RMSNorm + cast: 3-D input, e2m1, packed UE8M0, or
     the cast's own declines. Every norm and RoPE case the fused-cast rules leave is lowered, every
-    topk_gate, normalize_weight, moe_expert_counts and moe_unpermute case too; moe_topk_gate declines only group-limited routing (num_groups > 1)."""
+    topk_gate, moe_topk_gate_backward, normalize_weight, moe_expert_counts, moe_permute and moe_unpermute case
+    too, and every moe_topk_gate case (group-limited routing included)."""
     total = sum(len(opdef.cases()) for opdef in core.opdefs.all_ops())
     assert len(CASES) > 100 and len(CASES) + len(DECLINED) <= total
     allowed = ("e4m3-stored", "not an Ascend layout", "the Ascend layouts", "UB plan needs", "falls to the reference",
@@ -145,10 +146,9 @@ def test_the_grid_covers_every_case_of_the_op_table():
     unexpected = {case: why for case, why in DECLINED.items() if not any(a in why for a in allowed)}
     assert not unexpected, unexpected
     row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[", "rms_norm_backward[", "layer_norm_backward[",
-               "topk_gate[", "normalize_weight[", "moe_expert_counts[", "moe_unpermute[")
+               "topk_gate[", "moe_topk_gate[", "moe_topk_gate_backward[", "normalize_weight[", "moe_expert_counts[", "moe_permute[",
+               "moe_unpermute[")
     assert not [case for case in DECLINED if case.startswith(row_ops)]
-    gate_declines = {case: why for case, why in DECLINED.items() if case.startswith("moe_topk_gate[")}
-    assert gate_declines and all("group-limited" in why for why in gate_declines.values()), gate_declines
 
 
 # ---------------------------------------------------------------------- the checks can fail
@@ -506,23 +506,26 @@ def test_moe_kernel_checks_fail_on_bad_variants(op):
 
 
 def test_moe_kernels_decline_with_reasons():
-    """What the Ascend MoE kernels leave to the reference, each with its reason: k > 32, group
-    routing, fp64 logits; a mask is served."""
+    """What the Ascend MoE kernels leave to the reference, each with its reason: k > 32, more than
+    64 expert groups, fp64 logits; a mask and group-limited routing (8 groups) are served."""
     table = _kernels()
     with core.config.host_layout("ascend"):
         wide_k, _ = core.describe_call(core.ops.topk_gate, torch.empty(3, 128, device=META), 40)
         groups, _ = core.describe_call(core.ops.moe_topk_gate, torch.empty(3, 64, device=META), 4, num_groups=8,
                                        topk_groups=2)
+        many_groups, _ = core.describe_call(core.ops.moe_topk_gate, torch.empty(3, 256, device=META), 4,
+                                            num_groups=128, topk_groups=2)
         masked, _ = core.describe_call(core.ops.moe_topk_gate, torch.empty(3, 64, device=META), 4,
                                        mask=torch.empty(3, dtype=torch.bool, device=META))
         fp64, _ = core.describe_call(core.ops.moe_topk_gate, torch.empty(3, 64, dtype=torch.float64, device=META), 4)
     reasons = {"num_topk = 40 > 32": (table["topk_gate"], wide_k),
-               "group-limited": (table["moe_topk_gate"], groups),
+               "num_groups = 128 > 64": (table["moe_topk_gate"], many_groups),
                "not served on Ascend": (table["moe_topk_gate"], fp64)}
     for expected, (kernel, call) in reasons.items():
         why = kernel.supports(call)
         assert why is not None and expected in why and "falls to the reference" in why, (expected, why)
     assert table["moe_topk_gate"].supports(masked) is None
+    assert table["moe_topk_gate"].supports(groups) is None
 
 
 def _routing_specs():
@@ -708,3 +711,161 @@ def test_unpermute_tiles_and_declines():
     assert spec.width % 64 == 0 and spec.width < 7168 and spec.footprint <= spec.budget and spec.tiles >= 2
     why = _kernels()["moe_unpermute"].supports(many)
     assert why is not None and "K = 33 > 32" in why and "falls to the reference" in why, why
+
+
+def _permute_call(x, topk_idx, experts, **kwargs):
+    with core.config.host_layout("ascend"):
+        call, _ = core.describe_call(core.ops.moe_permute, x, topk_idx, experts, **kwargs)
+    return call
+
+
+def _permute_specs():
+    """A bf16 moe_permute (H = 576, E = 72, K = 6, int32 topk_idx, alignment 16): the index
+    kernel's and the copy kernel's specialisation."""
+    from tileplug.backend_ascend.moe import permute
+
+    call = _permute_call(_x(5, 576), torch.empty(5, 6, dtype=torch.int32, device=META), 72, alignment=16)
+    return permute.index_spec_of(call), permute.copy_spec_of(call)
+
+
+def test_permute_checks_fail_on_bad_variants():
+    """moe_permute's index kernel (one block, two pipelined walks over topk_idx) and copy kernel
+    (one (token, column tile) per pipelined step) pass every check, the index kernel's Ascend C
+    the same for 64 and 40 vector cores; each check fails on a bad variant: (a) 65536 experts'
+    cursors / a 16384-word tile with 4 versions over the UB budget (the builders refuse them);
+    (b) serial, single-buffered loops; (c) the pairs placed / the words copied in scalar code."""
+    import ascend_bad_kernels as bad_kernels
+
+    from tileplug.backend_ascend import lowering_checks as checks
+    from tileplug.backend_ascend.device import UBBudgetError
+    from tileplug.backend_ascend.lowering import lower_prim_func
+    from tileplug.backend_ascend.moe import permute
+
+    index, copy = _permute_specs()
+    assert copy.row_words == 288 and copy.width == 288 and copy.tiles == 1
+    for build, spec in ((permute.build_index, index), (permute.build_copy, copy)):
+        good = _checked(build(spec), spec)
+        assert all(ok for ok, _ in good.values()), good
+    source = lower_prim_func(permute.build_index(index)).kernel_source
+    other = lower_prim_func(permute.build_index(replace(index, vector_cores=OTHER_VECTOR_CORES))).kernel_source
+    assert checks.check_deterministic(source, other)[0]
+
+    many = replace(index, experts=65536)
+    wide = replace(copy, row_words=16384, width=16384, num_buffers=4)
+    for build, spec in ((permute.build_index, many), (permute.build_copy, wide)):
+        assert spec.footprint > spec.budget
+        with pytest.raises(UBBudgetError):
+            build(spec)
+    ok, detail = _checked(bad_kernels.row_over_budget(permute.build_copy, wide), wide)["ub"]
+    assert not ok and "over budget" in detail, detail
+
+    for build, spec in ((permute.build_index, index), (permute.build_copy, copy)):
+        ok, detail = _checked(bad_kernels.row_serial_loop(build, spec), spec)["pipelined"]
+        assert not ok and "versions=[1]" in detail, detail
+
+    for bad, spec in ((bad_kernels.permute_scalar_place, index), (bad_kernels.permute_scalar_copy, copy)):
+        ok, detail = _checked(bad(spec), spec)["vector"]
+        assert not ok and "scalar UB dereference" in detail, detail
+
+
+def test_permute_tiles_and_declines():
+    """A 16384-column fp32 row is split into word tiles that fit UB (the last one overlapping);
+    rows that are not whole 4-byte words and E > 8192 are declined with their reasons."""
+    from tileplug.backend_ascend.moe import permute
+
+    idx = torch.empty(5, 8, dtype=torch.int64, device=META)
+    spec = permute.copy_spec_of(_permute_call(_x(5, 16384, torch.float32), idx, 64))
+    assert spec.width % 64 == 0 and spec.width < 16384 and spec.footprint <= spec.budget and spec.tiles >= 2
+    kernel = _kernels()["moe_permute"]
+    reasons = {"4-byte": _permute_call(_x(5, 3, torch.float16), idx, 64),
+               "E = 8193 > 8192": _permute_call(_x(5, 64), idx, 8193)}
+    for expected, call in reasons.items():
+        why = kernel.supports(call)
+        assert why is not None and expected in why and "falls to the reference" in why, (expected, why)
+
+
+def test_core_lower_of_moe_permute_gives_both_kernels():
+    """core.lower of a quantized moe_permute gives the index kernel and the copy kernel (with the
+    scale rows), each headed."""
+    x = torch.empty(7, 512, dtype=torch.float8_e4m3fn, device=META)
+    with core.config.host_layout("ascend"):
+        source = core.lower(core.ops.moe_permute, x, torch.empty(7, 8, dtype=torch.int64, device=META), 32,
+                            x_sf=torch.empty(7, 4, device=META), backend="ascend")
+    assert source.count("LOWERED") == 2 and source.count("__global__") == 2
+    assert "specialisation: moe_permute_index [T, 8] int64 E=32 alignment=1" in source
+    assert "specialisation: moe_permute_rows [R, 128] words + sf [R, 4] words K=8 W=128" in source
+
+
+def _backward_call(experts, slots, index_dtype=torch.int32, scores_dtype=torch.float32, **kwargs):
+    scores = torch.empty(5, experts, dtype=scores_dtype, device=META)
+    weights = torch.empty(5, slots, dtype=scores_dtype, device=META)
+    with core.config.host_layout("ascend"):
+        call, _ = core.describe_call(core.ops.moe_topk_gate_backward, scores,
+                                     torch.empty(5, slots, dtype=index_dtype, device=META), weights, weights,
+                                     kwargs.pop("scoring", "sigmoid"), **kwargs)
+    return call
+
+
+def test_gate_backward_checks_fail_on_bad_variants():
+    """moe_topk_gate_backward's row kernel (sigmoid, E = 100, K = 6, int32, no renormalization)
+    passes every check, and each fails on a bad variant: (a) 4 versions of an E = 8192 row over
+    the UB budget (refused by the builder and, forced through, by TileLang's loop scheduler); (b) a serial, single-buffered row loop; (c) the
+    gradient computed in scalar code."""
+    import ascend_bad_kernels as bad_kernels
+
+    from tileplug.backend_ascend.device import UBBudgetError
+    from tileplug.backend_ascend.moe import gate_backward
+
+    spec = gate_backward.spec_of(_backward_call(100, 6, renormalize=False))
+    build = gate_backward.build
+    good = _checked(build(spec), spec)
+    assert all(ok for ok, _ in good.values()), good
+
+    wide = replace(spec, experts=8192, num_buffers=4)
+    assert wide.footprint > wide.budget
+    with pytest.raises(UBBudgetError):
+        build(wide)
+    # As moe_unpermute's: TileLang's loop scheduler refuses the versioned rows over the UB
+    # capacity itself, before the UB check is reached; both refusals are asserted.
+    with pytest.raises(Exception, match="capacity is negative"):
+        _checked(bad_kernels.row_over_budget(build, wide), wide)
+
+    ok, detail = _checked(bad_kernels.row_serial_loop(build, spec), spec)["pipelined"]
+    assert not ok and "versions=[1]" in detail, detail
+
+    ok, detail = _checked(bad_kernels.backward_scalar_rows(spec), spec)["vector"]
+    assert not ok and "scalar UB dereference" in detail, detail
+
+
+def test_gate_backward_declines_with_reasons():
+    """fp64 scores (gradcheck's) and K > 64 slots fall to the reference with their reasons; a
+    mask and int64 indices are served."""
+    kernel = _kernels()["moe_topk_gate_backward"]
+    reasons = {"fp32 only": _backward_call(64, 4, scores_dtype=torch.float64),
+               "K = 65 > 64": _backward_call(128, 65)}
+    for expected, call in reasons.items():
+        why = kernel.supports(call)
+        assert why is not None and expected in why and "falls to the reference" in why, (expected, why)
+    masked = _backward_call(64, 4, torch.int64, mask=torch.empty(5, dtype=torch.bool, device=META))
+    assert kernel.supports(masked) is None
+
+
+def test_group_routing_checks_fail_on_bad_variants():
+    """moe_topk_gate with group-limited routing (sigmoid, E = 256, 8 groups, the best 4) passes
+    every check; a serial row loop fails the pipelining check. (Scalar code of the group
+    limiting would sit inside the kernel's SIMD region, where the vector check does not look
+    for scalar UB access; the scalar variant of the whole row, ``gate_scalar_rows``, is the one
+    shown failing it.)"""
+    import ascend_bad_kernels as bad_kernels
+
+    from tileplug.backend_ascend.moe import moe_topk_gate
+
+    with core.config.host_layout("ascend"):
+        call, _ = core.describe_call(core.ops.moe_topk_gate, torch.empty(3, 256, device=META), 8, scoring="sigmoid",
+                                     num_groups=8, topk_groups=4)
+    spec = moe_topk_gate.spec_of(call)
+    assert spec.num_groups == 8 and spec.topk_groups == 4
+    good = _checked(moe_topk_gate.build(spec), spec)
+    assert all(ok for ok, _ in good.values()), good
+    ok, detail = _checked(bad_kernels.row_serial_loop(moe_topk_gate.build, spec), spec)["pipelined"]
+    assert not ok and "versions=[1]" in detail, detail

@@ -1,12 +1,14 @@
-"""Ascend MoE routing kernels (``topk_gate``, ``moe_topk_gate``, ``normalize_weight``,
-``moe_expert_counts``, ``moe_unpermute``) on an NPU against the reference (marker ``npu``).
+"""Ascend MoE routing kernels (``topk_gate``, ``moe_topk_gate``, ``moe_topk_gate_backward``,
+``normalize_weight``, ``moe_expert_counts``, ``moe_permute``, ``moe_unpermute``) on an NPU
+against the reference (marker ``npu``).
 
 Skipped everywhere without an Ascend NPU (tests/conftest.py gives the reason). On an Ascend
 950 host with torch_npu they run unchanged. Indices are compared byte for byte (ties to the
 smaller index, non-finite rows −1 in every slot), weights and scores within 2 ulp fp32 (SPEC
-§7, the op table's ``compare``); ``normalize_weight`` and the counts / ends bytewise,
-``moe_unpermute`` within 1 ulp. Until these pass there, the Ascend MoE kernels are
-"lowered", never "verified".
+§7, the op table's ``compare``); ``normalize_weight``, the counts / ends and everything
+``moe_permute`` writes bytewise, ``moe_unpermute`` within 1 ulp, the backward within a
+relative 1e-5 (norm-wise). Until these pass there, the Ascend MoE kernels are "lowered",
+never "verified".
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from tileplug.reference.conformance import CaseDeclined, check_case
 pytestmark = pytest.mark.npu
 
 TOKENS = (0, 1, 3, 129, 4001)
-MOE_OPS = ("topk_gate", "moe_topk_gate", "normalize_weight", "moe_expert_counts", "moe_unpermute")
+MOE_OPS = ("topk_gate", "moe_topk_gate", "moe_topk_gate_backward", "normalize_weight", "moe_expert_counts",
+           "moe_permute", "moe_unpermute")
 
 
 def _cases() -> list:
@@ -165,3 +168,106 @@ def test_moe_unpermute_round_trip_and_skipped_slots(dtype, index_dtype):
     assert_within_ulps(y, want, 1, "y")
     routed = (topk_idx >= 0).sum(dim=1, keepdim=True).to(torch.float32)
     assert_bytes_equal(y, (x.float() * routed).to(dtype), "x · routed slots")
+
+
+def _permute_both(x, topk_idx, experts, alignment, x_sf=None):
+    """``moe_permute`` on the NPU (Ascend) and on the CPU (reference)."""
+    with core.use_backend("ascend"):
+        got = core.ops.moe_permute(x.to("npu"), topk_idx.to("npu"), experts, alignment,
+                                   x_sf=None if x_sf is None else x_sf.to("npu"))
+        got = [None if t is None else cpu_copy(t) for t in got]
+    with core.use_backend("reference"):
+        want = core.ops.moe_permute(x, topk_idx, experts, alignment, x_sf=x_sf)
+    return got, want
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+@pytest.mark.parametrize("experts,alignment", [(1, 1), (9, 3), (72, 16), (256, 128)])
+def test_moe_permute_bytewise_token_order_and_padding(index_dtype, experts, alignment):
+    """Rows, permutation and ends bytewise the reference's for routings with −1, shared experts
+    past E, int64 values past 2**32 (not routed) and empty experts: token order within an
+    expert, padding rows zero (the outputs start as garbage on the device), the same bytes on a
+    second run; a padded row stride reads the same; H = 16384 fp32 runs in column tiles."""
+    generator = torch.Generator().manual_seed(experts)
+    for tokens, hidden in ((1, 576), (129, 576), (4001, 64), (65, 16384)):
+        topk_idx = torch.randint(-1, experts + 3, (tokens, 8), generator=generator).to(index_dtype)
+        if index_dtype == torch.int64:
+            topk_idx[::7, 0] = 2**32 + 1  # low word 1, high word 1: not routed
+        wide = torch.randn(tokens, hidden + 8, generator=generator)
+        x = wide[:, :hidden] if hidden == 16384 else wide[:, :hidden].to(torch.bfloat16)
+        first, want = _permute_both(x, topk_idx, experts, alignment)
+        second, _ = _permute_both(x, topk_idx, experts, alignment)
+        for name, have, again, expected in zip(("x_expanded", "x_sf_expanded", "permutation", "expert_ends"),
+                                               first, second, want):
+            if expected is None:
+                assert have is None, name
+                continue
+            assert_bytes_equal(have, expected, f"{name} T={tokens} H={hidden}")
+            assert_bytes_equal(again, have, f"{name} T={tokens} H={hidden} (second run)")
+
+
+@pytest.mark.parametrize("sf_dtype", [torch.float32, torch.float8_e4m3fn, torch.int32, torch.int16],
+                         ids=["fp32", "e4m3", "ue8m0-int32", "ue8m0-int16"])
+def test_moe_permute_quantized_rows_travel_with_their_scales(sf_dtype):
+    """e4m3 rows and e2m1 rows (packed in int8) with their scale rows: both copied bytewise to
+    every routed pair's row; the padding rows of both are zero bytes."""
+    generator = torch.Generator().manual_seed(7)
+    topk_idx = torch.randint(-1, 20, (129, 6), generator=generator)
+    widths = {torch.float32: 4, torch.float8_e4m3fn: 36, torch.int32: 14, torch.int16: 4}
+    x_sf = torch.randint(-100, 100, (129, widths[sf_dtype]), generator=generator, dtype=torch.int8)
+    x_sf = x_sf.to(torch.float32).to(sf_dtype) if sf_dtype.is_floating_point else x_sf.to(sf_dtype)
+    for x in (torch.randn(129, 512, generator=generator).to(torch.float8_e4m3fn),
+              torch.randint(-128, 127, (129, 288), generator=generator, dtype=torch.int8)):
+        got, want = _permute_both(x, topk_idx, 16, 16, x_sf=x_sf)
+        for name, have, expected in zip(("x_expanded", "x_sf_expanded", "permutation", "expert_ends"), got, want):
+            assert_bytes_equal(have, expected, f"{name} {x.dtype}")
+
+
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid", "sqrtsoftplus"])
+@pytest.mark.parametrize("renormalize", [True, False], ids=["renormalize", "plain"])
+def test_moe_topk_gate_backward_slots_mask_and_empty_rows(scoring, renormalize):
+    """An expert named in two slots receives both, shared / −1 slots carry nothing, masked rows
+    and rows without a routed slot are zero (exactly); the rest within a relative 1e-5 (norm-wise)
+    of the reference, row by row. Scores from the forward, so sqrtsoftplus meets small ``u``."""
+    generator = torch.Generator().manual_seed(8)
+    logits = torch.randn(129, 160, generator=generator) * 4
+    with core.use_backend("reference"):
+        topk_idx, weights, scores = core.ops.moe_topk_gate(logits, 6, scoring=scoring, num_shared_experts=1,
+                                                           return_scores=True)
+    topk_idx = topk_idx.clone()
+    topk_idx[3, 2] = topk_idx[3, 1]
+    topk_idx[4, :] = -1
+    grads = torch.randn(129, 7, generator=generator)
+    mask = torch.rand(129, generator=generator) > 0.2
+    kwargs = dict(renormalize=renormalize, routed_scaling_factor=2.5, mask=mask)
+    with core.use_backend("ascend"):
+        got = cpu_copy(core.ops.moe_topk_gate_backward(scores.to("npu"), topk_idx.to("npu"), weights.to("npu"),
+                                                       grads.to("npu"), scoring,
+                                                       **{**kwargs, "mask": mask.to("npu")}))
+    with core.use_backend("reference"):
+        want = core.ops.moe_topk_gate_backward(scores, topk_idx, weights, grads, scoring, **kwargs)
+    zero_rows = (~mask).nonzero().flatten().tolist() + [4]
+    assert (got[zero_rows] == 0).all()
+    error = (got - want).norm(dim=1) / want.norm(dim=1).clamp_min(1e-30)
+    assert (error[want.norm(dim=1) > 0] <= 1e-5).all(), error.max()
+
+
+@pytest.mark.parametrize("ties", ["random", "coarse"])
+@pytest.mark.parametrize("experts,groups,chosen", [(256, 8, 4), (160, 10, 3), (64, 32, 5)])
+def test_moe_topk_gate_group_limited(ties, experts, groups, chosen):
+    """Group-limited routing: indices bytewise the reference's (groups by their top-two sum, ties
+    to the smaller group, experts outside the chosen groups never taken), weights within 2 ulp;
+    coarse rows tie groups and experts alike."""
+    generator = torch.Generator().manual_seed(experts + groups)
+    logits = torch.randn(257, experts, generator=generator)
+    if ties == "coarse":
+        logits = torch.randint(-2, 2, (257, experts), generator=generator).float()
+    bias = torch.randn(experts, generator=generator) * 0.01 if ties == "random" else None
+    kwargs = dict(scoring="sigmoid", bias=bias, num_groups=groups, topk_groups=chosen)
+    with core.use_backend("ascend"):
+        idx, w = (cpu_copy(t) for t in core.ops.moe_topk_gate(
+            logits.to("npu"), 6, **{**kwargs, "bias": None if bias is None else bias.to("npu")}))
+    with core.use_backend("reference"):
+        ref_idx, ref_w = core.ops.moe_topk_gate(logits, 6, **kwargs)
+    assert_bytes_equal(idx, ref_idx, "topk_idx")
+    assert_within_ulps(w, ref_w, 2, "topk_weights")

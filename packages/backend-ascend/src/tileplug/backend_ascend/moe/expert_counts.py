@@ -150,15 +150,14 @@ def exact_at(call) -> bool:
 # ---------------------------------------------------------------------- the count kernel
 
 
-def count_compute(spec: CountSpec):
-    """The per-row vector work of ``spec`` (a macro over the UB buffers by plan name). Looked up
-    by :func:`build_count` at trace time; tests/ascend_bad_kernels.py replaces it with scalar
-    code to show the vector check failing."""
-    E, K = spec.experts, spec.slots
-    step = 2 if spec.index_dtype == "int64" else 1
+def slot_broadcast(slots: int, index_dtype: str):
+    """A macro ``fill(i_ub, b_ub, ninf, lanes)``: each of the ``slots`` indices of the row in
+    ``i_ub`` (int32 words; int64 as word pairs) taken out of its register as fp32 and broadcast
+    into row ``j`` (64 lanes) of ``b_ub``; an int64 whose high word is not 0 becomes −1. Shared
+    with ``moe_permute``'s index kernel."""
+    step = 2 if index_dtype == "int64" else 1
     per_register = LANES // step
-    full, tail = divmod(K, per_register)
-    nreg = rows.registers(E)
+    full, tail = divmod(slots, per_register)
 
     @T.macro
     def broadcast(words, b_ub, first, count, ninf, lanes):
@@ -176,17 +175,32 @@ def count_compute(spec: CountSpec):
             position = T.simd.vadds(position, T.float32(step))
 
     @T.macro
+    def fill(i_ub, b_ub, ninf, lanes):
+        for r in T.serial(full):
+            broadcast(T.simd.vcvt(T.simd.vld(i_ub[r * LANES]), F32), b_ub, r * per_register, per_register,
+                      ninf, lanes)
+        if tail > 0:
+            broadcast(T.simd.vcvt(T.simd.vld(i_ub[full * LANES]), F32), b_ub, full * per_register, tail,
+                      ninf, lanes)
+
+    return fill
+
+
+def count_compute(spec: CountSpec):
+    """The per-row vector work of ``spec`` (a macro over the UB buffers by plan name). Looked up
+    by :func:`build_count` at trace time; tests/ascend_bad_kernels.py replaces it with scalar
+    code to show the vector check failing."""
+    K = spec.slots
+    nreg = rows.registers(spec.experts)
+    fill = slot_broadcast(K, spec.index_dtype)
+
+    @T.macro
     def compute(buffers):
         i_ub, b_ub, acc_ub = buffers["i_ub"], buffers["b_ub"], buffers["acc_ub"]
         with T.SimdVF():
             ninf = neg_inf()
             lanes = T.simd.vci(T.float32(0.0), F32)
-            for r in T.serial(full):
-                broadcast(T.simd.vcvt(T.simd.vld(i_ub[r * LANES]), F32), b_ub, r * per_register, per_register,
-                          ninf, lanes)
-            if tail > 0:
-                broadcast(T.simd.vcvt(T.simd.vld(i_ub[full * LANES]), F32), b_ub, full * per_register, tail,
-                          ninf, lanes)
+            fill(i_ub, b_ub, ninf, lanes)
             T.simd.mem_bar("VST_VLD")
             one = T.simd.vdup(T.float32(1.0), F32)
             zero = T.simd.vdup(T.float32(0.0), F32)
@@ -248,18 +262,14 @@ def build_count(spec: CountSpec):
 # ---------------------------------------------------------------------- the scan kernel
 
 
-def build_scan(spec: ScanSpec):
-    """The scan kernel of ``spec`` (UB budget checked)."""
-    rows.check_budget(spec.footprint, spec.budget, spec.describe())
-    E, A = spec.experts, spec.alignment
-    nreg = rows.registers(E)
-    plan = spec.plan()
-
-    @T.macro
-    def add_partial(p_ub, s_ub):
-        with T.SimdVF():
-            for c in T.serial(nreg):
-                T.simd.vsts(s_ub[c * LANES], T.simd.vadd(T.simd.vld(s_ub[c * LANES]), T.simd.vld(p_ub[c * LANES])))
+def aligned_scan(experts: int, alignment: int):
+    """A macro ``scan(s_ub, c_ub, e_ub, start_ub)`` over the fp32 counts ``s_ub`` of ``experts``
+    experts: ``padded = align(count, alignment)``, its inclusive prefix lane by lane, and
+    ``expert_ends = prefix − padded + count`` into ``e_ub`` (int32); with ``c_ub`` the counts as
+    int32, with ``start_ub`` (may be ``s_ub`` itself) each expert's first row as fp32. Shared
+    with ``moe_permute``'s index kernel."""
+    A = alignment
+    nreg = rows.registers(experts)
 
     @T.macro
     def aligned(count):
@@ -274,7 +284,7 @@ def build_scan(spec: ScanSpec):
                                                        T.simd.vdup(T.float32(0.0), F32), short))
 
     @T.macro
-    def scan(s_ub, c_ub, e_ub):
+    def scan(s_ub, c_ub, e_ub, start_ub):
         with T.SimdVF():
             ninf = neg_inf()
             lanes = T.simd.vci(T.float32(0.0), F32)
@@ -293,8 +303,29 @@ def build_scan(spec: ScanSpec):
                     prefix = T.simd.vsel(carry, prefix, here)
                     position = T.simd.vadds(position, T.float32(1.0))
                 ends = T.simd.vadd(T.simd.vsub(prefix, pad), count)
-                T.simd.vsts(c_ub[c * LANES], T.simd.vcvt(count, "int32", round="ROUND_R"))
+                if c_ub is not None:
+                    T.simd.vsts(c_ub[c * LANES], T.simd.vcvt(count, "int32", round="ROUND_R"))
+                if start_ub is not None:
+                    T.simd.vsts(start_ub[c * LANES], T.simd.vsub(prefix, pad))
                 T.simd.vsts(e_ub[c * LANES], T.simd.vcvt(ends, "int32", round="ROUND_R"))
+
+    return scan
+
+
+def build_scan(spec: ScanSpec):
+    """The scan kernel of ``spec`` (UB budget checked)."""
+    rows.check_budget(spec.footprint, spec.budget, spec.describe())
+    E, A = spec.experts, spec.alignment
+    nreg = rows.registers(E)
+    plan = spec.plan()
+
+    @T.macro
+    def add_partial(p_ub, s_ub):
+        with T.SimdVF():
+            for c in T.serial(nreg):
+                T.simd.vsts(s_ub[c * LANES], T.simd.vadd(T.simd.vld(s_ub[c * LANES]), T.simd.vld(p_ub[c * LANES])))
+
+    scan = aligned_scan(E, A)
 
     @T.prim_func
     def moe_expert_scan(partials: T.Tensor((PARTIALS, E), F32), counts: T.Tensor((E,), "int32"),
@@ -310,7 +341,7 @@ def build_scan(spec: ScanSpec):
             for it in rows.row_loop(PARTIALS, {p_ub: spec.num_buffers}, spec.num_buffers):
                 T.copy(partials[it, 0:E], p_ub[0:E])
                 add_partial(p_ub, s_ub)
-            scan(s_ub, c_ub, e_ub)
+            scan(s_ub, c_ub, e_ub, None)
             T.copy(c_ub[0:E], counts[0:E])
             T.copy(e_ub[0:E], expert_ends[0:E])
 

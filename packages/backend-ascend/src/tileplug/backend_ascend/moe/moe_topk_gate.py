@@ -1,5 +1,6 @@
-"""Ascend kernel of ``moe_topk_gate`` without group routing (SPEC §7): scores in fp32,
-selection on ``u + bias``, the unbiased weights renormalized and scaled, shared-expert slots.
+"""Ascend kernel of ``moe_topk_gate`` (SPEC §7): scores in fp32, selection on ``u + bias``
+(group-limited with ``num_groups > 1``), the unbiased weights renormalized and scaled,
+shared-expert slots.
 
 No ``from __future__ import annotations`` here: TileLang parses the macros' source.
 
@@ -13,6 +14,9 @@ every per-row buffer double-buffered); the bias is DMA'd once per vector core. P
    with ``log1p(t) = ln(1 + t) · t / ((1 + t) − 1)`` (``t`` where ``1 + t`` rounds to 1);
 2. the selection values ``u + bias`` into ``s_ub``, the tail lanes −inf; the row is finite when
    ``Σ (x − x) + Σ (b − b)`` is 0 (NaN otherwise);
+   with ``num_groups = G > 1`` (:func:`group_limit_of`) each group's score (its largest value
+   plus its second largest) into lane ``g`` of a register, the ``topk_groups`` best chosen as
+   the experts are (ties to the smaller group), every expert of the others set to −inf;
 3. ``k`` rounds as in :mod:`.topk_gate` (max, then the smallest index holding it; the taken
    column −inf), each taking the unbiased ``u`` of its column into lane ``j`` of the weight
    register and adding it to the running slot-order sum;
@@ -34,6 +38,8 @@ from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, p
 F32 = "float32"
 DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float32": "float32"}
 RENORMALIZE_EPSILON = 1e-20
+MAX_GROUPS = LANES
+"""Most expert groups served (one lane of a register per group's score)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,8 @@ class GateSpec(PlannedInSimdUb):
     num_shared_experts: int
     return_scores: bool
     has_mask: bool = False
+    num_groups: int = 1
+    topk_groups: int = 1
     vector_cores: int = 64
     num_buffers: int = VERSIONS
 
@@ -80,6 +88,8 @@ class GateSpec(PlannedInSimdUb):
         bits = [f"moe_topk_gate [T, {self.experts}] {self.logits_dtype} k={self.topk} {self.scoring}"]
         if self.has_bias:
             bits.append("bias")
+        if self.num_groups > 1:
+            bits.append(f"groups={self.topk_groups}/{self.num_groups}")
         bits.append("renormalize" if self.renormalize else "raw")
         if self.routed_scaling_factor != 1.0:
             bits.append(f"scale={self.routed_scaling_factor!r}")
@@ -98,7 +108,8 @@ def spec_of(call, target: DeviceTarget | None = None) -> GateSpec:
         experts=call.num_experts, topk=call.num_topk, scoring=call.scoring.value,
         logits_dtype=DTYPE_NAMES[str(call.logits_dtype)], has_bias=call.has_bias, renormalize=call.renormalize,
         routed_scaling_factor=float(call.routed_scaling_factor), num_shared_experts=call.num_shared_experts,
-        return_scores=call.return_scores, has_mask=call.has_mask, vector_cores=cores,
+        return_scores=call.return_scores, has_mask=call.has_mask, num_groups=call.num_groups,
+        topk_groups=call.topk_groups, vector_cores=cores,
     )
 
 
@@ -106,8 +117,9 @@ def decline_reason(call) -> str | None:
     """Why the Ascend ``moe_topk_gate`` kernel cannot serve ``call`` (None: it can)."""
     if str(call.logits_dtype) not in DTYPE_NAMES:
         return f"logits dtype {call.logits_dtype} is not served on Ascend (bf16 / fp32); falls to the reference"
-    if call.num_groups > 1:
-        return "group-limited routing (num_groups > 1) has no Ascend kernel yet; falls to the reference"
+    if call.num_groups > MAX_GROUPS:
+        return (f"num_groups = {call.num_groups} > {MAX_GROUPS}: the group scores sit in one register on Ascend; "
+                "falls to the reference")
     if call.num_topk + call.num_shared_experts > MAX_TOPK:
         return (f"k + S = {call.num_topk + call.num_shared_experts} > {MAX_TOPK}: one index register holds 32 int64 "
                 "slots on Ascend; falls to the reference")
@@ -140,6 +152,78 @@ def nan_unless_finite(v):
     return T.simd.vsub(v, v)
 
 
+def group_limit_of(spec: GateSpec):
+    """A macro ``group_limit(s_ub, ninf)``: the selection values ``s_ub`` of a row with every expert
+    outside the ``topk_groups`` best of the ``num_groups`` equal contiguous groups set to −inf. A
+    group's score is its largest value plus its second largest (the largest's first column
+    excluded: a value held twice counts twice, as the reference's sorted top two); groups are
+    chosen as the experts are, largest score first, equal scores to the smaller group."""
+    G, chosen_count, size = spec.num_groups, spec.topk_groups, spec.experts // spec.num_groups
+    nreg = rows.registers(spec.experts)
+
+    @T.macro
+    def in_group(value, ninf, c, low, high):
+        inside = T.simd.vsel(value, ninf, T.simd.vcmp(ramp(c), low, op="ge"))
+        return T.simd.vsel(inside, ninf, T.simd.vcmp(ramp(c), high, op="lt"))
+
+    @T.macro
+    def group_limit(s_ub, ninf):
+        lanes = T.simd.vci(T.float32(0.0), F32)
+        zero = T.simd.vdup(T.float32(0.0), F32)
+        one = T.simd.vdup(T.float32(1.0), F32)
+        not_found = T.simd.vdup(T.float32(NOT_FOUND), F32)
+        scores = T.simd.alloc_var(F32)
+        scores = ninf
+        group = T.simd.alloc_var(F32)
+        group = T.simd.vdup(T.float32(0.0), F32)
+        for g in T.serial(G):
+            low = T.simd.vmuls(group, T.float32(size))
+            high = T.simd.vadds(low, T.float32(size))
+            best = T.simd.alloc_var(F32)
+            best = ninf
+            for c in T.serial(nreg):
+                best = T.simd.vmax(best, in_group(T.simd.vld(s_ub[c * LANES]), ninf, c, low, high))
+            top = T.simd.vdupv(T.simd.vcmax(best))
+            first = T.simd.alloc_var(F32)
+            first = not_found
+            for c in T.serial(nreg):
+                hit = T.simd.vcmp(in_group(T.simd.vld(s_ub[c * LANES]), ninf, c, low, high), top, op="eq")
+                first = T.simd.vmin(first, T.simd.vsel(ramp(c), not_found, hit))
+            column = T.simd.vdupv(T.simd.vcmin(first))
+            second = T.simd.alloc_var(F32)
+            second = ninf
+            for c in T.serial(nreg):
+                rest = T.simd.vsel(ninf, in_group(T.simd.vld(s_ub[c * LANES]), ninf, c, low, high),
+                                   T.simd.vcmp(ramp(c), column, op="eq"))
+                second = T.simd.vmax(second, rest)
+            score = T.simd.vadd(top, T.simd.vdupv(T.simd.vcmax(second)))
+            scores = T.simd.vsel(score, scores, T.simd.vcmp(lanes, group, op="eq"))
+            group = T.simd.vadds(group, T.float32(1.0))
+        chosen = T.simd.alloc_var(F32)
+        chosen = zero
+        for r in T.serial(chosen_count):
+            peak = T.simd.vdupv(T.simd.vcmax(scores))
+            pick = T.simd.vdupv(T.simd.vcmin(T.simd.vsel(lanes, not_found, T.simd.vcmp(scores, peak, op="eq"))))
+            here = T.simd.vcmp(lanes, pick, op="eq")
+            chosen = T.simd.vsel(one, chosen, here)
+            scores = T.simd.vsel(ninf, scores, here)
+        group = T.simd.vdup(T.float32(0.0), F32)
+        for g in T.serial(G):
+            low = T.simd.vmuls(group, T.float32(size))
+            high = T.simd.vadds(low, T.float32(size))
+            kept = T.simd.vdupv(T.simd.vcmax(T.simd.vsel(chosen, T.simd.vdup(T.float32(-1.0), F32),
+                                                         T.simd.vcmp(lanes, group, op="eq"))))
+            dropped = T.simd.vcmps(kept, T.float32(0.5), op="lt")
+            for c in T.serial(nreg):
+                inside = in_group(one, zero, c, low, high)
+                drop = T.simd.vsel(inside, zero, dropped)
+                value = T.simd.vld(s_ub[c * LANES])
+                T.simd.vsts(s_ub[c * LANES], T.simd.vsel(ninf, value, T.simd.vcmps(drop, T.float32(0.5), op="gt")))
+            group = T.simd.vadds(group, T.float32(1.0))
+
+    return group_limit
+
+
 def gate_compute(spec: GateSpec):
     """The per-row vector work of ``spec`` (a macro over the UB buffers by plan name). Looked up
     by :func:`build` at trace time."""
@@ -147,6 +231,7 @@ def gate_compute(spec: GateSpec):
     full, tail = rows.chunks(E)
     nreg = rows.registers(E)
     softmax = spec.scoring == "softmax"
+    group_limit = group_limit_of(spec)
 
     @T.macro
     def compute(buffers, keep):
@@ -184,6 +269,9 @@ def gate_compute(spec: GateSpec):
                 last = T.simd.vld(s_ub[full * LANES])
                 T.simd.vsts(s_ub[full * LANES], T.simd.vsel(last, ninf, tail_mask))
             T.simd.mem_bar("VST_VLD")
+            if spec.num_groups > 1:
+                group_limit(s_ub, ninf)
+                T.simd.mem_bar("VST_VLD")
             bad = rows.row_sum_at(E, lambda off: nan_unless_finite(rows.load_f32(x_ub, off, dt)))
             if spec.has_bias:
                 bad = T.simd.vadd(bad, rows.row_sum_at(E, lambda off: nan_unless_finite(T.simd.vld(b_ub[off]))))
