@@ -219,6 +219,27 @@ _table: dict[str, OpDef] = {}
 _table_lock = threading.Lock()
 
 
+def bound_contract(function: Callable[..., Any], builder: Callable[..., Any],
+                   parameters: Sequence[str] | None = None, by_name: bool = False, **fixed: Any) -> Callable[..., Any]:
+    """A declaration's ``contract``: the arguments of a call of the public ``function`` (any mix
+    of positional and keyword, defaults filled, ``out`` dropped) passed on to the contract
+    ``builder`` — all of them in order (``parameters`` None), else the named ``parameters`` in
+    that order (positionally, or as keywords with ``by_name``) — with the ``fixed`` keywords."""
+    signature = inspect.signature(function)
+    names = [name for name in signature.parameters if name != "out"] if parameters is None else list(parameters)
+
+    def contract(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("out", None)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = bound.arguments
+        if by_name:
+            return builder(**{name: arguments[name] for name in names}, **fixed)
+        return builder(*(arguments[name] for name in names), **fixed)
+
+    return contract
+
+
 def declare(opdef: OpDef) -> OpDef:
     """Add ``opdef`` to the table and register its custom op; returns it. Declaring a name
     twice is an error (an op is declared once)."""

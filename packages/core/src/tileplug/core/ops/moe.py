@@ -34,7 +34,7 @@ from torch.compiler import is_compiling
 from tileplug.core import config
 from tileplug.core.contracts import moe as contracts
 from tileplug.core.errors import ContractError
-from tileplug.core.opdefs import BenchCase, Case, OpDef, checked_case_inputs, declare, run, wants_grad
+from tileplug.core.opdefs import BenchCase, Case, OpDef, bound_contract, checked_case_inputs, declare, run, wants_grad
 
 # ---------------------------------------------------------------------- the public ops
 
@@ -596,26 +596,10 @@ def _bench(name: str) -> list[BenchCase]:
     }.get(name, [])
 
 
-def _contract(function: Any, builder: Any) -> Any:
-    """The declaration's contract: ``function``'s arguments, defaults filled, passed on to the
-    contract ``builder`` in order."""
-    import inspect
-
-    signature = inspect.signature(function)
-
-    def contract(*args: Any, **kwargs: Any) -> Any:
-        kwargs.pop("out", None)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return builder(*bound.arguments.values())
-
-    return contract
-
-
 def _declare(function: Any, builder: Any, autograd: tuple[Any, Any] | None = None) -> OpDef:
     name = function.__name__
     return declare(OpDef(
-        name=name, family="moe", function=function, contract=_contract(function, builder),
+        name=name, family="moe", function=function, contract=bound_contract(function, builder),
         outputs=lambda call, traits: call.allocation_plan(traits), result=lambda call, outputs: call.result(outputs),
         ledger=lambda call, traits: call.ledger(traits),
         cases=lambda: [case for case in moe_cases() if case.op == name],

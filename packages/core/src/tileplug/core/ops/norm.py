@@ -23,7 +23,7 @@ from torch.compiler import is_compiling
 from tileplug.core.contracts import norm as contracts
 from tileplug.core.errors import ContractError
 from tileplug.core import unfused
-from tileplug.core.opdefs import BenchCase, Case, OpDef, declare, run, wants_grad
+from tileplug.core.opdefs import BenchCase, Case, OpDef, bound_contract, declare, run, wants_grad
 from tileplug.core.ops.quant import SF_MODES
 
 NormResult = torch.Tensor | tuple[torch.Tensor, ...]
@@ -435,22 +435,17 @@ def _declare(function: Any, contract: Any, written: dict[str, int] | None = None
              autograd: tuple[Any, Any] | None = None, unfused: Any = None) -> OpDef:
     """Declare a norm op; ``contract`` takes the public function's parameters but ``out``, in
     order, and returns ``(call, inputs)`` or ``(call, inputs, given outputs)``."""
-    import inspect
-
     name = function.__name__
-    signature = inspect.signature(function)
-    parameters = [p for p in signature.parameters if p != "out"]
+    bound = bound_contract(function, contract)
 
-    def bound_contract(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return contract(*(bound.arguments[p] for p in parameters))[:2]
+    def call_and_inputs(*args: Any, **kwargs: Any) -> Any:
+        return bound(*args, **kwargs)[:2]
 
     return declare(OpDef(
         name=name,
         family="norm",
         function=function,
-        contract=bound_contract,
+        contract=call_and_inputs,
         outputs=contracts.NormCall.allocation_plan,
         result=contracts.NormCall.result,
         ledger=contracts.NormCall.ledger,

@@ -21,7 +21,7 @@ from tileplug.core import config
 from tileplug.core.call import QuantMode
 from tileplug.core.contracts import quant as contracts
 from tileplug.core.errors import ContractError
-from tileplug.core.opdefs import BenchCase, Case, OpDef, allocate_without_backend, declare, run
+from tileplug.core.opdefs import BenchCase, Case, OpDef, allocate_without_backend, bound_contract, declare, run
 
 QuantizedPair = tuple[torch.Tensor, torch.Tensor]
 
@@ -456,21 +456,6 @@ def _declare(function: Any, kernel: str, contract: Any) -> OpDef:
     ))
 
 
-def _contract(function: Any, builder: Any, parameters: tuple[str, ...], **fixed: Any) -> Any:
-    """The declaration's contract: ``function``'s arguments (positional or keyword, defaults
-    filled, ``out`` ignored) passed on to the contract ``builder`` with ``fixed`` keywords."""
-    import inspect
-
-    signature = inspect.signature(function)
-
-    def contract(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return builder(*(bound.arguments[p] for p in parameters), **fixed)
-
-    return contract
-
-
 def _precomputed_token(x: Any, fmt: Any, group: Any, x_block_size: Any, sf: Any) -> Any:
     return contracts.per_token_cast(x, fmt, group, x_block_size, False, False, False, False,
                                     QuantMode.PRECOMPUTED_SF, sf, name="per_token_cast_with_precomputed_sf")
@@ -486,26 +471,28 @@ _TOKEN = ("x", "fmt", "num_per_channels", "x_block_size", "use_tma_aligned_col_m
 _BLOCK = ("x", "fmt", "block_size", "x_block_size", "use_tma_aligned_col_major_sf", "round_sf", "use_packed_ue8m0")
 
 PER_TOKEN_CAST = _declare(per_token_cast, "per_token_cast",
-                          _contract(per_token_cast, contracts.per_token_cast, _TOKEN))
+                          bound_contract(per_token_cast, contracts.per_token_cast, _TOKEN))
 PER_TOKEN_CAST_WITH_SF_ONLY = _declare(
     per_token_cast_with_sf_only, "per_token_cast",
-    _contract(per_token_cast_with_sf_only, contracts.per_token_cast, _TOKEN, mode=QuantMode.SF_ONLY,
-              name="per_token_cast_with_sf_only"))
+    bound_contract(per_token_cast_with_sf_only, contracts.per_token_cast, _TOKEN, mode=QuantMode.SF_ONLY,
+                   name="per_token_cast_with_sf_only"))
 PER_TOKEN_CAST_WITH_PRECOMPUTED_SF = _declare(
     per_token_cast_with_precomputed_sf, "per_token_cast",
-    _contract(per_token_cast_with_precomputed_sf, _precomputed_token,
-              ("x", "fmt", "num_per_channels", "x_block_size", "sf")))
+    bound_contract(per_token_cast_with_precomputed_sf, _precomputed_token,
+                   ("x", "fmt", "num_per_channels", "x_block_size", "sf")))
 PER_BLOCK_CAST = _declare(per_block_cast, "per_block_cast",
-                          _contract(per_block_cast, contracts.per_block_cast, _BLOCK))
+                          bound_contract(per_block_cast, contracts.per_block_cast, _BLOCK))
 PER_BLOCK_CAST_WITH_SF_ONLY = _declare(
     per_block_cast_with_sf_only, "per_block_cast",
-    _contract(per_block_cast_with_sf_only, contracts.per_block_cast, _BLOCK, mode=QuantMode.SF_ONLY,
-              name="per_block_cast_with_sf_only"))
+    bound_contract(per_block_cast_with_sf_only, contracts.per_block_cast, _BLOCK, mode=QuantMode.SF_ONLY,
+                   name="per_block_cast_with_sf_only"))
 PER_BLOCK_CAST_WITH_PRECOMPUTED_SF = _declare(
     per_block_cast_with_precomputed_sf, "per_block_cast",
-    _contract(per_block_cast_with_precomputed_sf, _precomputed_block, ("x", "fmt", "block_size", "x_block_size", "sf")))
+    bound_contract(per_block_cast_with_precomputed_sf, _precomputed_block,
+                   ("x", "fmt", "block_size", "x_block_size", "sf")))
 PER_CHANNEL_CAST = _declare(
     per_channel_cast, "per_channel_cast",
-    _contract(per_channel_cast, contracts.per_channel_cast,
-              ("x", "fmt", "num_per_tokens", "round_sf", "num_per_channels", "use_packed_ue8m0")))
-CAST_BACK = _declare(cast_back, "cast_back", _contract(cast_back, contracts.cast_back, ("x", "fmt", "x_block_size")))
+    bound_contract(per_channel_cast, contracts.per_channel_cast,
+                   ("x", "fmt", "num_per_tokens", "round_sf", "num_per_channels", "use_packed_ue8m0")))
+CAST_BACK = _declare(cast_back, "cast_back",
+                     bound_contract(cast_back, contracts.cast_back, ("x", "fmt", "x_block_size")))

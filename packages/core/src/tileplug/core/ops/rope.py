@@ -21,7 +21,7 @@ from tileplug.core.call import IN_PLACE_PLAN
 from tileplug.core.contracts import rope as contracts
 from tileplug.core.errors import ContractError
 from tileplug.core import unfused
-from tileplug.core.opdefs import BenchCase, Case, OpDef, checked_case_inputs, declare, run
+from tileplug.core.opdefs import BenchCase, Case, OpDef, bound_contract, checked_case_inputs, declare, run
 
 
 def apply_rotary(
@@ -345,22 +345,6 @@ def _bench(name: str) -> list[BenchCase]:
     }.get(name, [])
 
 
-def _contract(function: Any, builder: Any, parameters: tuple[str, ...], **fixed: Any) -> Any:
-    """The declaration's contract: ``function``'s arguments (defaults filled, ``out`` ignored)
-    passed on to the contract ``builder`` by name, with the ``fixed`` keywords."""
-    import inspect
-
-    signature = inspect.signature(function)
-
-    def contract(*args: Any, **kwargs: Any) -> Any:
-        kwargs.pop("out", None)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return builder(**{p: bound.arguments[p] for p in parameters}, **fixed)
-
-    return contract
-
-
 def _declare(function: Any, contract: Any, outputs: Any, result: Any, compare: Any, mutates: tuple[str, ...] = (),
              kernel: str = "", unfused: Any = None) -> OpDef:
     name = function.__name__
@@ -378,18 +362,19 @@ _NORM = ("x", "weight", "cos_sin_cache", "positions", "eps", "interleaved", "wei
 
 APPLY_ROTARY = _declare(
     apply_rotary,
-    _contract(apply_rotary, contracts.apply_rotary,
-              ("query", "cos_sin_cache", "key", "positions", "interleaved", "conjugate", "seqlen_offset")),
+    bound_contract(apply_rotary, contracts.apply_rotary,
+                   ("query", "cos_sin_cache", "key", "positions", "interleaved", "conjugate", "seqlen_offset"),
+                   by_name=True),
     outputs=lambda call, traits: IN_PLACE_PLAN, result=lambda call, outputs: None,
     compare=compare_rotary, mutates=("query", "key"), unfused=lambda call, traits: unfused.rotary_eager_steps(call))
 RMS_NORM_ROPE = _declare(
-    rms_norm_rope, _contract(rms_norm_rope, contracts.rms_norm_rope, _NORM),
+    rms_norm_rope, bound_contract(rms_norm_rope, contracts.rms_norm_rope, _NORM, by_name=True),
     outputs=contracts.NormRopeCall.allocation_plan, result=contracts.NormRopeCall.result, compare=compare_norm_rope,
     unfused=unfused.norm_rope_chain)
 RMS_NORM_ROPE_PER_TOKEN_CAST = _declare(
     rms_norm_rope_per_token_cast,
-    _contract(rms_norm_rope_per_token_cast, contracts.rms_norm_rope,
-              _NORM + ("fmt", "num_per_channels", "round_sf", "use_packed_ue8m0", "use_tma_aligned_col_major_sf",
-                       "return_unquantized"), quantize=True),
+    bound_contract(rms_norm_rope_per_token_cast, contracts.rms_norm_rope,
+                   _NORM + ("fmt", "num_per_channels", "round_sf", "use_packed_ue8m0", "use_tma_aligned_col_major_sf",
+                            "return_unquantized"), by_name=True, quantize=True),
     outputs=contracts.NormRopeCall.allocation_plan, result=contracts.NormRopeCall.result, compare=compare_norm_rope,
     kernel="rms_norm_rope", unfused=unfused.norm_rope_chain)  # one kernel serves both: the call's cast says whether it quantizes

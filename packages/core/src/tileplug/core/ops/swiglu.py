@@ -21,7 +21,7 @@ from torch.compiler import is_compiling
 
 from tileplug.core import unfused
 from tileplug.core.contracts import swiglu as contracts
-from tileplug.core.opdefs import BenchCase, Case, OpDef, checked_case_inputs, declare, run, wants_grad
+from tileplug.core.opdefs import BenchCase, Case, OpDef, bound_contract, checked_case_inputs, declare, run, wants_grad
 from tileplug.core.ops.quant import SF_MODES
 from tileplug.core.swiglu.layout import expert_ends_for, valid_rows_of
 
@@ -294,27 +294,11 @@ def _bench(name: str) -> list[BenchCase]:
     }.get(name, [])
 
 
-def _contract(function: Any, builder: Any) -> Any:
-    """The declaration's contract: ``function``'s arguments, defaults filled, passed on to the
-    contract ``builder`` in order."""
-    import inspect
-
-    signature = inspect.signature(function)
-
-    def contract(*args: Any, **kwargs: Any) -> Any:
-        kwargs.pop("out", None)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return builder(*bound.arguments.values())
-
-    return contract
-
-
 def _declare(function: Any, builder: Any, unfused_steps: Any = None, autograd: tuple[Any, Any] | None = None
              ) -> OpDef:
     name = function.__name__
     return declare(OpDef(
-        name=name, family="swiglu", function=function, contract=_contract(function, builder),
+        name=name, family="swiglu", function=function, contract=bound_contract(function, builder),
         outputs=lambda call, traits: call.allocation_plan(traits), result=lambda call, outputs: call.result(outputs),
         ledger=lambda call, traits: call.ledger(traits),
         cases=lambda: [case for case in swiglu_cases() if case.op == name],
