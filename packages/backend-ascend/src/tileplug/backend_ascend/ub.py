@@ -9,6 +9,8 @@ lowering check compares that number with the compiler's and the traced prim_func
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import math
 
 from tileplug.backend_ascend.device import UB_BYTES_SIMD
@@ -44,6 +46,19 @@ def padded(columns: int) -> int:
 def sf_rows(groups: int) -> int:
     """Allocated fp32 elements of one row's group scales in UB (whole 32-byte blocks, at least one)."""
     return max(8, align(groups, 8))
+
+
+def widest_tile(columns: int, max_tile: int, fits: Callable[[int], bool]) -> int:
+    """The widest column tile for rows of ``columns``: the whole row when it is at most
+    ``max_tile`` and ``fits(columns)``, else the widest multiple of :data:`LANES` (at most
+    ``max_tile``, at least ``LANES``) that ``fits`` (a tile width → whether its plan is within
+    the budget)."""
+    if columns <= max_tile and fits(columns):
+        return columns
+    width = min(max_tile, columns) // LANES * LANES
+    while width > LANES and not fits(width):
+        width -= LANES
+    return width
 
 
 class PlannedInSimdUb:

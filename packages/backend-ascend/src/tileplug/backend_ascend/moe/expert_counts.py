@@ -36,6 +36,7 @@ from tileplug.backend_ascend import gm, rows
 from tileplug.backend_ascend.device import DeviceTarget, dispatch_target, lowering_target
 from tileplug.backend_ascend.kernel import SpecKernel, checked_lowering
 from tileplug.backend_ascend.lowering import CompileCache
+from tileplug.backend_ascend.moe.index_rows import TopkIndexRows
 from tileplug.backend_ascend.moe.topk_gate import neg_inf, ramp
 from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, padded
 
@@ -55,7 +56,7 @@ INDEX_DTYPES = {"torch.int32": "int32", "torch.int64": "int64"}
 
 
 @dataclass(frozen=True)
-class CountSpec(PlannedInSimdUb):
+class CountSpec(TopkIndexRows, PlannedInSimdUb):
     """What the count kernel is specialised on: ``experts`` E, ``slots`` K, ``index_dtype``
     ("int32" / "int64"). ``vector_cores`` only heads the lowered source: the split is
     :data:`PARTIALS`."""
@@ -66,10 +67,6 @@ class CountSpec(PlannedInSimdUb):
     vector_cores: int = 64
     num_buffers: int = VERSIONS
 
-    @property
-    def words(self) -> int:
-        """int32 words of one row of ``topk_idx``."""
-        return self.slots * (2 if self.index_dtype == "int64" else 1)
 
     def plan(self) -> Plan:
         """``i_ub`` a row of indices (int32 words); ``b_ub`` each slot's index broadcast over a

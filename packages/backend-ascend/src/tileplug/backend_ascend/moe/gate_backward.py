@@ -33,6 +33,7 @@ import tilelang.ascend.language as T
 from tileplug.backend_ascend import gm, rows
 from tileplug.backend_ascend.device import DeviceTarget, lowering_target
 from tileplug.backend_ascend.moe.expert_counts import INDEX_DTYPES, slot_broadcast
+from tileplug.backend_ascend.moe.index_rows import TopkIndexRows
 from tileplug.backend_ascend.moe.normalize_weight import neg_zero
 from tileplug.backend_ascend.moe.topk_gate import MAX_EXPERTS, neg_inf, ramp
 from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, padded
@@ -46,7 +47,7 @@ KAHAN_BELOW = -0.5
 
 
 @dataclass(frozen=True)
-class GateBackwardSpec(PlannedInSimdUb):
+class GateBackwardSpec(TopkIndexRows, PlannedInSimdUb):
     """What the ``moe_topk_gate_backward`` kernel is specialised on: ``experts`` E, ``slots`` K,
     ``index_dtype`` of topk_idx, ``scoring``, ``renormalize``, ``routed_scaling_factor``,
     ``has_mask``; the vector-core count and the buffer versions."""
@@ -61,10 +62,6 @@ class GateBackwardSpec(PlannedInSimdUb):
     vector_cores: int = 64
     num_buffers: int = VERSIONS
 
-    @property
-    def words(self) -> int:
-        """int32 words of one row of ``topk_idx``."""
-        return self.slots * (2 if self.index_dtype == "int64" else 1)
 
     def plan(self) -> Plan:
         """``s_ub`` the scores row, ``i_ub`` the index row (int32 words), ``g_ub`` the gradient

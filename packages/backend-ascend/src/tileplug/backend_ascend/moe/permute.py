@@ -50,8 +50,9 @@ from tileplug.backend_ascend.moe.expert_counts import (
     count_compute,
     slot_broadcast,
 )
+from tileplug.backend_ascend.moe.index_rows import TopkIndexRows
 from tileplug.backend_ascend.moe.topk_gate import neg_inf, ramp
-from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, padded
+from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, padded, widest_tile
 
 F32 = "float32"
 WORD = "int32"
@@ -63,7 +64,7 @@ MAX_TILE = 8192
 
 
 @dataclass(frozen=True)
-class IndexSpec(PlannedInSimdUb):
+class IndexSpec(TopkIndexRows, PlannedInSimdUb):
     """What the index kernel is specialised on: ``experts`` E, ``slots`` K, ``index_dtype`` of
     ``topk_idx`` ("int32" / "int64"), ``alignment``. ``vector_cores`` only heads the lowered
     source: the kernel is one block."""
@@ -75,10 +76,6 @@ class IndexSpec(PlannedInSimdUb):
     vector_cores: int = 64
     num_buffers: int = VERSIONS
 
-    @property
-    def words(self) -> int:
-        """int32 words of one row of ``topk_idx``."""
-        return self.slots * (2 if self.index_dtype == "int64" else 1)
 
     def count_spec(self) -> CountSpec:
         """The ``moe_expert_counts`` count specialisation whose per-row macro the first walk runs."""
@@ -152,17 +149,11 @@ def _words(dtype, width: int) -> int:
 def tile_width(row_words: int, sf_words: int, slots: int) -> int:
     """The widest column tile (the whole row, else a multiple of 64 words, at most
     :data:`MAX_TILE`) whose double-buffered plan fits the budget."""
-    if row_words <= MAX_TILE and _fits(row_words, sf_words, slots):
-        return row_words
-    width = min(MAX_TILE, row_words) // LANES * LANES
-    while width > LANES and not _fits(width, sf_words, slots):
-        width -= LANES
-    return width
+    def fits(width: int) -> bool:
+        probe = CopySpec(row_words=width, sf_words=sf_words, slots=slots, width=width)
+        return probe.footprint <= probe.budget
 
-
-def _fits(width: int, sf_words: int, slots: int) -> bool:
-    probe = CopySpec(row_words=width, sf_words=sf_words, slots=slots, width=width)
-    return probe.footprint <= probe.budget
+    return widest_tile(row_words, MAX_TILE, fits)
 
 
 def index_spec_of(call, target: DeviceTarget | None = None) -> IndexSpec:

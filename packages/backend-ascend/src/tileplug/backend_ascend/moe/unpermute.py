@@ -29,9 +29,10 @@ import tilelang.ascend.language as T
 
 from tileplug.backend_ascend import gm, rows
 from tileplug.backend_ascend.device import DeviceTarget, lowering_target
+from tileplug.backend_ascend.moe.index_rows import TopkIndexRows
 from tileplug.backend_ascend.moe.normalize_weight import neg_zero
 from tileplug.backend_ascend.moe.topk_gate import neg_inf
-from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, padded
+from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS, padded, widest_tile
 
 F32 = "float32"
 DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
@@ -43,7 +44,7 @@ MAX_TILE = 4096
 
 
 @dataclass(frozen=True)
-class UnpermuteSpec(PlannedInSimdUb):
+class UnpermuteSpec(TopkIndexRows, PlannedInSimdUb):
     """What the ``moe_unpermute`` kernel is specialised on: ``hidden`` H, ``dtype`` of the rows,
     ``slots`` K, ``index_dtype`` of the permutation, the column tile ``width`` W, the
     vector-core count and the buffer versions."""
@@ -56,9 +57,6 @@ class UnpermuteSpec(PlannedInSimdUb):
     vector_cores: int = 64
     num_buffers: int = VERSIONS
 
-    @property
-    def words(self) -> int:
-        return self.slots * (2 if self.index_dtype == "int64" else 1)
 
     @property
     def tiles(self) -> int:
@@ -90,17 +88,11 @@ class UnpermuteSpec(PlannedInSimdUb):
 def tile_width(hidden: int, dtype: str, slots: int) -> int:
     """The widest column tile (the whole row, else a multiple of 64 columns, at most
     :data:`MAX_TILE`) whose double-buffered plan fits the budget."""
-    if hidden <= MAX_TILE and _fits(hidden, dtype, slots):
-        return hidden
-    width = min(MAX_TILE, hidden) // LANES * LANES
-    while width > LANES and not _fits(width, dtype, slots):
-        width -= LANES
-    return width
+    def fits(width: int) -> bool:
+        probe = UnpermuteSpec(hidden=width, dtype=dtype, slots=slots, index_dtype="int64", width=width)
+        return probe.footprint <= probe.budget
 
-
-def _fits(width: int, dtype: str, slots: int) -> bool:
-    probe = UnpermuteSpec(hidden=width, dtype=dtype, slots=slots, index_dtype="int64", width=width)
-    return probe.footprint <= probe.budget
+    return widest_tile(hidden, MAX_TILE, fits)
 
 
 def spec_of(call, target: DeviceTarget | None = None) -> UnpermuteSpec:
