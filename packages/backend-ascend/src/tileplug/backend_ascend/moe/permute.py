@@ -41,10 +41,9 @@ from tileplug.backend_ascend import gm, rows
 from tileplug.backend_ascend.device import DeviceTarget, dispatch_target, lowering_target
 from tileplug.backend_ascend.kernel import SpecKernel, checked_lowering
 from tileplug.backend_ascend.lowering import CompileCache
+from tileplug.backend_ascend.moe import expert_counts
 from tileplug.backend_ascend.moe.expert_counts import (
     INDEX_DTYPES,
-    MAX_EXPERTS,
-    MAX_SLOTS,
     CountSpec,
     aligned_scan,
     count_compute,
@@ -174,15 +173,11 @@ def copy_spec_of(call, target: DeviceTarget | None = None) -> CopySpec:
 
 
 def decline_reason(call) -> str | None:
-    """Why the Ascend ``moe_permute`` kernels cannot serve ``call`` (None: they can)."""
-    if str(call.index_dtype) not in INDEX_DTYPES:
-        return f"index dtype {call.index_dtype} is not served on Ascend (int32 / int64); falls to the reference"
-    if call.num_experts > MAX_EXPERTS:
-        return f"E = {call.num_experts} > {MAX_EXPERTS} experts is not served on Ascend; falls to the reference"
-    if call.num_slots > MAX_SLOTS:
-        return f"K = {call.num_slots} > {MAX_SLOTS} slots is not served on Ascend; falls to the reference"
-    if call.alignment >= 2**22:
-        return f"alignment = {call.alignment} >= 2**22 is not served on Ascend (fp32 rows); falls to the reference"
+    """Why the Ascend ``moe_permute`` kernels cannot serve ``call`` (None: they can): the limits of
+    ``moe_expert_counts``' macros its index kernel runs, then the copy kernel's own."""
+    counting = expert_counts.decline_reason(call)
+    if counting is not None:
+        return counting
     row_bytes = call.row_width * call.row_dtype.itemsize
     sf_bytes = 0 if call.sf_dtype is None else call.sf_width * call.sf_dtype.itemsize
     if row_bytes % WORD_BYTES or sf_bytes % WORD_BYTES or call.input_alignment < WORD_BYTES:
