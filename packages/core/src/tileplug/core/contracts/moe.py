@@ -37,7 +37,7 @@ import torch
 from tileplug.core import config
 from tileplug.core.call import Call, Ledger, Scoring, call_type
 from tileplug.core.contracts.checks import check_bool, check_same_device, check_tensor, describe
-from tileplug.core.contracts.quant import RecentCalls, _tensor_key, byte_alignment
+from tileplug.core.contracts.quant import RecentCalls, byte_alignment
 from tileplug.core.errors import ContractError
 
 TOPK_GATE = "topk_gate"
@@ -670,39 +670,14 @@ def _checked_moe_unpermute(y_expanded: Any, permutation: Any, topk_weights: Any,
 recent_calls = RecentCalls()
 """Memo of checked MoE calls by everything the checks read (an LRU of the family's own)."""
 
+MEMO_SCALARS = (float, int, bool, str, type(None))
+"""Scalar classes a memoized MoE call may carry (others run the checks alone)."""
+
 
 def _memoized(op: str, tensors: tuple, scalars: tuple, checked: Any) -> Any:
-    """The call of a repeated signature from the memo (tensor metadata and pointer alignment,
-    exactly-typed scalars, the config in force), else ``checked()`` remembered."""
-    parts: list[Any] = [op]
-    memoisable = True
-    for tensor in tensors:
-        if tensor is None:
-            parts.append(None)
-            continue
-        key = _tensor_key(tensor)
-        if key is None:
-            memoisable = False
-            break
-        parts.append(key)
-    if memoisable:
-        for value in scalars:
-            cls = value.__class__
-            if cls is not float and cls is not int and cls is not bool and cls is not str and value is not None:
-                memoisable = False
-                break
-            parts.append((cls, value))
-    if not memoisable:
-        return checked()
-    current = config.current()
-    parts.append(id(current))
-    key = tuple(parts)
-    hit = recent_calls.get(key)
-    if hit is not None:
-        return hit
-    call = checked()
-    recent_calls.put(key, call, current)
-    return call
+    """The call of a repeated signature (``RecentCalls.memoized``: tensor metadata and pointer
+    alignment, exactly-typed scalars or None, the config in force), else ``checked()`` remembered."""
+    return recent_calls.memoized(op, tensors, scalars, checked, MEMO_SCALARS)
 
 
 def topk_gate(scores: Any, num_topk: Any) -> tuple[TopkGateCall, TopkGateInputs]:

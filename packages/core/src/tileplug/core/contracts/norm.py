@@ -23,7 +23,6 @@ from tileplug.core.contracts.quant import (
     AllocationPlan,
     QuantCall,
     RecentCalls,
-    _tensor_key,
     cast_config,
     has_storage,
 )
@@ -486,39 +485,10 @@ recent_calls = RecentCalls()
 """Checked norm calls by everything the checks read (the per-token hot path's memo)."""
 
 
-def _memo_key(op: str, tensors: tuple, scalars: tuple) -> tuple[tuple, Any] | None:
-    """``(key, config in force)`` of a call whose tensors (or None) all have storage and whose
-    scalars are exactly float / int / bool / str (a bool must not hit an int's entry); None
-    otherwise (the checked path then runs alone)."""
-    parts: list[Any] = [op]
-    for tensor in tensors:
-        if tensor is None:
-            parts.append(None)
-            continue
-        key = _tensor_key(tensor)
-        if key is None:
-            return None
-        parts.append(key)
-    for value in scalars:
-        cls = value.__class__
-        if cls is not float and cls is not int and cls is not bool and cls is not str:
-            return None
-        parts.append((cls, value))
-    current = config.current()
-    parts.append(id(current))
-    return tuple(parts), current
-
-
 def _memoized(op: str, tensors: tuple, scalars: tuple, checked: Any) -> NormCall:
-    memo = _memo_key(op, tensors, scalars)
-    if memo is not None:
-        hit = recent_calls.get(memo[0])
-        if hit is not None:
-            return hit
-    call = checked()[0]
-    if memo is not None:
-        recent_calls.put(memo[0], call, memo[1])
-    return call
+    """The call of a repeated signature (``RecentCalls.memoized``; scalars exactly float / int /
+    bool / str), else the call of ``checked()`` (which returns ``(call, inputs[, outputs])``)."""
+    return recent_calls.memoized(op, tensors, scalars, lambda: checked()[0])
 
 
 def rms_norm(x: Any, weight: Any, eps: Any, residual: Any, weight_offset: Any, out_scale: Any, out: Any,

@@ -9,6 +9,7 @@ device index: it is the selection cache key and the kernel specialisation at onc
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -366,6 +367,37 @@ class RecentCalls:
 
     def clear(self) -> None:
         self._entries.clear()
+
+    def memoized(self, op: str, tensors: tuple, scalars: tuple, checked: Callable[[], Any],
+                 scalar_classes: tuple[type, ...] = (float, int, bool, str)) -> Any:
+        """The call of a signature seen before, else ``checked()`` — remembered when it passes.
+        The key is everything the checks read: ``op``, each tensor's :func:`_tensor_key` (None
+        for an absent one), each scalar with its exact class, and the config in force. A tensor
+        without storage or a scalar of a class outside ``scalar_classes`` (compared exactly: a
+        bool must not hit an int's entry) skips the memo: ``checked()`` alone."""
+        parts: list[Any] = [op]
+        for tensor in tensors:
+            if tensor is None:
+                parts.append(None)
+                continue
+            key = _tensor_key(tensor)
+            if key is None:
+                return checked()
+            parts.append(key)
+        for value in scalars:
+            cls = value.__class__
+            if cls not in scalar_classes:
+                return checked()
+            parts.append((cls, value))
+        current = config.current()
+        parts.append(id(current))
+        key = tuple(parts)
+        hit = self.get(key)
+        if hit is not None:
+            return hit
+        call = checked()
+        self.put(key, call, current)
+        return call
 
 
 recent_calls = RecentCalls()

@@ -33,7 +33,6 @@ from tileplug.core.contracts.quant import (
     PER_TOKEN_GROUPS,
     QuantCall,
     RecentCalls,
-    _tensor_key,
     byte_alignment,
     cast_config,
 )
@@ -333,34 +332,10 @@ _SCALAR_CLASSES = (float, int, bool, str, type(None), torch.dtype)
 
 
 def _memoized(op: str, tensors: tuple, scalars: tuple, checked: Any) -> SwigluCall:
-    """The call of a signature seen before (tensor metadata, pointer alignment, scalars of
-    exact classes, the config in force), else ``checked()`` — remembered when it passes."""
-    parts: list[Any] = [op]
-    key: tuple | None = None
-    for tensor in tensors:
-        if tensor is None:
-            parts.append(None)
-            continue
-        tensor_key = _tensor_key(tensor)
-        if tensor_key is None:
-            break
-        parts.append(tensor_key)
-    else:
-        for value in scalars:
-            if value.__class__ not in _SCALAR_CLASSES:
-                break
-            parts.append((value.__class__, value))
-        else:
-            current = config.current()
-            parts.append(id(current))
-            key = tuple(parts)
-            hit = recent_calls.get(key)
-            if hit is not None:
-                return hit
-    call = checked()
-    if key is not None:
-        recent_calls.put(key, call, config.current())
-    return call
+    """The call of a signature seen before (``RecentCalls.memoized``: tensor metadata, pointer
+    alignment, scalars of exact classes — a dtype included —, the config in force), else
+    ``checked()`` — remembered when it passes."""
+    return recent_calls.memoized(op, tensors, scalars, checked, _SCALAR_CLASSES)
 
 
 def swiglu(x: Any, out_dtype: Any, topk_weights: Any, routed_scaling_factor: Any, clamp_value: Any,
