@@ -45,6 +45,14 @@ def choose(flag, when_true, when_false):
     return when_true if flag else when_false
 
 
+def plan_buffers(plan: dict) -> tuple[dict, dict]:
+    """``(buffers, versions)`` of a spec's ``plan()`` (name -> (shape, dtype, versions)), inside a
+    kernel: each buffer allocated in UB in the plan's order, and the buffers of more than one
+    version with their count (what :func:`row_loop` annotates)."""
+    buffers = {name: T.alloc_shared(*entry[:2]) for name, entry in plan.items()}
+    return buffers, {buffers[name]: entry[2] for name, entry in plan.items() if entry[2] > 1}
+
+
 def row_loop(extent, versions: dict, num_stages: int = 2):
     """The loop over a core's rows, as a ``for`` iterator: every buffer in ``versions``
     (buffer -> versions) annotated, then ``T.Pipelined`` over ``num_stages`` stages (TileLang

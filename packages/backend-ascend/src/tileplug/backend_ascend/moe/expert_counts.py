@@ -235,7 +235,6 @@ def build_count(spec: CountSpec):
     rows.check_budget(spec.footprint, spec.budget, spec.describe())
     params, Tn = count_parameters(spec)
     plan = spec.plan()
-    names = tuple(plan)
     E, W = spec.experts, spec.words
     nreg = rows.registers(E)
     compute = count_compute(spec)
@@ -243,8 +242,7 @@ def build_count(spec: CountSpec):
     def count_kernel(tensors):
         G = gm.declare(tensors)
         with T.Kernel(PARTIALS) as block:
-            buffers = {name: T.alloc_shared(*plan[name][:2]) for name in names}
-            versions = {buffers[name]: plan[name][2] for name in names if plan[name][2] > 1}
+            buffers, versions = rows.plan_buffers(plan)
             with T.SimdVF():
                 for c in T.serial(nreg):
                     T.simd.vsts(buffers["acc_ub"][c * LANES], T.simd.vdup(T.float32(0.0), F32))

@@ -359,15 +359,13 @@ def build(spec: GateSpec):
     rows.check_budget(spec.footprint, spec.budget, spec.describe())
     params, Tn = parameters(spec)
     plan = spec.plan()
-    names = tuple(plan)
     E, K, C = spec.experts, spec.slots, spec.vector_cores
     compute = gate_compute(spec)
 
     def gate_kernel(tensors):
         G = gm.declare(tensors)
         with T.Kernel(C) as cid:
-            buffers = {name: T.alloc_shared(*plan[name][:2]) for name in names}
-            versions = {buffers[name]: plan[name][2] for name in names if plan[name][2] > 1}
+            buffers, versions = rows.plan_buffers(plan)
             if spec.has_bias:
                 T.copy(G["B"][0:E], buffers["b_ub"][0:E])
             for it in rows.row_loop(T.ceildiv(Tn - cid, C), versions, spec.num_buffers):

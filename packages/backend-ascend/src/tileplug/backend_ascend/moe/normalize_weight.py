@@ -132,15 +132,13 @@ def build(spec: NormalizeSpec):
     rows.check_budget(spec.footprint, spec.budget, spec.describe())
     params, Tn = parameters(spec)
     plan = spec.plan()
-    names = tuple(plan)
     K, C = spec.slots, spec.vector_cores
     compute = normalize_compute(spec)
 
     def normalize_kernel(tensors):
         G = gm.declare(tensors)
         with T.Kernel(C) as cid:
-            buffers = {name: T.alloc_shared(*plan[name][:2]) for name in names}
-            versions = {buffers[name]: plan[name][2] for name in names if plan[name][2] > 1}
+            buffers, versions = rows.plan_buffers(plan)
             for it in rows.row_loop(T.ceildiv(Tn - cid, C), versions, spec.num_buffers):
                 row = cid + it * C
                 T.copy(G["W"][row, 0:K], buffers["w_ub"][0:K])

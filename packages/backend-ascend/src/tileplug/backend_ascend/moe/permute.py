@@ -252,7 +252,6 @@ def build_index(spec: IndexSpec):
     rows.check_budget(spec.footprint, spec.budget, spec.describe())
     params, Tn = index_parameters(spec)
     plan = spec.plan()
-    names = tuple(plan)
     E, K, W = spec.experts, spec.slots, spec.words
     nreg = rows.registers(E)
     count = count_compute(spec.count_spec())
@@ -262,13 +261,12 @@ def build_index(spec: IndexSpec):
     def index_kernel(tensors):
         G = gm.declare(tensors)
         with T.Kernel(1) as block:  # noqa: F841 - one block
-            buffers = {name: T.alloc_shared(*plan[name][:2]) for name in names}
+            buffers, versions = rows.plan_buffers(plan)
             with T.SimdVF():
                 for c in T.serial(nreg):
                     T.simd.vsts(buffers["acc_ub"][c * LANES], T.simd.vdup(T.float32(0.0), F32))
             # one annotation of every versioned buffer, given to both walks (a second, different
             # one would replace the first); each walk has its own index buffer
-            versions = {buffers[name]: plan[name][2] for name in names if plan[name][2] > 1}
             for it in rows.row_loop(Tn, versions, spec.num_buffers):
                 T.copy(G["I"][it, 0:W], buffers["i_ub"][0:W])
                 count(buffers)
@@ -322,15 +320,13 @@ def build_copy(spec: CopySpec):
     rows.check_budget(spec.footprint, spec.budget, spec.describe())
     params, Tn = copy_parameters(spec)
     plan = spec.plan()
-    names = tuple(plan)
     H, W, F, K, C, tiles = spec.row_words, spec.width, spec.sf_words, spec.slots, spec.vector_cores, spec.tiles
     compute = copy_compute(spec)
 
     def copy_kernel(tensors):
         G = gm.declare(tensors)
         with T.Kernel(C) as cid:
-            buffers = {name: T.alloc_shared(*plan[name][:2]) for name in names}
-            versions = {buffers[name]: plan[name][2] for name in names if plan[name][2] > 1}
+            buffers, versions = rows.plan_buffers(plan)
             for it in rows.row_loop(T.ceildiv(Tn - cid, C) * tiles, versions, spec.num_buffers):
                 token = cid + (it // tiles) * C
                 start = T.min((it % tiles) * W, H - W)

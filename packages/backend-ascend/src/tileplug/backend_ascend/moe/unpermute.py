@@ -188,7 +188,6 @@ def build(spec: UnpermuteSpec):
     rows.check_budget(spec.footprint, spec.budget, spec.describe())
     params, Tn, Rn = parameters(spec)
     plan = spec.plan()
-    names = tuple(plan)
     H, W, K, C, tiles = spec.hidden, spec.width, spec.slots, spec.vector_cores, spec.tiles
     step = 2 if spec.index_dtype == "int64" else 1
     width = padded(W)
@@ -197,8 +196,7 @@ def build(spec: UnpermuteSpec):
     def unpermute_kernel(tensors):
         G = gm.declare(tensors)
         with T.Kernel(C) as cid:
-            buffers = {name: T.alloc_shared(*plan[name][:2]) for name in names}
-            versions = {buffers[name]: plan[name][2] for name in names if plan[name][2] > 1}
+            buffers, versions = rows.plan_buffers(plan)
             for it in rows.row_loop(T.ceildiv(Tn - cid, C) * tiles, versions, spec.num_buffers):
                 token = cid + (it // tiles) * C
                 start = T.min((it % tiles) * W, H - W)
