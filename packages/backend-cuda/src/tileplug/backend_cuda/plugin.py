@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tileplug.backend_cuda import moe, norm, quant, rope
+from tileplug.backend_cuda import moe, norm, quant, rope, swiglu
 from tileplug.core import CUDA_LAYOUT, Backend, hookimpl
 
 PRIORITY = 100
@@ -106,6 +106,15 @@ def capabilities() -> str:
         "  each pair's row placed by its expert's thread in token order (stable, deterministic); padding rows\n"
         "  zeroed; unpermute in fp32 in slot order, rounded once. Declined: E > 1024, K > 2048, rows over 8192\n"
         "  elements (64 per thread of 128 in registers).\n"
+        "swiglu, swiglu_per_token_cast, swiglu_backward: the norm family's row tile over x viewed as [N, 2, H]\n"
+        "  (gate and up values of a column in one thread, one read of x), routed weights x routed_scaling_factor,\n"
+        "  clamp, expert_ends (a row's expert by binary search; padding rows never read, written as zeros, zero\n"
+        "  scales); sigmoid in fp64 rounded once (the reference's correctly rounded value), products in the\n"
+        "  reference's order, no FMA contraction; the cast is the norm cast's register cast (every sf layout of\n"
+        "  per_token_cast, bytewise equal to swiglu(fp32) -> per_token_cast on this backend); grad_topk_weights\n"
+        "  summed in the reference's pairwise order. bf16/fp32 x and outputs, any row stride (128-bit when aligned\n"
+        "  and H a multiple of 16 bytes of values). Declined: fp64 (gradcheck dtype), H over the norm tile's\n"
+        "  registers (bf16 > 32768, fp32 > 16384), a weighted backward whose row sum needs > 48 KB of shared memory.\n"
         "  Kernel cache: compiled modules are indexed next to TileLang's cache ($TILELANG_CACHE_DIR/tileplug-index,\n"
         "  TILEPLUG_CUDA_KERNEL_INDEX=DIR|off) and loaded without importing TileLang; `tileplug precompile` fills it.\n"
         "  Status: every specialisation of the CI grid lowers for sm_90 and compiles with nvcc; bit-exactness vs\n"
@@ -130,7 +139,8 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     return jit.precompile(specs, arch=arch, workers=workers, load=False)
 
 
-_KERNELS = {**quant.make_kernels(), **norm.make_kernels(), **rope.make_kernels(), **moe.make_kernels()}
+_KERNELS = {**quant.make_kernels(), **norm.make_kernels(), **rope.make_kernels(), **moe.make_kernels(),
+            **swiglu.make_kernels()}
 
 
 def make_backend() -> Backend:

@@ -32,7 +32,7 @@ class RowCast:
         self.e2m1 = quant.fmt == "e2m1"
         self.values_per_byte = 2 if self.e2m1 else 1
         self.q_dtype = "int8" if self.e2m1 else "float8_e4m3fn"
-        self.sf_dtype = SF_DTYPES[quant.sf_kind]
+        self.sf_dtype = SF_STORED = SF_DTYPES[quant.sf_kind]
         self.chunks = rows.CHUNKS
         VEC, D, HEADS, VPB, E2M1 = vec, width, heads, self.values_per_byte, self.e2m1
         IN = in_dtype
@@ -68,9 +68,10 @@ class RowCast:
                 sf[t, gc] = value
 
         @T.macro
-        def cast(yv, q, sf, t, n, lane, valid, amax, inv, qv):
+        def cast(yv, q, sf, t, n, lane, valid, amax, inv, qv, kept=True):
             """Scales and quantized bytes of the thread's values ``yv`` of row ``n`` of token ``t``
-            (``amax`` / ``inv``: ``chunks`` registers each, ``qv``: one vector of ``q``)."""
+            (``amax`` / ``inv``: ``chunks`` registers each, ``qv``: one vector of ``q``); where
+            ``kept`` is false (a padding row of the SwiGLU cast) the row's scales are stored as 0."""
             for k in CHUNK_INDICES:
                 amax[k] = 0
                 for j in VALUE_INDICES:
@@ -81,8 +82,11 @@ class RowCast:
                 col = rows.column(k, lane)
                 flat = flat_column(n, col)
                 if valid and col < D and lane % LANES_PER_GROUP == 0:
-                    store_scale(sf, t, flat // GROUP,
-                                sf_math.group_scale(amax[k], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED))
+                    scale = sf_math.group_scale(amax[k], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED)
+                    if kept is True:
+                        store_scale(sf, t, flat // GROUP, scale)
+                    else:
+                        store_scale(sf, t, flat // GROUP, T.if_then_else(kept, scale, T.cast(0, SF_STORED)))
                 if E2M1:
                     for j in T.unroll(VEC // 2):
                         qv[j] = T.cast(

@@ -1,0 +1,156 @@
+"""What a CUDA SwiGLU kernel is specialised on, derived from a ``SwigluCall``.
+
+A :class:`SwigluKernelSpec` holds compile-time constants only: the op, ``H``, dtypes,
+whether routed weights, a clamp or an expert layout come with the call, the scaling factor
+and clamp value (fixed per model: folded into the code), the fused cast and the row tile.
+The row count ``N`` and every row stride are runtime values, so one compiled kernel serves
+every batch of a configuration.
+
+Row tile: the norm family's (``norm.spec.row_tile`` of ``H`` values of x's dtype), so a row
+of ``y`` is held by ``lanes`` threads exactly as a norm row is; x ``[N, 2H]`` is read as
+``[N, 2, H]`` (row 0 the gate half, row 1 the up half) through the same loads, and the
+backward's ``grad_topk_weights`` row sum is the norm tile's reference-order tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tileplug.backend_cuda.norm.spec import (
+    MAX_SHARED_BYTES,
+    MAX_VECTORS,
+    TL_DTYPES,
+    VECTOR_BYTES,
+    QuantSpec,
+    RowTile,
+    _hex,
+    reduction_plan,
+    row_tile,
+    vector_width,
+)
+from tileplug.core.contracts.swiglu import SWIGLU_BACKWARD, SwigluCall
+from tileplug.core.quant.layouts import CUDA_LAYOUT
+
+HALVES = 2
+"""x's row is ``[gate | up]``: read as two rows of ``H`` (the norm tile's 3-D buffers)."""
+
+
+@dataclass(frozen=True)
+class SwigluKernelSpec:
+    """Compile-time constants of one CUDA SwiGLU kernel.
+
+    ``op``: swiglu / swiglu_per_token_cast / swiglu_backward. ``hidden``: ``H``. ``in_dtype``:
+    x's TileLang dtype; ``out_dtype``: ``y``'s (forward) or ``grad_y``'s (backward).
+    ``weighted``: ``topk_weights`` are read; ``scaling``: ``routed_scaling_factor`` (fp32);
+    ``clamp``: the clamp value (None: none); ``experts``: the length of ``expert_ends`` (None:
+    every row is valid) and ``expert_alignment`` its layout's alignment. ``vectorize``:
+    128-bit accesses (every row 16-byte aligned and ``H`` a multiple of the vector).
+    ``quant``: the fused cast (``norm.spec.QuantSpec``: the norm cast's macros serve it).
+    """
+
+    op: str
+    hidden: int
+    in_dtype: str
+    out_dtype: str
+    weighted: bool
+    scaling: float
+    clamp: float | None
+    experts: int | None
+    expert_alignment: int
+    vectorize: bool
+    tile: RowTile
+    quant: QuantSpec | None = None
+
+    # what norm.rows.RowMacros reads of a spec: x as [N, 2, H], no residual
+    heads = HALVES
+    residual = False
+
+    def build(self):
+        """The TileLang ``PrimFunc`` (``tileplug.backend_cuda.jit``), built by the op's module
+        ``tileplug.backend_cuda.swiglu.<op>``."""
+        import importlib
+
+        return importlib.import_module(f"tileplug.backend_cuda.swiglu.{self.op}").build(self)
+
+    @property
+    def vec(self) -> int:
+        """Values per vector (16 bytes of x's dtype)."""
+        return {"bfloat16": 8, "float32": 4}[self.in_dtype]
+
+    @property
+    def name(self) -> str:
+        """A short, unique, identifier-safe name (kernel symbol and cache key text)."""
+        short = {"bfloat16": "bf16", "float32": "fp32"}
+        parts = [self.op, short[self.in_dtype], short[self.out_dtype], f"h{self.hidden}"]
+        if self.weighted:
+            parts.append("w")
+        if self.scaling != 1.0:
+            parts.append(f"s{_hex(self.scaling)}")
+        if self.clamp is not None:
+            parts.append(f"c{_hex(self.clamp)}")
+        if self.experts is not None:
+            parts.append(f"e{self.experts}a{self.expert_alignment}")
+        parts.append("v128" if self.vectorize else "scalar")
+        parts.append(f"l{self.tile.lanes}r{self.tile.rows}c{self.tile.chunks}")
+        quant = self.quant
+        if quant is not None:
+            parts += [quant.fmt, f"g{quant.group}", f"sf{quant.sf_kind}{'col' if quant.sf_col_major else ''}"]
+            if quant.round_sf:
+                parts.append("round")
+            parts.append(f"m{_hex(quant.clamp_min)}")
+        return "_".join(parts)
+
+
+def reason(call: SwigluCall) -> str | None:
+    """Why the CUDA kernels decline ``call`` (None: served)."""
+    if call.input_dtype not in TL_DTYPES or call.input_dtype == torch.float16:
+        return f"x dtype {call.input_dtype} is not served by the CUDA kernels (bf16, fp32)"
+    if call.output_dtype not in TL_DTYPES or call.output_dtype == torch.float16:
+        return f"output dtype {call.output_dtype} is not served by the CUDA kernels (bf16, fp32)"
+    tile = row_tile(call.hidden, call.input_dtype)
+    if tile is None:
+        return (f"H = {call.hidden} {call.input_dtype} values per half row do not fit one CTA's registers "
+                f"(at most {MAX_VECTORS * vector_width(call.input_dtype)})")
+    if call.op == SWIGLU_BACKWARD and call.weighted:
+        shared = tile.rows * reduction_plan(call.hidden, tile, vector_width(call.input_dtype)).width * 4
+        if shared > MAX_SHARED_BYTES:
+            return (f"H = {call.hidden} has no exact row tile: the grad_topk_weights row sum would need {shared} "
+                    f"bytes of shared memory (more than {MAX_SHARED_BYTES})")
+    return None
+
+
+def vectorizes(call: SwigluCall) -> bool:
+    """128-bit accesses: every row tensor 16-byte aligned and ``H`` a multiple of the vector
+    (so the up half starts on a vector too)."""
+    return call.alignment >= VECTOR_BYTES and call.hidden % vector_width(call.input_dtype) == 0
+
+
+def quant_spec(call: SwigluCall) -> QuantSpec | None:
+    """The cast part of ``swiglu_per_token_cast`` (None for the other ops)."""
+    if call.quant is None:
+        return None
+    cast = call.quant.cast
+    kind = cast.sf_encoding(CUDA_LAYOUT).kind
+    return QuantSpec(fmt=cast.fmt.name, group=cast.block[1], sf_kind=kind,
+                     sf_col_major=bool(cast.col_major_sf) and kind == "ue8m0", round_sf=bool(cast.round_sf),
+                     clamp_min=float(cast.clamp_min), unquantized=False)
+
+
+def make_spec(call: SwigluCall) -> SwigluKernelSpec:
+    """The specialisation serving ``call`` (assumes :func:`reason` is None)."""
+    return SwigluKernelSpec(
+        op=call.op,
+        hidden=call.hidden,
+        in_dtype=TL_DTYPES[call.input_dtype],
+        out_dtype=TL_DTYPES[call.output_dtype],
+        weighted=call.weighted,
+        scaling=float(call.routed_scaling_factor),
+        clamp=None if call.clamp_value is None else float(call.clamp_value),
+        experts=call.num_experts,
+        expert_alignment=call.expert_alignment,
+        vectorize=vectorizes(call),
+        tile=row_tile(call.hidden, call.input_dtype),
+        quant=quant_spec(call),
+    )

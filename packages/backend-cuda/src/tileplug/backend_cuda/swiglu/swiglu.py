@@ -1,0 +1,56 @@
+"""CUDA ``swiglu``: ``y = g·sigmoid(g)·u·w'`` of each row of x ``[N, 2H]`` → ``[N, H]``.
+
+One read of x (both halves of a row by the threads holding the same columns of ``y``), one
+write of ``y`` rounded once to its dtype; padding rows of an expert layout are not read and
+are written as zeros (``activation``).
+
+No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
+"""
+
+import tilelang.language as T
+
+from tileplug.backend_cuda.norm.rows import RowMacros
+from tileplug.backend_cuda.swiglu.activation import SwigluMacros, vector_strides
+from tileplug.backend_cuda.swiglu.spec import SwigluKernelSpec
+
+
+def build(spec: SwigluKernelSpec):
+    """The ``T.prim_func`` of a ``swiglu`` specialisation: buffers ``(x, topk_weights,
+    expert_ends, y)``, an absent one replaced by x (never read)."""
+    M = T.dynamic("M")
+    rows = RowMacros(spec, M)
+    act = SwigluMacros(spec, rows)
+    VALUES, OUT = rows.VALUES, spec.out_dtype
+    x_t = SwigluMacros.halves_buffer(spec, M)
+    w_t = SwigluMacros.weights_buffer(spec, M)
+    e_t = SwigluMacros.ends_buffer(spec)
+    y_t = SwigluMacros.single_buffer(spec, "y", OUT, M)
+    STRIDES = vector_strides(spec.vec, x_t, y_t) if spec.vectorize else []
+
+    @T.prim_func
+    def kernel(x: x_t, topk_weights: w_t, expert_ends: e_t, y: y_t):
+        with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+            for stride, per_vector in STRIDES:
+                T.assume(stride % per_vector == 0)
+            tx = T.get_thread_binding()
+            row = bx * rows.ROWS + tx // rows.LANES
+            lane = tx % rows.LANES
+            exists = row < M
+            valid = T.alloc_local((1,), "int32")
+            scale = T.alloc_local((1,), "float32")
+            gate = T.alloc_local((VALUES,), spec.in_dtype)
+            up = T.alloc_local((VALUES,), spec.in_dtype)
+            g = T.alloc_local((VALUES,), "float32")
+            u = T.alloc_local((VALUES,), "float32")
+            s = T.alloc_local((VALUES,), "float32")
+            yv = T.alloc_local((VALUES,), OUT)
+            act.find_valid(expert_ends, row, exists, valid)
+            act.load_halves(x, gate, up, row, lane, valid[0] != 0)
+            act.load_scale(topk_weights, row, valid[0] != 0, scale)
+            act.activate(gate, up, scale, g, u, s)
+            for i in T.unroll(VALUES):
+                yv[i] = T.cast(T.if_then_else(valid[0] != 0, act.forward_value(g, u, s, scale, i), T.float32(0.0)),
+                               OUT)
+            rows.store_row(y, yv, row, 0, lane, exists)
+
+    return kernel.with_attr("global_symbol", spec.name)

@@ -1,0 +1,69 @@
+"""CUDA ``swiglu_per_token_cast``: ``swiglu`` with an fp32 ``y`` then ``per_token_cast`` of it,
+in one pass: ``y`` never leaves the registers (SPEC §8: the fp32 ``y`` is quantized directly).
+
+The activation is ``swiglu``'s (``activation``), the cast the norm family's register cast
+(``norm.row_cast.RowCast``: the quant kernel's scale macros in its order of operations, amax
+on the bits of the fp32 ``|y|``), so ``(q, sf)`` are the bytes of this backend's
+``swiglu(x, out_dtype=torch.float32)`` followed by its ``per_token_cast``. A padding row's
+values are zeros (its x is not read), quantized as such, and its scales are stored as 0.
+
+No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
+"""
+
+import tilelang.language as T
+
+from tileplug.backend_cuda.norm.row_cast import RowCast
+from tileplug.backend_cuda.norm.rows import RowMacros
+from tileplug.backend_cuda.swiglu.activation import SwigluMacros, vector_strides
+from tileplug.backend_cuda.swiglu.spec import SwigluKernelSpec
+
+
+def build(spec: SwigluKernelSpec):
+    """The ``T.prim_func`` of a ``swiglu_per_token_cast`` specialisation: buffers ``(x,
+    topk_weights, expert_ends, q, sf)`` (``sf``: the bytes of packed UE8M0 storage), an absent
+    one replaced by x (never read)."""
+    M = T.dynamic("M")
+    rows = RowMacros(spec, M)
+    act = SwigluMacros(spec, rows)
+    VALUES, VEC, H = rows.VALUES, spec.vec, spec.hidden
+    cast = RowCast(spec.quant, rows, "float32", VEC, H, None, spec.vectorize)
+    VPB, QDT = cast.values_per_byte, cast.q_dtype
+    x_t = SwigluMacros.halves_buffer(spec, M)
+    w_t = SwigluMacros.weights_buffer(spec, M)
+    e_t = SwigluMacros.ends_buffer(spec)
+    q_t = T.Tensor((M, H // VPB), QDT)
+    sf_t = cast.sf_type()
+    STRIDES = vector_strides(VEC, x_t) if spec.vectorize else []
+
+    @T.prim_func
+    def kernel(x: x_t, topk_weights: w_t, expert_ends: e_t, q: q_t, sf: sf_t):
+        with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+            for stride, per_vector in STRIDES:
+                T.assume(stride % per_vector == 0)
+            tx = T.get_thread_binding()
+            row = bx * rows.ROWS + tx // rows.LANES
+            lane = tx % rows.LANES
+            exists = row < M
+            valid = T.alloc_local((1,), "int32")
+            scale = T.alloc_local((1,), "float32")
+            gate = T.alloc_local((VALUES,), spec.in_dtype)
+            up = T.alloc_local((VALUES,), spec.in_dtype)
+            g = T.alloc_local((VALUES,), "float32")
+            u = T.alloc_local((VALUES,), "float32")
+            s = T.alloc_local((VALUES,), "float32")
+            yv = T.alloc_local((VALUES,), "float32")
+            amax = T.alloc_local((rows.CHUNKS,), "int32")
+            inv = T.alloc_local((rows.CHUNKS,), "float32")
+            qv = T.alloc_local((VEC // VPB,), QDT)
+            act.find_valid(expert_ends, row, exists, valid)
+            act.load_halves(x, gate, up, row, lane, valid[0] != 0)
+            act.load_scale(topk_weights, row, valid[0] != 0, scale)
+            act.activate(gate, up, scale, g, u, s)
+            for i in T.unroll(VALUES):
+                yv[i] = T.if_then_else(valid[0] != 0, act.forward_value(g, u, s, scale, i), T.float32(0.0))
+            if spec.experts is None:
+                cast.cast(yv, q, sf, row, 0, lane, exists, amax, inv, qv)
+            else:
+                cast.cast(yv, q, sf, row, 0, lane, exists, amax, inv, qv, valid[0] != 0)
+
+    return kernel.with_attr("global_symbol", spec.name)
