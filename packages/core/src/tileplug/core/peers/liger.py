@@ -1,9 +1,16 @@
-"""Liger Kernel 0.8.5 (PyPI ``liger-kernel``) spelt as tileplug's norm ops.
+"""Liger Kernel 0.8.5 (PyPI ``liger-kernel``) spelt as tileplug's norm and SwiGLU ops.
 
 RMSNorm and LayerNorm through Liger's autograd functions (forward only: the bench times
 the op, not a training step). Liger's RMSNorm has a weight offset but no residual input,
 no ``out_scale`` and no rstd output; its RoPE works on another layout ([B, H, S, D] with
 per-token cos/sin tensors), so it is not offered as ``apply_rotary``.
+
+SwiGLU: Liger's ``swiglu_forward`` / ``swiglu_backward`` (the kernels of ``LigerSiLUMulFunction``)
+take the gate and up halves as two contiguous tensors of one stride, where tileplug takes
+``x = [gate | up]``: the adapter splits an input once and keeps the halves for the same tensor
+(same storage and version), so repeated timing of one input times Liger's kernel alone. Its
+backward writes the gradients into those halves (its own in-place contract). No routed
+weights, clamp or expert layout.
 """
 
 from __future__ import annotations
@@ -11,8 +18,13 @@ from __future__ import annotations
 import torch
 from liger_kernel.ops.layer_norm import LigerLayerNormFunction
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+from liger_kernel.ops.swiglu import swiglu_backward as _swiglu_backward
+from liger_kernel.ops.swiglu import swiglu_forward as _swiglu_forward
 
-__all__ = ["layer_norm", "rms_norm"]
+__all__ = ["layer_norm", "rms_norm", "swiglu", "swiglu_backward"]
+
+_HALVES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_MAX_KEPT = 64
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
@@ -41,3 +53,40 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     if weight is None or bias is None:
         raise TypeError("Liger's LayerNorm needs a weight and a bias")
     return LigerLayerNormFunction.apply(x, weight, bias, eps)
+
+
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x ``[N, 2H]`` → contiguous ``(gate, up)``, made once per input tensor (see the module docstring)."""
+    key = (x.data_ptr(), x._version, tuple(x.shape), tuple(x.stride()), x.dtype)
+    halves = _HALVES.get(key)
+    if halves is None:
+        if len(_HALVES) >= _MAX_KEPT:
+            _HALVES.clear()
+        width = x.shape[1] // 2
+        halves = _HALVES[key] = (x[:, :width].contiguous(), x[:, width:].contiguous())
+    return halves
+
+
+def _plain(op: str, topk_weights, routed_scaling_factor, clamp_value, expert_ends) -> None:
+    for name, value, default in (("topk_weights", topk_weights, None), ("routed_scaling_factor", routed_scaling_factor,
+                                 1.0), ("clamp_value", clamp_value, None), ("expert_ends", expert_ends, None)):
+        if value is not default and value != default:
+            raise TypeError(f"Liger's {op} has no '{name}' (this case sets it)")
+
+
+def swiglu(x: torch.Tensor, out_dtype: torch.dtype | None = None, topk_weights: torch.Tensor | None = None,
+           routed_scaling_factor: float = 1.0, clamp_value: float | None = None,
+           expert_ends: torch.Tensor | None = None, expert_alignment: int = 128) -> torch.Tensor:
+    """Liger's ``swiglu_forward`` (output in x's dtype)."""
+    _plain("SwiGLU", topk_weights, routed_scaling_factor, clamp_value, expert_ends)
+    if out_dtype not in (None, x.dtype):
+        raise TypeError("Liger's SwiGLU writes x's dtype only")
+    return _swiglu_forward(*_halves(x))[2]
+
+
+def swiglu_backward(x: torch.Tensor, grad_y: torch.Tensor, topk_weights: torch.Tensor | None = None,
+                    routed_scaling_factor: float = 1.0, clamp_value: float | None = None,
+                    expert_ends: torch.Tensor | None = None, expert_alignment: int = 128) -> object:
+    """Liger's ``swiglu_backward`` (gradients written into the cached halves)."""
+    _plain("SwiGLU backward", topk_weights, routed_scaling_factor, clamp_value, expert_ends)
+    return _swiglu_backward(*_halves(x), grad_y)

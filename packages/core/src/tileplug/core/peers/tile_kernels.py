@@ -2,7 +2,9 @@
 
 The quant ops share tileplug's names and arguments and are TileKernels' own functions; the
 norm ops map onto ``norm_forward``, ``norm_forward_and_per_token_cast`` and
-``norm_backward``, RoPE onto ``tile_kernels.transform.apply_rotary``. Only the facts of its
+``norm_backward``, RoPE onto ``tile_kernels.transform.apply_rotary``, the SwiGLU ops onto
+``swiglu_forward``, ``swiglu_forward_and_per_token_cast`` and ``swiglu_backward`` (whose expert
+layout is tileplug's ``expert_ends`` under TileKernels' token alignment, 128 by default). Only the facts of its
 public API are used here (argument names and return order, from its docstrings).
 """
 
@@ -17,7 +19,10 @@ from tile_kernels.quant import (  # noqa: F401 - re-exported under tileplug's op
     per_block_cast,
     per_channel_cast,
     per_token_cast,
+    swiglu_forward,
+    swiglu_forward_and_per_token_cast,
 )
+from tile_kernels.quant import swiglu_backward as _swiglu_backward
 from tile_kernels.transform import apply_rotary  # noqa: F401 - same name and arguments
 
 __all__ = [
@@ -29,6 +34,9 @@ __all__ = [
     "rms_norm",
     "rms_norm_backward",
     "rms_norm_per_token_cast",
+    "swiglu",
+    "swiglu_backward",
+    "swiglu_per_token_cast",
 ]
 
 
@@ -72,3 +80,50 @@ def rms_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
     """``norm_backward`` with tileplug's arguments (no ``weight_offset``)."""
     _refuse("weight_offset", weight_offset, 0.0)
     return norm_backward(grad_y, x, weight, rstd, grad_residual_out, out_scale)
+
+
+TOKEN_ALIGNMENT = 128
+"""TileKernels' default token alignment of an expert layout (``tile_kernels.config``)."""
+
+
+def _routing(topk_weights: torch.Tensor | None, routed_scaling_factor: float, expert_ends: torch.Tensor | None,
+             expert_alignment: int) -> float | None:
+    """TileKernels' ``routed_scaling_factor`` argument (it takes one only with weights)."""
+    if expert_ends is not None:
+        _refuse("expert_alignment", expert_alignment, TOKEN_ALIGNMENT)
+    if topk_weights is None:
+        _refuse("routed_scaling_factor (without topk_weights)", routed_scaling_factor, 1.0)
+        return None
+    return routed_scaling_factor
+
+
+def swiglu(x: torch.Tensor, out_dtype: torch.dtype | None = None, topk_weights: torch.Tensor | None = None,
+           routed_scaling_factor: float = 1.0, clamp_value: float | None = None,
+           expert_ends: torch.Tensor | None = None, expert_alignment: int = 128) -> torch.Tensor:
+    """``swiglu_forward`` with tileplug's arguments (bf16 / fp32 output)."""
+    factor = _routing(topk_weights, routed_scaling_factor, expert_ends, expert_alignment)
+    fmt = "fp32" if (out_dtype or x.dtype) == torch.float32 else "bf16"
+    return swiglu_forward(x, fmt, expert_ends, topk_weights, factor, clamp_value)
+
+
+def swiglu_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 128,
+                          topk_weights: torch.Tensor | None = None, routed_scaling_factor: float = 1.0,
+                          clamp_value: float | None = None, expert_ends: torch.Tensor | None = None,
+                          expert_alignment: int = 128, round_sf: bool = False, use_packed_ue8m0: bool = False,
+                          use_tma_aligned_col_major_sf: bool = False, use_e4m3_sf: bool = False) -> object:
+    """``swiglu_forward_and_per_token_cast`` with tileplug's arguments (e4m3 1×32 / 1×128 only)."""
+    _refuse("use_e4m3_sf", use_e4m3_sf, False)
+    if (fmt, num_per_channels) not in (("e4m3", 32), ("e4m3", 128)):
+        raise TypeError(f"TileKernels' SwiGLU cast takes e4m3 1×32 or 1×128 groups (this case: {fmt} 1×{num_per_channels})")
+    factor = _routing(topk_weights, routed_scaling_factor, expert_ends, expert_alignment)
+    return swiglu_forward_and_per_token_cast(x, fmt, num_per_channels, expert_ends, topk_weights, factor,
+                                             use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value)
+
+
+def swiglu_backward(x: torch.Tensor, grad_y: torch.Tensor, topk_weights: torch.Tensor | None = None,
+                    routed_scaling_factor: float = 1.0, clamp_value: float | None = None,
+                    expert_ends: torch.Tensor | None = None, expert_alignment: int = 128) -> object:
+    """TileKernels' ``swiglu_backward`` (unquantized, x's dtype) with tileplug's arguments."""
+    factor = _routing(topk_weights, routed_scaling_factor, expert_ends, expert_alignment)
+    fmt = "fp32" if x.dtype == torch.float32 else "bf16"
+    return _swiglu_backward(x, grad_y, fmt, expert_ends, topk_weights, factor, clamp_value)
