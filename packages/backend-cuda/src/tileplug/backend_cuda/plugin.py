@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tileplug.backend_cuda import moe, norm, quant, rope, swiglu
+from tileplug.backend_cuda import moe, norm, quant, random, rope, swiglu
 from tileplug.core import CUDA_LAYOUT, Backend, hookimpl
 
 PRIORITY = 100
@@ -140,7 +140,7 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
 
 
 _KERNELS = {**quant.make_kernels(), **norm.make_kernels(), **rope.make_kernels(), **moe.make_kernels(),
-            **swiglu.make_kernels()}
+            **swiglu.make_kernels(), **random.make_kernels()}
 
 
 def make_backend() -> Backend:

@@ -1,0 +1,121 @@
+"""Philox4x32-10 in TileLang integer arithmetic, and the one-thread kernel advancing a
+generator's offset: what ``fill_rand`` and ``fill_randn`` share (SPEC §9).
+
+Thread ``i`` of the grid owns the Philox blocks ``b = i · B … i · B + B − 1`` (``B``: the
+spec's ``blocks_per_thread``) and so the values ``4b … 4b + 3`` of each: its run of
+consecutive values, written with 128-bit stores where the whole run lies inside the draw.
+A block's counter is ``(b mod 2^32, b >> 32, offset mod 2^32, offset >> 32)`` and the key
+``(seed mod 2^32, seed >> 32)``, both read from the device tensors (nothing on the host, so
+a captured graph draws with the offset of the moment it replays). A round multiplies two
+counter words by the round constants as 32 × 32 → 64-bit products (``uint64`` of the zero-
+extended words: one ``mul.wide.u32`` each, exact by construction) and mixes the halves with
+the key; the key gains the Weyl constants between rounds.
+
+The offset is advanced by a second launch on the same stream (``build_advance``: one thread,
+``offset += 1``) once every block of the draw has read it: inside one kernel a block
+scheduled late could read the already advanced offset.
+
+No ``from __future__ import annotations``: TileLang evaluates the macro annotations.
+"""
+
+import tilelang.language as T
+
+from tileplug.backend_cuda.random.spec import RandomKernelSpec
+
+MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
+"""The round multipliers of counter words 0 and 2 (Random123's Philox4x32 constants)."""
+WEYL_CONSTANTS = (0x9E3779B9, 0xBB67AE85)
+"""What each key word gains between two rounds (mod 2^32)."""
+ROUNDS = 10
+WORD_BITS = 32
+
+
+def low_word(value):
+    """The low 32 bits of a 64-bit integer expression, as uint32."""
+    return T.cast(value, "uint32")
+
+
+def high_word(value):
+    """The high 32 bits of a 64-bit integer expression, as uint32."""
+    return T.cast(T.shift_right(T.cast(value, "uint64"), WORD_BITS), "uint32")
+
+
+@T.macro
+def philox_block(seed, offset, block, words):
+    """``words[0..3]`` (uint32 locals) = Philox4x32-10 of counter ``(block, offset)`` under key
+    ``seed`` (``seed`` / ``offset``: the int64 values read from the generator's tensors,
+    ``block``: the block's 64-bit index)."""
+    key = T.alloc_local((2,), "uint32")
+    product = T.alloc_local((2,), "uint64")
+    spare = T.alloc_local((2,), "uint32")
+    key[0] = low_word(seed)
+    key[1] = high_word(seed)
+    words[0] = low_word(block)
+    words[1] = high_word(block)
+    words[2] = low_word(offset)
+    words[3] = high_word(offset)
+    for index in T.unroll(ROUNDS):
+        if index > 0:
+            key[0] = key[0] + T.uint32(WEYL_CONSTANTS[0])
+            key[1] = key[1] + T.uint32(WEYL_CONSTANTS[1])
+        product[0] = T.cast(words[0], "uint64") * T.uint64(MULTIPLIERS[0])
+        product[1] = T.cast(words[2], "uint64") * T.uint64(MULTIPLIERS[1])
+        spare[0] = words[1]
+        spare[1] = words[3]
+        words[0] = high_word(product[1]) ^ spare[0] ^ key[0]
+        words[1] = low_word(product[1])
+        words[2] = high_word(product[0]) ^ spare[1] ^ key[1]
+        words[3] = low_word(product[0])
+
+
+class RunLayout:
+    """The thread's run of values (``blocks_per_thread`` blocks of 4) and its stores."""
+
+    def __init__(self, spec: RandomKernelSpec, count) -> None:
+        self.BLOCKS = spec.blocks_per_thread
+        self.RUN = 4 * self.BLOCKS
+        from tileplug.backend_cuda.random.spec import THREADS
+
+        self.THREADS = THREADS
+        RUN, DTYPE, VECTORIZE = self.RUN, spec.dtype, spec.vectorize
+
+        @T.macro
+        def store_run(values, first, run):
+            """``values[first … first + RUN)`` = ``run`` (fp32), rounded once to the values' dtype;
+            only the elements inside the draw are written."""
+            if VECTORIZE:
+                if first + RUN <= count:
+                    for j in T.vectorized(RUN):
+                        values[first + j] = T.cast(run[j], DTYPE)
+                else:
+                    for j in T.unroll(RUN):
+                        if first + j < count:
+                            values[first + j] = T.cast(run[j], DTYPE)
+            else:
+                for j in T.unroll(RUN):
+                    if first + j < count:
+                        values[first + j] = T.cast(run[j], DTYPE)
+
+        self.store_run = store_run
+
+    def grid(self, count):
+        return T.ceildiv(count, self.RUN * self.THREADS)
+
+
+def state_buffers():
+    """``seed`` and ``offset``: int64 ``[1]``."""
+    return T.Tensor((1,), "int64"), T.Tensor((1,), "int64")
+
+
+def build_advance(spec: RandomKernelSpec):
+    """``offset[0] += 1`` by one thread (launched after a draw's kernel, same stream)."""
+    _, offset_t = state_buffers()
+
+    @T.prim_func
+    def kernel(offset: offset_t):
+        with T.Kernel(1, threads=32) as bx:
+            tx = T.get_thread_binding()
+            if tx == 0 and bx == 0:
+                offset[0] = offset[0] + T.int64(1)
+
+    return kernel.with_attr("global_symbol", spec.name)

@@ -1,0 +1,56 @@
+"""What a CUDA random-number kernel is specialised on, derived from a ``RandomCall``.
+
+A draw's element count is a runtime value; a spec fixes the op (uniform or normal, or the
+offset's advance), the values' dtype and whether every thread's whole run of values is
+stored with 128-bit stores (the values' data pointer 16-byte aligned: checked per call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+TL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+THREADS = 256
+RUN_BYTES = 32
+"""Bytes of values one thread writes (two 128-bit stores): 2 Philox blocks of fp32, 4 of bf16/fp16."""
+WORDS_PER_BLOCK = 4
+ADVANCE = "advance_offset"
+"""The one-thread kernel that adds 1 to a generator's offset after a draw (see ``philox``)."""
+
+
+@dataclass(frozen=True)
+class RandomKernelSpec:
+    """``op``: fill_rand / fill_randn / advance_offset; ``dtype``: the values' TileLang dtype;
+    ``vectorize``: 128-bit stores of whole runs."""
+
+    op: str
+    dtype: str = "float32"
+    vectorize: bool = True
+
+    def build(self):
+        """The TileLang ``PrimFunc`` (``tileplug.backend_cuda.jit``), built by the op's module."""
+        import importlib
+
+        if self.op == ADVANCE:
+            from tileplug.backend_cuda.random.philox import build_advance
+
+            return build_advance(self)
+        return importlib.import_module(f"tileplug.backend_cuda.random.{self.op}").build(self)
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self.dtype == "float32" else 2
+
+    @property
+    def blocks_per_thread(self) -> int:
+        """Philox blocks one thread computes (its run of ``4 · blocks`` consecutive values)."""
+        return RUN_BYTES // (WORDS_PER_BLOCK * self.itemsize)
+
+    @property
+    def name(self) -> str:
+        if self.op == ADVANCE:
+            return ADVANCE
+        short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
+        return f"{self.op}_{short}_{'v128' if self.vectorize else 'scalar'}_t{THREADS}"

@@ -1,0 +1,63 @@
+"""The kernel objects of the CUDA random-number ops (``fill_rand``, ``fill_randn``): a draw is
+the op's kernel over the values, then the one-thread ``advance_offset`` kernel on the same
+stream (``philox``). Nothing here imports TileLang.
+
+A launcher is built once per call signature; per call it picks the 128-bit or the scalar
+store specialisation by the values' data pointer (a contiguous view may start anywhere),
+loading the scalar one at its first use. No host sync, no formatting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tileplug.backend_cuda import jit
+from tileplug.backend_cuda.random.spec import ADVANCE, TL_DTYPES, RandomKernelSpec
+from tileplug.core.contracts.random import RandomCall
+
+Launcher = Callable[[Any, Any], None]
+VECTOR_BYTES = 16
+
+
+class RandomKernel:
+    """``fill_rand`` / ``fill_randn`` on CUDA: ``supports``, ``specs``, ``source``, ``prepare``."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+
+    def supports(self, call: RandomCall) -> str | None:
+        if call.op != self.op:
+            return f"this kernel serves {self.op}, not {call.op}"
+        return None
+
+    def spec(self, call: RandomCall, vectorize: bool = True) -> RandomKernelSpec:
+        return RandomKernelSpec(self.op, TL_DTYPES[call.dtype], vectorize)
+
+    def specs(self, call: RandomCall) -> list:
+        """The draw's two store forms and the offset's advance."""
+        return [self.spec(call), self.spec(call, vectorize=False), RandomKernelSpec(ADVANCE)]
+
+    def source(self, call: RandomCall, arch: str = jit.DEFAULT_ARCH) -> str:
+        return "\n".join(jit.lower_source(spec, arch) for spec in (self.spec(call), RandomKernelSpec(ADVANCE)))
+
+    def __call__(self, call: RandomCall, inputs: Any, outputs: Any) -> None:
+        self.prepare(call)(inputs, outputs)
+
+    def prepare(self, call: RandomCall) -> Launcher:
+        draw = jit.entry(self.spec(call))
+        advance = jit.entry(RandomKernelSpec(ADVANCE))
+        scalar_spec = self.spec(call, vectorize=False)
+        scalar: list = []
+
+        def launch(inputs: Any, outputs: Any) -> None:
+            values = inputs.values.view(-1)
+            if values.data_ptr() % VECTOR_BYTES == 0:
+                draw(values, inputs.seed, inputs.offset)
+            else:
+                if not scalar:
+                    scalar.append(jit.entry(scalar_spec))
+                scalar[0](values, inputs.seed, inputs.offset)
+            advance(inputs.offset)
+
+        return launch
