@@ -27,7 +27,8 @@ def test_backend_registers_every_quant_op() -> None:
                                     "layer_norm", "rms_norm_per_token_cast", "rms_norm_backward",
                                     "layer_norm_backward", "apply_rotary", "rms_norm_rope", "topk_gate",
                                     "normalize_weight", "moe_topk_gate", "moe_topk_gate_backward",
-                                    "moe_expert_counts", "moe_permute", "moe_unpermute"}
+                                    "moe_expert_counts", "moe_permute", "moe_unpermute", "swiglu",
+                                    "swiglu_per_token_cast", "swiglu_backward", "fill_rand", "fill_randn"}
     assert backend.lower is not None and "Declined" in backend.capabilities()
 
 

@@ -1,0 +1,140 @@
+"""CUDA SwiGLU and random-number kernels, host side, without a GPU: what they decline, how
+calls map onto specialisations, and what the launchers hand the compiled entry (views, the
+stand-ins of absent buffers, the store form of a draw and the offset's advance launch),
+with ``jit.entry`` replaced by a recorder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tileplug.backend_cuda import jit
+from tileplug.backend_cuda.plugin import _KERNELS
+from tileplug.core import ops
+from tileplug.core.lowering import describe_call
+
+BF16, FP32 = torch.bfloat16, torch.float32
+
+
+class Recorder:
+    """Stands in for ``jit.entry``: each spec's entry records the arguments of its launches."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[str, tuple]] = []
+
+    def entry(self, spec):
+        def launch(*arguments):
+            self.launches.append((spec.name, arguments))
+
+        return launch
+
+
+@pytest.fixture
+def recorder(monkeypatch) -> Recorder:
+    recording = Recorder()
+    monkeypatch.setattr(jit, "entry", recording.entry)
+    return recording
+
+
+def _prepared(op, *args, **kwargs):
+    call, inputs = describe_call(op, *args, **kwargs)
+    kernel = _KERNELS[call.op]
+    assert kernel.supports(call) is None, kernel.supports(call)
+    return kernel, call, inputs
+
+
+def test_swiglu_hands_x_as_two_halves_and_y_as_one_row(recorder) -> None:
+    x = torch.randn(5, 2 * 64, dtype=BF16)
+    weights = torch.rand(5)
+    ends = torch.tensor([2, 5], dtype=torch.int32)
+    kernel, call, inputs = _prepared(ops.swiglu, x, topk_weights=weights, expert_ends=ends, expert_alignment=4)
+    y = torch.empty(5, 64, dtype=BF16)
+    kernel.prepare(call)(inputs, type("Outputs", (), {"y": y})())
+    ((name, (halves, w, e, y_view)),) = recorder.launches
+    assert name.startswith("swiglu_bf16_bf16_h64_w_e2a4_v128")
+    assert halves.shape == (5, 2, 64) and halves.stride() == (128, 64, 1) and halves.data_ptr() == x.data_ptr()
+    assert w is weights and e is ends
+    assert y_view.shape == (5, 1, 64) and y_view.data_ptr() == y.data_ptr()
+
+
+def test_absent_weights_and_ends_are_stood_in_by_x(recorder) -> None:
+    x = torch.randn(3, 2 * 72)
+    kernel, call, inputs = _prepared(ops.swiglu, x, out_dtype=BF16)
+    kernel.prepare(call)(inputs, type("Outputs", (), {"y": torch.empty(3, 72, dtype=BF16)})())
+    ((name, (_, w, e, _)),) = recorder.launches
+    assert w is x and e is x
+    assert name.startswith("swiglu_fp32_bf16_h72_v128")
+
+
+def test_one_row_calls_get_strides_the_alignment_assumptions_accept(recorder) -> None:
+    storage = torch.randn(1, 2 * 64 + 3, dtype=BF16)
+    x = storage[:, :128]  # one row: its stride (131) is never used
+    kernel, call, inputs = _prepared(ops.swiglu, x)
+    kernel.prepare(call)(inputs, type("Outputs", (), {"y": torch.empty(1, 64, dtype=BF16)})())
+    ((_, (halves, _, _, y_view)),) = recorder.launches
+    assert halves.stride()[0] % 8 == 0 and y_view.stride()[0] % 8 == 0
+
+
+def test_the_cast_hands_the_bytes_of_packed_scales(recorder) -> None:
+    x = torch.randn(4, 2 * 256, dtype=BF16)
+    kernel, call, inputs = _prepared(ops.swiglu_per_token_cast, x, round_sf=True, use_packed_ue8m0=True)
+    q = torch.empty(4, 256, dtype=torch.float8_e4m3fn)
+    sf = torch.empty(4, 1, dtype=torch.int32)
+    kernel.prepare(call)(inputs, type("Outputs", (), {"q": q, "sf": sf})())
+    ((name, (_, _, _, q_arg, sf_arg)),) = recorder.launches
+    assert "e4m3_g128_sfue8m0" in name and q_arg is q
+    assert sf_arg.dtype == torch.uint8 and sf_arg.shape == (4, 4)
+
+
+def test_the_backward_hands_grad_y_as_one_row_and_grad_x_as_halves(recorder) -> None:
+    x = torch.randn(6, 2 * 64, dtype=BF16)
+    grad_y = torch.randn(6, 64, dtype=FP32)
+    weights = torch.rand(6)
+    kernel, call, inputs = _prepared(ops.swiglu_backward, x, grad_y, topk_weights=weights)
+    grad_x, grad_w = torch.empty(6, 128, dtype=BF16), torch.empty(6)
+    kernel.prepare(call)(inputs, type("Outputs", (), {"grad_x": grad_x, "grad_topk_weights": grad_w})())
+    ((name, (_, gy, w, e, gx, gw)),) = recorder.launches
+    assert name.startswith("swiglu_backward_bf16_fp32_h64_w")
+    assert gy.shape == (6, 1, 64) and gx.shape == (6, 2, 64) and gx.data_ptr() == grad_x.data_ptr()
+    assert w is weights and e is x and gw is grad_w
+
+
+def test_swiglu_declines_with_reasons() -> None:
+    kernel, call = _KERNELS["swiglu"], describe_call(ops.swiglu, torch.randn(2, 8, dtype=torch.float64))[0]
+    assert "float64" in kernel.supports(call)
+    call = describe_call(ops.swiglu, torch.randn(1, 2 * 40000, dtype=BF16))[0]
+    assert "do not fit one CTA's registers" in kernel.supports(call)
+    call = describe_call(ops.swiglu_backward, torch.randn(1, 2 * 12290), torch.randn(1, 12290),
+                         topk_weights=torch.rand(1))[0]
+    assert "shared memory" in _KERNELS["swiglu_backward"].supports(call)
+
+
+def test_specialisations_do_not_depend_on_the_row_count() -> None:
+    names = set()
+    for rows in (1, 7, 4096):
+        call = describe_call(ops.swiglu_per_token_cast, torch.randn(rows, 2 * 7168, dtype=BF16))[0]
+        names.add(_KERNELS["swiglu_per_token_cast"].spec(call).name)
+    assert len(names) == 1
+
+
+@pytest.mark.parametrize("op", ("fill_rand", "fill_randn"))
+def test_a_draw_picks_its_store_form_by_alignment_then_advances_the_offset(recorder, op) -> None:
+    function = getattr(ops, op)
+    seed, offset = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    storage = torch.empty(4100)
+    assert storage.data_ptr() % 16 == 0
+    for values, form in ((storage[:4097], "v128"), (storage[1:4098], "scalar")):
+        call, inputs = describe_call(function, values, seed, offset)
+        _KERNELS[op].prepare(call)(inputs, None)
+        (draw, (flat, seed_arg, offset_arg)), (advance, (advanced,)) = recorder.launches[-2:]
+        assert draw == f"{op}_fp32_{form}_t256" and advance == "advance_offset"
+        assert flat.dim() == 1 and flat.data_ptr() == values.data_ptr() and seed_arg is seed and offset_arg is offset
+        assert advanced is offset
+    assert len(recorder.launches) == 4
+
+
+def test_a_draw_compiles_three_specialisations() -> None:
+    call = describe_call(ops.fill_randn, torch.empty(3, 5, dtype=BF16), torch.zeros(1, dtype=torch.int64),
+                         torch.zeros(1, dtype=torch.int64))[0]
+    assert [spec.name for spec in _KERNELS["fill_randn"].specs(call)] == [
+        "fill_randn_bf16_v128_t256", "fill_randn_bf16_scalar_t256", "advance_offset"]
