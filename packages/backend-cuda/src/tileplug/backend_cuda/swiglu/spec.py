@@ -75,6 +75,14 @@ class SwigluKernelSpec:
         return importlib.import_module(f"tileplug.backend_cuda.swiglu.{self.op}").build(self)
 
     @property
+    def exact_sigmoid(self) -> bool:
+        """Whether ``sigmoid`` is the correctly rounded fp64 one (``activation``): where a result is
+        fp32 — an fp32 ``y``, the cast (the fp32 ``y`` quantized), the gradients of an fp32 x."""
+        if self.op == SWIGLU_BACKWARD:
+            return self.in_dtype == "float32"
+        return self.quant is not None or self.out_dtype == "float32"
+
+    @property
     def vec(self) -> int:
         """Values per vector (16 bytes of x's dtype)."""
         return {"bfloat16": 8, "float32": 4}[self.in_dtype]
