@@ -19,7 +19,44 @@ HIDDEN_SIZES = (1, 2, 3, 7, 8, 16, 63, 64, 100, 128, 576, 1000, 1024, 1536, 2048
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def emulate_row_sum(terms: torch.Tensor, hidden: int, tile: RowTile, vec: int) -> torch.Tensor:
+def emulate_subtree_sum(terms: torch.Tensor, hidden: int, tile: RowTile, vec: int) -> torch.Tensor:
+    """The kernel's warp-subtree form of ``rows.row_sum`` (``ReductionPlan.subtrees``), lane by
+    lane in fp32: the values the tree starts from (as the shared-memory form writes them), then
+    warp ``w`` lane ``l`` loading ``v[m] = tree[r + S·(l + 32·m)]`` for each of its subtrees ``r``,
+    the in-thread levels, the shuffles down (lane ``l`` adds lane ``l + h``'s value), lane 0's
+    subtree sums, and the last levels on the ``S`` sums."""
+    from tileplug.backend_cuda.norm.spec import tree_levels
+
+    plan = reduction_plan(hidden, tile, vec)
+    subtrees, size = plan.subtrees
+    warps = tile.lanes // 32
+    tree = emulate_row_sum(terms, hidden, tile, vec, start_only=True)
+    sums = torch.full((*terms.shape[:-1], subtrees), float("nan"), dtype=torch.float32)
+    for warp in range(warps):
+        for s in range(subtrees // warps):
+            r = warp * (subtrees // warps) + s
+            lanes = torch.stack([torch.stack([tree[..., r + subtrees * (lane + 32 * m)] for m in range(size // 32)], -1)
+                                 for lane in range(32)], -2)  # [..., lane, m]
+            h = size // 2
+            while h >= 32:
+                lanes[..., :, : h // 32] = lanes[..., :, : h // 32] + lanes[..., :, h // 32: 2 * (h // 32)]
+                h //= 2
+            value = lanes[..., :, 0].clone()
+            while h >= 1:
+                shifted = torch.cat([value[..., h:], value[..., 32 - h:]], -1)  # lanes past 31 read their own
+                value = value + shifted
+                h //= 2
+            sums[..., r] = value[..., 0]
+    for w, h, last in tree_levels(subtrees):
+        before = sums.clone()
+        for i in range(h):
+            partner = last if (w % 2 == 0 and i == h - 1) else i + h
+            sums[..., i] = before[..., i] + before[..., partner]
+    return sums[..., 0]
+
+
+def emulate_row_sum(terms: torch.Tensor, hidden: int, tile: RowTile, vec: int,
+                    start_only: bool = False) -> torch.Tensor:
     """The kernel's ``rows.row_sum`` on rows of fp32 ``terms`` [..., D] → [...], step by step in
     fp32: the thread layout, the in-register folds, the shared-memory levels (each an IEEE fp32
     add; every row at once)."""
@@ -46,6 +83,8 @@ def emulate_row_sum(terms: torch.Tensor, hidden: int, tile: RowTile, vec: int) -
                 col = (c * lanes + lane) * vec + j
                 if plan.exact or col < hidden:
                     tree[..., col] = local[..., lane, c * vec + j]
+    if start_only:
+        return tree
     for h, last, rounds in plan.levels:
         before = tree.clone()  # every lane reads before any writes (one barrier per level)
         for offset, _ in rounds:
@@ -68,6 +107,47 @@ def test_reduction_plan_adds_in_the_reference_order(hidden: int, dtype: torch.dt
     expected = row_sum(terms.unsqueeze(0))[0]
     actual = emulate_row_sum(terms, hidden, tile, vector_width(dtype))
     assert actual.view(torch.int32) == expected.view(torch.int32), (hidden, dtype, tile, actual, expected)
+
+
+SUBTREE_CASES = [(hidden, dtype) for hidden in HIDDEN_SIZES for dtype in DTYPES
+                 if row_tile(hidden, dtype) is not None
+                 and reduction_plan(hidden, row_tile(hidden, dtype), vector_width(dtype)).subtrees is not None]
+
+
+def test_most_long_rows_split_into_warp_subtrees() -> None:
+    """The model sizes whose long rows run the 2-barrier form (and the split chosen)."""
+    splits = {(hidden, dtype): reduction_plan(hidden, row_tile(hidden, dtype), vector_width(dtype)).subtrees
+              for hidden, dtype in SUBTREE_CASES}
+    assert splits[(7168, torch.bfloat16)] == (7, 256)  # 7 warps, one subtree of 256 values each
+    assert splits[(4096, torch.bfloat16)] == (4, 256) and splits[(16384, torch.bfloat16)] == (16, 256)
+    assert splits[(576, torch.bfloat16)] == (9, 64)  # one warp, not an exact tile: width = D
+    assert (2880, torch.bfloat16) not in splits  # 2880 = 45 · 64 over 4 warps: no split
+    assert len(SUBTREE_CASES) >= 25
+
+
+@pytest.mark.parametrize(("hidden", "dtype"), SUBTREE_CASES, ids=[f"{h}-{d}" for h, d in SUBTREE_CASES])
+def test_warp_subtrees_add_in_the_reference_order(hidden: int, dtype: torch.dtype) -> None:
+    """The warp-subtree form is bit-identical to ``formulas.row_sum`` (mixed signs and magnitudes)."""
+    tile = row_tile(hidden, dtype)
+    generator = torch.Generator().manual_seed(hidden + 1)
+    terms = (torch.randn(3, hidden, generator=generator) * torch.exp(4 * torch.randn(3, hidden, generator=generator)))
+    expected = row_sum(terms)
+    actual = emulate_subtree_sum(terms, hidden, tile, vector_width(dtype))
+    assert torch.equal(actual.view(torch.int32), expected.view(torch.int32)), (hidden, dtype, actual, expected)
+
+
+def test_the_subtree_emulation_would_see_another_mapping() -> None:
+    """Sanity of the test above: lanes holding consecutive ``j`` (``j = 8·l + m``) would add in
+    another order and give other bits."""
+    hidden, dtype = 7168, torch.bfloat16
+    tile = row_tile(hidden, dtype)
+    generator = torch.Generator().manual_seed(5)
+    terms = torch.randn(64, hidden, generator=generator) * torch.exp(4 * torch.randn(64, hidden, generator=generator))
+    tree = emulate_row_sum(terms, hidden, tile, vector_width(dtype), start_only=True)
+    subtrees, size = reduction_plan(hidden, tile, vector_width(dtype)).subtrees
+    wrong = torch.stack([tree[..., r::subtrees].reshape(*terms.shape[:-1], 32, size // 32).sum(-1).sum(-1)
+                         for r in range(subtrees)], -1).sum(-1)
+    assert not torch.equal(wrong.view(torch.int32), row_sum(terms).view(torch.int32))
 
 
 def test_the_emulation_would_see_another_order() -> None:

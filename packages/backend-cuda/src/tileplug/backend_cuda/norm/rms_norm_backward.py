@@ -25,7 +25,7 @@ def build(spec: NormKernelSpec):
     weight, rstd, grad_residual_out, grad_x, partials)``, an absent one replaced by ``x``."""
     M = T.dynamic("M")
     R = M if spec.heads is None else M * spec.heads
-    rows = RowMacros(spec, R)
+    rows = RowMacros(spec, R, subtrees=False)  # the subtree form spills at 2 CTAs per SM (rows.RowMacros)
     IN = spec.in_dtype
     WDT = spec.weight_dtype
     VEC = spec.vec

@@ -39,6 +39,15 @@ import tilelang.language as T
 from tileplug.backend_cuda.norm.spec import NormKernelSpec, reduction_plan, tree_levels
 
 
+def _halvings(width: int) -> list[int]:
+    """The halves of a pairwise-halving tree on ``width`` (a power of two) values: width/2, …, 1."""
+    halves = []
+    while width > 1:
+        width //= 2
+        halves.append(width)
+    return halves
+
+
 def f32(value: float) -> float:
     """``value`` rounded to the nearest fp32 (host side: a scalar parameter in the compute dtype)."""
     return struct.unpack("<f", struct.pack("<f", value))[0]
@@ -48,9 +57,11 @@ class RowMacros:
     """The trace-time constants of a spec's row tile and the macros over them.
 
     Macros take the per-thread coordinates ``(t, n, lane, valid)`` made by :meth:`coords`:
-    token, head, lane within the row, and whether the row exists (``row < R``)."""
+    token, head, lane within the row, and whether the row exists (``row < R``). ``subtrees``
+    False keeps :meth:`row_sum` off the warp-subtree form (``spec.ReductionPlan.subtrees``):
+    the backward kernels, where its extra overlap makes ptxas spill at 2 CTAs per SM."""
 
-    def __init__(self, spec: NormKernelSpec, rows_total) -> None:
+    def __init__(self, spec: NormKernelSpec, rows_total, subtrees: bool = True) -> None:
         tile = spec.tile
         self.spec = spec
         self.D = spec.hidden
@@ -84,6 +95,21 @@ class RowMacros:
                    and WIDTH == LANES * VEC and WIDTH & (WIDTH - 1) == 0)
         SHUFFLE_LEVELS = [h for _, h, _ in tree_levels(WIDTH)] if SHUFFLE else []
         self.shuffle_tree = SHUFFLE
+        # rows of whole warps whose tree splits into S subtrees of N values (spec.ReductionPlan):
+        # each warp adds S / warps subtrees in registers and shuffles (lane l holding j = l + 32·m),
+        # then every thread adds the S subtree sums in the tree's last levels
+        SUBTREES = None if (LOCAL_ONLY or SHUFFLE or not subtrees) else plan.subtrees
+        self.SUBTREES = SUBTREES
+        if SUBTREES is not None:
+            S, N = SUBTREES
+            # Python lists: unrolled while tracing
+            PER_WARP = list(range(S // (LANES // 32)))
+            SUBTREE_VALUES = list(range(N // 32))  # values of one subtree a lane holds
+            SUMS = list(range(S))
+            SUBTREE_STEPS = [(m, m + h // 32) for h in _halvings(N) if h >= 32 for m in range(h // 32)]
+            SUBTREE_SHUFFLES = [h for h in _halvings(N) if h < 32]
+            LAST_STEPS = [(i, last if (w % 2 == 0 and i == h - 1) else i + h) for w, h, last in tree_levels(S)
+                          for i in range(h)]
         # chunk k of some lane may lie (partly) past D: only those chunks test their columns
         PARTIAL = [(k + 1) * LANES * VEC > D for k in range(CHUNKS)]
         KS = list(range(CHUNKS))
@@ -183,6 +209,42 @@ class RowMacros:
                 for i, partner in LOCAL_STEPS:
                     terms[i] = T.ieee_add(terms[i], terms[partner])
                 acc[0] = terms[0]
+            elif SUBTREES is not None:
+                for i, partner in FOLD_STEPS:
+                    terms[i] = T.ieee_add(terms[i], terms[partner])
+                base = slot * WIDTH
+                for c in WRITTEN_CHUNKS:
+                    col = (c * LANES + lane) * VEC
+                    if EXACT:
+                        for j in T.vectorized(VEC):
+                            tree[base + col + j] = terms[c * VEC + j]
+                    else:
+                        for j in VALUE_INDICES:
+                            if col + j < D:
+                                tree[base + col + j] = terms[c * VEC + j]
+                barrier()
+                sums_base = self.ROWS * WIDTH + slot * S  # the row's S subtree sums, after every row's values
+                warp = lane // 32
+                warp_lane = lane % 32
+                for s in PER_WARP:
+                    r = warp * len(PER_WARP) + s
+                    for m in SUBTREE_VALUES:
+                        terms[m] = tree[base + r + S * (warp_lane + 32 * m)]
+                    for i, partner in SUBTREE_STEPS:
+                        terms[i] = T.ieee_add(terms[i], terms[partner])
+                    for h in SUBTREE_SHUFFLES:
+                        terms[0] = T.ieee_add(terms[0], T.shfl_down(terms[0], h, 32))
+                    if warp_lane == 0:
+                        tree[sums_base + r] = terms[0]
+                barrier()
+                # the last levels on the S sums, in the thread's consumed terms (a buffer of their own
+                # where S is larger)
+                last = terms if S <= self.VALUES else T.alloc_local((S,), "float32")
+                for i in SUMS:
+                    last[i] = tree[sums_base + i]
+                for i, partner in LAST_STEPS:
+                    last[i] = T.ieee_add(last[i], last[partner])
+                acc[0] = last[0]
             elif SHUFFLE:
                 for i, partner in FOLD_STEPS:
                     terms[i] = T.ieee_add(terms[i], terms[partner])
@@ -240,13 +302,17 @@ class RowMacros:
 
     # ------------------------------------------------------------------ trace-time helpers
     def tree_buffer(self):
-        """The shared fp32 buffer of :meth:`row_sum` (``rows · WIDTH``; a thread holding its
-        whole row needs none: one element)."""
-        return T.alloc_shared((1 if self.LANES == 1 or self.shuffle_tree else self.ROWS * self.WIDTH,), "float32")
+        """The shared fp32 buffer of :meth:`row_sum` (``rows · WIDTH``, then ``rows · S`` subtree
+        sums where the row splits into subtrees; a thread holding its whole row, or a row reduced
+        by shuffles, needs none: one element)."""
+        return T.alloc_shared((self.tree_bytes() // 4,), "float32")
 
     def tree_bytes(self) -> int:
         """Shared bytes of :meth:`tree_buffer`."""
-        return 4 * (1 if self.LANES == 1 or self.shuffle_tree else self.ROWS * self.WIDTH)
+        if self.LANES == 1 or self.shuffle_tree:
+            return 4
+        subtree_sums = self.SUBTREES[0] if self.SUBTREES is not None else 0
+        return 4 * self.ROWS * (self.WIDTH + subtree_sums)
 
     def slot(self, tx):
         """Row of thread ``tx`` within its CTA."""

@@ -120,7 +120,15 @@ class ReductionPlan:
     levels start from (not exact: every term within ``D``, ``width = D``). ``levels``: per
     shared-memory level ``(h, last, rounds)`` — value ``i < h`` becomes ``v[i] + v[last if i ==
     h − 1 else i + h]`` (``last`` None: ``i + h``), lane ``l`` taking ``i = l + offset`` for each
-    round ``(offset, whole)`` (``whole``: every lane of the round has a value)."""
+    round ``(offset, whole)`` (``whole``: every lane of the round has a value).
+
+    ``subtrees`` ``(S, N)`` (None where it does not apply): rows of whole warps whose ``width =
+    S · N`` with ``N`` a power of two ≥ 32 and ``S`` a multiple of the row's warps (at most
+    :data:`MAX_SUBTREES`). The tree's first levels then halve ``width`` down to ``S`` values, the
+    value ``r < S`` being the pairwise-halving tree over ``v[r + S·j]``, ``j < N``: each warp adds
+    ``S / warps`` of those subtrees in registers and shuffles (lane ``l`` holding ``j = l + 32·m``)
+    and the remaining levels run on the ``S`` subtree sums — the same additions in the same order,
+    with 2 barriers per row instead of one per level."""
 
     local_steps: list[tuple[int, int]] | None
     exact: bool
@@ -128,6 +136,30 @@ class ReductionPlan:
     written_chunks: int
     width: int
     levels: list[tuple[int, int | None, list[tuple[int, bool]]]]
+    subtrees: tuple[int, int] | None = None
+
+
+MAX_SUBTREES = 64
+"""Most subtree sums a row's last levels add (every thread of the row adds them in registers)."""
+
+
+def warp_subtrees(width: int, lanes: int) -> tuple[int, int] | None:
+    """``(S, N)`` of :class:`ReductionPlan.subtrees` for a tree of ``width`` values on rows of
+    ``lanes`` threads (None: the rows are not whole warps, or no split fits)."""
+    if lanes % 32:
+        return None
+    warps = lanes // 32
+    odd, power = width, 1
+    while odd % 2 == 0:
+        odd //= 2
+        power *= 2
+    subtrees = odd
+    while subtrees % warps and power > 1:
+        subtrees *= 2
+        power //= 2
+    if subtrees % warps or power < 32 or subtrees > MAX_SUBTREES:
+        return None
+    return subtrees, power
 
 
 def reduction_plan(hidden: int, tile: RowTile, vec: int) -> ReductionPlan:
@@ -146,7 +178,7 @@ def reduction_plan(hidden: int, tile: RowTile, vec: int) -> ReductionPlan:
     levels = [(h, None if (w % 2 or last == w - 1) else last,
                [(r * lanes, (r + 1) * lanes <= h) for r in range(-(-h // lanes))])
               for w, h, last in tree_levels(width)]
-    return ReductionPlan(None, exact, fold_steps, written, width, levels)
+    return ReductionPlan(None, exact, fold_steps, written, width, levels, warp_subtrees(width, lanes))
 
 
 @dataclass(frozen=True)
