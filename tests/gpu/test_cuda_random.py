@@ -88,8 +88,9 @@ def _python_philox(counter, key):
 
 def test_philox_macro_gives_the_known_answers_and_the_python_words() -> None:
     chooser = python_random.Random(5)
-    counters = [c for c, _, _ in KNOWN_ANSWERS] + [tuple(chooser.getrandbits(32) for _ in range(4)) for _ in range(4096)]
-    keys = [k for _, k, _ in KNOWN_ANSWERS] + [tuple(chooser.getrandbits(32) for _ in range(2)) for _ in range(4096)]
+    random_words = lambda count: tuple(chooser.getrandbits(32) for _ in range(count))  # noqa: E731
+    counters = [c for c, _, _ in KNOWN_ANSWERS] + [random_words(4) for _ in range(4096)]
+    keys = [k for _, k, _ in KNOWN_ANSWERS] + [random_words(2) for _ in range(4096)]
     as_int64 = lambda pairs: torch.tensor([_signed(low | high << 32) for low, high in pairs], dtype=torch.int64,  # noqa: E731
                                           device=DEVICE)
     blocks = as_int64([(c[0], c[1]) for c in counters])

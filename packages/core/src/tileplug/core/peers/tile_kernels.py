@@ -114,7 +114,8 @@ def swiglu_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_channels: 
     """``swiglu_forward_and_per_token_cast`` with tileplug's arguments (e4m3 1×32 / 1×128 only)."""
     _refuse("use_e4m3_sf", use_e4m3_sf, False)
     if (fmt, num_per_channels) not in (("e4m3", 32), ("e4m3", 128)):
-        raise TypeError(f"TileKernels' SwiGLU cast takes e4m3 1×32 or 1×128 groups (this case: {fmt} 1×{num_per_channels})")
+        raise TypeError(f"TileKernels' SwiGLU cast takes e4m3 1×32 or 1×128 groups (this case: {fmt} "
+                        f"1×{num_per_channels})")
     factor = _routing(topk_weights, routed_scaling_factor, expert_ends, expert_alignment)
     return swiglu_forward_and_per_token_cast(x, fmt, num_per_channels, expert_ends, topk_weights, factor,
                                              use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value)
