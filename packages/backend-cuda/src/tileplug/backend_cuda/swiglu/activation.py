@@ -8,20 +8,22 @@ half (``x[:, 0, :]``) and the up half (``x[:, 1, :]``), one 128-bit load per vec
 Valid rows (SPEC §7, with ``expert_ends``): a row's expert is the number of ends ``<= row``
 (a binary search over ``E`` ends in global memory, ``E.bit_length()`` steps, each an index
 below ``E``: malformed ends give a wrong layout, never an out-of-bounds read); the row is
-valid when that expert exists and the row is at or past its start ``align(ends[e − 1])``. A
-padding row's halves, weight and ``grad_y`` are never loaded: its registers hold zeros and
-its results are written as zeros.
+valid when that expert exists and the row is at or past its start ``align(ends[e − 1])``.
+The row's halves, weight and ``grad_y`` are loaded before the search (its dependent loads
+would otherwise stall the row's loads: 42 % slower at T = 65536 on the H200), so a padding
+row's bytes reach registers, but nothing computed from them is stored: every result of a
+padding row is a selected zero, before any statistic (the cast's amax, the backward's row sum).
 
 Math (fp32, SPEC §8, the reference's rounding points): ``g = min(gate, c)`` and ``u =
 clamp(up, −c, c)`` keeping NaN (a select, not ``fminf``, which would drop it);
-``sigmoid(g)`` is one of two evaluations (``SwigluKernelSpec.exact_sigmoid``): where a
-result is stored in fp32 (an fp32 ``y``, the cast, which quantizes the fp32 ``y``, and
-``grad_x`` of an fp32 x) it is taken in fp64 and rounded once — the correctly rounded value
-the reference uses, so the products that follow repeat the reference's bits (one ulp of
-``s`` grows to 5 ulp of ``y`` through three products, and to thousands of ulp of the gate
-gradient where ``1 + g·(1 − s)`` cancels); where the results are bf16 it is the fp32
-evaluation of :func:`sigmoid_fp32` (within 1 ulp of the correctly rounded value, 97 % equal
-to it: far inside a bf16 ulp) at a fraction of fp64's cost;
+``sigmoid(g)`` is one of three evaluations (``SwigluKernelSpec.sigmoid``): where a result is
+stored in fp32 (an fp32 ``y``, the cast, which quantizes the fp32 ``y``, and ``grad_x`` of an
+fp32 x) it is taken in fp64 and rounded once — the correctly rounded value the reference
+uses, so the products that follow repeat the reference's bits (one ulp of ``s`` grows to 5
+ulp of ``y`` through three products, and to thousands of ulp of the gate gradient where
+``1 + g·(1 − s)`` cancels); for the gradients of a bf16 x it is :func:`sigmoid_fp32` (within
+1 ulp of the correctly rounded value: the cancellation stays below a bf16 ulp); for a bf16
+``y`` it is ``1 / (1 + __expf(−g))`` (a few fp32 ulp: far inside a bf16 ulp), the cheapest;
 ``w' = w · routed_scaling_factor``; every product is a separate fp32 rounding and nothing is
 contracted into an FMA (``ieee_*`` where an addition follows a product).
 
@@ -56,6 +58,13 @@ def sigmoid_correctly_rounded(g):
     """fp32 ``sigmoid(g)`` correctly rounded (but for a double rounding at a near-tie): in fp64."""
     wide = T.cast(g, "float64")
     return T.cast(T.float64(1.0) / (T.float64(1.0) + T.exp(T.float64(0.0) - wide)), "float32")
+
+
+def sigmoid_fast(g):
+    """fp32 ``sigmoid(g)`` from the hardware exponential: ``1 / (1 + __expf(−g))`` (0 where the
+    exponential overflows, NaN kept): a few ulp, for results rounded to bf16."""
+    return T.call_extern("float32", "__fdividef", T.float32(1.0),
+                         T.float32(1.0) + T.call_extern("float32", "__expf", T.float32(0.0) - g))
 
 
 @T.macro
@@ -132,7 +141,7 @@ class SwigluMacros:
             """Whether the clamp cut an fp32 up value (``|up| > c``)."""
             return T.abs(value) > T.float32(CLAMP)
 
-        EXACT = spec.exact_sigmoid
+        SIGMOID = spec.sigmoid
 
         @T.macro
         def find_valid(ends, row, exists, valid):
@@ -155,18 +164,18 @@ class SwigluMacros:
                         valid[0] = 1
 
         @T.macro
-        def load_halves(x, gate, up, row, lane, valid):
-            """``gate`` / ``up``: the thread's values of the row's two halves (zeros where not valid)."""
-            rows.load_row(x, gate, row, GATE, lane, valid, IN)
-            rows.load_row(x, up, row, UP, lane, valid, IN)
+        def load_halves(x, gate, up, row, lane, exists):
+            """``gate`` / ``up``: the thread's values of the row's two halves (zeros past the last row)."""
+            rows.load_row(x, gate, row, GATE, lane, exists, IN)
+            rows.load_row(x, up, row, UP, lane, exists, IN)
 
         @T.macro
-        def load_scale(weights, row, valid, scale):
+        def load_scale(weights, row, exists, scale):
             """``scale[0]`` = ``w' = topk_weights[row] · routed_scaling_factor`` (fp32; the factor
-            alone without weights; 0 for a row that is not valid, whose weight is not read)."""
+            alone without weights; 0 past the last row)."""
             if WEIGHTED:
                 scale[0] = T.float32(0.0)
-                if valid:
+                if exists:
                     scale[0] = weights[row] * T.float32(SCALING)
             else:
                 scale[0] = T.float32(SCALING)
@@ -177,10 +186,12 @@ class SwigluMacros:
             for i in T.unroll(VALUES):
                 g[i] = gate_value(T.cast(gate[i], "float32"))
                 u[i] = up_value(T.cast(up[i], "float32"))
-                if EXACT:
+                if SIGMOID == "exact":
                     s[i] = sigmoid_correctly_rounded(g[i])
-                else:
+                elif SIGMOID == "accurate":
                     sigmoid_fp32(g[i], s, i)
+                else:
+                    s[i] = sigmoid_fast(g[i])
 
         def forward_value(g, u, s, scale, i):
             """``y = ((g · s) · u) · w'`` of value ``i`` (fp32)."""

@@ -75,12 +75,15 @@ class SwigluKernelSpec:
         return importlib.import_module(f"tileplug.backend_cuda.swiglu.{self.op}").build(self)
 
     @property
-    def exact_sigmoid(self) -> bool:
-        """Whether ``sigmoid`` is the correctly rounded fp64 one (``activation``): where a result is
-        fp32 — an fp32 ``y``, the cast (the fp32 ``y`` quantized), the gradients of an fp32 x."""
+    def sigmoid(self) -> str:
+        """Which ``sigmoid`` evaluation the kernel uses (``activation``): ``"exact"`` (fp64, rounded
+        once: the reference's bits) where a result is fp32 — an fp32 ``y``, the cast (it quantizes
+        the fp32 ``y``), the gradients of an fp32 x; ``"accurate"`` (fp32, within 1 ulp) for the
+        gradients of a bf16 x (``1 + g·(1 − s)`` cancels near ``g ≈ −1.28``: a cruder ``s`` would
+        show in a bf16 gate gradient there); ``"fast"`` for a bf16 ``y``."""
         if self.op == SWIGLU_BACKWARD:
-            return self.in_dtype == "float32"
-        return self.quant is not None or self.out_dtype == "float32"
+            return "exact" if self.in_dtype == "float32" else "accurate"
+        return "exact" if self.quant is not None or self.out_dtype == "float32" else "fast"
 
     @property
     def vec(self) -> int:

@@ -1,8 +1,8 @@
 """CUDA ``swiglu``: ``y = g·sigmoid(g)·u·w'`` of each row of x ``[N, 2H]`` → ``[N, H]``.
 
 One read of x (both halves of a row by the threads holding the same columns of ``y``), one
-write of ``y`` rounded once to its dtype; padding rows of an expert layout are not read and
-are written as zeros (``activation``).
+write of ``y`` rounded once to its dtype; padding rows of an expert layout are written as
+zeros, nothing computed from their bytes stored (``activation``).
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
@@ -44,9 +44,9 @@ def build(spec: SwigluKernelSpec):
             u = T.alloc_local((VALUES,), "float32")
             s = T.alloc_local((VALUES,), "float32")
             yv = T.alloc_local((VALUES,), OUT)
+            act.load_halves(x, gate, up, row, lane, exists)
+            act.load_scale(topk_weights, row, exists, scale)
             act.find_valid(expert_ends, row, exists, valid)
-            act.load_halves(x, gate, up, row, lane, valid[0] != 0)
-            act.load_scale(topk_weights, row, valid[0] != 0, scale)
             act.activate(gate, up, scale, g, u, s)
             for i in T.unroll(VALUES):
                 yv[i] = T.cast(T.if_then_else(valid[0] != 0, act.forward_value(g, u, s, scale, i), T.float32(0.0)),

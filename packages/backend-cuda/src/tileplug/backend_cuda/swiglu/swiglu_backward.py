@@ -5,8 +5,9 @@ Per value, in fp32 with the reference's rounding points (``s = sigmoid(g)``, ``w
 weight times the factor): ``grad_gate = (((grad · u) · w') · s) · (1 + g · (1 − s))`` and
 ``grad_up = (grad · (g · s)) · w'``, each zero where the clamp cut; ``grad_topk_weights`` is
 the row's sum of ``(grad · (g · s)) · u`` added in the reference's pairwise order (the norm
-tile's ``row_sum``: the reference's bits, batch-invariant) times the factor. Padding rows are
-not read; their gradients are written as zeros.
+tile's ``row_sum``: the reference's bits, batch-invariant) times the factor. Padding rows'
+gradients are written as zeros (their terms stay in their own row of the sum, which is
+replaced by 0).
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
@@ -60,10 +61,10 @@ def build(spec: SwigluKernelSpec):
                 terms = T.alloc_local((VALUES,), "float32")
                 total = T.alloc_local((1,), "float32")
                 tree = rows.tree_buffer()
+            act.load_halves(x, gate, up, row, lane, exists)
+            rows.load_row(grad_y, grad, row, 0, lane, exists, GRAD)
+            act.load_scale(topk_weights, row, exists, scale)
             act.find_valid(expert_ends, row, exists, valid)
-            act.load_halves(x, gate, up, row, lane, valid[0] != 0)
-            rows.load_row(grad_y, grad, row, 0, lane, valid[0] != 0, GRAD)
-            act.load_scale(topk_weights, row, valid[0] != 0, scale)
             act.activate(gate, up, scale, g, u, s)
             for i in T.unroll(VALUES):
                 dy = T.cast(grad[i], "float32")

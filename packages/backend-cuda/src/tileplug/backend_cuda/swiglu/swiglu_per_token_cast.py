@@ -5,7 +5,8 @@ The activation is ``swiglu``'s (``activation``), the cast the norm family's regi
 (``norm.row_cast.RowCast``: the quant kernel's scale macros in its order of operations, amax
 on the bits of the fp32 ``|y|``), so ``(q, sf)`` are the bytes of this backend's
 ``swiglu(x, out_dtype=torch.float32)`` followed by its ``per_token_cast``. A padding row's
-values are zeros (its x is not read), quantized as such, and its scales are stored as 0.
+values are selected zeros (nothing from its bytes enters the amax), quantized as such, and
+its scales are stored as 0.
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
@@ -55,9 +56,9 @@ def build(spec: SwigluKernelSpec):
             amax = T.alloc_local((rows.CHUNKS,), "int32")
             inv = T.alloc_local((rows.CHUNKS,), "float32")
             qv = T.alloc_local((VEC // VPB,), QDT)
+            act.load_halves(x, gate, up, row, lane, exists)
+            act.load_scale(topk_weights, row, exists, scale)
             act.find_valid(expert_ends, row, exists, valid)
-            act.load_halves(x, gate, up, row, lane, valid[0] != 0)
-            act.load_scale(topk_weights, row, valid[0] != 0, scale)
             act.activate(gate, up, scale, g, u, s)
             for i in T.unroll(VALUES):
                 yv[i] = T.if_then_else(valid[0] != 0, act.forward_value(g, u, s, scale, i), T.float32(0.0))
