@@ -16,14 +16,14 @@ padding row is a selected zero, before any statistic (the cast's amax, the backw
 
 Math (fp32, SPEC §8, the reference's rounding points): ``g = min(gate, c)`` and ``u =
 clamp(up, −c, c)`` keeping NaN (a select, not ``fminf``, which would drop it);
-``sigmoid(g)`` is one of three evaluations (``SwigluKernelSpec.sigmoid``): where a result is
+``sigmoid(g)`` is one of two evaluations (``SwigluKernelSpec.sigmoid``): where a result is
 stored in fp32 (an fp32 ``y``, the cast, which quantizes the fp32 ``y``, and ``grad_x`` of an
 fp32 x) it is taken in fp64 and rounded once — the correctly rounded value the reference
 uses, so the products that follow repeat the reference's bits (one ulp of ``s`` grows to 5
 ulp of ``y`` through three products, and to thousands of ulp of the gate gradient where
-``1 + g·(1 − s)`` cancels); for the gradients of a bf16 x it is :func:`sigmoid_fp32` (within
-1 ulp of the correctly rounded value: the cancellation stays below a bf16 ulp); for a bf16
-``y`` it is ``1 / (1 + __expf(−g))`` (a few fp32 ulp: far inside a bf16 ulp), the cheapest;
+``1 + g·(1 − s)`` cancels); where the results are bf16 it is :func:`sigmoid_fp32` (within 1
+ulp of the correctly rounded value: a bf16 ``y`` within 1 ulp, the gate gradient's
+cancellation below a bf16 ulp) at a fraction of fp64's cost;
 ``w' = w · routed_scaling_factor``; every product is a separate fp32 rounding and nothing is
 contracted into an FMA (``ieee_*`` where an addition follows a product).
 
@@ -58,13 +58,6 @@ def sigmoid_correctly_rounded(g):
     """fp32 ``sigmoid(g)`` correctly rounded (but for a double rounding at a near-tie): in fp64."""
     wide = T.cast(g, "float64")
     return T.cast(T.float64(1.0) / (T.float64(1.0) + T.exp(T.float64(0.0) - wide)), "float32")
-
-
-def sigmoid_fast(g):
-    """fp32 ``sigmoid(g)`` from the hardware exponential: ``1 / (1 + __expf(−g))`` (0 where the
-    exponential overflows, NaN kept): a few ulp, for results rounded to bf16."""
-    return T.call_extern("float32", "__fdividef", T.float32(1.0),
-                         T.float32(1.0) + T.call_extern("float32", "__expf", T.float32(0.0) - g))
 
 
 @T.macro
@@ -188,10 +181,8 @@ class SwigluMacros:
                 u[i] = up_value(T.cast(up[i], "float32"))
                 if SIGMOID == "exact":
                     s[i] = sigmoid_correctly_rounded(g[i])
-                elif SIGMOID == "accurate":
-                    sigmoid_fp32(g[i], s, i)
                 else:
-                    s[i] = sigmoid_fast(g[i])
+                    sigmoid_fp32(g[i], s, i)
 
         def forward_value(g, u, s, scale, i):
             """``y = ((g · s) · u) · w'`` of value ``i`` (fp32)."""
