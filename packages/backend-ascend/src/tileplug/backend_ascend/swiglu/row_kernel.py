@@ -88,9 +88,8 @@ def build(spec: SwigluSpec, tile_compute):
     plan = spec.plan()
     H, W, C, E = spec.hidden, spec.width, spec.vector_cores, spec.experts
     full, tail, tiles = spec.full_tiles, spec.tail, spec.tiles
-    kinds = [(W, tile_compute(spec, W), _store(spec, W))]
-    if tail:
-        kinds.append((tail, tile_compute(spec, tail), _store(spec, tail)))
+    compute_full, store_full = tile_compute(spec, W), _store(spec, W)
+    compute_tail, store_tail = (tile_compute(spec, tail), _store(spec, tail)) if tail else (None, None)
 
     @T.macro
     def item(G, buffers, row, tile, start, width, compute, store):
@@ -110,17 +109,13 @@ def build(spec: SwigluSpec, tile_compute):
             if E is not None:
                 T.copy(G["ENDS"][0:E], buffers["ends_ub"][0:E])
             for it in rows.row_loop(T.ceildiv(N - cid, C) * tiles, versions, spec.num_buffers):
-                if tiles == 1:
-                    item(G, buffers, cid + it * C, 0, 0, W, kinds[0][1], kinds[0][2])
-                elif tail == 0:
-                    item(G, buffers, cid + (it // tiles) * C, it % tiles, (it % tiles) * W, W, kinds[0][1],
-                         kinds[0][2])
-                else:
-                    if it % tiles < full:
-                        item(G, buffers, cid + (it // tiles) * C, it % tiles, (it % tiles) * W, W, kinds[0][1],
-                             kinds[0][2])
-                    else:
-                        item(G, buffers, cid + (it // tiles) * C, full, full * W, tail, kinds[1][1], kinds[1][2])
+                if tiles == 1:  # whole rows
+                    item(G, buffers, cid + it * C, 0, 0, W, compute_full, store_full)
+                elif tail == 0 or it % tiles < full:  # (the second test is TIR when the first is False)
+                    item(G, buffers, cid + (it // tiles) * C, it % tiles, (it % tiles) * W, W, compute_full,
+                         store_full)
+                else:  # the row's narrower last tile
+                    item(G, buffers, cid + (it // tiles) * C, full, full * W, tail, compute_tail, store_tail)
 
     return gm.prim_func(swiglu_kernel, params)
 

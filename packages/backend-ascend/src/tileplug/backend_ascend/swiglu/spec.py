@@ -11,7 +11,7 @@ multiple of the tile unit (64 lanes; for the cast also whole groups and whole UE
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -188,7 +188,7 @@ def spec_of(call, target: DeviceTarget | None = None) -> SwigluSpec:
 
 
 def _with_widest_tile(spec: SwigluSpec) -> SwigluSpec:
-    from dataclasses import replace
+    """``spec`` with the widest column tile whose plan fits its budget (at least one unit)."""
 
     def fits(width: int) -> bool:
         tiled = replace(spec, width=width)
