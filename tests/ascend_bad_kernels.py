@@ -456,3 +456,82 @@ def backward_scalar_rows(spec):
 
     with mock.patch.object(gate_backward, "backward_compute", _scalar_backward_compute):
         return gate_backward.build(spec)
+
+
+# ---------------------------------------------------------------------- the SwiGLU kernels
+
+def _swiglu_scalar_variant(op, tile_compute, spec):
+    """The prim_func of SwiGLU ``op``'s ``spec`` with its ``tile_compute`` replaced."""
+    import importlib
+
+    module = importlib.import_module(f"tileplug.backend_ascend.swiglu.{op}")
+    with mock.patch.object(module, "tile_compute", tile_compute):
+        return module.build(spec)
+
+
+def _scalar_swiglu_compute(spec, width):
+    """Per-element scalar SwiGLU of one tile (no weights, clamp or experts): ``y = g · sigmoid(g)
+    · u`` for ``swiglu``, ``grad_x`` over the gate / up values for ``swiglu_backward``."""
+    assert not spec.weighted and spec.clamp is None and spec.experts is None and spec.scaling == 1.0
+    backward = spec.op == "swiglu_backward"
+    dt, ot = spec.in_dtype, spec.out_dtype
+
+    @T.macro
+    def compute(buffers, row, tile):
+        gate_ub, up_ub = buffers["gate_ub"], buffers["up_ub"]
+        for k in T.serial(width):
+            g = T.Cast("float32", gate_ub[k])
+            s = T.float32(1.0) / (T.float32(1.0) + T.exp(-g))
+            if backward:
+                grad = T.Cast("float32", buffers["grad_ub"][k])
+                u = T.Cast("float32", up_ub[k])
+                gate_ub[k] = T.Cast(dt, grad * u * s * (T.float32(1.0) + g * (T.float32(1.0) - s)))
+                up_ub[k] = T.Cast(dt, grad * g * s)
+            else:
+                buffers["y_ub"][k] = T.Cast(ot, g * s * T.Cast("float32", up_ub[k]))
+
+    return compute
+
+
+def swiglu_scalar_tiles(spec):
+    """The prim_func of a ``swiglu`` ``spec`` whose tiles are computed in scalar code."""
+    return _swiglu_scalar_variant("swiglu", _scalar_swiglu_compute, spec)
+
+
+def _scalar_swiglu_cast_compute(spec, width):
+    """The production ``y`` (SIMD), then the e4m3 cast with plain fp32 scales in scalar code:
+    group amax, scale and quantize element by element on the scalar unit."""
+    from tileplug.backend_ascend.swiglu.swiglu import store_activation
+
+    fmt, group, round_sf, clamp_min, _, packed = spec.cast
+    assert fmt == "e4m3" and not (round_sf or packed) and spec.experts is None
+    values = store_activation(spec, width, 0, "float32")
+    fmax = QUANT_FORMATS[fmt].max_value
+
+    @T.macro
+    def compute(buffers, row, tile):
+        y_ub, q_ub, sf_ub = buffers["y_ub"], buffers["q_ub"], buffers["sf_ub"]
+        with T.SimdVF():
+            values(buffers, y_ub, None)
+        amax = T.alloc_var(T.float32)
+        for j in T.serial(ceil_div(width, group)):
+            amax = T.float32(0)
+            for k in T.serial(group):
+                if j * group + k < width:
+                    amax = T.max(amax, T.abs(y_ub[0, j * group + k]))
+            sf_ub[j] = T.max(amax, T.float32(clamp_min)) / T.float32(fmax)
+            for k in T.serial(group):
+                if j * group + k < width:
+                    q_ub[0, j * group + k] = T.Cast("float8_e4m3fn", y_ub[0, j * group + k] / sf_ub[j])
+
+    return compute
+
+
+def swiglu_cast_scalar_tiles(spec):
+    """The prim_func of a plain e4m3 ``swiglu_per_token_cast`` ``spec`` whose cast is scalar code."""
+    return _swiglu_scalar_variant("swiglu_per_token_cast", _scalar_swiglu_cast_compute, spec)
+
+
+def swiglu_backward_scalar_tiles(spec):
+    """The prim_func of a ``swiglu_backward`` ``spec`` whose tiles are computed in scalar code."""
+    return _swiglu_scalar_variant("swiglu_backward", _scalar_swiglu_compute, spec)

@@ -25,7 +25,8 @@ def header(spec: Any, target: DeviceTarget) -> str:
         "// without an NPU. Not compiled with bisheng, never executed: lowered, not verified.",
         f"// specialisation: {spec.describe()}",
         f"// device constants: vector cores = {spec.vector_cores} ({target.source}); "
-        f"UB budget = {spec.budget} bytes per vector core (pure SIMD)",
+        f"UB budget = {spec.budget} bytes per vector core "
+        f"({'SIMT regions present' if getattr(spec, 'uses_simt', False) else 'pure SIMD'})",
         f"// {spec.layout}; UB plan {spec.footprint} bytes, {spec.num_buffers} buffer versions",
         "",
     ])

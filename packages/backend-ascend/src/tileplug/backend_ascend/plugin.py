@@ -31,8 +31,9 @@ def kernel_table() -> dict:
     from tileplug.backend_ascend.norm import KERNELS as NORM_KERNELS
     from tileplug.backend_ascend.quant import KERNELS as QUANT_KERNELS
     from tileplug.backend_ascend.rope import KERNELS as ROPE_KERNELS
+    from tileplug.backend_ascend.swiglu import KERNELS as SWIGLU_KERNELS
 
-    return {**QUANT_KERNELS, **NORM_KERNELS, **ROPE_KERNELS, **MOE_KERNELS}
+    return {**QUANT_KERNELS, **NORM_KERNELS, **ROPE_KERNELS, **MOE_KERNELS, **SWIGLU_KERNELS}
 
 
 def lower(call) -> str:
@@ -94,6 +95,13 @@ def capabilities() -> str:
         "  (token, column tile) per pipelined step, the slots' rows DMA'd by their GM row index; fp32 products and",
         "  sums in slot order, rounded once; a slot outside [0, R) reads row 0 and discards it.",
         "  Declined: K > 32, K = 0.",
+        "swiglu (bf16 / fp32 x, bf16 / fp32 y), swiglu_per_token_cast, swiglu_backward (grad_x over the x tiles,",
+        "  grad_topk_weights in a fixed lane order carried across tiles): topk_weights x routed_scaling_factor,",
+        "  clamp_value, expert_ends (padding rows read as +0, written as zeros, q and sf included); any H, rows too",
+        "  wide for UB in column tiles; dynamic N, any row stride; the cast with every per_token_cast option the",
+        "  Ascend quant kernel serves (e4m3 / e2m1, groups 16-128, round_sf, packed UE8M0, column-major). Sigmoid on",
+        "  the vector exp (1 ulp), not correctly rounded. Declined: fp64 (the reference serves gradcheck), the cast's",
+        "  own declines (e4m3-stored sf, H not a multiple of 16), expert ends too many for UB.",
         "  Status: LOWERED to Ascend C with TileLang (CPU, stand-in constants), source-checked; never run on an NPU",
         "  (not verified).",
         "  The CI lowering grid (tests/test_ascend_lowering.py, hatch run ascend-lower) checks that each of its",

@@ -48,16 +48,16 @@ def sf_rows(groups: int) -> int:
     return max(8, align(groups, 8))
 
 
-def widest_tile(columns: int, max_tile: int, fits: Callable[[int], bool]) -> int:
+def widest_tile(columns: int, max_tile: int, fits: Callable[[int], bool], unit: int = LANES) -> int:
     """The widest column tile for rows of ``columns``: the whole row when it is at most
-    ``max_tile`` and ``fits(columns)``, else the widest multiple of :data:`LANES` (at most
-    ``max_tile``, at least ``LANES``) that ``fits`` (a tile width → whether its plan is within
-    the budget)."""
+    ``max_tile`` and ``fits(columns)``, else the widest multiple of ``unit`` (a multiple of
+    :data:`LANES`; at most ``max_tile``, at least ``unit``) that ``fits`` (a tile width → whether
+    its plan is within the budget)."""
     if columns <= max_tile and fits(columns):
         return columns
-    width = min(max_tile, columns) // LANES * LANES
-    while width > LANES and not fits(width):
-        width -= LANES
+    width = min(max_tile, columns) // unit * unit
+    while width > unit and not fits(width):
+        width -= unit
     return width
 
 

@@ -103,7 +103,7 @@ def build(spec: NormSpec, row_compute):
             T.copy(x_ub[0:D], gm.row_of(G["Y"], N, row, 0, D))
         if spec.cast is not None:
             T.copy(buffers["q_ub"][0:D], G["Q"][row, 0:D])
-            store_scales(G, buffers["sf_ub"], row)
+            store_scales(G, buffers["sf_ub"], row, 0)
         if spec.stats and not rms:
             T.copy(buffers["mean_ub"][0:1], gm.statistic_of(G["MEAN"], N, row))
         if spec.stats:

@@ -20,13 +20,15 @@ from tileplug.backend_ascend.ub import LANES
 from tileplug.core.quant.sf_math import ceil_div
 
 
-def row_cast(cast, width: int, dtype: str):
+def row_cast(cast, width: int, dtype: str, packed: bool = False):
     """The macro ``cast_row(x_ub, q_ub, sf_ub, row, first_group)``: quantize ``width`` values of
     UB row ``row`` of ``x_ub`` (None: a 1-D buffer; else a row of a 2-D one) into the same place
-    of ``q_ub`` (e4m3), their group scales into ``sf_ub[first_group ...]``; inside a
-    ``T.SimdVF`` region. ``cast``: ``(fmt, group, round_sf, clamp_min, col_major)``."""
+    of ``q_ub`` (e4m3 bytes; for e2m1 the codes, one per byte, that :func:`~.sf_macros.pack_macro`
+    packs), their group scales into ``sf_ub[first_group ...]`` (fp32; with ``packed`` the biased
+    UE8M0 exponents as int32, packed later); inside a ``T.SimdVF`` region. ``cast``: ``(fmt,
+    group, round_sf, clamp_min, col_major)``."""
     fmt, group, round_sf, clamp_min, _ = cast
-    macros = sf_macros(fmt, round_sf, clamp_min, False, True)
+    macros = sf_macros(fmt, round_sf, clamp_min, packed, True)
     full, tail = rows.chunks(width)
 
     @T.macro
@@ -37,10 +39,10 @@ def row_cast(cast, width: int, dtype: str):
         acc = T.simd.vdup(T.int32(0), "int32")
         for k0, lanes in pieces:
             acc = T.simd.vmax(acc, macros.abs_bits(rows.load_f32(x_ub, rows.at(row, start + k0), dtype), lanes))
-        inv = macros.group_inv(acc, sf_ub, None, gi)
+        inv = macros.group_inv(acc, sf_ub, sf_ub, gi)
         for k0, lanes in pieces:
             at = rows.at(row, start + k0)
-            macros.store_quantized(q_ub, None, at, T.simd.vmul(rows.load_f32(x_ub, at, dtype), inv))
+            macros.store_quantized(q_ub, q_ub, at, T.simd.vmul(rows.load_f32(x_ub, at, dtype), inv))
 
     @T.macro
     def narrow_groups(x_ub, q_ub, sf_ub, row, start, first, lanes):
@@ -51,11 +53,11 @@ def row_cast(cast, width: int, dtype: str):
         bits = macros.abs_bits(y, lanes)
         zero = T.simd.vdup(T.int32(0), "int32")
         inv = T.simd.alloc_var("float32")
-        inv = macros.group_inv(T.simd.vsel(bits, zero, lane_mask(*parts[0])), sf_ub, None, first)
+        inv = macros.group_inv(T.simd.vsel(bits, zero, lane_mask(*parts[0])), sf_ub, sf_ub, first)
         for k, lo, hi in later:
-            inv_k = macros.group_inv(T.simd.vsel(bits, zero, lane_mask(lo, hi)), sf_ub, None, first + k)
+            inv_k = macros.group_inv(T.simd.vsel(bits, zero, lane_mask(lo, hi)), sf_ub, sf_ub, first + k)
             inv = T.simd.vsel(inv_k, inv, lane_mask(lo, hi))
-        macros.store_quantized(q_ub, None, rows.at(row, start), T.simd.vmul(y, inv))
+        macros.store_quantized(q_ub, q_ub, rows.at(row, start), T.simd.vmul(y, inv))
 
     @T.macro
     def cast_row(x_ub, q_ub, sf_ub, row, first_group):
@@ -75,27 +77,30 @@ def row_cast(cast, width: int, dtype: str):
     return cast_row
 
 
-def cast_tensors(tokens, q_shape, groups: int, col_major: bool):
-    """``(name, tensor type)`` of the cast's GM outputs: ``Q`` (e4m3, ``q_shape``: ``[T, D]``, or
-    ``[T, N, D]`` for the ``[T, N·D]`` rows of a per-head kernel) and ``SF`` (fp32 ``[T, groups]``,
-    or its ``[groups, T]`` transpose for column-major scales)."""
-    params = [("Q", T.Tensor(q_shape, "float8_e4m3fn"))]
+def cast_tensors(tokens, q_shape, groups: int, col_major: bool, q_dtype: str = "float8_e4m3fn",
+                 sf_dtype: str = "float32"):
+    """``(name, tensor type)`` of the cast's GM outputs: ``Q`` (``q_dtype``, ``q_shape``: ``[T, D]``,
+    ``[T, D / 2]`` int8 for e2m1, or ``[T, N, D]`` for the ``[T, N·D]`` rows of a per-head kernel)
+    and ``SF`` (``sf_dtype`` ``[T, groups]`` -- ``groups`` counts the stored scale columns, int16
+    pairs for packed UE8M0 --, or its ``[groups, T]`` transpose for column-major scales)."""
+    params = [("Q", T.Tensor(q_shape, q_dtype))]
     if col_major:
-        params.append(("SF", T.StridedTensor((groups, tokens), (T.dynamic("sf_s0"), 1), "float32")))
+        params.append(("SF", T.StridedTensor((groups, tokens), (T.dynamic("sf_s0"), 1), sf_dtype)))
     else:
-        params.append(("SF", T.Tensor((tokens, groups), "float32")))
+        params.append(("SF", T.Tensor((tokens, groups), sf_dtype)))
     return params
 
 
-def store_cast(groups: int, col_major: bool):
-    """The macro ``store(G, sf_ub, row)``: one token's scales UB -> GM."""
+def store_cast(count: int, col_major: bool):
+    """The macro ``store(G, sf_ub, row, first)``: ``count`` scales of one token UB -> GM, into its
+    scale columns ``first .. first + count``."""
 
     @T.macro
-    def store(G, sf_ub, row):
+    def store(G, sf_ub, row, first):
         if col_major:
-            T.copy(sf_ub[0:groups], G["SF"][0:groups, row])
+            T.copy(sf_ub[0:count], G["SF"][first:first + count, row])
         else:
-            T.copy(sf_ub[0:groups], G["SF"][row, 0:groups])
+            T.copy(sf_ub[0:count], G["SF"][row, first:first + count])
 
     return store
 

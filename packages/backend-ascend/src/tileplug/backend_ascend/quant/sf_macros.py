@@ -133,3 +133,33 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
 
     return SimpleNamespace(abs_bits=abs_bits, scale_math=scale_math, store_group_sf=store_group_sf,
                            group_inv=group_inv, store_quantized=store_quantized)
+
+
+def pack_macro(rows: int, width: int, groups: int, pack_codes: bool, pack_exponents: bool, per_channel: bool):
+    """The SIMT pack after a tile's SIMD cast: the macro ``pack(q_ub, code_ub, e_ub, sfp_ub)``.
+
+    ``pack_codes``: the e2m1 codes ``code_ub`` ``[rows, width]`` (one per byte) become nibble
+    pairs in ``q_ub`` ``[rows, width / 2]`` (element ``2i`` in the low nibble). ``pack_exponents``:
+    the biased UE8M0 exponents in ``e_ub`` (int32) become bytes packed two per int16 in
+    ``sfp_ub``: ``e_ub`` ``[groups]`` of one tile row, consecutive groups paired (a missing
+    last partner is 0), or with ``per_channel`` ``e_ub`` ``[2, width]``, the two row groups of
+    each column paired."""
+
+    @T.macro
+    def pack(q_ub, code_ub, e_ub, sfp_ub):
+        with T.SimtVF(threads=128):
+            if pack_codes:
+                for i in T.Parallel(rows * (width // 2), coalesced_width=T.int32(1)):
+                    r = i // (width // 2)
+                    p = i % (width // 2)
+                    q_ub[r, p] = T.Cast("int8", code_ub[r, 2 * p] | (code_ub[r, 2 * p + 1] << T.uint8(4)))
+            if pack_exponents:
+                if per_channel:
+                    for k in T.Parallel(width, coalesced_width=T.int32(1)):
+                        sfp_ub[k] = T.Cast("int16", (e_ub[0, k] & 0xFF) | ((e_ub[1, k] & 0xFF) << 8))
+                else:
+                    for p in T.Parallel((groups + 1) // 2, coalesced_width=T.int32(1)):
+                        hi = T.if_then_else(2 * p + 1 < groups, e_ub[2 * p + 1], 0)
+                        sfp_ub[p] = T.Cast("int16", (e_ub[2 * p] & 0xFF) | ((hi & 0xFF) << 8))
+
+    return pack

@@ -28,7 +28,7 @@ import tilelang.ascend.language as T
 from tvm import tirx
 
 from tileplug.backend_ascend.device import check_budget
-from tileplug.backend_ascend.quant.sf_macros import lane_mask, sf_macros
+from tileplug.backend_ascend.quant.sf_macros import lane_mask, pack_macro, sf_macros
 from tileplug.backend_ascend.quant.spec import LANES, TileSpec, Tiling
 from tileplug.core.quant.sf_math import ceil_div
 
@@ -304,22 +304,7 @@ def build(spec: TileSpec, tiling: Tiling):
                         graw = T.Cast("int32", graw_ub[j // 2]) & 0xFFFF
                         gsf_ub[j] = decode_sf_byte((graw >> ((j % 2) * 8)) & 0xFF)
 
-        @T.macro
-        def simt_pack(q_ub, code_ub, e_ub, sfp_ub):
-            with T.SimtVF(threads=128):
-                if writes_q and fmt == "e2m1":
-                    for i in T.Parallel(R * (w // 2), coalesced_width=T.int32(1)):
-                        r = i // (w // 2)
-                        p = i % (w // 2)
-                        q_ub[r, p] = T.Cast("int8", code_ub[r, 2 * p] | (code_ub[r, 2 * p + 1] << T.uint8(4)))
-                if writes_sf and spec.packed:
-                    if bn == 1:
-                        for k in T.Parallel(w, coalesced_width=T.int32(1)):
-                            sfp_ub[k] = T.Cast("int16", (e_ub[0, k] & 0xFF) | ((e_ub[1, k] & 0xFF) << 8))
-                    else:
-                        for p in T.Parallel(ceil_div(ng, 2), coalesced_width=T.int32(1)):
-                            hi = T.if_then_else(2 * p + 1 < ng, e_ub[2 * p + 1], 0)
-                            sfp_ub[p] = T.Cast("int16", (e_ub[2 * p] & 0xFF) | ((hi & 0xFF) << 8))
+        simt_pack = pack_macro(R, w, ng, writes_q and fmt == "e2m1", writes_sf and spec.packed, bn == 1)
 
         @T.macro
         def load_row(X, XS, x_ub, sfin_ub, row, r, col0):

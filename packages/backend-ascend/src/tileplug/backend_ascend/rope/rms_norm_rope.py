@@ -210,7 +210,7 @@ def build(spec: NormRopeSpec):
             T.copy(buffers["x_ub"][0:N, 0:D], G["Y"][t, 0:N, 0:D])
         if spec.cast is not None:
             T.copy(buffers["q_ub"][0:N, 0:D], G["Q"][t, 0:N, 0:D])
-            store_scales(G, buffers["sf_ub"], t)
+            store_scales(G, buffers["sf_ub"], t, 0)
 
     def norm_rope_kernel(tensors):
         G = gm.declare(tensors)
