@@ -16,7 +16,7 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.random.philox import RunLayout, philox_block, state_buffers
+from tileplug.backend_cuda.random.philox import build_draw
 from tileplug.backend_cuda.random.spec import RandomKernelSpec
 
 MANTISSA_SHIFT = 8
@@ -24,34 +24,21 @@ STEPS = 1 << 24
 """``r >> 8`` takes this many values: ``a``'s and ``t``'s steps are ``2^-24``."""
 
 
+@T.macro
+def box_muller(words, run, k):
+    """``run[4k … 4k + 3]``: Box–Muller of the pairs ``(words[0], words[1])``, ``(words[2], words[3])``."""
+    radius = T.alloc_local((1,), "float64")
+    turns = T.alloc_local((1,), "float64")
+    for pair in T.unroll(2):
+        # a − 1 and 2t, both exact
+        below_one = T.cast(T.cast(T.shift_right(words[2 * pair], MANTISSA_SHIFT), "int32") + (1 - STEPS),
+                           "float64") * T.float64(1.0 / STEPS)
+        radius[0] = T.sqrt(T.float64(-2.0) * T.log1p(below_one))
+        turns[0] = T.cast(T.shift_right(words[2 * pair + 1], MANTISSA_SHIFT), "float64") * T.float64(2.0 / STEPS)
+        run[4 * k + 2 * pair] = T.cast(radius[0] * T.call_extern("float64", "cospi", turns[0]), "float32")
+        run[4 * k + 2 * pair + 1] = T.cast(radius[0] * T.call_extern("float64", "sinpi", turns[0]), "float32")
+
+
 def build(spec: RandomKernelSpec):
     """The ``T.prim_func``: buffers ``(values [N], seed [1], offset [1])``."""
-    N = T.dynamic("N", "int64")
-    layout = RunLayout(spec, N)
-    BLOCKS, RUN, THREADS = layout.BLOCKS, layout.RUN, layout.THREADS
-    seed_t, offset_t = state_buffers()
-
-    @T.prim_func
-    def kernel(values: T.Tensor((N,), spec.dtype), seed: seed_t, offset: offset_t):
-        with T.Kernel(layout.grid(N), threads=THREADS) as bx:
-            tx = T.get_thread_binding()
-            words = T.alloc_local((4,), "uint32")
-            run = T.alloc_local((RUN,), "float32")
-            radius = T.alloc_local((1,), "float64")
-            turns = T.alloc_local((1,), "float64")
-            thread = T.cast(bx, "int64") * THREADS + tx
-            for k in T.unroll(BLOCKS):
-                philox_block(seed[0], offset[0], thread * BLOCKS + k, words)
-                for pair in T.unroll(2):
-                    # a − 1 and 2t, both exact in fp32
-                    below_one = T.cast(T.cast(T.shift_right(words[2 * pair], MANTISSA_SHIFT), "int32") + (1 - STEPS),
-                                       "float64") * T.float64(1.0 / STEPS)
-                    radius[0] = T.sqrt(T.float64(-2.0) * T.log1p(below_one))
-                    turns[0] = T.cast(T.shift_right(words[2 * pair + 1], MANTISSA_SHIFT), "float64") * T.float64(
-                        2.0 / STEPS)
-                    run[4 * k + 2 * pair] = T.cast(radius[0] * T.call_extern("float64", "cospi", turns[0]), "float32")
-                    run[4 * k + 2 * pair + 1] = T.cast(radius[0] * T.call_extern("float64", "sinpi", turns[0]),
-                                                       "float32")
-            layout.store_run(values, thread * RUN, run)
-
-    return kernel.with_attr("global_symbol", spec.name)
+    return build_draw(spec, box_muller)

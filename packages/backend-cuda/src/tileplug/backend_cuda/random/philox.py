@@ -20,7 +20,7 @@ No ``from __future__ import annotations``: TileLang evaluates the macro annotati
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.random.spec import RandomKernelSpec
+from tileplug.backend_cuda.random.spec import THREADS, RandomKernelSpec
 
 MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
 """The round multipliers of counter words 0 and 2 (Random123's Philox4x32 constants)."""
@@ -74,8 +74,6 @@ class RunLayout:
     def __init__(self, spec: RandomKernelSpec, count) -> None:
         self.BLOCKS = spec.blocks_per_thread
         self.RUN = 4 * self.BLOCKS
-        from tileplug.backend_cuda.random.spec import THREADS
-
         self.THREADS = THREADS
         RUN, DTYPE, VECTORIZE = self.RUN, spec.dtype, spec.vectorize
 
@@ -105,6 +103,31 @@ class RunLayout:
 def state_buffers():
     """``seed`` and ``offset``: int64 ``[1]``."""
     return T.Tensor((1,), "int64"), T.Tensor((1,), "int64")
+
+
+def build_draw(spec: RandomKernelSpec, transform):
+    """The ``T.prim_func`` of a draw: buffers ``(values [N], seed [1], offset [1])``. Each thread
+    computes its blocks' words and hands each block to ``transform(words, run, k)`` (a macro
+    writing fp32 values ``run[4k … 4k + 3]`` from the block's four uint32 ``words``), then
+    stores its run."""
+    N = T.dynamic("N", "int64")
+    layout = RunLayout(spec, N)
+    BLOCKS, RUN, THREADS = layout.BLOCKS, layout.RUN, layout.THREADS
+    seed_t, offset_t = state_buffers()
+
+    @T.prim_func
+    def kernel(values: T.Tensor((N,), spec.dtype), seed: seed_t, offset: offset_t):
+        with T.Kernel(layout.grid(N), threads=THREADS) as bx:
+            tx = T.get_thread_binding()
+            words = T.alloc_local((4,), "uint32")
+            run = T.alloc_local((RUN,), "float32")
+            thread = T.cast(bx, "int64") * THREADS + tx
+            for k in T.unroll(BLOCKS):
+                philox_block(seed[0], offset[0], thread * BLOCKS + k, words)
+                transform(words, run, k)
+            layout.store_run(values, thread * RUN, run)
+
+    return kernel.with_attr("global_symbol", spec.name)
 
 
 def build_advance(spec: RandomKernelSpec):

@@ -30,7 +30,11 @@ contracted into an FMA (``ieee_*`` where an addition follows a product).
 No ``from __future__ import annotations``: TileLang evaluates the macro annotations.
 """
 
+from typing import Any, NamedTuple
+
 import tilelang.language as T
+from tilelang import tvm  # noqa: F401 - makes tvm.script importable
+from tvm.script.ir_builder import IRBuilder
 
 from tileplug.backend_cuda.norm.rows import RowMacros, f32
 from tileplug.backend_cuda.swiglu.spec import SwigluKernelSpec
@@ -189,6 +193,8 @@ class SwigluMacros:
             product = g[i] * s[i] * u[i]
             return product * scale[0] if self.scaled else product
 
+        self.values = VALUES
+        self.in_dtype = IN
         self.find_valid = find_valid
         self.load_halves = load_halves
         self.load_scale = load_scale
@@ -198,6 +204,30 @@ class SwigluMacros:
         self.up_cut = up_cut
         self.clamped = CLAMP is not None
         self.scaling = SCALING
+
+    # ------------------------------------------------------------------ a kernel's row, at trace time
+    def begin(self, bx) -> "RowState":
+        """The thread's row in CTA ``bx`` and its registers (called in the kernel body, after its
+        ``T.assume`` of :func:`vector_strides`: an assumption is a statement only there)."""
+        rows = self.rows
+        tx = T.get_thread_binding()
+        row = bx * rows.ROWS + tx // rows.LANES
+        shapes = {"valid": ((1,), "int32"), "scale": ((1,), "float32"), "gate": ((self.values,), self.in_dtype),
+                  "up": ((self.values,), self.in_dtype), "g": ((self.values,), "float32"),
+                  "u": ((self.values,), "float32"), "s": ((self.values,), "float32")}
+        # named as the kernel body's own assignments would name them (the generated source stays readable)
+        local = {name: IRBuilder.name(name, T.alloc_local(*shape)) for name, shape in shapes.items()}
+        return RowState(tx=tx, row=row, lane=tx % rows.LANES, exists=row < rows.rows_total, **local)
+
+    def load(self, x, weights, state: "RowState") -> None:
+        """Issue the row's loads: both halves of x and its weight (before any dependent load)."""
+        self.load_halves(x, state.gate, state.up, state.row, state.lane, state.exists)
+        self.load_scale(weights, state.row, state.exists, state.scale)
+
+    def settle(self, ends, state: "RowState") -> None:
+        """Whether the row is valid (the ``expert_ends`` search) and its ``g``, ``u``, ``s``."""
+        self.find_valid(ends, state.row, state.exists, state.valid)
+        self.activate(state.gate, state.up, state.scale, state.g, state.u, state.s)
 
     # ------------------------------------------------------------------ buffer types
     @staticmethod
@@ -224,6 +254,28 @@ class SwigluMacros:
     @staticmethod
     def ends_buffer(spec: SwigluKernelSpec):
         return T.Tensor((spec.experts,), "int32") if spec.experts is not None else SwigluMacros.absent_buffer(spec, "e")
+
+
+class RowState(NamedTuple):
+    """A thread's row at trace time: ``tx``, ``row``, ``lane``, ``exists`` (``row < N``) and its
+    locals — ``valid`` (int32 flag: inside an expert's range), ``scale`` (``w'``), the halves'
+    values ``gate`` / ``up`` (x's dtype) and their fp32 ``g``, ``u``, ``s = sigmoid(g)``."""
+
+    tx: Any
+    row: Any
+    lane: Any
+    exists: Any
+    valid: Any
+    scale: Any
+    gate: Any
+    up: Any
+    g: Any
+    u: Any
+    s: Any
+
+    @property
+    def is_valid(self):
+        return self.valid[0] != 0
 
 
 def vector_strides(vec: int, *buffers) -> list:

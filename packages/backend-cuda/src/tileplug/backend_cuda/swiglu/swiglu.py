@@ -32,25 +32,13 @@ def build(spec: SwigluKernelSpec):
         with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
             for stride, per_vector in STRIDES:
                 T.assume(stride % per_vector == 0)
-            tx = T.get_thread_binding()
-            row = bx * rows.ROWS + tx // rows.LANES
-            lane = tx % rows.LANES
-            exists = row < M
-            valid = T.alloc_local((1,), "int32")
-            scale = T.alloc_local((1,), "float32")
-            gate = T.alloc_local((VALUES,), spec.in_dtype)
-            up = T.alloc_local((VALUES,), spec.in_dtype)
-            g = T.alloc_local((VALUES,), "float32")
-            u = T.alloc_local((VALUES,), "float32")
-            s = T.alloc_local((VALUES,), "float32")
+            row = act.begin(bx)
             yv = T.alloc_local((VALUES,), OUT)
-            act.load_halves(x, gate, up, row, lane, exists)
-            act.load_scale(topk_weights, row, exists, scale)
-            act.find_valid(expert_ends, row, exists, valid)
-            act.activate(gate, up, scale, g, u, s)
+            act.load(x, topk_weights, row)
+            act.settle(expert_ends, row)
             for i in T.unroll(VALUES):
-                yv[i] = T.cast(T.if_then_else(valid[0] != 0, act.forward_value(g, u, s, scale, i), T.float32(0.0)),
-                               OUT)
-            rows.store_row(y, yv, row, 0, lane, exists)
+                yv[i] = T.cast(T.if_then_else(row.is_valid, act.forward_value(row.g, row.u, row.s, row.scale, i),
+                                              T.float32(0.0)), OUT)
+            rows.store_row(y, yv, row.row, 0, row.lane, row.exists)
 
     return kernel.with_attr("global_symbol", spec.name)

@@ -43,48 +43,37 @@ def build(spec: SwigluKernelSpec):
         with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
             for stride, per_vector in STRIDES:
                 T.assume(stride % per_vector == 0)
-            tx = T.get_thread_binding()
-            row = bx * rows.ROWS + tx // rows.LANES
-            lane = tx % rows.LANES
-            exists = row < M
-            valid = T.alloc_local((1,), "int32")
-            scale = T.alloc_local((1,), "float32")
-            gate = T.alloc_local((VALUES,), IN)
-            up = T.alloc_local((VALUES,), IN)
+            row = act.begin(bx)
             grad = T.alloc_local((VALUES,), GRAD)
-            g = T.alloc_local((VALUES,), "float32")
-            u = T.alloc_local((VALUES,), "float32")
-            s = T.alloc_local((VALUES,), "float32")
             gate_grad = T.alloc_local((VALUES,), IN)
             up_grad = T.alloc_local((VALUES,), IN)
             if WEIGHTED:
                 terms = T.alloc_local((VALUES,), "float32")
                 total = T.alloc_local((1,), "float32")
                 tree = rows.tree_buffer()
-            act.load_halves(x, gate, up, row, lane, exists)
-            rows.load_row(grad_y, grad, row, 0, lane, exists, GRAD)
-            act.load_scale(topk_weights, row, exists, scale)
-            act.find_valid(expert_ends, row, exists, valid)
-            act.activate(gate, up, scale, g, u, s)
+            act.load(x, topk_weights, row)
+            rows.load_row(grad_y, grad, row.row, 0, row.lane, row.exists, GRAD)
+            act.settle(expert_ends, row)
+            g, u, s = row.g, row.u, row.s
             for i in T.unroll(VALUES):
                 dy = T.cast(grad[i], "float32")
                 silu = g[i] * s[i]
                 slope = T.ieee_add(T.float32(1.0), T.ieee_mul(g[i], T.float32(1.0) - s[i]))
-                d_gate = scaled(dy * u[i], scale) * s[i] * slope
-                d_up = scaled(dy * silu, scale)
+                d_gate = scaled(dy * u[i], row.scale) * s[i] * slope
+                d_up = scaled(dy * silu, row.scale)
                 if CLAMPED:
-                    d_gate = T.if_then_else(act.gate_cut(T.cast(gate[i], "float32")), T.float32(0.0), d_gate)
-                    d_up = T.if_then_else(act.up_cut(T.cast(up[i], "float32")), T.float32(0.0), d_up)
-                gate_grad[i] = T.cast(T.if_then_else(valid[0] != 0, d_gate, T.float32(0.0)), IN)
-                up_grad[i] = T.cast(T.if_then_else(valid[0] != 0, d_up, T.float32(0.0)), IN)
+                    d_gate = T.if_then_else(act.gate_cut(T.cast(row.gate[i], "float32")), T.float32(0.0), d_gate)
+                    d_up = T.if_then_else(act.up_cut(T.cast(row.up[i], "float32")), T.float32(0.0), d_up)
+                gate_grad[i] = T.cast(T.if_then_else(row.is_valid, d_gate, T.float32(0.0)), IN)
+                up_grad[i] = T.cast(T.if_then_else(row.is_valid, d_up, T.float32(0.0)), IN)
                 if WEIGHTED:
                     terms[i] = dy * silu * u[i]
-            rows.store_row(grad_x, gate_grad, row, GATE, lane, exists)
-            rows.store_row(grad_x, up_grad, row, UP, lane, exists)
+            rows.store_row(grad_x, gate_grad, row.row, GATE, row.lane, row.exists)
+            rows.store_row(grad_x, up_grad, row.row, UP, row.lane, row.exists)
             if WEIGHTED:
-                rows.row_sum(terms, tree, total, lane, rows.slot(tx))
-                if exists and lane == 0:
-                    grad_topk_weights[row] = T.if_then_else(valid[0] != 0, total[0] * T.float32(act.scaling),
-                                                            T.float32(0.0))
+                rows.row_sum(terms, tree, total, row.lane, rows.slot(row.tx))
+                if row.exists and row.lane == 0:
+                    grad_topk_weights[row.row] = T.if_then_else(row.is_valid, total[0] * T.float32(act.scaling),
+                                                                T.float32(0.0))
 
     return kernel.with_attr("global_symbol", spec.name)

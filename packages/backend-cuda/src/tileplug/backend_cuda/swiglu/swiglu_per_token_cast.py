@@ -41,30 +41,19 @@ def build(spec: SwigluKernelSpec):
         with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
             for stride, per_vector in STRIDES:
                 T.assume(stride % per_vector == 0)
-            tx = T.get_thread_binding()
-            row = bx * rows.ROWS + tx // rows.LANES
-            lane = tx % rows.LANES
-            exists = row < M
-            valid = T.alloc_local((1,), "int32")
-            scale = T.alloc_local((1,), "float32")
-            gate = T.alloc_local((VALUES,), spec.in_dtype)
-            up = T.alloc_local((VALUES,), spec.in_dtype)
-            g = T.alloc_local((VALUES,), "float32")
-            u = T.alloc_local((VALUES,), "float32")
-            s = T.alloc_local((VALUES,), "float32")
+            row = act.begin(bx)
             yv = T.alloc_local((VALUES,), "float32")
             amax = T.alloc_local((rows.CHUNKS,), "int32")
             inv = T.alloc_local((rows.CHUNKS,), "float32")
             qv = T.alloc_local((VEC // VPB,), QDT)
-            act.load_halves(x, gate, up, row, lane, exists)
-            act.load_scale(topk_weights, row, exists, scale)
-            act.find_valid(expert_ends, row, exists, valid)
-            act.activate(gate, up, scale, g, u, s)
+            act.load(x, topk_weights, row)
+            act.settle(expert_ends, row)
             for i in T.unroll(VALUES):
-                yv[i] = T.if_then_else(valid[0] != 0, act.forward_value(g, u, s, scale, i), T.float32(0.0))
+                yv[i] = T.if_then_else(row.is_valid, act.forward_value(row.g, row.u, row.s, row.scale, i),
+                                       T.float32(0.0))
             if spec.experts is None:
-                cast.cast(yv, q, sf, row, 0, lane, exists, amax, inv, qv)
+                cast.cast(yv, q, sf, row.row, 0, row.lane, row.exists, amax, inv, qv)
             else:
-                cast.cast(yv, q, sf, row, 0, lane, exists, amax, inv, qv, valid[0] != 0)
+                cast.cast(yv, q, sf, row.row, 0, row.lane, row.exists, amax, inv, qv, row.is_valid)
 
     return kernel.with_attr("global_symbol", spec.name)
