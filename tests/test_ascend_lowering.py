@@ -137,7 +137,7 @@ def test_the_grid_covers_every_case_of_the_op_table():
     docs/ascend-backend.md); for the fused RMSNorm + cast: 3-D input, e2m1, packed UE8M0, or
     the cast's own declines. Every norm and RoPE case the fused-cast rules leave is lowered, every
     topk_gate, moe_topk_gate_backward, normalize_weight, moe_expert_counts, moe_permute and moe_unpermute case
-    too, and every moe_topk_gate case (group-limited routing included)."""
+    too, every moe_topk_gate case (group-limited routing included) and every fill_rand / fill_randn case."""
     total = sum(len(opdef.cases()) for opdef in core.opdefs.all_ops())
     assert len(CASES) > 100 and len(CASES) + len(DECLINED) <= total
     allowed = ("e4m3-stored", "not an Ascend layout", "the Ascend layouts", "UB plan needs", "falls to the reference",
@@ -147,7 +147,7 @@ def test_the_grid_covers_every_case_of_the_op_table():
     assert not unexpected, unexpected
     row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[", "rms_norm_backward[", "layer_norm_backward[",
                "topk_gate[", "moe_topk_gate[", "moe_topk_gate_backward[", "normalize_weight[", "moe_expert_counts[", "moe_permute[",
-               "moe_unpermute[")
+               "moe_unpermute[", "fill_rand[", "fill_randn[")
     assert not [case for case in DECLINED if case.startswith(row_ops)]
 
 
