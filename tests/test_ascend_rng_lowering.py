@@ -127,9 +127,9 @@ def test_source_holds_the_philox_rounds(lowered, case):
 
 
 def test_core_lower_states_lowered_and_the_specialisation():
+    state = [torch.zeros(1, dtype=torch.int64, device=META) for _ in range(2)]
     with core.config.host_layout("ascend"):
-        source = core.lower(core.ops.fill_randn, torch.empty(3, 7, dtype=torch.bfloat16, device=META),
-                            torch.zeros(1, dtype=torch.int64, device=META), torch.zeros(1, dtype=torch.int64, device=META),
+        source = core.lower(core.ops.fill_randn, torch.empty(3, 7, dtype=torch.bfloat16, device=META), *state,
                             backend="ascend")
     assert "LOWERED" in source and "not verified" in source and "stand-in" in source
     assert "specialisation: fill_randn [N] bfloat16 tile=4096" in source and "__global__" in source
@@ -179,20 +179,6 @@ def test_launch_passes_the_state_words_and_advances_the_offset():
 # ---------------------------------------------------------------------- the checks can fail
 
 
-def _checked(prim_func, spec):
-    from tileplug.backend_ascend import lowering_checks as checks
-    from tileplug.backend_ascend.lowering import lower_prim_func
-
-    artifact = lower_prim_func(prim_func)
-    source = artifact.kernel_source
-    return {
-        "ub": checks.check_ub(checks.compiler_ub_bytes(artifact), checks.primfunc_ub_bytes(prim_func), spec.footprint,
-                              spec.budget),
-        "pipelined": checks.check_pipelined(source),
-        "vector": checks.check_vector(source),
-    }
-
-
 def _scalar_rand_compute(spec, transform):
     """Per-element scalar ``fill_rand`` of one tile (the whole Philox block per element, uint64
     products on the scalar unit): no SIMD region."""
@@ -236,6 +222,7 @@ def test_checks_fail_on_bad_variants():
     from tileplug.backend_ascend.device import UBBudgetError
     from tileplug.backend_ascend.random import draw
     from tileplug.backend_ascend.random.fill_rand import uniform_words
+    from test_ascend_lowering import _checked  # the three checks on a traced prim_func
 
     spec = draw.spec_of(_draw_call("fill_rand", 1000))
     build = lambda s: draw.build(s, uniform_words)  # noqa: E731
