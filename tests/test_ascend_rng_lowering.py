@@ -217,8 +217,10 @@ def _scalar_rand_compute(spec, transform):
 def test_checks_fail_on_bad_variants():
     """fill_rand fp32 passes every check; (a) an 8-version tile of 65536 fp32 values over the
     UB budget (the builder refuses it; forced through, the UB check fails), (b) a serial,
-    single-buffered tile loop, (c) the draw in per-element scalar code each fail theirs."""
-    from tileplug.backend_ascend import rows
+    single-buffered tile loop, (c) the draw in per-element scalar code each fail theirs
+    ((a) and (b) patch ``rows.check_budget`` / ``rows.row_loop``, as for the row kernels)."""
+    import ascend_bad_kernels as bad_kernels
+
     from tileplug.backend_ascend.device import UBBudgetError
     from tileplug.backend_ascend.random import draw
     from tileplug.backend_ascend.random.fill_rand import uniform_words
@@ -233,26 +235,16 @@ def test_checks_fail_on_bad_variants():
     assert wide.footprint > wide.budget
     with pytest.raises(UBBudgetError):
         build(wide)
-    with mock.patch.object(rows, "check_budget", lambda footprint, budget, what: None):
-        over = build(wide)
-    ok, detail = _checked(over, wide)["ub"]
+    ok, detail = _checked(bad_kernels.row_over_budget(build, wide), wide)["ub"]
     assert not ok and "over budget" in detail, detail
 
-    with mock.patch.object(rows, "row_loop", lambda extent, versions, num_stages=2: T_serial(extent)):
-        serial = build(spec)
-    ok, detail = _checked(serial, spec)["pipelined"]
+    ok, detail = _checked(bad_kernels.row_serial_loop(build, spec), spec)["pipelined"]
     assert not ok and "versions=[1]" in detail, detail
 
     with mock.patch.object(draw, "draw_compute", _scalar_rand_compute):
         scalar = build(spec)
     ok, detail = _checked(scalar, spec)["vector"]
     assert not ok and "scalar UB dereference" in detail, detail
-
-
-def T_serial(extent):  # noqa: N802 - a plain serial loop, no buffer versions annotated
-    import tilelang.ascend.language as T
-
-    return T.serial(extent)
 
 
 # ---------------------------------------------------------------------- CPU emulation
