@@ -48,7 +48,6 @@ MAX_ELEMENTS = 2**31 - TILE_ELEMENTS
 """Largest draw served: every element index, and a tile's end, fits an int32."""
 STATE_WORDS = 8
 """A UB slot of one int64 state word (2 int32 used; 32 bytes, the DMA alignment)."""
-DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class DrawSpec(PlannedInSimdUb):
 
 def spec_of(call, target: DeviceTarget | None = None) -> DrawSpec:
     cores = (target or lowering_target()).vector_cores
-    return DrawSpec(op=call.op, dtype=DTYPES[str(call.dtype)], vector_cores=cores)
+    return DrawSpec(op=call.op, dtype=str(call.dtype).removeprefix("torch."), vector_cores=cores)
 
 
 def decline_reason(call) -> str | None:
@@ -161,9 +160,9 @@ def build(spec: DrawSpec, transform):
                 if start + W <= N:
                     T.copy(buffers["out_ub"][0:W], G["V"][start:start + W])
                 else:
-                    rest = T.alloc_var("int32")
-                    rest = N - start
-                    T.copy(buffers["out_ub"][0:rest], G["V"][start:start + rest])
+                    remaining = T.alloc_var("int32")  # a variable: the byte count is then min(W, remaining) * size,
+                    remaining = N - start  # never N * size (which could overflow int32)
+                    T.copy(buffers["out_ub"][0:remaining], G["V"][start:start + remaining])
 
     return gm.prim_func(draw_kernel, params)
 

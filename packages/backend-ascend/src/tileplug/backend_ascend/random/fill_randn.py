@@ -94,7 +94,7 @@ def polynomial(ops, u, coefficients, name: str):
 
 
 def radius(ops, even):
-    """``sqrt(−2 ln a)`` of ``a = ((even >> 8) + 1)·2^-24`` as ``(high, low)`` registers
+    """``sqrt(−2 ln a)`` of ``a = ((even >> 8) + 1)·2^-24`` as ``(high, low, split of high)``
     (``low`` = 0 where the radius is 0: ``a = 1``)."""
     count = ops.to_float(ops.shift_right(even, MANTISSA_SHIFT, "even_code"), "even_count")
     a = ops.scale(ops.plus(count, 1.0, "a_count"), UNIT, "a")
