@@ -138,7 +138,8 @@ def test_the_grid_covers_every_case_of_the_op_table():
     the cast's own declines. Every norm and RoPE case the fused-cast rules leave is lowered, every
     topk_gate, moe_topk_gate_backward, normalize_weight, moe_expert_counts, moe_permute and moe_unpermute case
     too, every moe_topk_gate case (group-limited routing included), and every swiglu and swiglu_backward case
-    (swiglu_per_token_cast: the per-token cast's declines, tests/test_ascend_swiglu_lowering.py)."""
+    (swiglu_per_token_cast: the per-token cast's declines, tests/test_ascend_swiglu_lowering.py), and every
+    fill_rand / fill_randn case."""
     total = sum(len(opdef.cases()) for opdef in core.opdefs.all_ops())
     assert len(CASES) > 100 and len(CASES) + len(DECLINED) <= total
     allowed = ("e4m3-stored", "not an Ascend layout", "the Ascend layouts", "UB plan needs", "falls to the reference",
@@ -148,7 +149,8 @@ def test_the_grid_covers_every_case_of_the_op_table():
     assert not unexpected, unexpected
     row_ops = ("rms_norm[", "layer_norm[", "apply_rotary[", "rms_norm_backward[", "layer_norm_backward[",
                "topk_gate[", "moe_topk_gate[", "moe_topk_gate_backward[", "normalize_weight[", "moe_expert_counts[", "moe_permute[",
-               "moe_unpermute[", "swiglu[", "swiglu_backward[")
+               "moe_unpermute[", "swiglu[", "swiglu_backward[",
+               "fill_rand[", "fill_randn[")
     assert not [case for case in DECLINED if case.startswith(row_ops)]
 
 

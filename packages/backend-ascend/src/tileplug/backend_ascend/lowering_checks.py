@@ -9,7 +9,8 @@ the Ascend C -- never an execution. Each check returns ``(ok, detail)``.
   ``alloc_shared`` buffers x annotated versions (32-byte aligned), and the backend's plan.
 * :func:`check_pipelined` -- every row loop ``for (int32_t it...)`` of the kernel rotates UB
   slots by ``(it & N)`` / ``(it % N)`` with >= 2 versions, waits on rotating events, and the
-  prologue arms >= 2 event ids.
+  prologue arms >= 2 event ids for the loop's first stage (the MTE2 loads; the vector unit in
+  a loop that only computes and stores, as the random-number draws).
 * :func:`check_vector` -- the hot loop is SIMD: a ``__simd_vf__`` function with vector loads and
   stores is called inside every row loop; the ``__global__`` function never dereferences UB as
   a scalar; nothing is synchronised on the scalar pipe (``PIPE_S``).
@@ -137,7 +138,8 @@ def check_pipelined(source: str) -> tuple[bool, str]:
         versions = {int(n) + 1 for n in re.findall(rf"\({var} & (\d+)\)", loop)}
         versions |= {int(n) for n in re.findall(rf"\({var} % (\d+)\)", loop)}
         waits = re.findall(rf"asc_sync_wait\(PIPE_\w+, PIPE_\w+, static_cast<event_t>\(\(?{var} [&%]", loop)
-        armed = set(re.findall(r"asc_sync_notify\(PIPE_\w+, PIPE_MTE2, static_cast<event_t>\((\d+)\)\)", before))
+        first = "MTE2" if "asc_copy_gm2ub" in loop else "V"  # the stage that first fills a rotating buffer
+        armed = set(re.findall(rf"asc_sync_notify\(PIPE_\w+, PIPE_{first}, static_cast<event_t>\((\d+)\)\)", before))
         rotates = re.search(rf"(?:{ub})\)?\[\(*\({var} [&%] \d+\)", loop) is not None
         this_ok = bool(versions) and max(versions) >= 2 and rotates and bool(waits) and len(armed) >= 2
         ok = ok and this_ok

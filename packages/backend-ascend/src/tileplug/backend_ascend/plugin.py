@@ -30,10 +30,11 @@ def kernel_table() -> dict:
     from tileplug.backend_ascend.moe import KERNELS as MOE_KERNELS
     from tileplug.backend_ascend.norm import KERNELS as NORM_KERNELS
     from tileplug.backend_ascend.quant import KERNELS as QUANT_KERNELS
+    from tileplug.backend_ascend.random import KERNELS as RANDOM_KERNELS
     from tileplug.backend_ascend.rope import KERNELS as ROPE_KERNELS
     from tileplug.backend_ascend.swiglu import KERNELS as SWIGLU_KERNELS
 
-    return {**QUANT_KERNELS, **NORM_KERNELS, **ROPE_KERNELS, **MOE_KERNELS, **SWIGLU_KERNELS}
+    return {**QUANT_KERNELS, **NORM_KERNELS, **ROPE_KERNELS, **MOE_KERNELS, **SWIGLU_KERNELS, **RANDOM_KERNELS}
 
 
 def lower(call) -> str:
@@ -102,6 +103,11 @@ def capabilities() -> str:
         "  Ascend quant kernel serves (e4m3 / e2m1, groups 16-128, round_sf, packed UE8M0, column-major). Sigmoid on",
         "  the vector exp (1 ulp), not correctly rounded. Declined: fp64 (the reference serves gradcheck), the cast's",
         "  own declines (e4m3-stored sf, H not a multiple of 16), expert ends too many for UB.",
+        "fill_rand / fill_randn (fp32 / bf16 / fp16 values, any element count < 2**31 - 4096): Philox4x32-10 with",
+        "  vmull / vxor / vadds on uint32 lanes, 64 blocks per register, tiles of 4096 elements over the vector cores;",
+        "  seed and offset DMA'd from their device tensors, offset += 1 queued on the stream after the draw (graph",
+        "  replay draws new numbers). rand exact; randn Box-Muller with vln, a double-float radius and octant-reduced",
+        "  sine / cosine polynomials (within 2 ulp of the reference in CPU emulation). Lowered, never run on an NPU.",
         "  Status: LOWERED to Ascend C with TileLang (CPU, stand-in constants), source-checked; never run on an NPU",
         "  (not verified).",
         "  The CI lowering grid (tests/test_ascend_lowering.py, hatch run ascend-lower) checks that each of its",

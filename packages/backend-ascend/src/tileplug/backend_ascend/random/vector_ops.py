@@ -1,0 +1,140 @@
+"""The vector instructions the random-number kernels issue, one method per instruction.
+
+The Philox rounds (:mod:`.philox`), the uniform transform (:mod:`.fill_rand`) and Box–Muller
+(:mod:`.fill_randn`) are plain Python functions over an ``ops`` object of this interface:
+inside a ``T.SimdVF`` region the kernels pass :data:`VECTOR`, whose methods emit
+``T.simd`` instructions on 64-lane registers (``uint32x64`` words, ``float32x64`` values,
+``boolx256`` lane masks), each stored into a named register variable (a ``local.var``
+buffer), so the Ascend C has one statement per instruction and no value is computed twice.
+Not a ``Bind``: TileLang's ``LegalizeNegativeIndex`` pass expands bound values recursively,
+exponential in how often a value is reused (Box–Muller's ~380 instructions took minutes);
+register variables are opaque to it. ``tests/test_ascend_rng_lowering.py`` passes a
+numpy object with the same methods (what each instruction is assumed to do) through the very
+same functions, which is how the word arithmetic and the fp32 numerics are checked on a CPU.
+
+What the methods assume of the hardware (unknown without an NPU): ``vmull`` on ``uint32``
+returns the low then the high 32 bits of the unsigned 64-bit product; ``vshrs`` on ``uint32``
+shifts in zeros; ``vintlv(a, b)`` returns ``(a0, b0, a1, b1, ..., a31, b31)`` then
+``(a32, b32, ..., a63, b63)``; ``vmul`` / ``vadd`` / ``vsub`` round to nearest even and are
+not fused; ``vln`` (``vln_1ulp_ftz_false``) is within 1 ulp; ``vsqrt`` / ``vdiv`` are
+correctly rounded.
+"""
+
+import tilelang.ascend.language as T
+from tvm import ir, tirx
+from tvm.tirx.script.builder.ir import buffer_store, sblock_alloc_buffer
+
+from tileplug.backend_ascend.rows import DIV_EXACT, SQRT_EXACT
+
+U32, S32, F32 = "uint32", "int32", "float32"
+LN_1ULP = "vln_1ulp_ftz_false"
+"""fp32 natural logarithm within 1 ulp, denormals kept (CANN's documented tier)."""
+
+
+class VectorOps:
+    """The ``T.simd`` instructions of the RNG kernels on 64-lane registers (call inside a
+    ``T.SimdVF`` region, at trace time). Every result is stored into a register variable
+    called ``name``."""
+
+    @staticmethod
+    def bind(value, name: str):
+        """``value`` (a register expression) stored into a new register variable called
+        ``name``; returns the variable's value."""
+        dtype = str(value.dtype)
+        data = tirx.Var(name, ir.PointerType(ir.PrimType(dtype), "local.var"))
+        register = sblock_alloc_buffer([1], dtype, data=data, scope="local.var")
+        buffer_store(register, value, [0])
+        return register[0]
+
+    # ------------------------------------------------------------------ uint32 words
+
+    def ramp(self, first, name: str = "ramp"):
+        """Words ``first + j`` in lane ``j`` (``first`` an int32 scalar, ``first + 63 < 2^31``)."""
+        return self.bind(tirx.reinterpret("uint32x64", T.simd.vci(first, S32)), name)
+
+    def splat(self, word: int, name: str = "splat"):
+        """The word ``word`` (an int in ``[0, 2^32)``) in every lane."""
+        return self.bind(T.simd.vdup(T.uint32(word), U32), name)
+
+    def multiply_wide(self, a, b, name: str = "product"):
+        """``a · b`` lane-wise as 64-bit unsigned products: ``(low words, high words)``."""
+        low, high = T.simd.vmull(a, b)
+        return self.bind(low, name + "_low"), self.bind(high, name + "_high")
+
+    def xor(self, a, b, name: str = "mixed"):
+        return self.bind(T.simd.vxor(a, b), name)
+
+    def add_word(self, a, word: int, name: str = "sum"):
+        """``a + word`` mod 2^32."""
+        return self.bind(T.simd.vadds(a, T.uint32(word)), name)
+
+    def sub(self, a, b, name: str = "difference"):
+        """``a − b``: words mod 2^32, or fp32 values rounded."""
+        return self.bind(T.simd.vsub(a, b), name)
+
+    def shift_right(self, a, bits: int, name: str = "shifted"):
+        """``a >> bits`` (logical: zeros shifted in)."""
+        return self.bind(T.simd.vshrs(a, T.uint32(bits)), name)
+
+    def and_word(self, a, word: int, name: str = "masked"):
+        """``a & word``."""
+        return self.bind(T.simd.vand(a, T.simd.vdup(T.uint32(word), U32)), name)
+
+    def bit_set(self, a, bit: int, name: str = "has_bit"):
+        """Lane mask: bit ``bit`` of the word is 1."""
+        flag = T.simd.vand(a, T.simd.vdup(T.uint32(1 << bit), U32))
+        return self.bind(T.simd.vcmps(flag, T.uint32(0), op="ne"), name)
+
+    def to_float(self, a, name: str = "value"):
+        """A word below 2^24 as the fp32 number it counts (exact)."""
+        return self.bind(T.simd.vcvt(tirx.reinterpret("int32x64", a), F32), name)
+
+    # ------------------------------------------------------------------ fp32 values
+
+    def constant(self, value: float, name: str = "constant"):
+        """``value`` (an fp32 number) in every lane."""
+        return self.bind(T.simd.vdup(T.float32(value), F32), name)
+
+    def add(self, a, b, name: str = "total"):
+        return self.bind(T.simd.vadd(a, b), name)
+
+    def mul(self, a, b, name: str = "product"):
+        return self.bind(T.simd.vmul(a, b), name)
+
+    def scale(self, a, factor: float, name: str = "scaled"):
+        """``a · factor`` (an fp32 constant), rounded."""
+        return self.bind(T.simd.vmuls(a, T.float32(factor)), name)
+
+    def plus(self, a, addend: float, name: str = "shifted"):
+        """``a + addend`` (an fp32 constant), rounded."""
+        return self.bind(T.simd.vadds(a, T.float32(addend)), name)
+
+    def divide(self, a, b, name: str = "quotient"):
+        """``a / b``, correctly rounded."""
+        return self.bind(T.simd.vdiv(a, b, precision=DIV_EXACT), name)
+
+    def ln(self, a, name: str = "log"):
+        """``ln a`` within 1 ulp."""
+        return self.bind(T.simd.vln(a, precision=LN_1ULP), name)
+
+    def sqrt(self, a, name: str = "root"):
+        """``sqrt a``, correctly rounded."""
+        return self.bind(T.simd.vsqrt(a, precision=SQRT_EXACT), name)
+
+    def positive(self, a, name: str = "is_positive"):
+        """Lane mask: ``a > 0``."""
+        return self.bind(T.simd.vcmps(a, T.float32(0.0), op="gt"), name)
+
+    # ------------------------------------------------------------------ either
+
+    def select(self, mask, a, b, name: str = "chosen"):
+        """``a`` where ``mask`` holds, else ``b`` (words or values)."""
+        return self.bind(T.simd.vsel(a, b, mask), name)
+
+    def interleave(self, a, b, name: str = "interleaved"):
+        """``(a0, b0, a1, b1, ..., a31, b31)`` and ``(a32, b32, ..., a63, b63)``."""
+        low, high = T.simd.vintlv(a, b)
+        return self.bind(low, name + "_low"), self.bind(high, name + "_high")
+
+
+VECTOR = VectorOps()
