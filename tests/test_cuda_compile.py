@@ -367,6 +367,19 @@ def test_main_load_path_is_128_bit(entry: tuple, compiled_grid: dict[str, dict])
         assert loads_are_128_bit(result["source"], buffer), f"the {buffer} load path is no longer 128-bit vectorized"
 
 
+DRAWS = [name for name, _ in GRID if name.startswith(("fill_rand_", "fill_randn_"))]
+
+
+@pytest.mark.parametrize("name", DRAWS)
+def test_draws_store_whole_runs_128_bits_at_a_time(name: str, compiled_grid: dict[str, dict]) -> None:
+    """The aligned form of a draw stores a thread's run with 128-bit stores (its tail element by
+    element); the scalar form (a misaligned view) never does."""
+    result = compiled_grid[name]
+    assert result["ok"], result.get("error")
+    vector_store = re.search(r"\*\((?:float4|uint4)\*\)\(values \+", result["source"])
+    assert bool(vector_store) == name.endswith("_v128_t256"), name
+
+
 def test_vector_check_catches_a_scalar_variant() -> None:
     """The check fails on the variant made for 2-byte-aligned rows (scalar loads), and the
     PTX of the aligned variant really holds 128-bit global loads."""

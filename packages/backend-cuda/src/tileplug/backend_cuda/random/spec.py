@@ -40,6 +40,12 @@ class RandomKernelSpec:
         return importlib.import_module(f"tileplug.backend_cuda.random.{self.op}").build(self)
 
     @property
+    def vector_buffers(self) -> tuple[str, ...]:
+        """Buffers loaded 128 bits at a time: none (a draw loads only the seed and the offset; its
+        128-bit path is the stores of ``values``, which the compile test checks on its own)."""
+        return ()
+
+    @property
     def itemsize(self) -> int:
         return 4 if self.dtype == "float32" else 2
 
