@@ -14,23 +14,14 @@ from tileplug import core
 from tileplug.core import ContractError
 from tileplug.core.ops import fill_rand, fill_randn
 from tileplug.core.random import Generator, manual_seed, rand, rand_like, randn, randn_like
+from tileplug.core.testing import PHILOX_KNOWN_ANSWERS, philox4x32_10_words
 from tileplug.reference.random import philox
 
 MASK = 0xFFFFFFFF
 
 
-def philox_in_python(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, int, int, int]:
-    """Philox4x32-10 on Python ints, straight from the published algorithm: ten rounds of
-    ``(c0, c1, c2, c3) → (hi(M1·c2) ^ c1 ^ k0, lo(M1·c2), hi(M0·c0) ^ c3 ^ k1, lo(M0·c0))``
-    with the key bumped by the Weyl constants between rounds."""
-    c0, c1, c2, c3 = counter
-    k0, k1 = key
-    for index in range(10):
-        if index:
-            k0, k1 = (k0 + 0x9E3779B9) & MASK, (k1 + 0xBB67AE85) & MASK
-        product0, product1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
-        c0, c1, c2, c3 = (product1 >> 32) ^ c1 ^ k0, product1 & MASK, (product0 >> 32) ^ c3 ^ k1, product0 & MASK
-    return c0, c1, c2, c3
+philox_in_python = philox4x32_10_words
+"""The independent Philox on Python ints (``tileplug.core.testing``)."""
 
 
 def philox_in_torch(counter: tuple[int, ...], key: tuple[int, ...]) -> tuple[int, ...]:
@@ -39,12 +30,7 @@ def philox_in_torch(counter: tuple[int, ...], key: tuple[int, ...]) -> tuple[int
     return tuple(int(word) for word in words)
 
 
-KNOWN_ANSWERS = [  # Random123's kat_vectors for philox4x32_10
-    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
-    ((MASK, MASK, MASK, MASK), (MASK, MASK), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
-]
+KNOWN_ANSWERS = PHILOX_KNOWN_ANSWERS
 
 
 @pytest.mark.parametrize("counter, key, expected", KNOWN_ANSWERS, ids=["zeros", "ones", "pi"])

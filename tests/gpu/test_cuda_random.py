@@ -32,18 +32,13 @@ from tileplug.core import config
 from tileplug.core.ops import fill_rand, fill_randn
 from tileplug.core.random import Generator, rand, randn
 from tileplug.core.registry import use_backend
-from tileplug.core.testing import assert_bytes_equal, assert_within_ulps
+from tileplug.core.testing import PHILOX_KNOWN_ANSWERS, assert_bytes_equal, assert_within_ulps, philox4x32_10_words
 
 pytestmark = pytest.mark.gpu
 
 DEVICE = torch.device("cuda")
 MASK = 0xFFFFFFFF
-KNOWN_ANSWERS = [  # Random123's kat_vectors for philox4x32_10
-    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
-    ((MASK, MASK, MASK, MASK), (MASK, MASK), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
-]
+KNOWN_ANSWERS = PHILOX_KNOWN_ANSWERS
 
 
 def _signed(value: int) -> int:
@@ -75,17 +70,6 @@ def _philox_kernel():
     return tilelang.compile(kernel, target="cuda")
 
 
-def _python_philox(counter, key):
-    c0, c1, c2, c3 = counter
-    k0, k1 = key
-    for index in range(10):
-        if index:
-            k0, k1 = (k0 + 0x9E3779B9) & MASK, (k1 + 0xBB67AE85) & MASK
-        product0, product1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
-        c0, c1, c2, c3 = (product1 >> 32) ^ c1 ^ k0, product1 & MASK, (product0 >> 32) ^ c3 ^ k1, product0 & MASK
-    return c0, c1, c2, c3
-
-
 def test_philox_macro_gives_the_known_answers_and_the_python_words() -> None:
     chooser = python_random.Random(5)
     random_words = lambda count: tuple(chooser.getrandbits(32) for _ in range(count))  # noqa: E731
@@ -102,7 +86,7 @@ def test_philox_macro_gives_the_known_answers_and_the_python_words() -> None:
     for index, (_, _, expected) in enumerate(KNOWN_ANSWERS):
         assert words[index] == expected, f"known answer {index}: {[hex(w) for w in words[index]]}"
     for index, (counter, key) in enumerate(zip(counters, keys)):
-        assert words[index] == _python_philox(counter, key), f"block {index}"
+        assert words[index] == philox4x32_10_words(counter, key), f"block {index}"
 
 
 def _fill(op, values, seed: int, offset: int, backend: str) -> torch.Tensor:

@@ -27,9 +27,16 @@ __all__ = [
     "HIDDEN_SIZES", "NAN_FREE_DTYPES", "TOKEN_COUNTS", "activation", "assert_bytes_equal",
     "assert_quantized_close", "assert_sf_equal", "assert_within_ulps", "bytes_equal", "canonical_nans", "cpu_copy",
     "first_difference", "hidden_sizes", "moved", "ordered_bits", "random_shapes", "raw_bytes", "relative_error",
-    "require",
-    "sf_group_bytes", "token_counts", "ulp_distance",
+    "PHILOX_KNOWN_ANSWERS", "philox4x32_10_words", "require", "sf_group_bytes", "token_counts", "ulp_distance",
 ]
+
+PHILOX_WORD_MASK = 0xFFFFFFFF
+PHILOX_KNOWN_ANSWERS = (  # Random123's kat_vectors for philox4x32_10: (counter, key, the block's four words)
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+)
 
 TOKEN_COUNTS = (0, 1, 3, 4001)
 """Token counts every op is tested at (0: empty; odd sizes: tails)."""
@@ -385,3 +392,19 @@ def activation(tokens: int, hidden: int, dtype: torch.dtype = torch.bfloat16, de
         channels = torch.randperm(hidden, generator=generator)[: max(1, hidden // 256)]
         values[:, channels] *= 50.0
     return values.to(dtype=dtype, device=device)
+
+
+def philox4x32_10_words(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Philox4x32-10 of one block on Python ints, straight from the published algorithm (Salmon et
+    al., SC'11): ten rounds of ``(c0, c1, c2, c3) → (hi(M1·c2) ^ c1 ^ k0, lo(M1·c2), hi(M0·c0) ^ c3 ^
+    k1, lo(M0·c0))``, the key bumped by the Weyl constants between rounds. An implementation of its
+    own (no tensors, no 16-bit halves), the oracle backends' random-number tests check against."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    mask = PHILOX_WORD_MASK
+    for index in range(10):
+        if index:
+            k0, k1 = (k0 + 0x9E3779B9) & mask, (k1 + 0xBB67AE85) & mask
+        product0, product1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = (product1 >> 32) ^ c1 ^ k0, product1 & mask, (product0 >> 32) ^ c3 ^ k1, product0 & mask
+    return c0, c1, c2, c3
