@@ -64,6 +64,21 @@ def sigmoid_correctly_rounded(g):
     return T.cast(T.float64(1.0) / (T.float64(1.0) + T.exp(T.float64(0.0) - wide)), "float32")
 
 
+GUARD = -80.0
+"""Below this the guarded sigmoid is ``expf(g)`` (``e^g < 2^-115``: ``1 + e^g`` is 1 in fp32)."""
+
+
+def sigmoid_guarded(g):
+    """fp32 ``sigmoid(g)`` from the hardware exponential for a bf16 result: ``1 / (1 + __expf(−g))``
+    above :data:`GUARD` (``__expf`` within ``2 + 1.17·|g|`` ulp, so below 2^-17 relative: far inside
+    a bf16 ulp; no overflow, the argument stays below 80), ``expf(g)`` below it (IEEE, subnormals
+    kept, where the hardware exponential would flush to zero)."""
+    bounded = T.max(g, T.float32(GUARD))
+    main = T.call_extern("float32", "__fdividef", T.float32(1.0),
+                         T.float32(1.0) + T.call_extern("float32", "__expf", T.float32(0.0) - bounded))
+    return T.if_then_else(g > T.float32(GUARD), main, T.exp(g))  # exp(NaN) is NaN
+
+
 @T.macro
 def sigmoid_fp32(g, s, i):
     """``s[i]`` = ``sigmoid(g)`` in fp32 arithmetic, within 1 ulp of the correctly rounded value
@@ -185,6 +200,8 @@ class SwigluMacros:
                 u[i] = up_value(T.cast(up[i], "float32"))
                 if SIGMOID == "exact":
                     s[i] = sigmoid_correctly_rounded(g[i])
+                elif SIGMOID == "guarded":
+                    s[i] = sigmoid_guarded(g[i])
                 else:
                     sigmoid_fp32(g[i], s, i)
 

@@ -33,6 +33,11 @@ from tileplug.backend_cuda.norm.spec import (
 from tileplug.core.contracts.swiglu import SWIGLU_BACKWARD, SwigluCall
 from tileplug.core.quant.layouts import CUDA_LAYOUT
 
+SIGMOID_VARIABLE = "TILEPLUG_CUDA_SWIGLU_BF16_SIGMOID"
+"""``guarded``: a bf16 ``y`` takes the hardware-exponential sigmoid guarded below −80 (tuning on
+a GPU host; the kernel name carries it, so the kernel index keeps the two apart)."""
+BF16_SIGMOIDS = ("accurate", "guarded")
+
 HALVES = 2
 """x's row is ``[gate | up]``: read as two rows of ``H`` (the norm tile's 3-D buffers)."""
 
@@ -48,6 +53,8 @@ class SwigluKernelSpec:
     every row is valid) and ``expert_alignment`` its layout's alignment. ``vectorize``:
     128-bit accesses (every row 16-byte aligned and ``H`` a multiple of the vector).
     ``quant``: the fused cast (``norm.spec.QuantSpec``: the norm cast's macros serve it).
+    ``bf16_sigmoid``: the sigmoid of a bf16 ``y`` (``accurate``, or ``guarded`` for tuning: see
+    :attr:`sigmoid`).
     """
 
     op: str
@@ -62,6 +69,7 @@ class SwigluKernelSpec:
     vectorize: bool
     tile: RowTile
     quant: QuantSpec | None = None
+    bf16_sigmoid: str = "accurate"
 
     # what norm.rows.RowMacros reads of a spec: x as [N, 2, H], no residual
     heads = HALVES
@@ -78,17 +86,21 @@ class SwigluKernelSpec:
     def sigmoid(self) -> str:
         """Which ``sigmoid`` evaluation the kernel uses (``activation``): ``"exact"`` (fp64, rounded
         once: the reference's bits) where a result is fp32 — an fp32 ``y``, the cast (it quantizes
-        the fp32 ``y``), the gradients of an fp32 x; ``"accurate"`` (fp32, within 1 ulp) where the
-        results are bf16.
+        the fp32 ``y``), the gradients of an fp32 x; ``"accurate"`` (fp32, within 1 ulp) for the
+        gradients of a bf16 x, and for a bf16 ``y`` unless ``bf16_sigmoid`` asks for ``"guarded"``.
 
-        A cruder ``1 / (1 + __expf(−g))`` for a bf16 ``y`` ran as fast as TileKernels on the H200
+        A plain ``1 / (1 + __expf(−g))`` for a bf16 ``y`` ran as fast as TileKernels on the H200
         (T = 65536, H = 7168: 719 us against 718; 1113 us with the 1-ulp sigmoid) but failed the
         2-ulp bound on 5·10^-5 of the values of ``tests/gpu/test_cuda_swiglu.py``: ``__expf``
         overflows (and flushes to zero) below ``g ≈ −87``, where the reference's ``s`` is a
-        subnormal fp32 and ``y`` a nonzero bf16."""
+        subnormal fp32 and ``y`` a nonzero bf16. ``"guarded"`` takes ``expf(g)`` there (below
+        −80, where ``s = e^g`` in fp32): not yet run on a GPU, so only the tuning variable
+        :data:`SIGMOID_VARIABLE` selects it."""
         if self.op == SWIGLU_BACKWARD:
             return "exact" if self.in_dtype == "float32" else "accurate"
-        return "exact" if self.quant is not None or self.out_dtype == "float32" else "accurate"
+        if self.quant is not None or self.out_dtype == "float32":
+            return "exact"
+        return self.bf16_sigmoid
 
     @property
     def vec(self) -> int:
@@ -116,6 +128,8 @@ class SwigluKernelSpec:
             if quant.round_sf:
                 parts.append("round")
             parts.append(f"m{_hex(quant.clamp_min)}")
+        if self.sigmoid == "guarded":
+            parts.append("guarded")
         return "_".join(parts)
 
 
@@ -169,4 +183,15 @@ def make_spec(call: SwigluCall) -> SwigluKernelSpec:
         vectorize=vectorizes(call),
         tile=row_tile(call.hidden, call.input_dtype),
         quant=quant_spec(call),
+        bf16_sigmoid=bf16_sigmoid(),
     )
+
+
+def bf16_sigmoid() -> str:
+    """The sigmoid of a bf16 ``y``: ``accurate``, or what :data:`SIGMOID_VARIABLE` names."""
+    import os
+
+    chosen = os.environ.get(SIGMOID_VARIABLE, "accurate")
+    if chosen not in BF16_SIGMOIDS:
+        raise ValueError(f"{SIGMOID_VARIABLE}={chosen!r}: expected one of {', '.join(BF16_SIGMOIDS)}")
+    return chosen
