@@ -200,6 +200,23 @@ class RowMacros:
                 T.sync_threads()
 
         @T.macro
+        def write_folded(terms, tree, lane, base):
+            """The tree's in-register first levels (``FOLD_STEPS``) on the thread's terms, then its
+            ``WIDTH`` remaining values into the row's part of ``tree`` (from ``base``), then a barrier."""
+            for i, partner in FOLD_STEPS:
+                terms[i] = T.ieee_add(terms[i], terms[partner])
+            for c in WRITTEN_CHUNKS:
+                col = (c * LANES + lane) * VEC
+                if EXACT:
+                    for j in T.vectorized(VEC):
+                        tree[base + col + j] = terms[c * VEC + j]
+                else:
+                    for j in VALUE_INDICES:
+                        if col + j < D:
+                            tree[base + col + j] = terms[c * VEC + j]
+            barrier()
+
+        @T.macro
         def row_sum(terms, tree, acc, lane, slot):
             """``acc[0]`` = the row's sum of the fp32 ``terms`` the threads hold (``terms[k·VEC + j]``
             at the column of value ``j`` of vector ``k``), added in the reference's order
@@ -210,19 +227,8 @@ class RowMacros:
                     terms[i] = T.ieee_add(terms[i], terms[partner])
                 acc[0] = terms[0]
             elif SUBTREES is not None:
-                for i, partner in FOLD_STEPS:
-                    terms[i] = T.ieee_add(terms[i], terms[partner])
                 base = slot * WIDTH
-                for c in WRITTEN_CHUNKS:
-                    col = (c * LANES + lane) * VEC
-                    if EXACT:
-                        for j in T.vectorized(VEC):
-                            tree[base + col + j] = terms[c * VEC + j]
-                    else:
-                        for j in VALUE_INDICES:
-                            if col + j < D:
-                                tree[base + col + j] = terms[c * VEC + j]
-                barrier()
+                write_folded(terms, tree, lane, base)
                 sums_base = self.ROWS * WIDTH + slot * S  # the row's S subtree sums, after every row's values
                 warp = lane // 32
                 warp_lane = lane % 32
@@ -257,19 +263,8 @@ class RowMacros:
                             terms[j] = T.ieee_add(terms[j], terms[j + h])
                 acc[0] = T.shfl_sync(terms[0], 0, LANES)
             else:
-                for i, partner in FOLD_STEPS:
-                    terms[i] = T.ieee_add(terms[i], terms[partner])
                 base = slot * WIDTH
-                for c in WRITTEN_CHUNKS:
-                    col = (c * LANES + lane) * VEC
-                    if EXACT:
-                        for j in T.vectorized(VEC):
-                            tree[base + col + j] = terms[c * VEC + j]
-                    else:
-                        for j in VALUE_INDICES:
-                            if col + j < D:
-                                tree[base + col + j] = terms[c * VEC + j]
-                barrier()
+                write_folded(terms, tree, lane, base)
                 for h, last, rounds in LEVELS:
                     for offset, whole in rounds:
                         i = lane + offset

@@ -69,6 +69,11 @@ class RowTile:
     def threads(self) -> int:
         return self.lanes * self.rows
 
+    @property
+    def name(self) -> str:
+        """The tile's part of a kernel name."""
+        return f"l{self.lanes}r{self.rows}c{self.chunks}"
+
 
 def vector_width(dtype: torch.dtype) -> int:
     """Values of ``dtype`` in one 128-bit vector (8 bf16/fp16, 4 fp32)."""
@@ -195,6 +200,16 @@ class QuantSpec:
     clamp_min: float
     unquantized: bool
 
+    def name_parts(self, clamp_tag: str = "c") -> list[str]:
+        """This cast's part of a kernel name (``clamp_tag`` before the amax clamp's digits)."""
+        parts = [self.fmt, f"g{self.group}", f"sf{self.sf_kind}{'col' if self.sf_col_major else ''}"]
+        if self.round_sf:
+            parts.append("round")
+        parts.append(f"{clamp_tag}{_hex(self.clamp_min)}")
+        if self.unquantized:
+            parts.append("y")
+        return parts
+
 
 @dataclass(frozen=True)
 class NormKernelSpec:
@@ -259,15 +274,9 @@ class NormKernelSpec:
         if self.out_scale != 1.0:
             parts.append(f"s{_hex(self.out_scale)}")
         parts.append("v128" if self.vectorize else "scalar")
-        parts.append(f"l{self.tile.lanes}r{self.tile.rows}c{self.tile.chunks}")
-        quant = self.quant
-        if quant is not None:
-            parts += [quant.fmt, f"g{quant.group}", f"sf{quant.sf_kind}{'col' if quant.sf_col_major else ''}"]
-            if quant.round_sf:
-                parts.append("round")
-            parts.append(f"c{_hex(quant.clamp_min)}")
-            if quant.unquantized:
-                parts.append("y")
+        parts.append(self.tile.name)
+        if self.quant is not None:
+            parts += self.quant.name_parts()
         return "_".join(parts)
 
 

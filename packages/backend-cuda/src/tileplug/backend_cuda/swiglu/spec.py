@@ -121,13 +121,9 @@ class SwigluKernelSpec:
         if self.experts is not None:
             parts.append(f"e{self.experts}a{self.expert_alignment}")
         parts.append("v128" if self.vectorize else "scalar")
-        parts.append(f"l{self.tile.lanes}r{self.tile.rows}c{self.tile.chunks}")
-        quant = self.quant
-        if quant is not None:
-            parts += [quant.fmt, f"g{quant.group}", f"sf{quant.sf_kind}{'col' if quant.sf_col_major else ''}"]
-            if quant.round_sf:
-                parts.append("round")
-            parts.append(f"m{_hex(quant.clamp_min)}")
+        parts.append(self.tile.name)
+        if self.quant is not None:
+            parts += self.quant.name_parts(clamp_tag="m")  # "c" is the SwiGLU clamp's
         if self.sigmoid == "guarded":
             parts.append("guarded")
         return "_".join(parts)
