@@ -18,7 +18,7 @@ from tileplug.core.quant import layouts
 
 def _call(op, *args, **kwargs):
     call, inputs = describe_call(op, *args, **kwargs)
-    return _KERNELS[call.op], call, inputs
+    return _KERNELS[call.op].kernel(), call, inputs
 
 
 def test_backend_registers_every_quant_op() -> None:

@@ -78,7 +78,12 @@ def main() -> int:
     for process in processes:
         process.join()
     eight_seconds = time.perf_counter() - started
-    ninth = context.Process(target=rank_main, args=(RANKS, context.Barrier(1), results))
+    print(json.dumps({"eight_ranks": reports, "wall_seconds": round(eight_seconds, 1)}), flush=True)
+    # The ninth's barrier is held here until it has run: a spawned child unpickles its
+    # arguments after start() returns, and a barrier collected meanwhile is gone (its
+    # semaphore unlinked: FileNotFoundError in the child).
+    ninth_barrier = context.Barrier(1)
+    ninth = context.Process(target=rank_main, args=(RANKS, ninth_barrier, results))
     ninth.start()
     ninth_report = results.get(timeout=900)
     ninth.join()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from tileplug.core import ASCEND_LAYOUT, Backend, hookimpl
+from tileplug.core import ASCEND_LAYOUT, Backend, deferred_kernel_table, hookimpl
 
 PRIORITY = 100
 DEVICE_MANAGER = "/dev/davinci_manager"
@@ -26,15 +26,10 @@ def probe() -> str | None:
 
 
 def kernel_table() -> dict:
-    """Op (kernel-table key) -> Ascend kernel, every family."""
-    from tileplug.backend_ascend.moe import KERNELS as MOE_KERNELS
-    from tileplug.backend_ascend.norm import KERNELS as NORM_KERNELS
-    from tileplug.backend_ascend.quant import KERNELS as QUANT_KERNELS
-    from tileplug.backend_ascend.random import KERNELS as RANDOM_KERNELS
-    from tileplug.backend_ascend.rope import KERNELS as ROPE_KERNELS
-    from tileplug.backend_ascend.swiglu import KERNELS as SWIGLU_KERNELS
-
-    return {**QUANT_KERNELS, **NORM_KERNELS, **ROPE_KERNELS, **MOE_KERNELS, **SWIGLU_KERNELS, **RANDOM_KERNELS}
+    """Op (kernel-table key) -> Ascend kernel, every family, each family's module imported at
+    its first use (most import TileLang's Ascend dialect at module scope: a CUDA host, where
+    this backend serves nothing, never pays for it)."""
+    return deferred_kernel_table("tileplug.backend_ascend")
 
 
 def lower(call) -> str:

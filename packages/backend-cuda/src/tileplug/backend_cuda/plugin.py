@@ -6,8 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tileplug.backend_cuda import moe, norm, quant, random, rope, swiglu
-from tileplug.core import CUDA_LAYOUT, Backend, hookimpl
+from tileplug.core import CUDA_LAYOUT, Backend, deferred_kernel_table, hookimpl
 
 PRIORITY = 100
 MIN_COMPUTE_CAPABILITY = (9, 0)
@@ -146,8 +145,9 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     return jit.precompile(specs, arch=arch, workers=workers, load=False)
 
 
-_KERNELS = {**quant.make_kernels(), **norm.make_kernels(), **rope.make_kernels(), **moe.make_kernels(),
-            **swiglu.make_kernels(), **random.make_kernels()}
+_KERNELS = deferred_kernel_table("tileplug.backend_cuda")
+"""Op -> kernel of every family (``<family>.make_kernels()``), each family's modules imported at
+its first use: a first call imports its own family only."""
 
 
 def make_backend() -> Backend:

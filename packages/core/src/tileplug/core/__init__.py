@@ -5,7 +5,7 @@
 """
 
 from tileplug.core import config, nn, opdefs, ops, random
-from tileplug.core.backend import ANY_DEVICE, Backend, Kernel
+from tileplug.core.backend import ANY_DEVICE, Backend, DeferredKernel, Kernel, deferred_kernel_table
 from tileplug.core.call import Call, Ledger, QuantMode, Scoring
 from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
 from tileplug.core.errors import BackendError, ContractError, NoBackendError, TileplugError
@@ -26,6 +26,7 @@ __all__ = [
     "BenchCase",
     "Call",
     "Case",
+    "DeferredKernel",
     "CUDA_LAYOUT",
     "CastConfig",
     "ContractError",
@@ -43,6 +44,7 @@ __all__ = [
     "TileplugError",
     "config",
     "declare",
+    "deferred_kernel_table",
     "describe_call",
     "hookimpl",
     "lower",

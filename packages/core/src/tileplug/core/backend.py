@@ -95,6 +95,97 @@ class Backend:
         return self.layout_for(device_type)
 
 
+# ---------------------------------------------------------------------- deferred kernels
+
+
+_family_tables: dict[str, Mapping[str, Any]] = {}
+
+
+def family_kernels(module: str) -> Mapping[str, Any]:
+    """The kernel table of a backend's family module, imported and built once per process:
+    its ``make_kernels()`` when it has one (fresh kernel objects), else its ``KERNELS``."""
+    table = _family_tables.get(module)
+    if table is None:
+        import importlib
+
+        imported = importlib.import_module(module)
+        make = getattr(imported, "make_kernels", None)
+        table = _family_tables.setdefault(module, make() if callable(make) else imported.KERNELS)
+    return table
+
+
+class DeferredKernel:
+    """A kernel whose family module is imported on first use: ``family_kernels(module)[key]``.
+
+    A backend hands these to its :class:`Backend` so that discovering it imports none of its
+    kernel modules: the Ascend backend (whose modules import TileLang's Ascend dialect) costs
+    nothing on a CUDA host, and a first call imports only its own family. The first
+    ``supports`` imports the module; a module that fails to import, or has no ``key``, makes
+    ``supports`` say why (the call falls to the next backend) instead of raising. Every other
+    attribute (``spec``, ``lowerings``, ...) is the real kernel's.
+    """
+
+    def __init__(self, module: str, key: str) -> None:
+        self.module = module
+        self.key = key
+        self._resolved: tuple[Any, str | None] | None = None
+
+    def _resolve(self) -> tuple[Any, str | None]:
+        """(the kernel or None, why there is none)."""
+        if self._resolved is None:
+            try:
+                kernel = family_kernels(self.module).get(self.key)
+                why = None if kernel is not None else f"{self.module} has no kernel for {self.key}"
+            except KeyboardInterrupt:
+                raise
+            except BaseException as error:  # noqa: BLE001 - a broken kernel module harms no other backend
+                kernel, why = None, f"{self.module} failed to import: {type(error).__name__}: {error}"
+            self._resolved = (kernel, why)
+        return self._resolved
+
+    def kernel(self) -> Any:
+        """The real kernel (raises ``ImportError`` saying why there is none)."""
+        kernel, why = self._resolve()
+        if kernel is None:
+            raise ImportError(why)
+        return kernel
+
+    def supports(self, call: Any) -> str | None:
+        kernel, why = self._resolve()
+        return why if kernel is None else kernel.supports(call)
+
+    def __call__(self, call: Any, inputs: Any, outputs: Any) -> None:
+        self.kernel()(call, inputs, outputs)
+
+    def prepare(self, call: Any) -> Callable[[Any, Any], None]:
+        """The real kernel's launcher for ``call`` (its own ``prepare``, or its ``__call__`` bound to ``call``)."""
+        kernel = self.kernel()
+        prepare = getattr(kernel, "prepare", None)
+        if prepare is not None:
+            return prepare(call)
+        return lambda inputs, outputs: kernel(call, inputs, outputs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("module", "key", "_resolved"):
+            raise AttributeError(name)
+        return getattr(self.kernel(), name)
+
+    def __repr__(self) -> str:
+        return f"DeferredKernel({self.module}[{self.key!r}])"
+
+
+def deferred_kernel_table(package: str, families: Sequence[str] | None = None) -> dict[str, DeferredKernel]:
+    """Kernel-table key -> :class:`DeferredKernel` of ``family_kernels(f"{package}.{family}")[key]``
+    for every op of the op table in ``families`` (default: every family)."""
+    from tileplug.core import opdefs
+
+    return {
+        opdef.kernel: DeferredKernel(f"{package}.{opdef.family}", opdef.kernel)
+        for opdef in opdefs.all_ops()
+        if families is None or opdef.family in families
+    }
+
+
 # ---------------------------------------------------------------------- validation
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
