@@ -39,6 +39,8 @@ TOKENS = (4096, 16384, 65536)
 VERIFY_ONLY = (4001,)
 COMPILE_S = 3.0  # one TileLang specialisation on one core
 TIME_S = 0.2  # one timing of one candidate at one size
+GRAPH = True  # also time each candidate replayed in a CUDA graph (--no-graph: off)
+PEER = False  # also time TileKernels' function on the same inputs (--peer)
 
 # case name -> (op attribute of tileplug.core.ops, kwargs, quantized input?)
 CASES = {
@@ -69,8 +71,9 @@ CANDIDATES = {
         _c(8, 1, column_chunks=4, **SG), _c(2, 1, column_chunks=4, **SG), _c(4, 1, column_chunks=7, **SG),
     ],
     "per_token_ue8m0": [
-        _c(4, 4), _c(4, 1, column_chunks=4), _c(4, 1, column_chunks=4, **G), _c(4, 2, column_chunks=4, **G),
-        _c(4, 1, column_chunks=7, **G),
+        _c(4, 4), _c(4, 1, column_chunks=4), _c(4, 1, column_chunks=4, **G), _c(8, 1, column_chunks=4),
+        _c(2, 1, column_chunks=4), _c(1, 2, column_chunks=4), _c(1, 1, column_chunks=8), _c(4, 1, column_chunks=2),
+        _c(4, 2, column_chunks=4), _c(4, 1, column_chunks=7), _c(2, 2, column_chunks=4), _c(4, 1, 4, column_chunks=4),
     ],
     "per_token_e2m1": [
         _c(4, 4), _c(4, 1, column_chunks=4, **S), _c(4, 1, column_chunks=4, **SG), _c(4, 2, column_chunks=4, **SG),
@@ -82,14 +85,18 @@ CANDIDATES = {
         _c(32, 2, 1, bf16_pairs=True, grid_cols=True, **H16),
     ],
     "per_channel": [
-        _c(16, 8, 2, bf16_pairs=True), _c(8, 16, 1, bf16_pairs=True, **S), _c(8, 8, 1, bf16_pairs=True, **S, **H16),
-        _c(16, 4, 1, bf16_pairs=True, **S, **H16), _c(16, 4, 2, bf16_pairs=True, **S, **H16),
-        _c(8, 8, 2, bf16_pairs=True, **S, **H16), _c(4, 16, 1, bf16_pairs=True, **S, **H16),
+        _c(16, 8, 2, bf16_pairs=True), _c(8, 16, 1, bf16_pairs=True, **S), _c(16, 4, 2, bf16_pairs=True, **S, **H16),
+        _c(16, 8, 1, bf16_pairs=True, **S), _c(32, 4, 1, bf16_pairs=True, **S), _c(32, 2, 1, bf16_pairs=True, **S, **H16),
+        _c(8, 8, 2, bf16_pairs=True, **S, **H16), _c(8, 8, 1, bf16_pairs=True, **S, **H16),
+        _c(16, 4, 1, bf16_pairs=True, **S, **H16), _c(4, 16, 2, bf16_pairs=True, **S, **H16),
     ],
     "cast_back": [
-        _c(4, 4), _c(8, 1, column_chunks=4, inline_coords=True, **G), _c(8, 1, column_chunks=4, **G),
-        _c(4, 1, column_chunks=4, inline_coords=True, **G), _c(4, 1, column_chunks=4, **G),
-        _c(4, 1, column_chunks=2, **G), _c(4, 2, column_chunks=4, **G), _c(8, 1, column_chunks=7, **G),
+        _c(4, 4), _c(8, 1, column_chunks=4, inline_coords=True, **G), _c(8, 1, 2, column_chunks=4, inline_coords=True, **G),
+        _c(4, 1, column_chunks=4, inline_coords=True, **G), _c(4, 1, column_chunks=2, inline_coords=True, **G),
+        _c(4, 1, column_chunks=1, inline_coords=True, **G), _c(8, 1, column_chunks=2, inline_coords=True, **G),
+        _c(8, 1, column_chunks=1, inline_coords=True, **G), _c(2, 1, column_chunks=4, inline_coords=True, **G),
+        _c(1, 2, column_chunks=4, inline_coords=True, **G), _c(1, 1, column_chunks=8, inline_coords=True, **G),
+        _c(4, 2, column_chunks=2, inline_coords=True, **G), _c(4, 1, column_chunks=4, **G),
     ],
 }
 
@@ -221,14 +228,58 @@ def run_case(case: str, specs: list, tokens: list[int], copy: float, log) -> lis
                 entry["median_us"] = ms * 1e3
                 entry["gbps"] = ledger / (ms * 1e-3) / 1e9
                 entry["pct_of_copy"] = 100.0 * entry["gbps"] / copy
+                if GRAPH:
+                    entry["graph_us"] = graph_us(launch, call, inputs, ledger)
             except Exception as error:  # noqa: BLE001
                 entry["error"] = f"{type(error).__name__}: {error}"[:300]
             log(f"  {case:16s} T={t:6d} {row['candidate']:28s} "
                 + (f"{entry['gbps']:7.0f} GB/s {entry['pct_of_copy']:5.1f}%" if "gbps" in entry else "")
+                + (f" graph {entry['graph_us']:8.2f} us" if "graph_us" in entry else "")
                 + f" verified={entry.get('verified')}" + (f" ERROR {entry['error']}" if "error" in entry else ""))
+        if PEER and t not in VERIFY_ONLY:
+            peer_row = next((r for r in rows if r["candidate"] == "tile_kernels"), None)
+            if peer_row is None:
+                peer_row = {"case": case, "candidate": "tile_kernels", "spec": "TileKernels 2.1.0", "results": {}}
+                rows.append(peer_row)
+            peer_row["results"][str(t)] = peer_entry = {"tokens": t, "ledger_bytes": ledger, "verified": "peer"}
+            try:
+                peer_entry.update(time_peer(case, t, ledger, copy))
+            except Exception as error:  # noqa: BLE001
+                peer_entry["error"] = f"{type(error).__name__}: {error}"[:300]
+            log(f"  {case:16s} T={t:6d} {'tile_kernels':28s} " + (
+                f"{peer_entry['gbps']:7.0f} GB/s {peer_entry['pct_of_copy']:5.1f}% graph {peer_entry['graph_us']:8.2f} us"
+                if "graph_us" in peer_entry else peer_entry.get("error", "")))
         del outputs, inputs, oracle
         torch.cuda.empty_cache()
     return rows
+
+
+def graph_us(launch, call, inputs, ledger: int) -> float:
+    """Microseconds per launch replayed in a CUDA graph over distinct inputs and outputs (the
+    kernel alone; ``tileplug.core.benchmark.graph_seconds_per_call``)."""
+    from tileplug.core import CUDA_LAYOUT
+    from tileplug.core.benchmark import graph_seconds_per_call
+
+    def one(x, input_sf):
+        launch(inputs._replace(x=x, input_sf=input_sf), call.allocate(CUDA_LAYOUT))
+
+    seconds, _ = graph_seconds_per_call(one, (inputs.x, inputs.input_sf), {}, torch.device("cuda"), ledger)
+    return seconds * 1e6
+
+
+def time_peer(case: str, tokens: int, ledger: int, copy: float) -> dict:
+    """TileKernels' function of ``case`` on the same inputs: eager median (its host path
+    included) and graph replay, with the same timing."""
+    from tileplug.core.benchmark import graph_seconds_per_call, median_seconds
+    from tileplug.core.peers import tile_kernels
+
+    device = torch.device("cuda")
+    args, kwargs = _args(case, tokens, device)
+    function = getattr(tile_kernels, CASES[case][0])
+    seconds = median_seconds(lambda: function(*args, **kwargs), device, 0.1, 100)
+    graph, _ = graph_seconds_per_call(function, args, kwargs, device, ledger)
+    gbps = ledger / seconds / 1e9
+    return {"median_us": seconds * 1e6, "gbps": gbps, "pct_of_copy": 100.0 * gbps / copy, "graph_us": graph * 1e6}
 
 
 def table(rows: list[dict], tokens: list[int], copy: float) -> str:
@@ -238,7 +289,7 @@ def table(rows: list[dict], tokens: list[int], copy: float) -> str:
         by_case.setdefault(row["case"], []).append(row)
     for case, group in by_case.items():
         lines.append(f"== {case}")
-        lines.append(f"{'candidate':30s}" + "".join(f"{'T=' + str(t):>18s}" for t in tokens) + "  ok")
+        lines.append(f"{'candidate':30s}" + "".join(f"{'T=' + str(t):>27s}" for t in tokens) + "  ok")
         def clean(r):  # every check of the candidate (all sizes) passed
             return all(e.get("verified") in (True, "oracle") for e in r["results"].values())
 
@@ -252,12 +303,14 @@ def table(rows: list[dict], tokens: list[int], copy: float) -> str:
                 e = row["results"][str(t)]
                 if "gbps" in e:
                     mark = "*" if best[t] is row else " "
-                    cells.append(f"{e['gbps']:7.0f} ({e['pct_of_copy']:4.1f}%){mark}")
+                    graph = f" g{e['graph_us']:.2f}" if "graph_us" in e else ""
+                    cells.append(f"{e['gbps']:7.0f} ({e['pct_of_copy']:4.1f}%){mark}{graph}")
                 else:
                     cells.append(f"{'error':>17s} ")
             checks = [row["results"][k].get("verified") for k in row["results"]]
-            ok = "oracle" if "oracle" in checks else ("yes" if all(c is True for c in checks) else "MISMATCH")
-            lines.append(f"{row['candidate']:30s}" + "".join(f"{c:>18s}" for c in cells) + f"  {ok}")
+            ok = ("oracle" if "oracle" in checks else "peer" if "peer" in checks
+                  else ("yes" if all(c is True for c in checks) else "MISMATCH"))
+            lines.append(f"{row['candidate']:30s}" + "".join(f"{c:>27s}" for c in cells) + f"  {ok}")
         big = [t for t in tokens if t >= 8192]
         if big:
             def score(r):
@@ -278,7 +331,11 @@ def main() -> int:
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--no-compile", action="store_true", help="with --dry-run: only list the candidates")
+    parser.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph replay timing")
+    parser.add_argument("--peer", action="store_true", help="time TileKernels' function beside the candidates")
     args = parser.parse_args()
+    global GRAPH, PEER
+    GRAPH, PEER = not args.no_graph, args.peer
     cases = [c for c in args.cases.split(",") if c]
     tokens = [int(t) for t in args.tokens.split(",") if t]
     out = os.environ.get("OUT", ".")
