@@ -9,6 +9,7 @@ Then ``torch.profiler`` lists the CUDA kernels of one call, and cProfile the top
 of the slowest case. Writes ``$OUT/host_cases.txt``.
 
     . .gpu-bundle/prelude.sh && python3 tests/gpu/probe_host_cases.py
+    HOST_CASES=per_token_cast,cast_back python3 tests/gpu/probe_host_cases.py   # those bench cases only
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ def main() -> int:
     device = torch.device("cuda")
     lines = []
     slowest = (0.0, None)
+    wanted = [name for name in os.environ.get("HOST_CASES", "").split(",") if name]  # empty: every bench case
     for name, case in bench_cases().items():
+        if wanted and name not in wanted:
+            continue
         opdef = opdefs.get(case.op)
         args, kwargs = case.arguments(1, 7168, torch.bfloat16, device)
         call, inputs = opdef.contract(*args, **kwargs)

@@ -75,25 +75,36 @@ class QuantKernel:
     def prepare(self, call: QuantCall) -> Launcher:
         """``launch(inputs, outputs)`` bound to ``call``'s signature: the kernel's entry (from
         the kernel index or compiled, once per specialisation and process: ``jit.entry``)
-        and its argument order fixed. Where the op has a small-T specialisation, calls of at
-        most ``SMALL_TOKENS`` rows run it instead (loaded at the first such call); every
-        specialisation writes the same bytes, so which one ran never shows in the output."""
-        spec = self.spec(call)
-        launch = make_launcher(spec, jit.entry(spec))
-        small = self.small_tokens_spec(call)
-        if small is None:
-            return launch
-        launch_small: list[Launcher] = []
+        and its argument order fixed. Where the op has specialisations by token count
+        (:meth:`token_tiers`), a call runs the first tier whose bound holds its rows, each
+        tier's kernel loaded at its first call (a first call compiles only what it runs);
+        every specialisation writes the same bytes, so which one ran never shows."""
+        tiers = self.token_tiers(call)
+        if len(tiers) == 1:
+            spec = tiers[0][1]
+            return make_launcher(spec, jit.entry(spec))
+        bounds = tuple(bound for bound, _ in tiers[:-1])
+        launchers: list[Launcher | None] = [None] * len(tiers)
 
         def by_tokens(inputs: QuantInputs, outputs: QuantOutputs) -> None:
-            if inputs.x.shape[0] > SMALL_TOKENS:
-                launch(inputs, outputs)
-            else:
-                if not launch_small:
-                    launch_small.append(make_launcher(small, jit.entry(small)))
-                launch_small[0](inputs, outputs)
+            rows = inputs.x.shape[0]
+            tier = 0
+            while tier < len(bounds) and rows > bounds[tier]:
+                tier += 1
+            launch = launchers[tier]
+            if launch is None:
+                spec = tiers[tier][1]
+                launch = launchers[tier] = make_launcher(spec, jit.entry(spec))
+            launch(inputs, outputs)
 
         return by_tokens
+
+    def token_tiers(self, call: QuantCall) -> list[tuple[int | None, KernelSpec]]:
+        """``[(most rows, spec), ..., (None, spec)]``, bounds ascending: the specialisation
+        serving each range of token counts (default: the op's small-T specialisation up to
+        ``SMALL_TOKENS`` where it has one, then :meth:`spec`)."""
+        small = self.small_tokens_spec(call)
+        return ([(SMALL_TOKENS, small)] if small is not None else []) + [(None, self.spec(call))]
 
     # ------------------------------------------------------------------ per op
     def reason(self, call: QuantCall) -> str | None:
@@ -129,9 +140,9 @@ class QuantKernel:
         )
 
     def specs(self, call: QuantCall) -> list[KernelSpec]:
-        """Every specialisation a call of this signature may run (precompile, compile grids)."""
-        small = self.small_tokens_spec(call)
-        return [self.spec(call)] + ([small] if small is not None else [])
+        """Every specialisation a call of this signature may run (precompile, compile grids),
+        the largest tier's (:meth:`spec`) first."""
+        return [spec for _, spec in reversed(self.token_tiers(call))]
 
     def source(self, call: QuantCall, arch: str = jit.DEFAULT_ARCH) -> str:
         """Generated CUDA source of the kernel serving ``call`` (no GPU needed)."""

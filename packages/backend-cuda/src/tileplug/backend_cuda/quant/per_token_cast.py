@@ -15,8 +15,12 @@ shuffled back.
 
 from __future__ import annotations
 
+import dataclasses
+
 from tileplug.backend_cuda.quant.kernels import QuantKernel, tile_override
+from tileplug.backend_cuda.quant.spec import KernelSpec
 from tileplug.core.contracts.quant import QuantCall
+from tileplug.core.quant.layouts import CUDA_LAYOUT
 
 WARPS = 4
 # GPU sweep (tests/gpu/sweep_tiles.py, H200, H = 7168, bf16, T = 4096 / 16384 / 65536, % of
@@ -25,6 +29,7 @@ WARPS = 4
 # (old 68.9 / 86.8 / 91.5).
 # e2m1 g16 (bit-arithmetic encoder): 4 x 1 x 4 chunks 50.2 / 57.5 / 60.1, 2 chunks 49.1 / 56.5 / 58.9.
 CHUNKS = 4
+SMALL_T_CHUNKS = 2  # packed UE8M0 column-major sf at T <= kernels.SMALL_TOKENS (sweep below)
 QUANTIZED_INPUT_ROWS = 4
 
 
@@ -51,3 +56,11 @@ class PerTokenCast(QuantKernel):
 
     def column_chunks(self, call: QuantCall) -> int:
         return 1 if call.quantized_input is not None else CHUNKS
+
+    def small_tokens_spec(self, call: QuantCall) -> KernelSpec | None:
+        # GPU sweep 2026-12-02 (H200, packed UE8M0 column-major sf, H = 7168, CUDA-graph us at
+        # T = 128 / 1024 / 4096 / 65536): 4 warps x 1 row x 2 chunks 2.45 / 7.02 / 23.82 / 347.1
+        # against 2.67 / 7.38 / 24.03 / 343.3 with 4 chunks (TileKernels 2.65 / 6.86 / 23.66 / 325.2).
+        if call.quantized_input is not None or not (call.cast.col_major_sf and call.cast.sf_encoding(CUDA_LAYOUT).kind == "ue8m0"):
+            return None
+        return dataclasses.replace(self.spec(call), column_chunks=SMALL_T_CHUNKS)
