@@ -81,7 +81,8 @@ if library == "tileplug":
 print(json.dumps({"import_s": imported - begin, "first_s": first - imported, "second_s": second - first, **extra}))
 """
 
-CASES = ("per_token", "per_token_ue8m0", "per_token_e2m1", "per_block", "per_channel", "cast_back")
+CASES = tuple(os.environ.get("FIRST_CALL_CASES",
+                             "per_token,per_token_ue8m0,per_token_e2m1,per_block,per_channel,cast_back").split(","))
 PEER_CASES = tuple(os.environ.get("FIRST_CALL_PEER_CASES", "per_token,per_block,cast_back").split(","))
 
 
