@@ -201,10 +201,11 @@ def test_the_fp32_sigmoid_is_within_one_ulp_of_the_correctly_rounded_one() -> No
     assert bool(torch.isnan(_sigmoid_fp32_emulated(nan_in)).all())
 
 
-def test_the_guarded_bf16_sigmoid_is_a_tuning_variable_only(monkeypatch) -> None:
-    """A bf16 ``y`` takes the 1-ulp sigmoid unless ``TILEPLUG_CUDA_SWIGLU_BF16_SIGMOID=guarded``
-    (then its kernel name says so, keeping the index entries apart); fp32 results and the cast
-    keep the fp64 sigmoid either way; a wrong value is an error naming the variable."""
+def test_a_bf16_y_takes_the_guarded_sigmoid_unless_asked_for_the_accurate_one(monkeypatch) -> None:
+    """A bf16 ``y`` takes the guarded hardware-exponential sigmoid (its kernel name says so,
+    keeping the index entries apart) unless ``TILEPLUG_CUDA_SWIGLU_BF16_SIGMOID=accurate``; fp32
+    results and the cast keep the fp64 sigmoid either way; a wrong value is an error naming the
+    variable."""
     from tileplug.backend_cuda.swiglu.spec import SIGMOID_VARIABLE
 
     x = torch.randn(2, 2 * 64, dtype=BF16)
@@ -212,9 +213,10 @@ def test_the_guarded_bf16_sigmoid_is_a_tuning_variable_only(monkeypatch) -> None
     fp32_call = describe_call(ops.swiglu, x, out_dtype=FP32)[0]
     cast_call = describe_call(ops.swiglu_per_token_cast, x)[0]
     spec = _KERNELS["swiglu"].spec
-    assert spec(bf16_call).sigmoid == "accurate" and not spec(bf16_call).name.endswith("_guarded")
-    monkeypatch.setenv(SIGMOID_VARIABLE, "guarded")
+    monkeypatch.delenv(SIGMOID_VARIABLE, raising=False)
     assert spec(bf16_call).sigmoid == "guarded" and spec(bf16_call).name.endswith("_guarded")
+    monkeypatch.setenv(SIGMOID_VARIABLE, "accurate")
+    assert spec(bf16_call).sigmoid == "accurate" and not spec(bf16_call).name.endswith("_guarded")
     assert spec(fp32_call).sigmoid == "exact" and not spec(fp32_call).name.endswith("_guarded")
     assert _KERNELS["swiglu_per_token_cast"].spec(cast_call).sigmoid == "exact"
     monkeypatch.setenv(SIGMOID_VARIABLE, "fast")
