@@ -380,11 +380,16 @@ def allocate_without_backend(op: str, traits: Any, *args: Any, **kwargs: Any) ->
 
 def _schema_type(annotation: Any, name: str) -> list[tuple[str, str]]:
     """Schema arguments ``[(name, type)]`` of one Python parameter. A tensor-or-pair
-    parameter becomes two: ``name`` and ``name_scales`` (None for a plain tensor)."""
+    parameter becomes two: ``name`` and ``name_scales`` (None for a plain tensor); a
+    tensor-or-tuple-of-tensors parameter one ``Tensor[]`` (a lone tensor is a one-element list)."""
     origin = typing.get_origin(annotation)
     members = typing.get_args(annotation) if origin in (typing.Union, types.UnionType) else (annotation,)
     optional = type(None) in members
     members = tuple(m for m in members if m is not type(None))
+    if not optional and any(_is_tensor_sequence(m) for m in members) and all(
+        m is torch.Tensor or _is_tensor_sequence(m) for m in members
+    ):
+        return [(name, "Tensor[]")]
     pairs = [m for m in members if typing.get_origin(m) is tuple and typing.get_args(m)[:1] == (torch.Tensor,)]
     if pairs:
         first = "Tensor?" if optional else "Tensor"
@@ -407,6 +412,11 @@ def _schema_type(annotation: Any, name: str) -> list[tuple[str, str]]:
         if typing.get_origin(member) is tuple and all(a is int for a in typing.get_args(member)):
             return [(name, "int[]" + mark)]
     raise TypeError(f"parameter '{name}': no torch.library schema type for {annotation!r}")
+
+
+def _is_tensor_sequence(annotation: Any) -> bool:
+    """``tuple[torch.Tensor, ...]``."""
+    return typing.get_origin(annotation) is tuple and typing.get_args(annotation) == (torch.Tensor, Ellipsis)
 
 
 def _return_type(annotation: Any) -> str:
@@ -469,6 +479,7 @@ def _register_library_op(opdef: OpDef) -> None:
     names = [parameter.name for parameter in parameters]
     defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
     splits = {name for name, expanded, _ in slots if len(expanded) == 2}
+    sequences = {name for name, expanded, _ in slots if expanded == [(name, "Tensor[]")]}
     detach = _detached if opdef.autograd is None else _as_is
     list_result = opdef.schema.endswith("-> Tensor[]")
 
@@ -486,6 +497,8 @@ def _register_library_op(opdef: OpDef) -> None:
                     flat.extend(detach(v) for v in value)
                 else:
                     flat.extend((detach(value), None))
+            elif name in sequences and isinstance(value, (torch.Tensor, tuple, list)):
+                flat.append([detach(v) for v in ((value,) if isinstance(value, torch.Tensor) else value)])
             elif isinstance(value, torch.Tensor):
                 flat.append(detach(value))
             elif isinstance(value, tuple):
