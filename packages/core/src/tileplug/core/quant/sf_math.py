@@ -132,3 +132,45 @@ def compute_scales(
 def inverse_of_given(scale_values: torch.Tensor) -> torch.Tensor:
     """Cast-only mode: ``inv = 1 / sf`` in fp32."""
     return torch.ones_like(scale_values) / scale_values
+
+
+def given_scale_exponent(scale: torch.Tensor) -> torch.Tensor:
+    """The power-of-two exponent of caller-given fp32 scales (SPEC §11): ``ceil(log2 s)`` —
+    ``log2 s`` exactly for a power of two, subnormals included — clamped below at -127
+    (UE8M0's smallest, 2^-127; zero of either sign gets -127 too), and
+    :data:`NONFINITE_EXPONENT` for a scale that is NaN, infinite, negative or above 2^127.
+    ``e + 127`` is then the UE8M0 byte of the scale rounded up to a power of two (0xFF: none)."""
+    mantissa, exponent = torch.frexp(scale)  # scale = mantissa · 2^exponent, |mantissa| in [0.5, 1)
+    exponent = exponent.to(torch.int32) - (mantissa == 0.5).to(torch.int32)
+    exponent = torch.where(scale == 0, torch.full_like(exponent, -127), torch.clamp(exponent, min=-127))
+    invalid = ~torch.isfinite(scale) | (scale < 0) | (exponent > 127)
+    return torch.where(invalid, torch.full_like(exponent, NONFINITE_EXPONENT), exponent)
+
+
+LOSSLESS_HEADROOM = 6
+"""log2 of the factor an e2m1 value may grow by in a lossless e4m3 re-blocking: 6 · 2^6 = 384
+fits under e4m3's 448, 4 · 2^7 = 512 does not (SPEC §11)."""
+
+LOSSLESS_FOOTROOM = 8
+"""log2 of the factor an e2m1 value may shrink by and stay exact in e4m3: 0.5 · 2^-8 = 2^-9 is
+e4m3's smallest subnormal, and 1.5 · 2^-8 = 3 · 2^-9 its third (SPEC §11)."""
+
+SMALLEST_UE8M0_EXPONENT = -127
+"""UE8M0 byte 0 is 2^-127."""
+
+
+def lossless_scales(element_exponent: torch.Tensor, block: tuple[int, int]) -> GroupScales:
+    """Output scales of a lossless re-blocking (SPEC §11): int32 ``element_exponent`` [T, H]
+    holds the exponent of each element's input scale (:func:`given_scale_exponent`); each
+    ``bm × bn`` output group gets ``e = max(largest − 6, −127)``, or
+    :data:`NONFINITE_EXPONENT` when one of its input scales is not finite (inv = 0).
+    Groups are ``[ceil(T/bm), ceil(H/bn)]``."""
+    # Shifted by 127 every exponent is >= 0, so the zero padding of a partial group
+    # (exponent -127) never rises above a real one.
+    shifted = grouped_view(element_exponent + 127, block)
+    largest = shifted.amax(dim=(1, 3)) - 127
+    exponent = torch.clamp(largest - LOSSLESS_HEADROOM, min=SMALLEST_UE8M0_EXPONENT)
+    nonfinite = largest == NONFINITE_EXPONENT
+    exponent = torch.where(nonfinite, torch.full_like(exponent, NONFINITE_EXPONENT), exponent)
+    inverse = torch.where(nonfinite, torch.zeros(exponent.shape, device=exponent.device), exp2_int(-exponent))
+    return GroupScales(exp2_int(exponent), inverse, exponent=exponent)
