@@ -14,6 +14,7 @@ from tileplug.core.ops.quant import (
     per_token_cast_with_precomputed_sf,
     per_token_cast_with_sf_only,
 )
+from tileplug.core.ops.quant_reblock import per_block_cast_lossless, transpose_weight_sf
 from tileplug.core.ops.norm import (
     layer_norm,
     layer_norm_backward,
@@ -48,6 +49,7 @@ __all__ = [
     "moe_unpermute",
     "normalize_weight",
     "per_block_cast",
+    "per_block_cast_lossless",
     "per_block_cast_with_precomputed_sf",
     "per_block_cast_with_sf_only",
     "per_channel_cast",
@@ -63,4 +65,5 @@ __all__ = [
     "swiglu_backward",
     "swiglu_per_token_cast",
     "topk_gate",
+    "transpose_weight_sf",
 ]
