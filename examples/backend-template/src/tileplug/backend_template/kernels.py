@@ -40,8 +40,10 @@ from tileplug.reference.norm.rms_norm_per_token_cast import (
 from tileplug.reference.quant.cast_back import cast_back as reference_cast_back
 from tileplug.reference.random import draw as reference_random
 from tileplug.reference.quant.per_block_cast import per_block_cast as reference_per_block_cast
+from tileplug.reference.quant.per_block_cast_lossless import per_block_cast_lossless as reference_lossless
 from tileplug.reference.quant.per_channel_cast import per_channel_cast as reference_per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast as reference_per_token_cast
+from tileplug.reference.quant.transpose_weight_sf import transpose_weight_sf as reference_transpose_weight_sf
 from tileplug.reference.rope.apply_rotary import apply_rotary as reference_apply_rotary
 from tileplug.reference.rope.rms_norm_rope import rms_norm_rope as reference_rms_norm_rope
 from tileplug.reference.swiglu.swiglu import swiglu as reference_swiglu
@@ -111,6 +113,10 @@ KERNELS: dict[str, DelegatingToReferenceKernel] = {
     "per_block_cast": DelegatingToReferenceKernel("per_block_cast", reference_per_block_cast),
     "per_channel_cast": DelegatingToReferenceKernel("per_channel_cast", reference_per_channel_cast),
     "cast_back": DelegatingToReferenceKernel("cast_back", reference_cast_back),
+    # e2m1 → e4m3 re-blocking (declined: it reads e2m1) and the DeepGEMM weight-scale layout
+    # (inputs: the weights' scale tensors; outputs: (sf0, sf1) of each, flat)
+    "per_block_cast_lossless": DelegatingToReferenceKernel("per_block_cast_lossless", reference_lossless),
+    "transpose_weight_sf": DelegatingToReferenceKernel("transpose_weight_sf", reference_transpose_weight_sf),
     "rms_norm": DelegatingToReferenceKernel("rms_norm", reference_rms_norm),
     "layer_norm": DelegatingToReferenceKernel("layer_norm", reference_layer_norm),
     "rms_norm_per_token_cast": DelegatingToReferenceKernel("rms_norm_per_token_cast", reference_rms_norm_per_token_cast),

@@ -15,8 +15,10 @@ from tileplug.reference.norm.rms_norm_backward import rms_norm_backward
 from tileplug.reference.norm.rms_norm_per_token_cast import rms_norm_per_token_cast
 from tileplug.reference.quant.cast_back import cast_back
 from tileplug.reference.quant.per_block_cast import per_block_cast
+from tileplug.reference.quant.per_block_cast_lossless import per_block_cast_lossless
 from tileplug.reference.quant.per_channel_cast import per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast
+from tileplug.reference.quant.transpose_weight_sf import transpose_weight_sf
 from tileplug.reference.random import draw as random_draw
 from tileplug.reference.rope.apply_rotary import apply_rotary
 from tileplug.reference.rope.rms_norm_rope import rms_norm_rope
@@ -60,6 +62,8 @@ def make_backend() -> Backend:
             "per_block_cast": ReferenceKernel(per_block_cast),
             "per_channel_cast": ReferenceKernel(per_channel_cast),
             "cast_back": ReferenceKernel(cast_back),
+            "per_block_cast_lossless": ReferenceKernel(per_block_cast_lossless),
+            "transpose_weight_sf": ReferenceKernel(transpose_weight_sf),
             "rms_norm": ReferenceKernel(rms_norm),
             "layer_norm": ReferenceKernel(layer_norm),
             "rms_norm_per_token_cast": ReferenceKernel(rms_norm_per_token_cast),
