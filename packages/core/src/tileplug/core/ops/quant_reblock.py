@@ -102,16 +102,22 @@ WEIGHT_INPUT_OPTIONS: dict[str, str] = {
 }
 
 
+LOSSLESS_DEFAULTS: dict[str, Any] = {"fmt": "e4m3", "x_block_size": (1, 32), "out_block_size": (128, 128)}
+"""The required arguments a case, ``tileplug ledger`` or ``bench`` leaves out: MXFP4-style 1 × 32
+input groups into DeepGEMM's 128 × 128 blocks."""
+
+
 def lossless_arguments(tokens: int, hidden: int, dtype: torch.dtype, kwargs: dict[str, Any],
                        inputs: dict[str, Any], device: torch.device, seed: int) -> tuple[tuple, dict]:
     """(args, kwargs) of ``per_block_cast_lossless`` at ``[tokens, hidden]``: a realistic
     activation quantized to e2m1 in ``x_block_size`` groups by the backend in force, with
-    power-of-two scales stored as ``input_sf`` asks (on ``meta`` only shapes are made)."""
+    power-of-two scales stored as ``input_sf`` asks (on ``meta`` only shapes are made);
+    required arguments left out of ``kwargs`` take :data:`LOSSLESS_DEFAULTS`."""
     from tileplug.core.testing import activation
 
     op = contracts.LOSSLESS
     checked_case_inputs(op, inputs, LOSSLESS_INPUT_OPTIONS, _LOSSLESS_CHOICES)
-    kwargs = {"fmt": "e4m3", **kwargs}
+    kwargs = {**LOSSLESS_DEFAULTS, **kwargs}
     sf_kind = inputs.get("input_sf", "fp32")
     round_input = inputs.get("input_round_sf", True)
     if device.type == "meta":
