@@ -56,7 +56,7 @@ def _grid() -> tuple[list[tuple[str, object]], dict[str, str], list[str]]:
     declined: dict[str, str] = {}
     elsewhere: list[str] = []
     for opdef in opdefs.all_ops():
-        if opdef.kernel not in _KERNELS:
+        if opdef.kernel not in _KERNELS or not _KERNELS[opdef.kernel].exists():  # (the family module lacks it)
             elsewhere.append(opdef.name)
             continue
         for case in opdef.cases():

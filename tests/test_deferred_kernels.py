@@ -95,4 +95,5 @@ def test_deferred_tables_cover_the_op_table() -> None:
     assert set(table) == core.opdefs.kernel_names()
     assert table["rms_norm"].module == "tileplug.backend_ascend.norm"
     quant_only = core.deferred_kernel_table("tileplug.backend_cuda", families=("quant",))
-    assert set(quant_only) == {"per_token_cast", "per_block_cast", "per_channel_cast", "cast_back"}
+    assert set(quant_only) == {"per_token_cast", "per_block_cast", "per_channel_cast", "cast_back",
+                               "per_block_cast_lossless", "transpose_weight_sf"}

@@ -146,7 +146,9 @@ def test_precompile_plans_every_declared_op(monkeypatch) -> None:
     from tileplug.backend_cuda.moe import table
 
     unverified = set() if table.GATE_VERIFIED else {"moe_topk_gate"}  # declines every call until GPU-verified
-    assert served == {name for name in opdefs.names() if name in plugin._KERNELS} - unverified
+    # (an op whose family module has no CUDA kernel yet falls to the reference: not planned)
+    assert served == {name for name in opdefs.names() if name in plugin._KERNELS and plugin._KERNELS[name].exists()} \
+        - unverified
     names = {spec.name for spec in planned}
     for op in served:
         prefix = {"per_block_cast": "per_block", "per_channel_cast": "per_channel",

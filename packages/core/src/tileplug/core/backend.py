@@ -143,6 +143,11 @@ class DeferredKernel:
             self._resolved = (kernel, why)
         return self._resolved
 
+    def exists(self) -> bool:
+        """Whether the family module holds a kernel for ``key`` (imports it; an import failure
+        raises, so a broken module is never mistaken for a family without that op)."""
+        return family_kernels(self.module).get(self.key) is not None
+
     def kernel(self) -> Any:
         """The real kernel (raises ``ImportError`` saying why there is none)."""
         kernel, why = self._resolve()
@@ -166,7 +171,7 @@ class DeferredKernel:
         return lambda inputs, outputs: kernel(call, inputs, outputs)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("module", "key", "_resolved"):
+        if name.startswith("__") or name in ("module", "key", "_resolved", "exists"):
             raise AttributeError(name)
         return getattr(self.kernel(), name)
 
