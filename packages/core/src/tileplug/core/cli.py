@@ -443,14 +443,23 @@ def _returns_pair(opdef) -> bool:
     return opdef.schema.endswith("-> (Tensor, Tensor)")
 
 
+def _quantizes_a_plain_tensor(opdef) -> bool:
+    """Whether the op's first argument may be a plain tensor (its schema's scales half of a
+    tensor-or-pair ``x`` is optional); an op whose ``x`` must be a quantized pair is not a
+    quantization of the demo's activation."""
+    return not opdef.schema.startswith("(Tensor x, Tensor x_scales")
+
+
 def demo_cases() -> list:
-    """Bench cases of every op of the inverse's family that returns a ``(q, sf)`` pair."""
+    """Bench cases of every op of the inverse's family that quantizes a plain tensor into a
+    ``(q, sf)`` pair."""
     from tileplug.core import opdefs
 
     if DEMO_INVERSE not in opdefs.names():
         return []
     family = opdefs.get(DEMO_INVERSE).family
-    return [case for opdef in opdefs.all_ops() if opdef.family == family and _returns_pair(opdef)
+    return [case for opdef in opdefs.all_ops()
+            if opdef.family == family and _returns_pair(opdef) and _quantizes_a_plain_tensor(opdef)
             for case in opdef.bench()]
 
 
