@@ -42,6 +42,9 @@ from tileplug.reference.random import draw as reference_random
 from tileplug.reference.quant.per_block_cast import per_block_cast as reference_per_block_cast
 from tileplug.reference.quant.per_channel_cast import per_channel_cast as reference_per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast as reference_per_token_cast
+from tileplug.reference.quant.per_token_cast_and_cast_back import (
+    per_token_cast_and_cast_back as reference_per_token_cast_and_cast_back,
+)
 from tileplug.reference.rope.apply_rotary import apply_rotary as reference_apply_rotary
 from tileplug.reference.rope.rms_norm_rope import rms_norm_rope as reference_rms_norm_rope
 from tileplug.reference.swiglu.swiglu import swiglu as reference_swiglu
@@ -111,6 +114,9 @@ KERNELS: dict[str, DelegatingToReferenceKernel] = {
     "per_block_cast": DelegatingToReferenceKernel("per_block_cast", reference_per_block_cast),
     "per_channel_cast": DelegatingToReferenceKernel("per_channel_cast", reference_per_channel_cast),
     "cast_back": DelegatingToReferenceKernel("cast_back", reference_cast_back),
+    # in place: writes inputs.x (fake quant; its outputs are empty)
+    "per_token_cast_and_cast_back": DelegatingToReferenceKernel("per_token_cast_and_cast_back",
+                                                                reference_per_token_cast_and_cast_back),
     "rms_norm": DelegatingToReferenceKernel("rms_norm", reference_rms_norm),
     "layer_norm": DelegatingToReferenceKernel("layer_norm", reference_layer_norm),
     "rms_norm_per_token_cast": DelegatingToReferenceKernel("rms_norm_per_token_cast", reference_rms_norm_per_token_cast),

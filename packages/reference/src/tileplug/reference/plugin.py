@@ -17,6 +17,7 @@ from tileplug.reference.quant.cast_back import cast_back
 from tileplug.reference.quant.per_block_cast import per_block_cast
 from tileplug.reference.quant.per_channel_cast import per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast
+from tileplug.reference.quant.per_token_cast_and_cast_back import per_token_cast_and_cast_back
 from tileplug.reference.random import draw as random_draw
 from tileplug.reference.rope.apply_rotary import apply_rotary
 from tileplug.reference.rope.rms_norm_rope import rms_norm_rope
@@ -57,6 +58,7 @@ def make_backend() -> Backend:
         traits=CUDA_LAYOUT,
         kernels={
             "per_token_cast": ReferenceKernel(per_token_cast),
+            "per_token_cast_and_cast_back": ReferenceKernel(per_token_cast_and_cast_back),
             "per_block_cast": ReferenceKernel(per_block_cast),
             "per_channel_cast": ReferenceKernel(per_channel_cast),
             "cast_back": ReferenceKernel(cast_back),
