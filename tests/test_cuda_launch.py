@@ -11,6 +11,7 @@ import torch
 
 from tileplug.backend_cuda.plugin import _KERNELS, make_backend
 from tileplug.backend_cuda.quant.kernels import make_launcher
+from tileplug import core
 from tileplug.core import CUDA_LAYOUT, ops
 from tileplug.core.lowering import describe_call
 from tileplug.core.quant import layouts
@@ -23,12 +24,8 @@ def _call(op, *args, **kwargs):
 
 def test_backend_registers_every_quant_op() -> None:
     backend = make_backend()
-    assert set(backend.kernels) == {"per_token_cast", "per_block_cast", "per_channel_cast", "cast_back", "rms_norm",
-                                    "layer_norm", "rms_norm_per_token_cast", "rms_norm_backward",
-                                    "layer_norm_backward", "apply_rotary", "rms_norm_rope", "topk_gate",
-                                    "normalize_weight", "moe_topk_gate", "moe_topk_gate_backward",
-                                    "moe_expert_counts", "moe_permute", "moe_unpermute", "swiglu",
-                                    "swiglu_per_token_cast", "swiglu_backward", "fill_rand", "fill_randn"}
+    assert set(backend.kernels) == core.opdefs.kernel_names()  # every family has a module: every op has an entry
+    assert {"per_token_cast", "per_block_cast", "per_channel_cast", "cast_back"} <= set(backend.kernels)
     assert backend.lower is not None and "Declined" in backend.capabilities()
 
 

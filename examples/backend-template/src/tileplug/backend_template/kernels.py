@@ -44,6 +44,9 @@ from tileplug.reference.quant.per_block_cast_lossless import per_block_cast_loss
 from tileplug.reference.quant.per_channel_cast import per_channel_cast as reference_per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast as reference_per_token_cast
 from tileplug.reference.quant.transpose_weight_sf import transpose_weight_sf as reference_transpose_weight_sf
+from tileplug.reference.quant.per_token_cast_and_cast_back import (
+    per_token_cast_and_cast_back as reference_per_token_cast_and_cast_back,
+)
 from tileplug.reference.rope.apply_rotary import apply_rotary as reference_apply_rotary
 from tileplug.reference.rope.rms_norm_rope import rms_norm_rope as reference_rms_norm_rope
 from tileplug.reference.swiglu.swiglu import swiglu as reference_swiglu
@@ -117,6 +120,9 @@ KERNELS: dict[str, DelegatingToReferenceKernel] = {
     # (inputs: the weights' scale tensors; outputs: (sf0, sf1) of each, flat)
     "per_block_cast_lossless": DelegatingToReferenceKernel("per_block_cast_lossless", reference_lossless),
     "transpose_weight_sf": DelegatingToReferenceKernel("transpose_weight_sf", reference_transpose_weight_sf),
+    # in place: writes inputs.x (fake quant; its outputs are empty)
+    "per_token_cast_and_cast_back": DelegatingToReferenceKernel("per_token_cast_and_cast_back",
+                                                                reference_per_token_cast_and_cast_back),
     "rms_norm": DelegatingToReferenceKernel("rms_norm", reference_rms_norm),
     "layer_norm": DelegatingToReferenceKernel("layer_norm", reference_layer_norm),
     "rms_norm_per_token_cast": DelegatingToReferenceKernel("rms_norm_per_token_cast", reference_rms_norm_per_token_cast),

@@ -181,14 +181,27 @@ class DeferredKernel:
 
 def deferred_kernel_table(package: str, families: Sequence[str] | None = None) -> dict[str, DeferredKernel]:
     """Kernel-table key -> :class:`DeferredKernel` of ``family_kernels(f"{package}.{family}")[key]``
-    for every op of the op table in ``families`` (default: every family)."""
+    for every op of the op table in ``families`` (default: every family) whose family module
+    ``package.<family>`` exists (located, not imported): a family the package has no module for
+    has no kernels (``tileplug info`` shows '-'); an op its module lacks declines, saying so."""
+    import importlib.util
+
     from tileplug.core import opdefs
 
-    return {
-        opdef.kernel: DeferredKernel(f"{package}.{opdef.family}", opdef.kernel)
-        for opdef in opdefs.all_ops()
-        if families is None or opdef.family in families
-    }
+    present: dict[str, bool] = {}
+    table = {}
+    for opdef in opdefs.all_ops():
+        if families is not None and opdef.family not in families:
+            continue
+        module = f"{package}.{opdef.family}"
+        if module not in present:
+            try:
+                present[module] = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                present[module] = False
+        if present[module]:
+            table[opdef.kernel] = DeferredKernel(module, opdef.kernel)
+    return table
 
 
 # ---------------------------------------------------------------------- validation

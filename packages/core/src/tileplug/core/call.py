@@ -30,6 +30,7 @@ class QuantMode(enum.Enum):
     SF_ONLY = "sf_only"  # sf only
     PRECOMPUTED_SF = "precomputed_sf"  # q from the caller's sf
     CAST_BACK = "cast_back"  # dequantize (q, sf)
+    CAST_AND_CAST_BACK = "cast_and_cast_back"  # quantize and dequantize x in place (fake quant)
 
 
 class Scoring(enum.Enum):

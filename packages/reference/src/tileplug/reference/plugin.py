@@ -18,6 +18,7 @@ from tileplug.reference.quant.per_block_cast import per_block_cast
 from tileplug.reference.quant.per_block_cast_lossless import per_block_cast_lossless
 from tileplug.reference.quant.per_channel_cast import per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast
+from tileplug.reference.quant.per_token_cast_and_cast_back import per_token_cast_and_cast_back
 from tileplug.reference.quant.transpose_weight_sf import transpose_weight_sf
 from tileplug.reference.random import draw as random_draw
 from tileplug.reference.rope.apply_rotary import apply_rotary
@@ -59,6 +60,7 @@ def make_backend() -> Backend:
         traits=CUDA_LAYOUT,
         kernels={
             "per_token_cast": ReferenceKernel(per_token_cast),
+            "per_token_cast_and_cast_back": ReferenceKernel(per_token_cast_and_cast_back),
             "per_block_cast": ReferenceKernel(per_block_cast),
             "per_channel_cast": ReferenceKernel(per_channel_cast),
             "cast_back": ReferenceKernel(cast_back),

@@ -4,7 +4,7 @@ kernel (``grouped``), scale math macros (``sf_math``); compilation is the backen
 from tileplug.backend_cuda.quant.cast_back import CastBack
 from tileplug.backend_cuda.quant.per_block_cast import PerBlockCast
 from tileplug.backend_cuda.quant.per_channel_cast import PerChannelCast
-from tileplug.backend_cuda.quant.per_token_cast import PerTokenCast
+from tileplug.backend_cuda.quant.per_token_cast import PerTokenCast, PerTokenCastAndCastBack
 
 
 def make_kernels() -> dict:
@@ -14,7 +14,8 @@ def make_kernels() -> dict:
         "per_block_cast": PerBlockCast(),
         "per_channel_cast": PerChannelCast(),
         "cast_back": CastBack(),
+        "per_token_cast_and_cast_back": PerTokenCastAndCastBack(),
     }
 
 
-__all__ = ["CastBack", "PerBlockCast", "PerChannelCast", "PerTokenCast", "make_kernels"]
+__all__ = ["CastBack", "PerBlockCast", "PerChannelCast", "PerTokenCast", "PerTokenCastAndCastBack", "make_kernels"]

@@ -54,7 +54,8 @@ def build_kernel(spec: KernelSpec):
     NT = 32 * NW
     MODE = spec.mode
     CAST_BACK = MODE is QuantMode.CAST_BACK
-    COMPUTE_SF = MODE in (QuantMode.CAST, QuantMode.SF_ONLY)
+    FAKE_QUANT = MODE is QuantMode.CAST_AND_CAST_BACK  # quantize, dequantize into x itself
+    COMPUTE_SF = MODE in (QuantMode.CAST, QuantMode.SF_ONLY, QuantMode.CAST_AND_CAST_BACK)
     WRITE_Q = MODE is not QuantMode.SF_ONLY
     QUANTIZED = spec.quantized_input
     IN_DT = spec.in_dtype
@@ -199,6 +200,8 @@ def build_kernel(spec: KernelSpec):
                 sin = T.alloc_local((NSLOT * (VEC if IBN == 1 else 1),), "float32")
             if WRITE_Q:
                 qv = T.alloc_local((VEC // VPB_OUT,), QDT)
+            if FAKE_QUANT:
+                scale = T.alloc_local((NSLOT,), "float32")  # each slot's group scale, as cast_back reads it
             if not PER_TOKEN and COMPUTE_SF:
                 red = T.alloc_shared((NW * 32 * NSF,), "int32")
             if SPREAD_PT or SPREAD_PC:
@@ -340,28 +343,32 @@ def build_kernel(spec: KernelSpec):
                             inv[i * NSF + e] = sf_math.group_inverse(
                                 amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF
                             )
-                        if PER_TOKEN:
-                            gr = slot_row(bx, w, lane, i)
-                            gcol = slot_col(by, lane, i)
-                            ok = (gr < M) and (gcol < H) and (lane % LPG == 0)
+                        if FAKE_QUANT:  # nothing stored: the scale multiplies the values back
+                            scale[i] = T.cast(sf_math.group_scale(amax[i], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF,
+                                                                  False), "float32")
                         else:
-                            gr = bx
-                            gcol = c0
-                            ok = (w == 0) and (lane < LR) and (c0 < H) and (lane % LPG == 0)
-                        if ok:
-                            for e in T.unroll(NSF):
-                                gc = (gcol + e) if PER_CHANNEL else (gcol // BN)
-                                value = sf_math.group_scale(
-                                    amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED
-                                )
-                                if not PACKED:
-                                    sf[gr, gc] = value
-                                elif PER_CHANNEL:
-                                    sf[gr // 4, gc * 4 + gr % 4] = value
-                                elif SF_COL:
-                                    sf[gc // 4, gr * 4 + gc % 4] = value
-                                else:
-                                    sf[gr, gc] = value
+                            if PER_TOKEN:
+                                gr = slot_row(bx, w, lane, i)
+                                gcol = slot_col(by, lane, i)
+                                ok = (gr < M) and (gcol < H) and (lane % LPG == 0)
+                            else:
+                                gr = bx
+                                gcol = c0
+                                ok = (w == 0) and (lane < LR) and (c0 < H) and (lane % LPG == 0)
+                            if ok:
+                                for e in T.unroll(NSF):
+                                    gc = (gcol + e) if PER_CHANNEL else (gcol // BN)
+                                    value = sf_math.group_scale(
+                                        amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED
+                                    )
+                                    if not PACKED:
+                                        sf[gr, gc] = value
+                                    elif PER_CHANNEL:
+                                        sf[gr // 4, gc * 4 + gr % 4] = value
+                                    elif SF_COL:
+                                        sf[gc // 4, gr * 4 + gc % 4] = value
+                                    else:
+                                        sf[gr, gc] = value
 
             if MODE is QuantMode.PRECOMPUTED_SF:
                 NROWS = NSLOT if PER_TOKEN else 1
@@ -397,7 +404,22 @@ def build_kernel(spec: KernelSpec):
                                 sf_math.e2m1_code(yv[2 * j]) | T.shift_left(sf_math.e2m1_code(yv[2 * j + 1]), 4),
                                 "int8",
                             )
-                    if r < M and c < H:
+                    if FAKE_QUANT:
+                        # ---- dequantize as cast_back does (fp32 product, one rounding to x's dtype), into x ----
+                        for j in T.unroll(VEC):
+                            if spec.fmt == "e4m3":
+                                yv[j] = T.cast(qv[j], "float32") * scale[i]
+                            else:
+                                code = T.shift_right(T.cast(qv[j // 2], "int32"), (j % 2) * 4) & 15
+                                yv[j] = sf_math.e2m1_value(code) * scale[i]
+                        if r < M and c < H:
+                            if spec.vectorize:
+                                for j in T.vectorized(VEC):
+                                    x[r, c + j] = T.cast(yv[j], X_DT)
+                            else:
+                                for j in T.serial(VEC):
+                                    x[r, c + j] = T.cast(yv[j], X_DT)
+                    elif r < M and c < H:
                         for j in T.vectorized(VEC // VPB_OUT):
                             q[r, c // VPB_OUT + j] = qv[j]
 
@@ -431,7 +453,13 @@ def build_kernel(spec: KernelSpec):
     sf_t = T.StridedTensor((OR, OC), (OS0, OS1), SFO_DT)
 
     # One prim_func per buffer set (TileLang reads the signature off the annotations).
-    if IN_SF is None:
+    if FAKE_QUANT:  # x is read and written; nothing else
+
+        @T.prim_func
+        def kernel(x: x_t):
+            build(x, None, None, None, None)
+
+    elif IN_SF is None:
         if MODE is QuantMode.CAST:
 
             @T.prim_func

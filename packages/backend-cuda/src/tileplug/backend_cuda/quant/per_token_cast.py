@@ -64,3 +64,16 @@ class PerTokenCast(QuantKernel):
         if call.quantized_input is not None or not (call.cast.col_major_sf and call.cast.sf_encoding(CUDA_LAYOUT).kind == "ue8m0"):
             return None
         return dataclasses.replace(self.spec(call), column_chunks=SMALL_T_CHUNKS)
+
+
+class PerTokenCastAndCastBack(PerTokenCast):
+    """CUDA ``per_token_cast_and_cast_back``: the per-token tile in its fake-quant mode (the
+    row's values quantized and dequantized in registers, written back over ``x``; no scale
+    leaves the chip). Not GPU-verified yet: the GPU grid's cases of the op check it."""
+
+    op = "per_token_cast_and_cast_back"
+    tile_op = "fake_quant"
+    spread = False  # every lane needs its group's scale: no division is handed to another lane
+
+    def small_tokens_spec(self, call: QuantCall) -> KernelSpec | None:
+        return None

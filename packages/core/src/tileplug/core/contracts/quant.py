@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from tileplug.core import config
-from tileplug.core.call import Call, Ledger, QuantMode, call_type
+from tileplug.core.call import Call, Ledger, QuantMode, call_type, has_internal_overlap
 from tileplug.core.contracts.checks import (
     check_block,
     check_bool,
@@ -44,6 +44,7 @@ MODE_CAST = QuantMode.CAST
 MODE_SF_ONLY = QuantMode.SF_ONLY
 MODE_PRECOMPUTED_SF = QuantMode.PRECOMPUTED_SF
 MODE_CAST_BACK = QuantMode.CAST_BACK
+MODE_CAST_AND_CAST_BACK = QuantMode.CAST_AND_CAST_BACK
 
 
 class QuantInputs(NamedTuple):
@@ -190,6 +191,8 @@ class QuantCall(Call):
             bytes_read = tokens * hidden * _itemsize(self.input_dtype)
         if self.mode == MODE_CAST_BACK:
             return Ledger(bytes_read, tokens * hidden * _itemsize(self.output_dtype), 2 * tokens * hidden)
+        if self.mode == MODE_CAST_AND_CAST_BACK:  # x read once and written back in place; nothing else moves
+            return Ledger(bytes_read, tokens * hidden * _itemsize(self.input_dtype), 5 * tokens * hidden)
         cast = self.cast
         bytes_written = 0
         rows, cols = self.sf_rows_cols()
@@ -617,6 +620,23 @@ def per_channel_cast(
         name, name, MODE_CAST, x, fmt, (group, 1), num_per_channels, "num_per_channels",
         False, round_sf, use_packed_ue8m0, False,
     )
+
+
+def per_token_cast_and_cast_back(x: Any, fmt: Any, num_per_channels: Any, round_sf: Any,
+                                 use_e4m3_sf: Any) -> tuple[QuantCall, QuantInputs]:
+    """Contract of ``per_token_cast_and_cast_back``: a bf16/fp32 ``x`` [T, H] (any row stride, its
+    elements not overlapping: it is rewritten in place) quantized as ``per_token_cast`` with
+    groups ``1 × num_per_channels`` and the same flags, then dequantized into itself."""
+    name = "per_token_cast_and_cast_back"
+    if isinstance(x, (tuple, list)):
+        raise ContractError(name, "x", "a bf16 or fp32 tensor (rewritten in place), not a quantized pair", describe(x))
+    group = check_choice(name, "num_per_channels", num_per_channels, PER_TOKEN_GROUPS)
+    call, inputs = _cast_call(name, name, MODE_CAST_AND_CAST_BACK, x, fmt, (1, group), None, "x_block_size", False,
+                              round_sf, False, use_e4m3_sf)
+    if inputs.x.numel() and has_internal_overlap(inputs.x):
+        raise ContractError(name, "x", "a tensor whose elements do not overlap in memory (it is written in place)",
+                            describe(x))
+    return call, inputs
 
 
 def cast_back(x: Any, fmt: Any, x_block_size: Any) -> tuple[QuantCall, QuantInputs]:

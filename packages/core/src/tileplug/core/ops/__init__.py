@@ -11,6 +11,7 @@ from tileplug.core.ops.quant import (
     per_block_cast_with_sf_only,
     per_channel_cast,
     per_token_cast,
+    per_token_cast_and_cast_back,
     per_token_cast_with_precomputed_sf,
     per_token_cast_with_sf_only,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "per_block_cast_with_sf_only",
     "per_channel_cast",
     "per_token_cast",
+    "per_token_cast_and_cast_back",
     "per_token_cast_with_precomputed_sf",
     "per_token_cast_with_sf_only",
     "rms_norm",

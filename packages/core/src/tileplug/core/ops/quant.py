@@ -18,7 +18,7 @@ import torch
 from torch.compiler import is_compiling
 
 from tileplug.core import config
-from tileplug.core.call import QuantMode
+from tileplug.core.call import IN_PLACE_PLAN, QuantMode
 from tileplug.core.contracts import quant as contracts
 from tileplug.core.errors import ContractError
 from tileplug.core.opdefs import BenchCase, Case, OpDef, allocate_without_backend, bound_contract, declare, run
@@ -189,6 +189,25 @@ def cast_back(
         return CAST_BACK.traced(x, fmt, x_block_size, out=out)
     call, inputs = contracts.cast_back(x, fmt, x_block_size)
     return run(call, inputs, out)
+
+
+def per_token_cast_and_cast_back(
+    x: torch.Tensor,
+    fmt: str = "e4m3",
+    num_per_channels: int = 128,
+    round_sf: bool = False,
+    use_e4m3_sf: bool = False,
+) -> None:
+    """Fake-quantize ``x`` [T, H] (bf16/fp32, any row stride) in place, in one pass: each group
+    of ``1 × num_per_channels`` values becomes what ``cast_back(per_token_cast(x, fmt,
+    num_per_channels, round_sf=round_sf, use_e4m3_sf=use_e4m3_sf), x.dtype)`` returns, bytewise
+    (QAT). ``fmt``: "e4m3" or "e2m1"; ``round_sf``: power-of-two scales; ``use_e4m3_sf``:
+    scales rounded to e4m3. Only the ``[T, H]`` elements are written (a padded row's tail is
+    untouched). Returns None."""
+    if is_compiling():
+        return PER_TOKEN_CAST_AND_CAST_BACK.traced(x, fmt, num_per_channels, round_sf, use_e4m3_sf)
+    call, inputs = contracts.per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf)
+    return run(call, inputs)
 
 
 # ---------------------------------------------------------------------- declarations
@@ -419,7 +438,26 @@ def quant_cases() -> list[Case]:
         Case.of("per_token_cast", 16, num_per_channels=16),
         Case.of("cast_back", 1040, fmt="fp32", x_block_size=(1, 64)),
     ]
+    cases += fake_quant_cases()
     return cases
+
+
+def fake_quant_cases() -> list[Case]:
+    """``per_token_cast_and_cast_back``: every format, group and scale mode at H = 576
+    (partial 128-groups), fp32 inputs, padded rows, model sizes."""
+    cases = [Case.of("per_token_cast_and_cast_back", 576, fmt=fmt, num_per_channels=group, **SF_MODES[mode])
+             for fmt, group, mode in itertools.product(("e4m3", "e2m1"), (16, 32, 64, 128), ("plain", "round", "e4m3sf"))]
+    f32 = torch.float32
+    return cases + [
+        Case.of("per_token_cast_and_cast_back", 576, f32, fmt="e4m3", num_per_channels=64),
+        Case.of("per_token_cast_and_cast_back", 576, f32, fmt="e2m1", num_per_channels=16, use_e4m3_sf=True),
+        Case.of("per_token_cast_and_cast_back", 576, inputs={"row_stride_pad": 48}, num_per_channels=32),
+        Case.of("per_token_cast_and_cast_back", 592, f32, inputs={"row_stride_pad": 3}, fmt="e2m1",
+                num_per_channels=16, round_sf=True),
+        Case.of("per_token_cast_and_cast_back", 7168),
+        Case.of("per_token_cast_and_cast_back", 7168, fmt="e2m1", num_per_channels=16, use_e4m3_sf=True),
+        Case.of("per_token_cast_and_cast_back", 16, num_per_channels=16),
+    ]
 
 
 def _bench(name: str) -> list[BenchCase]:
@@ -434,6 +472,11 @@ def _bench(name: str) -> list[BenchCase]:
         "per_block_cast": [BenchCase.of("per_block_cast", "per_block_cast", block_size=(128, 128))],
         "per_channel_cast": [BenchCase.of("per_channel_cast", "per_channel_cast", num_per_tokens=128)],
         "cast_back": [BenchCase.of("cast_back", "cast_back", fmt="bf16", x_block_size=(1, 128))],
+        "per_token_cast_and_cast_back": [
+            BenchCase.of("per_token_cast_and_cast_back", "per_token_cast_and_cast_back"),
+            BenchCase.of("per_token_cast_and_cast_back/e2m1-g16-e4m3sf", "per_token_cast_and_cast_back", fmt="e2m1",
+                         num_per_channels=16, use_e4m3_sf=True),
+        ],
     }.get(name, [])
 
 
@@ -496,3 +539,18 @@ PER_CHANNEL_CAST = _declare(
                    ("x", "fmt", "num_per_tokens", "round_sf", "num_per_channels", "use_packed_ue8m0")))
 CAST_BACK = _declare(cast_back, "cast_back",
                      bound_contract(cast_back, contracts.cast_back, ("x", "fmt", "x_block_size")))
+PER_TOKEN_CAST_AND_CAST_BACK = declare(OpDef(
+    name="per_token_cast_and_cast_back",
+    family="quant",
+    function=per_token_cast_and_cast_back,
+    contract=bound_contract(per_token_cast_and_cast_back, contracts.per_token_cast_and_cast_back,
+                            ("x", "fmt", "num_per_channels", "round_sf", "use_e4m3_sf")),
+    outputs=lambda call, traits: IN_PLACE_PLAN,
+    result=lambda call, outputs: None,
+    ledger=contracts.QuantCall.ledger,
+    cases=lambda: [case for case in quant_cases() if case.op == "per_token_cast_and_cast_back"],
+    bench=lambda: _bench("per_token_cast_and_cast_back"),
+    arguments=lambda *args: quant_arguments("per_token_cast_and_cast_back", *args),
+    input_options=INPUT_OPTIONS,
+    mutates=("x",),
+))
