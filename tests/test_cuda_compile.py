@@ -317,6 +317,30 @@ def test_unverified_moe_topk_gate_falls_to_the_reference(monkeypatch) -> None:
     assert served > 5
 
 
+def test_unverified_fake_quant_falls_to_the_reference(monkeypatch) -> None:
+    """While ``quant.per_token_cast.FAKE_QUANT_VERIFIED`` is False the CUDA
+    ``per_token_cast_and_cast_back`` declines every call it could run (a CUDA-device call goes to
+    the reference), yet its specialisations are in the compile grid; set to True it accepts them."""
+    from tileplug import core
+    from tileplug.backend_cuda.quant import per_token_cast
+    from tileplug.core import opdefs
+
+    monkeypatch.setattr(per_token_cast, "FAKE_QUANT_VERIFIED", False)
+    served = 0
+    for case in opdefs.get("per_token_cast_and_cast_back").cases():
+        kernel, call = describe(case)
+        if kernel.capability(call) is not None:
+            continue
+        served += 1
+        assert kernel.supports(call) == per_token_cast.FAKE_QUANT_UNVERIFIED
+        assert any(spec.name in GRID_NAMES for spec in kernel_specs(kernel, call)), case.id
+        assert core.registry.route(dataclasses.replace(call, device_type="cuda")).backend.name == "reference"
+        monkeypatch.setattr(per_token_cast, "FAKE_QUANT_VERIFIED", True)
+        assert kernel.supports(call) is None, case.id
+        monkeypatch.setattr(per_token_cast, "FAKE_QUANT_VERIFIED", False)
+    assert served >= 20
+
+
 def test_no_specialisation_spills_registers(compiled_grid: dict[str, dict]) -> None:
     """ptxas reports no local-memory spills for any kernel of the grid (a tile geometry that
     needs more registers than its launch bounds allow would read and write local memory)."""

@@ -166,9 +166,22 @@ def _requant_ops(block):
 
 
 @pytest.fixture(scope="module", autouse=True)
+def _fake_quant_forced_on():
+    """The CUDA ``per_token_cast_and_cast_back`` declines every call until a GPU run verifies it
+    (``quant.per_token_cast.FAKE_QUANT_VERIFIED``): this module forces it on, so that its cases
+    run the kernel (never the reference through the fallback)."""
+    from tileplug.backend_cuda.quant import per_token_cast
+
+    saved = per_token_cast.FAKE_QUANT_VERIFIED
+    per_token_cast.FAKE_QUANT_VERIFIED = True
+    yield
+    per_token_cast.FAKE_QUANT_VERIFIED = saved
+
+
+@pytest.fixture(scope="module", autouse=True)
 def _memoized_inputs():
     """The grid draws the same [T, H] activation for ~200 flag combinations; draw each once
-    (inputs are never written, so sharing them is safe)."""
+    (the one op that writes its input, per_token_cast_and_cast_back, gets a copy: quant_arguments)."""
     import functools
 
     from tileplug.core import testing

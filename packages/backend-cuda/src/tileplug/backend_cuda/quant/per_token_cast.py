@@ -66,14 +66,31 @@ class PerTokenCast(QuantKernel):
         return dataclasses.replace(self.spec(call), column_chunks=SMALL_T_CHUNKS)
 
 
+FAKE_QUANT_VERIFIED = False
+"""Whether the CUDA ``per_token_cast_and_cast_back`` serves calls. False until a GPU run of its
+op-table cases passes (``tests/gpu/probe_fake_quant.py`` and ``tests/gpu/test_cuda_quant.py``
+force it on); meanwhile every call is declined with :data:`FAKE_QUANT_UNVERIFIED` and the
+reference serves it, while the compile grid still lowers, compiles and checks its kernels."""
+FAKE_QUANT_UNVERIFIED = ("the CUDA per_token_cast_and_cast_back kernel is built and compiled but not yet verified on a "
+                         "GPU (quant.per_token_cast.FAKE_QUANT_VERIFIED): the next backend serves the call")
+
+
 class PerTokenCastAndCastBack(PerTokenCast):
     """CUDA ``per_token_cast_and_cast_back``: the per-token tile in its fake-quant mode (the
     row's values quantized and dequantized in registers, written back over ``x``; no scale
-    leaves the chip). Not GPU-verified yet: the GPU grid's cases of the op check it."""
+    leaves the chip)."""
 
     op = "per_token_cast_and_cast_back"
     tile_op = "fake_quant"
     spread = False  # every lane needs its group's scale: no division is handed to another lane
+
+    def capability(self, call: QuantCall) -> str | None:
+        """Why the kernel cannot run ``call`` (None: it can), verified or not."""
+        return super().supports(call)
+
+    def supports(self, call: QuantCall) -> str | None:
+        reason = self.capability(call)
+        return FAKE_QUANT_UNVERIFIED if reason is None and not FAKE_QUANT_VERIFIED else reason
 
     def small_tokens_spec(self, call: QuantCall) -> KernelSpec | None:
         return None

@@ -309,6 +309,8 @@ def quant_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwarg
         x = torch.empty(tokens, hidden + pad, dtype=dtype, device=device)
     else:
         x = activation(tokens, hidden + pad, dtype, seed=seed).to(device)
+        if op == "per_token_cast_and_cast_back":  # written in place: its own copy (activations may be shared)
+            x = x.clone()
     x = plain = x[:, :hidden]
     fmt, sf_kind = inputs.get("input_fmt", "e4m3"), inputs.get("input_sf", "fp32")
     col_major = inputs.get("input_col_major", False)
