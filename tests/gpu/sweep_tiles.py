@@ -273,9 +273,18 @@ def time_peer(case: str, tokens: int, ledger: int, copy: float) -> dict:
     from tileplug.core.benchmark import graph_seconds_per_call, median_seconds
     from tileplug.core.peers import tile_kernels
 
+    import inspect
+
+    from tileplug.core import ops
+
     device = torch.device("cuda")
     args, kwargs = _args(case, tokens, device)
     function = getattr(tile_kernels, CASES[case][0])
+    # TileKernels requires some arguments tileplug defaults (fmt, the group size): pass tileplug's defaults
+    ours = inspect.signature(getattr(ops, CASES[case][0])).parameters
+    for name, parameter in list(inspect.signature(function).parameters.items())[len(args):]:
+        if parameter.default is inspect.Parameter.empty and name not in kwargs and name in ours:
+            kwargs[name] = ours[name].default
     seconds = median_seconds(lambda: function(*args, **kwargs), device, 0.1, 100)
     graph, _ = graph_seconds_per_call(function, args, kwargs, device, ledger)
     gbps = ledger / seconds / 1e9
