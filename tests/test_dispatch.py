@@ -260,15 +260,15 @@ def test_contract_memo_is_lru_without_a_cliff():
     lambda x: torch.nn.Parameter(x),
 ], ids=["tensor", "parameter", "parameter-requiring-grad"])
 def test_fast_path_serves_parameters_and_every_op(make, monkeypatch):
-    """A repeated call skips the checks (``_read_input`` runs only on the checked path)."""
+    """A repeated call skips the checks (``read_quant_input`` runs only on the checked path)."""
     from tileplug.core.contracts import quant as contracts
 
     x = make(torch.randn(3, 256))
     pair = core.ops.per_token_cast(x)
     sf = core.ops.per_token_cast_with_sf_only(x)
     checked = []
-    original = contracts._read_input
-    monkeypatch.setattr(contracts, "_read_input", lambda *a, **k: checked.append(a[0]) or original(*a, **k))
+    original = contracts.read_quant_input
+    monkeypatch.setattr(contracts, "read_quant_input", lambda *a, **k: checked.append(a[0]) or original(*a, **k))
     calls = {
         "per_token_cast": lambda: core.ops.per_token_cast(x),
         "per_block_cast_with_sf_only": lambda: core.ops.per_block_cast_with_sf_only(x),

@@ -285,7 +285,7 @@ def _check_sf_flags(op: str, round_sf: Any, use_packed_ue8m0: Any, use_e4m3_sf: 
         raise ContractError(op, "use_packed_ue8m0", "False unless round_sf=True (UE8M0 needs power-of-two sf)", True)
 
 
-def _read_input(
+def read_quant_input(
     op: str, x: Any, input_block: Any, block_argument: str, quantized_allowed: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None, int, QuantizedInput | None]:
     """``x`` as a float tensor or a quantized ``(xq, sf)`` tuple → (data, sf, H, description)."""
@@ -421,7 +421,7 @@ def _input_key(x: Any) -> tuple | None:
     return _tensor_key(x)
 
 
-def _plain(tensor: torch.Tensor | None) -> torch.Tensor | None:
+def plain_tensor(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """Inputs reach kernels detached: the casts are not differentiable, outputs carry no history."""
     if tensor is not None and tensor.requires_grad:
         return tensor.detach()
@@ -430,8 +430,8 @@ def _plain(tensor: torch.Tensor | None) -> torch.Tensor | None:
 
 def _inputs_of(x: Any, sf: Any, mode: QuantMode) -> QuantInputs:
     if isinstance(x, tuple):
-        return QuantInputs(_plain(x[0]), _plain(x[1]), _plain(sf) if mode is MODE_PRECOMPUTED_SF else None)
-    return QuantInputs(_plain(x), None, _plain(sf) if mode is MODE_PRECOMPUTED_SF else None)
+        return QuantInputs(plain_tensor(x[0]), plain_tensor(x[1]), plain_tensor(sf) if mode is MODE_PRECOMPUTED_SF else None)
+    return QuantInputs(plain_tensor(x), None, plain_tensor(sf) if mode is MODE_PRECOMPUTED_SF else None)
 
 
 def _exact(value: Any) -> bool:
@@ -549,7 +549,7 @@ def _checked_cast_call(
 ) -> tuple[QuantCall, QuantInputs]:
     cast = cast_config(name, fmt, block, col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, current)
     quant_format = cast.fmt
-    data, input_sf, hidden, quantized_input = _read_input(name, x, input_block, input_block_argument)
+    data, input_sf, hidden, quantized_input = read_quant_input(name, x, input_block, input_block_argument)
     if quant_format.values_per_byte == 2 and hidden % 2:
         raise ContractError(name, "x", "an even hidden size for fmt='e2m1' (two values per byte)", describe(data))
     tokens = data.shape[0]
@@ -562,7 +562,7 @@ def _checked_cast_call(
         byte_alignment(data), host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,
         tokens=tokens, device=data.device, empty=tokens == 0 or hidden == 0,
     )
-    inputs = QuantInputs(_plain(data), _plain(input_sf), _plain(sf) if mode is MODE_PRECOMPUTED_SF else None)
+    inputs = QuantInputs(plain_tensor(data), plain_tensor(input_sf), plain_tensor(sf) if mode is MODE_PRECOMPUTED_SF else None)
     return call, inputs
 
 
@@ -651,7 +651,7 @@ def cast_back(x: Any, fmt: Any, x_block_size: Any) -> tuple[QuantCall, QuantInpu
     output_dtype = OUTPUT_DTYPES[check_choice(name, "fmt", fmt, _OUTPUT_NAMES)]
     if not isinstance(x, (tuple, list)):
         raise ContractError(name, "x", "a pair (q, sf) of quantized data and its scales", describe(x))
-    data, input_sf, hidden, quantized_input = _read_input(name, x, x_block_size, "x_block_size")
+    data, input_sf, hidden, quantized_input = read_quant_input(name, x, x_block_size, "x_block_size")
     call = QuantCall(
         name, data.device.type, name, MODE_CAST_BACK, hidden, data.dtype, None, quantized_input, None, output_dtype,
         byte_alignment(data), host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,
@@ -659,4 +659,4 @@ def cast_back(x: Any, fmt: Any, x_block_size: Any) -> tuple[QuantCall, QuantInpu
     )
     if key is not None:
         recent_calls.put(key, call, current)
-    return call, QuantInputs(_plain(data), _plain(input_sf), None)
+    return call, QuantInputs(plain_tensor(data), plain_tensor(input_sf), None)

@@ -19,8 +19,8 @@ from tileplug.core.contracts.quant import (
     INPUT_BLOCK_SIDES,
     QuantCall,
     QuantInputs,
-    _plain,
-    _read_input,
+    plain_tensor,
+    read_quant_input,
     byte_alignment,
     cast_config,
 )
@@ -66,7 +66,7 @@ def per_block_cast_lossless(
     current = config.current()
     cast = cast_config(name, fmt, output_block, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, False,
                        current)
-    data, input_sf, hidden, quantized_input = _read_input(name, x, x_block_size, "x_block_size")
+    data, input_sf, hidden, quantized_input = read_quant_input(name, x, x_block_size, "x_block_size")
     if quantized_input.fmt is not E2M1:
         raise ContractError(name, "x", "e2m1 data (int8, two values per byte): e4m3 data has no room to shift "
                             "its scale losslessly (SPEC §11)", describe(data))
@@ -80,7 +80,7 @@ def per_block_cast_lossless(
         byte_alignment(data), host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,
         tokens=tokens, device=data.device, empty=tokens == 0 or hidden == 0,
     )
-    return call, QuantInputs(_plain(data), _plain(input_sf))
+    return call, QuantInputs(plain_tensor(data), plain_tensor(input_sf))
 
 
 # ---------------------------------------------------------------------- transpose_weight_sf
@@ -202,4 +202,4 @@ def transpose_weight_sf(sf: Any, block_size: Any, transpose_sf1: Any) -> tuple[W
         name, device.type, name, block, tuple(shapes), transpose_sf1, host_layout=current.host_layout,
         tokens=rows, device=device, empty=all(_numel(shape) == 0 for shape in shapes),
     )
-    return call, tuple(_plain(tensor) for tensor in tensors)
+    return call, tuple(plain_tensor(tensor) for tensor in tensors)

@@ -244,7 +244,7 @@ def _input_block(op: str, kwargs: dict[str, Any]) -> tuple[int, int] | None:
     return None if block is None else tuple(block)
 
 
-def _producer(block: tuple[int, int], fmt: str, sf: str, col_major: bool) -> tuple[str, dict[str, Any]]:
+def producer_of(block: tuple[int, int], fmt: str, sf: str, col_major: bool) -> tuple[str, dict[str, Any]]:
     """The op and kwargs that make a quantized tensor with ``block`` groups, ``fmt`` data and
     ``sf`` ("fp32", "e4m3" or "ue8m0") scales."""
     flags = dict(SF_MODES[_MODE_OF_SF[sf]])
@@ -257,7 +257,7 @@ def _producer(block: tuple[int, int], fmt: str, sf: str, col_major: bool) -> tup
     return "per_block_cast", {"fmt": fmt, "block_size": block, "use_tma_aligned_col_major_sf": col_major, **flags}
 
 
-def _produce(op: str, x: torch.Tensor, kwargs: dict[str, Any]) -> Any:
+def produce(op: str, x: torch.Tensor, kwargs: dict[str, Any]) -> Any:
     """``op(x, **kwargs)``: run by the backend in force, or only allocated for meta inputs
     (so shapes are made anywhere, no backend needed)."""
     if x.device.type == "meta":
@@ -318,11 +318,11 @@ def quant_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwarg
     if op == "cast_back":
         kwargs.setdefault("x_block_size", block)
     if block is not None:  # a quantized (xq, sf) input made from the activation
-        producer, producer_kwargs = _producer(block, fmt, sf_kind, col_major)
-        x = tuple(_produce(producer, plain, producer_kwargs))
+        producer, producer_kwargs = producer_of(block, fmt, sf_kind, col_major)
+        x = tuple(produce(producer, plain, producer_kwargs))
     if op.endswith("_with_precomputed_sf"):  # the given scales: the activation's own, in the asked layout
-        producer, producer_kwargs = _producer(block_of(op, kwargs), kwargs.get("fmt", "e4m3"), sf_kind, col_major)
-        kwargs["sf"] = _produce(producer + "_with_sf_only", plain, producer_kwargs)
+        producer, producer_kwargs = producer_of(block_of(op, kwargs), kwargs.get("fmt", "e4m3"), sf_kind, col_major)
+        kwargs["sf"] = produce(producer + "_with_sf_only", plain, producer_kwargs)
     return (x,), kwargs
 
 

@@ -21,7 +21,7 @@ from torch.compiler import is_compiling
 from tileplug.core.contracts import quant_reblock as contracts
 from tileplug.core.contracts.quant import QuantCall
 from tileplug.core.opdefs import BenchCase, Case, OpDef, bound_contract, checked_case_inputs, declare, run
-from tileplug.core.ops.quant import _produce, _producer
+from tileplug.core.ops.quant import produce, producer_of
 
 QuantizedPair = tuple[torch.Tensor, torch.Tensor]
 
@@ -124,10 +124,10 @@ def lossless_arguments(tokens: int, hidden: int, dtype: torch.dtype, kwargs: dic
         plain = torch.empty(tokens, hidden, dtype=dtype, device=device)
     else:
         plain = activation(tokens, hidden, dtype, seed=seed).to(device)
-    producer, producer_kwargs = _producer(tuple(kwargs["x_block_size"]), "e2m1", sf_kind,
+    producer, producer_kwargs = producer_of(tuple(kwargs["x_block_size"]), "e2m1", sf_kind,
                                           inputs.get("input_col_major", False))
     producer_kwargs["round_sf"] = round_input or sf_kind == "ue8m0"
-    x = tuple(_produce(producer, plain, producer_kwargs))
+    x = tuple(produce(producer, plain, producer_kwargs))
     return (x,), kwargs
 
 
