@@ -338,7 +338,7 @@ def test_unverified_fake_quant_falls_to_the_reference(monkeypatch) -> None:
         monkeypatch.setattr(per_token_cast, "FAKE_QUANT_VERIFIED", True)
         assert kernel.supports(call) is None, case.id
         monkeypatch.setattr(per_token_cast, "FAKE_QUANT_VERIFIED", False)
-    assert served >= 20
+    assert served >= 15
 
 
 def test_no_specialisation_spills_registers(compiled_grid: dict[str, dict]) -> None:

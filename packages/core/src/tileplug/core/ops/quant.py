@@ -445,10 +445,14 @@ def quant_cases() -> list[Case]:
 
 
 def fake_quant_cases() -> list[Case]:
-    """``per_token_cast_and_cast_back``: every format, group and scale mode at H = 576
-    (partial 128-groups), fp32 inputs, padded rows, model sizes."""
+    """``per_token_cast_and_cast_back``: every format with every scale mode, every group size,
+    at H = 576 (partial 128-groups); fp32 inputs, padded rows, model sizes. (Not the full
+    format × group × mode product: each kernel specialisation costs the CI compile grid a few
+    seconds, and the group size and the scale mode are independent paths of the tile.)"""
     cases = [Case.of("per_token_cast_and_cast_back", 576, fmt=fmt, num_per_channels=group, **SF_MODES[mode])
-             for fmt, group, mode in itertools.product(("e4m3", "e2m1"), (16, 32, 64, 128), ("plain", "round", "e4m3sf"))]
+             for fmt, group in (("e4m3", 128), ("e2m1", 16)) for mode in ("plain", "round", "e4m3sf")]
+    cases += [Case.of("per_token_cast_and_cast_back", 576, fmt=fmt, num_per_channels=group)
+              for fmt, group in (("e4m3", 16), ("e4m3", 32), ("e4m3", 64), ("e2m1", 32), ("e2m1", 64), ("e2m1", 128))]
     f32 = torch.float32
     return cases + [
         Case.of("per_token_cast_and_cast_back", 576, f32, fmt="e4m3", num_per_channels=64),
