@@ -61,7 +61,8 @@ class PerTokenCast(QuantKernel):
         # GPU sweep 2026-12-02 (H200, packed UE8M0 column-major sf, H = 7168, CUDA-graph us at
         # T = 128 / 1024 / 4096 / 65536): 4 warps x 1 row x 2 chunks 2.45 / 7.02 / 23.82 / 347.1
         # against 2.67 / 7.38 / 24.03 / 343.3 with 4 chunks (TileKernels 2.65 / 6.86 / 23.66 / 325.2).
-        if call.quantized_input is not None or not (call.cast.col_major_sf and call.cast.sf_encoding(CUDA_LAYOUT).kind == "ue8m0"):
+        packed_column_major = call.cast.col_major_sf and call.cast.sf_encoding(CUDA_LAYOUT).kind == "ue8m0"
+        if call.quantized_input is not None or not packed_column_major:
             return None
         return dataclasses.replace(self.spec(call), column_chunks=SMALL_T_CHUNKS)
 

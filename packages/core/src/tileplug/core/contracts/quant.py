@@ -429,9 +429,10 @@ def plain_tensor(tensor: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _inputs_of(x: Any, sf: Any, mode: QuantMode) -> QuantInputs:
+    given = plain_tensor(sf) if mode is MODE_PRECOMPUTED_SF else None
     if isinstance(x, tuple):
-        return QuantInputs(plain_tensor(x[0]), plain_tensor(x[1]), plain_tensor(sf) if mode is MODE_PRECOMPUTED_SF else None)
-    return QuantInputs(plain_tensor(x), None, plain_tensor(sf) if mode is MODE_PRECOMPUTED_SF else None)
+        return QuantInputs(plain_tensor(x[0]), plain_tensor(x[1]), given)
+    return QuantInputs(plain_tensor(x), None, given)
 
 
 def _exact(value: Any) -> bool:
@@ -562,7 +563,8 @@ def _checked_cast_call(
         byte_alignment(data), host_layout=current.host_layout, sf_alignment_bytes=current.token_alignment_bytes,
         tokens=tokens, device=data.device, empty=tokens == 0 or hidden == 0,
     )
-    inputs = QuantInputs(plain_tensor(data), plain_tensor(input_sf), plain_tensor(sf) if mode is MODE_PRECOMPUTED_SF else None)
+    given_sf = plain_tensor(sf) if mode is MODE_PRECOMPUTED_SF else None
+    inputs = QuantInputs(plain_tensor(data), plain_tensor(input_sf), given_sf)
     return call, inputs
 
 
