@@ -171,7 +171,7 @@ class DeferredKernel:
         return lambda inputs, outputs: kernel(call, inputs, outputs)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("module", "key", "_resolved", "exists"):
+        if name.startswith("__") or name in ("module", "key", "_resolved"):
             raise AttributeError(name)
         return getattr(self.kernel(), name)
 

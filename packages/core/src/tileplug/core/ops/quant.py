@@ -225,7 +225,10 @@ _MODE_OF_SF = {"fp32": "plain", "e4m3": "e4m3sf", "ue8m0": "ue8m0"}
 
 
 def block_of(op: str, kwargs: dict[str, Any]) -> tuple[int, int]:
-    """The output group shape of a quant op called with ``kwargs`` (cast_back: its input's)."""
+    """The output group shape of a quant op called with ``kwargs`` (cast_back: its input's;
+    a re-blocking op: its ``out_block_size``)."""
+    if "out_block_size" in kwargs:
+        return tuple(kwargs["out_block_size"])
     if op.startswith("per_token"):
         return 1, kwargs.get("num_per_channels", 128)
     if op.startswith("per_block"):

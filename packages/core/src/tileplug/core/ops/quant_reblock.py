@@ -21,7 +21,7 @@ from torch.compiler import is_compiling
 from tileplug.core.contracts import quant_reblock as contracts
 from tileplug.core.contracts.quant import QuantCall
 from tileplug.core.opdefs import BenchCase, Case, OpDef, bound_contract, checked_case_inputs, declare, run
-from tileplug.core.ops.quant import produce, producer_of
+from tileplug.core.ops.quant import compare_quant, produce, producer_of
 
 QuantizedPair = tuple[torch.Tensor, torch.Tensor]
 
@@ -155,17 +155,6 @@ def weight_scale_arguments(tokens: int, hidden: int, dtype: torch.dtype, kwargs:
     return (tensors[0] if len(tensors) == 1 else tuple(tensors),), dict(kwargs)
 
 
-def compare_lossless(case: Case, tokens: int, actual: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
-    """q equal bytewise (strides too); sf equal on every byte that holds a group (pad bytes
-    of a partly filled packed integer and the padding of a column are unspecified)."""
-    from tileplug.core.testing import assert_bytes_equal, assert_sf_equal, require
-
-    require(len(actual) == len(expected) == 2, f"{case.id}: {len(actual)} outputs, expected {len(expected)}")
-    assert_bytes_equal(actual[0], expected[0], what=f"{case.id} T={tokens} q", strides=True)
-    block = tuple(dict(case.kwargs)["out_block_size"])
-    assert_sf_equal(actual[1], expected[1], block, tokens, case.hidden, what=f"{case.id} T={tokens} sf")
-
-
 _SCALE_MODES: dict[str, dict[str, bool]] = {
     "fp32": {},
     "round": {"round_sf": True},
@@ -263,7 +252,7 @@ PER_BLOCK_CAST_LOSSLESS = declare(OpDef(
     cases=lossless_cases,
     bench=_bench_lossless,
     arguments=lossless_arguments,
-    compare=compare_lossless,
+    compare=compare_quant,  # q bytewise, sf on the bytes that hold a group of out_block_size
     input_options=LOSSLESS_INPUT_OPTIONS,
 ))
 
