@@ -21,7 +21,16 @@ from tileplug.core import config
 from tileplug.core.call import IN_PLACE_PLAN, QuantMode
 from tileplug.core.contracts import quant as contracts
 from tileplug.core.errors import ContractError
-from tileplug.core.opdefs import BenchCase, Case, OpDef, allocate_without_backend, bound_contract, declare, run
+from tileplug.core.opdefs import (
+    BenchCase,
+    Case,
+    OpDef,
+    allocate_without_backend,
+    bound_contract,
+    declare,
+    run,
+)
+from tileplug.core.opdefs import get as get_opdef
 
 QuantizedPair = tuple[torch.Tensor, torch.Tensor]
 
@@ -312,7 +321,7 @@ def quant_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwarg
         x = torch.empty(tokens, hidden + pad, dtype=dtype, device=device)
     else:
         x = activation(tokens, hidden + pad, dtype, seed=seed).to(device)
-        if op == "per_token_cast_and_cast_back":  # written in place: its own copy (activations may be shared)
+        if "x" in get_opdef(op).mutates:  # written in place: its own copy (activations may be shared)
             x = x.clone()
     x = plain = x[:, :hidden]
     fmt, sf_kind = inputs.get("input_fmt", "e4m3"), inputs.get("input_sf", "fp32")
