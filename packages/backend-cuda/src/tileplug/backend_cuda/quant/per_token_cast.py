@@ -67,13 +67,15 @@ class PerTokenCast(QuantKernel):
         return dataclasses.replace(self.spec(call), column_chunks=SMALL_T_CHUNKS)
 
 
-FAKE_QUANT_VERIFIED = False
-"""Whether the CUDA ``per_token_cast_and_cast_back`` serves calls. False until a GPU run of its
-op-table cases passes (``tests/gpu/probe_fake_quant.py`` and ``tests/gpu/test_cuda_quant.py``
-force it on); meanwhile every call is declined with :data:`FAKE_QUANT_UNVERIFIED` and the
-reference serves it, while the compile grid still lowers, compiles and checks its kernels."""
+FAKE_QUANT_VERIFIED = True
+"""Whether the CUDA ``per_token_cast_and_cast_back`` serves calls. True since the GPU run of
+2026-12-02 (eighth session, H200, main at 63d7cde: ``tests/gpu/probe_fake_quant.py``, all 19
+op-table cases at T = 1 / 3 / 1031 / 4001, 76 checks bytewise equal to the reference, none
+failed). Set to False, every call is declined with :data:`FAKE_QUANT_UNVERIFIED` and the
+reference serves it, while the compile grid still lowers, compiles and checks its kernels
+(it asks ``capability``, which ignores the switch)."""
 FAKE_QUANT_UNVERIFIED = ("the CUDA per_token_cast_and_cast_back kernel is built and compiled but not yet verified on a "
-                         "GPU (quant.per_token_cast.FAKE_QUANT_VERIFIED): the next backend serves the call")
+                         "GPU (quant.per_token_cast.FAKE_QUANT_VERIFIED is False): the next backend serves the call")
 
 
 class PerTokenCastAndCastBack(PerTokenCast):
