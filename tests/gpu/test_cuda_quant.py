@@ -167,9 +167,9 @@ def _requant_ops(block):
 
 @pytest.fixture(scope="module", autouse=True)
 def _fake_quant_forced_on():
-    """The CUDA ``per_token_cast_and_cast_back`` declines every call until a GPU run verifies it
-    (``quant.per_token_cast.FAKE_QUANT_VERIFIED``): this module forces it on, so that its cases
-    run the kernel (never the reference through the fallback)."""
+    """The CUDA ``per_token_cast_and_cast_back`` declines every call while
+    ``quant.per_token_cast.FAKE_QUANT_VERIFIED`` is False: this module forces it on, so that its
+    cases run the kernel (never the reference through the fallback) whatever the switch says."""
     from tileplug.backend_cuda.quant import per_token_cast
 
     saved = per_token_cast.FAKE_QUANT_VERIFIED
