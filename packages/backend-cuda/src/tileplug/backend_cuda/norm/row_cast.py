@@ -6,7 +6,7 @@ scale macros (``quant.sf_math``) in the quant kernel's order of operations: amax
 bits of ``|y|`` (NaN-propagating integer max), reduced over the ``group / VEC`` lanes of a
 group with xor shuffles (a max: any order gives the same bits), ``group_inverse`` /
 ``group_scale``, ``q = saturate(float(y) · inv)`` (e4m3 by the hardware's saturating
-conversion, e2m1 by ``sf_math.e2m1_code``). A group never leaves a row's lanes: a vector of
+conversion, e2m1 by ``sf_math.e2m1_pair``). A group never leaves a row's lanes: a vector of
 a row is ``VEC`` consecutive columns, ``VEC`` divides the group, and a group's vectors sit in
 adjacent lanes of one chunk (``rows``' layout). A partial last group's amax covers its valid
 columns only. Row ``n`` of token ``t`` is columns ``n·D …`` of the quantized ``[T, N·D]``
@@ -89,11 +89,8 @@ class RowCast:
                         store_scale(sf, t, flat // GROUP, T.if_then_else(kept, scale, T.cast(0, SF_STORED)))
                 if E2M1:
                     for j in T.unroll(VEC // 2):
-                        qv[j] = T.cast(
-                            sf_math.e2m1_code(T.cast(yv[k * VEC + 2 * j], "float32") * inv[k])
-                            | T.shift_left(sf_math.e2m1_code(T.cast(yv[k * VEC + 2 * j + 1], "float32") * inv[k]), 4),
-                            "int8",
-                        )
+                        qv[j] = sf_math.e2m1_pair(T.cast(yv[k * VEC + 2 * j], "float32") * inv[k],
+                                                  T.cast(yv[k * VEC + 2 * j + 1], "float32") * inv[k])
                 else:
                     for j in T.vectorized(VEC):
                         qv[j] = T.cast(T.cast(yv[k * VEC + j], "float32") * inv[k], "float8_e4m3fn")
@@ -109,6 +106,8 @@ class RowCast:
         self.cast = cast
 
     def sf_type(self):
-        """The ``sf`` buffer: any strides (the bytes of packed UE8M0 storage)."""
-        return T.StridedTensor((T.dynamic("OR"), T.dynamic("OC")), (T.dynamic("OS0"), T.dynamic("OS1")),
-                               self.sf_dtype)
+        """The ``sf`` buffer: any strides, or the bytes of packed UE8M0 storage, whose last
+        stride is 1 by construction (``quant.kernels._byte_view``): a constant the store
+        addresses fold."""
+        last = 1 if self.sf_dtype == "uint8" else T.dynamic("OS1")
+        return T.StridedTensor((T.dynamic("OR"), T.dynamic("OC")), (T.dynamic("OS0"), last), self.sf_dtype)

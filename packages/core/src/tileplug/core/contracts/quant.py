@@ -99,6 +99,15 @@ class AllocationPlan:
             self.allocate = lambda tokens, device: QuantOutputs(
                 empty((tokens, q_columns), dtype=q_dtype, device=device),
                 empty((tokens, columns), dtype=sf_dtype, device=device))
+        elif q_columns is not None and sf_dtype is not None and not col_major_multiple:
+            # a row-major sf with row groups (per block, per channel): the row count from the
+            # token count by two ceiling divisions (the GPU host timed per_channel's general
+            # path at 14.5 us of allocation against per_token's 6.3 us)
+            columns = self.sf_columns
+            rows_per_sf_row = bm * (pack_factor if pack_axis == 0 else 1)
+            self.allocate = lambda tokens, device: QuantOutputs(
+                empty((tokens, q_columns), dtype=q_dtype, device=device),
+                empty((-(-tokens // rows_per_sf_row), columns), dtype=sf_dtype, device=device))
 
     def _general(self, tokens: int, device: torch.device | None) -> QuantOutputs:
         q = torch.empty((tokens, self.q_columns), dtype=self.q_dtype, device=device) if self.q_columns is not None else None
