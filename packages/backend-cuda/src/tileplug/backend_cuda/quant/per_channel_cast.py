@@ -22,6 +22,11 @@ WARPS = 8  # GPU sweep (H200, T=65536, g=128): 8 warps x 16 rows, 1 CTA/SM = 94.
 # tests/test_cuda_compile.py).
 MIN_BLOCKS_PER_SM = 1
 SMALL_T_WARPS = 16  # the small-T tile (two rows of 16 lanes per warp): 16 warps x g / 32 rows, 2 CTAs/SM
+# Tried 2026-12-02 (ninth session, H200, 128 x 1 e4m3, H = 7168): the tile staged in shared memory
+# instead of registers (each 128-bit load folded into the column amax, then written to a 32 KB
+# slot-major tile of 8 warps x 8 half-warp rows; 62 registers, 4 CTAs/SM) ran at 87.7% of copy at
+# T = 65536 against 95.2% for this register tile (4096: 29.56 against 25.47 us, graph); with 2 CTAs/SM
+# 87.9%. Removed again.
 
 
 class PerChannelCast(QuantKernel):
