@@ -62,6 +62,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason="nvcc is not on PATH"))
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # an xdist worker hands its count to the controller, which prints the summary
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["tileplug_deselected_devices"] = dict(_deselected_devices)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    # every worker collects the whole suite: any one of them has the full count
+    _deselected_devices.update(getattr(node, "workeroutput", {}).get("tileplug_deselected_devices", {}))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     for marker, (count, reason) in sorted(_deselected_devices.items()):
         terminalreporter.write_line(f"tileplug: {count} '{marker}' tests not collected: {reason}")
