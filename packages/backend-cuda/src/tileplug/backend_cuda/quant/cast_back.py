@@ -35,7 +35,11 @@ class CastBack(QuantKernel):
     op = "cast_back"
     tile_op = "cast_back"
     grid_cols = True
-    inline_coords = True  # GPU sweep 2026-12-01: in registers, the stores ran at half the speed (cause not found)
+    # GPU sweep 2026-12-01: with the coordinates in registers the stores ran at half the speed
+    # (2026-12-02 again: 802.5 against 346.3 us at T = 65536). The SASS says why: ptxas then splits
+    # the first chunk's 128-bit bf16 store into four 32-bit ones (sm_90, nvcc 13.0), although that
+    # kernel has 240 instructions against 400 with the inlined coordinates.
+    inline_coords = True
 
     def geometry(self, call: QuantCall) -> tuple[int, int, int]:
         return tile_override("cast_back", (WARPS, ROWS_PER_THREAD, 1))
