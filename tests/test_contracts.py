@@ -464,3 +464,35 @@ def test_accepted_amax_clamp_keeps_finite_input_finite(fmt, e4m3_sf, clamp):
     assert torch.isfinite(y).all()
     assert y[0].abs().max().item() == 0.0  # zeros stay zeros
     assert y[1, 0].item() > 0  # the tiny value survives with its sign
+
+
+# ---------------------------------------------------------------------- allocation plans
+
+PLAN_KINDS = [
+    ("per_token_cast", {}),
+    ("per_token_cast", {"use_tma_aligned_col_major_sf": True}),
+    ("per_token_cast", {"round_sf": True, "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}),
+    ("per_token_cast", {"fmt": "e2m1", "num_per_channels": 16, "round_sf": True, "use_packed_ue8m0": True}),
+    ("per_block_cast", {"block_size": (128, 128)}),
+    ("per_block_cast", {"block_size": (32, 32), "round_sf": True, "use_packed_ue8m0": True}),
+    ("per_block_cast", {"block_size": (128, 128), "use_tma_aligned_col_major_sf": True}),
+    ("per_channel_cast", {"num_per_tokens": 32}),
+    ("per_channel_cast", {"num_per_tokens": 128, "round_sf": True, "use_packed_ue8m0": True}),
+    ("per_token_cast_with_sf_only", {"round_sf": True, "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}),
+]
+
+
+@pytest.mark.parametrize(("op", "kwargs"), PLAN_KINDS, ids=[f"{op}{sorted(kw.items())}" for op, kw in PLAN_KINDS])
+def test_allocation_fast_paths_match_the_general_plan(op, kwargs):
+    """Every allocation closure a plan picks for its common shapes gives the tensors the general
+    path gives (shape, strides, dtype), at token counts that leave partial groups, and for T = 0."""
+    from tileplug.core.quant.layouts import CUDA_LAYOUT
+
+    call, _ = core.describe_call(op, torch.zeros(3, 512, dtype=torch.bfloat16), **kwargs)
+    plan = call.allocation_plan(CUDA_LAYOUT)
+    for tokens in (0, 1, 3, 17, 128, 129, 4001):
+        fast, general = plan.allocate(tokens, torch.device("meta")), plan._general(tokens, torch.device("meta"))
+        for mine, theirs in zip(fast, general):
+            assert (mine is None) == (theirs is None), (tokens, mine, theirs)
+            if mine is not None:
+                assert (mine.shape, mine.stride(), mine.dtype) == (theirs.shape, theirs.stride(), theirs.dtype), tokens

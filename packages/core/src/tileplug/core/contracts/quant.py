@@ -108,6 +108,20 @@ class AllocationPlan:
             self.allocate = lambda tokens, device: QuantOutputs(
                 empty((tokens, q_columns), dtype=q_dtype, device=device),
                 empty((-(-tokens // rows_per_sf_row), columns), dtype=sf_dtype, device=device))
+        elif q_columns is not None and sf_dtype is not None and bm == 1 and pack_axis == 1 and self.sf_columns:
+            # a column-major per-token sf (DeepGEMM's TMA-aligned layout), the same in one closure
+            columns = self.sf_columns
+            multiple = col_major_multiple
+            empty_strided = torch.empty_strided
+
+            def allocate_column_major(tokens: int, device: torch.device | None) -> QuantOutputs:
+                q = empty((tokens, q_columns), dtype=q_dtype, device=device)
+                if not tokens:  # (an empty sf is allocated row-major: ordinary strides, viewable)
+                    return QuantOutputs(q, empty((0, columns), dtype=sf_dtype, device=device))
+                padded = -(-tokens // multiple) * multiple
+                return QuantOutputs(q, empty_strided((tokens, columns), (1, padded), dtype=sf_dtype, device=device))
+
+            self.allocate = allocate_column_major
 
     def _general(self, tokens: int, device: torch.device | None) -> QuantOutputs:
         q = torch.empty((tokens, self.q_columns), dtype=self.q_dtype, device=device) if self.q_columns is not None else None
