@@ -479,20 +479,34 @@ PLAN_KINDS = [
     ("per_channel_cast", {"num_per_tokens": 32}),
     ("per_channel_cast", {"num_per_tokens": 128, "round_sf": True, "use_packed_ue8m0": True}),
     ("per_token_cast_with_sf_only", {"round_sf": True, "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}),
+    ("per_token_cast_with_precomputed_sf", {"sf": torch.ones(3, 4)}),
 ]
 
 
-@pytest.mark.parametrize(("op", "kwargs"), PLAN_KINDS, ids=[f"{op}{sorted(kw.items())}" for op, kw in PLAN_KINDS])
-def test_allocation_fast_paths_match_the_general_plan(op, kwargs):
-    """Every allocation closure a plan picks for its common shapes gives the tensors the general
-    path gives (shape, strides, dtype), at token counts that leave partial groups, and for T = 0."""
+@pytest.mark.parametrize(("op", "kwargs"), PLAN_KINDS,
+                         ids=[f"{op}{sorted(k for k in kw)}" for op, kw in PLAN_KINDS])
+def test_allocation_plans_give_the_layout_spec_2_names(op, kwargs):
+    """Every plan allocates what SPEC §2 says for its call (shape, strides, dtype), at token
+    counts that leave partial groups, and for T = 0 (an empty sf row-major)."""
     from tileplug.core.quant.layouts import CUDA_LAYOUT
 
     call, _ = core.describe_call(op, torch.zeros(3, 512, dtype=torch.bfloat16), **kwargs)
     plan = call.allocation_plan(CUDA_LAYOUT)
     for tokens in (0, 1, 3, 17, 128, 129, 4001):
-        fast, general = plan.allocate(tokens, torch.device("meta")), plan._general(tokens, torch.device("meta"))
-        for mine, theirs in zip(fast, general):
-            assert (mine is None) == (theirs is None), (tokens, mine, theirs)
-            if mine is not None:
-                assert (mine.shape, mine.stride(), mine.dtype) == (theirs.shape, theirs.stride(), theirs.dtype), tokens
+        q, sf = plan.allocate(tokens, torch.device("meta"))
+        if plan.q_columns is None:
+            assert q is None
+        else:
+            assert (q.shape, q.stride(), q.dtype) == ((tokens, plan.q_columns), (plan.q_columns, 1), plan.q_dtype)
+        if plan.sf_dtype is None:
+            assert sf is None
+            continue
+        rows = -(-tokens // plan.bm)  # row groups, then (packed along tokens) integers of them
+        if plan.pack_axis == 0:
+            rows = -(-rows // plan.pack_factor)
+        columns = plan.sf_columns
+        if plan.col_major_multiple and rows and columns:
+            strides = (1, -(-rows // plan.col_major_multiple) * plan.col_major_multiple)
+        else:
+            strides = (columns, 1)
+        assert (sf.shape, sf.stride(), sf.dtype) == ((rows, columns), strides, plan.sf_dtype), tokens

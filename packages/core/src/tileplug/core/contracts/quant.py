@@ -87,56 +87,29 @@ class AllocationPlan:
         self.pack_axis = pack_axis
         self.sf_columns = -(-sf_columns // pack_factor) if pack_axis == 1 else sf_columns
         self.col_major_multiple = col_major_multiple
-        # ``allocate(tokens, device)``: the general method, or for the two most common plans
-        # (a q alone; q and a row-major per-token sf) a closure with nothing left to decide.
-        self.allocate = self._general
-        empty = torch.empty
-        if q_columns is not None and sf_dtype is None:
-            self.allocate = lambda tokens, device: QuantOutputs(
-                empty((tokens, q_columns), dtype=q_dtype, device=device), None)
-        elif q_columns is not None and bm == 1 and pack_axis == 1 and not col_major_multiple:
-            columns = self.sf_columns
-            self.allocate = lambda tokens, device: QuantOutputs(
-                empty((tokens, q_columns), dtype=q_dtype, device=device),
-                empty((tokens, columns), dtype=sf_dtype, device=device))
-        elif q_columns is not None and sf_dtype is not None and not col_major_multiple:
-            # a row-major sf with row groups (per block, per channel): the row count from the
-            # token count by two ceiling divisions (the GPU host timed per_channel's general
-            # path at 14.5 us of allocation against per_token's 6.3 us)
-            columns = self.sf_columns
-            rows_per_sf_row = bm * (pack_factor if pack_axis == 0 else 1)
-            self.allocate = lambda tokens, device: QuantOutputs(
-                empty((tokens, q_columns), dtype=q_dtype, device=device),
-                empty((-(-tokens // rows_per_sf_row), columns), dtype=sf_dtype, device=device))
-        elif q_columns is not None and sf_dtype is not None and bm == 1 and pack_axis == 1 and self.sf_columns:
-            # a column-major per-token sf (DeepGEMM's TMA-aligned layout), the same in one closure
-            columns = self.sf_columns
-            multiple = col_major_multiple
-            empty_strided = torch.empty_strided
+        self.allocate = self._allocator()
 
-            def allocate_column_major(tokens: int, device: torch.device | None) -> QuantOutputs:
-                q = empty((tokens, q_columns), dtype=q_dtype, device=device)
-                if not tokens:  # (an empty sf is allocated row-major: ordinary strides, viewable)
-                    return QuantOutputs(q, empty((0, columns), dtype=sf_dtype, device=device))
-                padded = -(-tokens // multiple) * multiple
-                return QuantOutputs(q, empty_strided((tokens, columns), (1, padded), dtype=sf_dtype, device=device))
+    def _allocator(self) -> Callable[[int, torch.device | None], QuantOutputs]:
+        """``allocate(tokens, device)``: a closure over this plan's constants, so a call does
+        the sf's row count and nothing else (the GPU host timed per_channel's allocation at 14.5 µs
+        through the attribute-reading method this replaces, against 6.3 µs for per_token's closure)."""
+        q_columns, q_dtype, sf_dtype, columns = self.q_columns, self.q_dtype, self.sf_dtype, self.sf_columns
+        multiple = self.col_major_multiple
+        tokens_per_sf_row = self.bm * (self.pack_factor if self.pack_axis == 0 else 1)  # (nested ceilings compose)
+        empty, empty_strided = torch.empty, torch.empty_strided
 
-            self.allocate = allocate_column_major
+        def allocate(tokens: int, device: torch.device | None) -> QuantOutputs:
+            q = None if q_columns is None else empty((tokens, q_columns), dtype=q_dtype, device=device)
+            if sf_dtype is None:
+                return QuantOutputs(q, None)
+            rows = tokens if tokens_per_sf_row == 1 else -(-tokens // tokens_per_sf_row)
+            if multiple and rows and columns:
+                # column-major, each column padded; an empty sf is allocated row-major (ordinary strides, viewable)
+                padded = -(-rows // multiple) * multiple
+                return QuantOutputs(q, empty_strided((rows, columns), (1, padded), dtype=sf_dtype, device=device))
+            return QuantOutputs(q, empty((rows, columns), dtype=sf_dtype, device=device))
 
-    def _general(self, tokens: int, device: torch.device | None) -> QuantOutputs:
-        q = torch.empty((tokens, self.q_columns), dtype=self.q_dtype, device=device) if self.q_columns is not None else None
-        if self.sf_dtype is None:
-            return QuantOutputs(q, None)
-        rows = -(-tokens // self.bm)
-        if self.pack_axis == 0:
-            rows = -(-rows // self.pack_factor)
-        if self.col_major_multiple and rows and self.sf_columns:
-            # (an empty sf, T = 0 or H = 0, is allocated row-major: ordinary strides, viewable)
-            padded = -(-rows // self.col_major_multiple) * self.col_major_multiple
-            sf = torch.empty_strided((rows, self.sf_columns), (1, padded), dtype=self.sf_dtype, device=device)
-        else:
-            sf = torch.empty((rows, self.sf_columns), dtype=self.sf_dtype, device=device)
-        return QuantOutputs(q, sf)
+        return allocate
 
 
 @call_type
