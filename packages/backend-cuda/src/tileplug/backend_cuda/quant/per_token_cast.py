@@ -42,6 +42,11 @@ QUANTIZED_INPUT_ROWS = 4
 # against 55.1% with grid_cols, so e2m1 keeps the 2-D grid.
 
 
+def _packed_ue8m0(call: QuantCall) -> bool:
+    """Whether ``call``'s scales are stored as packed UE8M0 bytes on the CUDA layout."""
+    return call.cast.sf_encoding(CUDA_LAYOUT).kind == "ue8m0"
+
+
 class PerTokenCast(QuantKernel):
     op = "per_token_cast"
     tile_op = "per_token"
@@ -52,8 +57,8 @@ class PerTokenCast(QuantKernel):
         # stride): column-major UE8M0 sf with grid_cols 99.5% of copy at T = 65536 against 96.9% on
         # the 2-D grid (16384: 95.7 / 94.3%); e2m1 g16 (min-of-three encoder) 73.9% against 78.8%.
         # An fp32 / e4m3 column-major sf (runtime strides) was not re-timed: it keeps the 2-D grid.
-        packed = call.cast.sf_encoding(CUDA_LAYOUT).kind == "ue8m0"
-        return call.quantized_input is None and call.cast.fmt.name == "e4m3" and (packed or not call.cast.col_major_sf)
+        return call.quantized_input is None and call.cast.fmt.name == "e4m3" and (
+            _packed_ue8m0(call) or not call.cast.col_major_sf)
 
     def geometry(self, call: QuantCall) -> tuple[int, int, int]:
         rows = QUANTIZED_INPUT_ROWS if call.quantized_input is not None else 1
@@ -66,8 +71,7 @@ class PerTokenCast(QuantKernel):
         # GPU sweep 2026-12-02 (H200, packed UE8M0 column-major sf, H = 7168, CUDA-graph us at
         # T = 128 / 1024 / 4096 / 65536): 4 warps x 1 row x 2 chunks 2.45 / 7.02 / 23.82 / 347.1
         # against 2.67 / 7.38 / 24.03 / 343.3 with 4 chunks (TileKernels 2.65 / 6.86 / 23.66 / 325.2).
-        packed_column_major = call.cast.col_major_sf and call.cast.sf_encoding(CUDA_LAYOUT).kind == "ue8m0"
-        if call.quantized_input is not None or not packed_column_major:
+        if call.quantized_input is not None or not (call.cast.col_major_sf and _packed_ue8m0(call)):
             return None
         # (the 2-D grid: CUDA-graph us at T = 1024, 6.98 against 7.38 with grid_cols, same run as above)
         return dataclasses.replace(self.spec(call), column_chunks=SMALL_T_CHUNKS, grid_cols=False)
