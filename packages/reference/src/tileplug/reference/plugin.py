@@ -19,6 +19,7 @@ from tileplug.reference.quant.per_block_cast_lossless import per_block_cast_loss
 from tileplug.reference.quant.per_channel_cast import per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast
 from tileplug.reference.quant.per_token_cast_and_cast_back import per_token_cast_and_cast_back
+from tileplug.reference.quant.stochastic_cast import stochastic_cast
 from tileplug.reference.quant.transpose_weight_sf import transpose_weight_sf
 from tileplug.reference.random import draw as random_draw
 from tileplug.reference.rope.apply_rotary import apply_rotary
@@ -66,6 +67,7 @@ def make_backend() -> Backend:
             "cast_back": ReferenceKernel(cast_back),
             "per_block_cast_lossless": ReferenceKernel(per_block_cast_lossless),
             "transpose_weight_sf": ReferenceKernel(transpose_weight_sf),
+            "stochastic_cast": ReferenceKernel(stochastic_cast),
             "rms_norm": ReferenceKernel(rms_norm),
             "layer_norm": ReferenceKernel(layer_norm),
             "rms_norm_per_token_cast": ReferenceKernel(rms_norm_per_token_cast),

@@ -34,10 +34,12 @@ from tileplug.core.ops.moe import (
     topk_gate,
 )
 from tileplug.core.ops.random import fill_rand, fill_randn
+from tileplug.core.ops.cast import cast, stochastic_cast
 from tileplug.core.ops.swiglu import swiglu, swiglu_backward, swiglu_per_token_cast
 
 __all__ = [
     "apply_rotary",
+    "cast",
     "cast_back",
     "fill_rand",
     "fill_randn",
@@ -63,6 +65,7 @@ __all__ = [
     "rms_norm_per_token_cast",
     "rms_norm_rope",
     "rms_norm_rope_per_token_cast",
+    "stochastic_cast",
     "swiglu",
     "swiglu_backward",
     "swiglu_per_token_cast",

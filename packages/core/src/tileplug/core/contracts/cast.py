@@ -1,0 +1,95 @@
+"""Contract of ``stochastic_cast`` (docs/spec.md §10.2): one element-wise narrowing of ``x``
+into ``result`` that rounds with the words of one Philox draw under a generator's
+``(seed, offset)``, then advances the offset by one.
+
+Pairs: fp32 → bf16, fp32 → e4m3, bf16 → e4m3. ``x`` and ``result`` are contiguous tensors of one
+shape on one device (element ``i`` in row-major order takes draw word ``i``); ``seed`` and
+``offset`` the generator's int64 ``[1]`` state tensors there. Every failure is a
+ContractError naming the argument.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from tileplug.core.call import Call, Ledger, call_type, share_memory
+from tileplug.core.contracts.checks import describe
+from tileplug.core.contracts.random import STATE_BYTES, check_state
+from tileplug.core.errors import ContractError
+from tileplug.core.quant.layouts import LayoutTraits
+
+STOCHASTIC_CAST = "stochastic_cast"
+STOCHASTIC_TARGETS: dict[torch.dtype, tuple[torch.dtype, ...]] = {
+    torch.float32: (torch.bfloat16, torch.float8_e4m3fn),
+    torch.bfloat16: (torch.float8_e4m3fn,),
+}
+"""The narrowings that round stochastically: source dtype → its targets."""
+CAST_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn)
+"""The dtypes the deterministic ``cast`` converts between (every pair)."""
+CAST_DTYPE_NAMES = "float32, bfloat16 or float8_e4m3fn"
+
+
+class StochasticCastInputs(NamedTuple):
+    """What the kernel reads and writes: ``result`` (written), ``x`` (read), ``seed`` (read),
+    ``offset`` (read, then advanced by one)."""
+
+    result: torch.Tensor
+    x: torch.Tensor
+    seed: torch.Tensor
+    offset: torch.Tensor
+
+
+@call_type
+class StochasticCastCall(Call):
+    """One stochastic narrowing of ``source`` to ``target``; ``tokens`` is the element count."""
+
+    source: torch.dtype
+    target: torch.dtype
+
+    def ledger(self, traits: LayoutTraits) -> Ledger:
+        """``x`` and the two state words read; ``result`` and the advanced offset written. Flops:
+        one add and one compare per element (the Philox rounds are integer work)."""
+        return Ledger(self.tokens * self.source.itemsize + 2 * STATE_BYTES,
+                      self.tokens * self.target.itemsize + STATE_BYTES, 2 * self.tokens)
+
+
+def _contiguous_tensor(name: str, value: Any, wanted: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise ContractError(STOCHASTIC_CAST, name, "a torch.Tensor", describe(value))
+    if not value.is_contiguous():
+        raise ContractError(STOCHASTIC_CAST, name, f"a contiguous tensor ({wanted})", describe(value))
+    return value
+
+
+def stochastic_cast(result: Any, x: Any, seed: Any, offset: Any) -> tuple[StochasticCastCall, StochasticCastInputs]:
+    """``(call, inputs)`` of ``stochastic_cast(result, x, seed, offset)``."""
+    x = _contiguous_tensor("x", x, "element i takes draw word i in row-major order")
+    if x.dtype not in STOCHASTIC_TARGETS:
+        raise ContractError(STOCHASTIC_CAST, "x", "dtype float32 or bfloat16", describe(x))
+    result = _contiguous_tensor("result", result, "written in row-major order")
+    targets = STOCHASTIC_TARGETS[x.dtype]
+    if result.dtype not in targets:
+        names = " or ".join(str(target).removeprefix("torch.") for target in targets)
+        raise ContractError(STOCHASTIC_CAST, "result", f"dtype {names} (a stochastic narrowing of {x.dtype})",
+                            describe(result))
+    if result.shape != x.shape or result.device != x.device:
+        raise ContractError(STOCHASTIC_CAST, "result", f"a tensor of x's shape {tuple(x.shape)} on {x.device}",
+                            describe(result))
+    if result.requires_grad:
+        raise ContractError(STOCHASTIC_CAST, "result", "a tensor that does not require grad (written in place)",
+                            describe(result))
+    device = x.device
+    check_state(STOCHASTIC_CAST, "seed", seed, device)
+    check_state(STOCHASTIC_CAST, "offset", offset, device)
+    if share_memory(result, x) or share_memory(result, seed) or share_memory(result, offset):
+        raise ContractError(STOCHASTIC_CAST, "result", "a tensor sharing no memory with x, seed or offset",
+                            describe(result))
+    if share_memory(offset, seed) or share_memory(offset, x):
+        raise ContractError(STOCHASTIC_CAST, "offset", "a tensor sharing no memory with seed or x",
+                            describe(offset))
+    count = x.numel()
+    call = StochasticCastCall(STOCHASTIC_CAST, device.type, STOCHASTIC_CAST, source=x.dtype, target=result.dtype,
+                              tokens=count, device=device, empty=count == 0)
+    return call, StochasticCastInputs(result, x.detach() if x.requires_grad else x, seed, offset)
