@@ -110,6 +110,18 @@ def test_equals_an_independent_model(source, target, seed) -> None:
                 f"element {index} ({x[index].item()!r}, r={bits[index]}): {have} != {want}")
 
 
+def test_the_threshold_is_inclusive_on_e4m3_subnormals() -> None:
+    """Below 2^-6 an e4m3 step is 2^-9 and ``a = k · 2^-33`` (exact in fp32) has
+    ``floor(p · 2^24) = k``: with ``k = 2^24 − r`` the sum meets 2^24 and rounds up, one less
+    and it rounds down."""
+    seed, count = 11, 512
+    bits = [word >> 8 for word in _model_words(seed, 0, count)]
+    at = torch.tensor([(2**24 - r) * 2.0**-33 for r in bits])
+    below = torch.tensor([(2**24 - r - 1) * 2.0**-33 for r in bits])
+    assert cast(at, E4M3, True, Generator("cpu", seed)).float().tolist() == [2.0**-9] * count
+    assert cast(below, E4M3, True, Generator("cpu", seed)).float().tolist() == [0.0] * count
+
+
 @pytest.mark.parametrize("source, target, constant", [
     (torch.float32, torch.bfloat16, 1 + 2.0**-10),
     (torch.float32, torch.bfloat16, -3.14159),
