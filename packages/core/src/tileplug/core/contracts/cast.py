@@ -77,9 +77,6 @@ def stochastic_cast(result: Any, x: Any, seed: Any, offset: Any) -> tuple[Stocha
     if result.shape != x.shape or result.device != x.device:
         raise ContractError(STOCHASTIC_CAST, "result", f"a tensor of x's shape {tuple(x.shape)} on {x.device}",
                             describe(result))
-    if result.requires_grad:
-        raise ContractError(STOCHASTIC_CAST, "result", "a tensor that does not require grad (written in place)",
-                            describe(result))
     device = x.device
     check_state(STOCHASTIC_CAST, "seed", seed, device)
     check_state(STOCHASTIC_CAST, "offset", offset, device)
@@ -92,4 +89,6 @@ def stochastic_cast(result: Any, x: Any, seed: Any, offset: Any) -> tuple[Stocha
     count = x.numel()
     call = StochasticCastCall(STOCHASTIC_CAST, device.type, STOCHASTIC_CAST, source=x.dtype, target=result.dtype,
                               tokens=count, device=device, empty=count == 0)
-    return call, StochasticCastInputs(result, x.detach() if x.requires_grad else x, seed, offset)
+    # written and read outside autograd: the caller's tensors stay leaves, no history recorded
+    return call, StochasticCastInputs(result.detach() if result.requires_grad else result,
+                                      x.detach() if x.requires_grad else x, seed, offset)

@@ -97,7 +97,7 @@ def _nearest(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 # ---------------------------------------------------------------------- declaration
 
 INPUT_OPTIONS: dict[str, str] = {
-    "target": "'bf16' or 'e4m3': the dtype x narrows to",
+    "target": "'bf16' or 'e4m3': the dtype x narrows to (bf16: from an fp32 x, whatever the case's dtype)",
     "seed": "int in [0, 2^64): the generator's seed (the offset starts at 0)",
 }
 INPUT_CHOICES: dict[str, tuple] = {"target": tuple(TARGET_NAMES)}
@@ -105,12 +105,14 @@ INPUT_CHOICES: dict[str, tuple] = {"target": tuple(TARGET_NAMES)}
 
 def cast_arguments(tokens: int, hidden: int, dtype: torch.dtype, kwargs: dict[str, Any], inputs: dict[str, Any],
                    device: torch.device, seed: int) -> tuple[tuple, dict]:
-    """``(out [T, hidden] of the target dtype, x = activation [T, hidden] of dtype, seed [1],
-    offset [1] = 0)``; on the CPU ``result`` starts as NaN bytes so an unwritten element shows."""
+    """``(result [T, hidden] of the target dtype, x = activation [T, hidden] of dtype (fp32 for
+    a bf16 target), seed [1], offset [1] = 0)``; on the CPU ``result`` starts as NaN bytes so an unwritten element shows."""
     from tileplug.core.testing import activation
 
     checked_case_inputs(contracts.STOCHASTIC_CAST, inputs, INPUT_OPTIONS, INPUT_CHOICES)
     target = TARGET_NAMES[inputs.get("target", "e4m3")]
+    if target == torch.bfloat16:
+        dtype = torch.float32  # the one narrowing to bf16
     generator_seed = inputs.get("seed", seed) % SEED_LIMIT
     if device.type == "meta":
         x = torch.empty(tokens, hidden, dtype=dtype, device=device)
