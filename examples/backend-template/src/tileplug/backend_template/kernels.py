@@ -43,6 +43,7 @@ from tileplug.reference.quant.per_block_cast import per_block_cast as reference_
 from tileplug.reference.quant.per_block_cast_lossless import per_block_cast_lossless as reference_lossless
 from tileplug.reference.quant.per_channel_cast import per_channel_cast as reference_per_channel_cast
 from tileplug.reference.quant.per_token_cast import per_token_cast as reference_per_token_cast
+from tileplug.reference.quant.stochastic_cast import stochastic_cast as reference_stochastic_cast
 from tileplug.reference.quant.transpose_weight_sf import transpose_weight_sf as reference_transpose_weight_sf
 from tileplug.reference.quant.per_token_cast_and_cast_back import (
     per_token_cast_and_cast_back as reference_per_token_cast_and_cast_back,
@@ -120,6 +121,7 @@ KERNELS: dict[str, DelegatingToReferenceKernel] = {
     # (inputs: the weights' scale tensors; outputs: (sf0, sf1) of each, flat)
     "per_block_cast_lossless": DelegatingToReferenceKernel("per_block_cast_lossless", reference_lossless),
     "transpose_weight_sf": DelegatingToReferenceKernel("transpose_weight_sf", reference_transpose_weight_sf),
+    "stochastic_cast": DelegatingToReferenceKernel("stochastic_cast", reference_stochastic_cast),
     # in place: writes inputs.x (fake quant; its outputs are empty)
     "per_token_cast_and_cast_back": DelegatingToReferenceKernel("per_token_cast_and_cast_back",
                                                                 reference_per_token_cast_and_cast_back),
