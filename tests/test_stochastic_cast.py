@@ -189,6 +189,8 @@ def test_deterministic_cast_of_every_pair(source, target) -> None:
     x = values.clamp(-448, 448).to(source) if source == E4M3 else values.to(source)
     result = cast(x, target)
     assert result.dtype == target and result.shape == x.shape and result.is_contiguous()
+    assert result.data_ptr() != x.data_ptr()  # a fresh tensor, for an identity cast too
+    assert cast(x.reshape(3, 4).t(), target).is_contiguous()
     wide = x.double()
     if target == E4M3:
         wide = wide.clamp(-448, 448)  # saturating; NaN stays NaN

@@ -91,7 +91,7 @@ def _nearest(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     NaN past 448). Widening and identity casts are exact."""
     if dtype == torch.float8_e4m3fn and x.dtype != dtype:
         x = x.clamp(-E4M3_MAX, E4M3_MAX)  # NaN passes clamp unchanged
-    return x.to(dtype, memory_format=torch.contiguous_format).contiguous()
+    return x.to(dtype, memory_format=torch.contiguous_format, copy=True)  # fresh even for an identity cast
 
 
 # ---------------------------------------------------------------------- declaration
