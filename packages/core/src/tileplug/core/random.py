@@ -138,7 +138,7 @@ def _dtype(op: str, dtype: Any) -> torch.dtype:
     return dtype
 
 
-def _generator(op: str, generator: Generator | None, device: Any) -> Generator:
+def generator_of_draw(op: str, generator: Generator | None, device: Any) -> Generator:
     """The generator a draw uses: the one given (on ``device`` when a device is named), else
     the default of ``device`` (cpu when None)."""
     if generator is None:
@@ -155,7 +155,7 @@ def _draw(op: str, fill: Any, size: Sequence[Any], dtype: Any, device: Any, gene
           ) -> torch.Tensor:
     shape = _size(op, size)
     dtype = _dtype(op, dtype)
-    state = _generator(op, generator, device)
+    state = generator_of_draw(op, generator, device)
     values = torch.empty(shape, dtype=dtype, device=state.device)
     fill(values, state.seed_state, state.offset_state)
     return values

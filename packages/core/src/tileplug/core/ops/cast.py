@@ -23,10 +23,9 @@ from tileplug.core.contracts import cast as contracts
 from tileplug.core.contracts.checks import describe
 from tileplug.core.errors import ContractError
 from tileplug.core.opdefs import BenchCase, Case, OpDef, checked_case_inputs, declare, run
-from tileplug.core.ops.random import SEED_LIMIT, as_int64_word
+from tileplug.core.ops.random import SEED_LIMIT, generator_state
+from tileplug.core.quant.formats import saturate_e4m3
 
-E4M3_MAX = 448.0
-"""The largest finite float8_e4m3fn: the deterministic cast saturates there (SPEC §1)."""
 TARGET_NAMES = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
 
 
@@ -73,14 +72,9 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False,
     if dtype not in contracts.STOCHASTIC_TARGETS.get(x.dtype, ()):
         raise ContractError("cast", "dtype", "a stochastic narrowing: float32 → bfloat16 or float8_e4m3fn, "
                             "bfloat16 → float8_e4m3fn", f"{x.dtype} → {dtype}")
-    from tileplug.core.random import Generator, default_generator
+    from tileplug.core.random import generator_of_draw
 
-    if generator is None:
-        generator = default_generator(x.device)
-    elif not isinstance(generator, Generator):
-        raise ContractError("cast", "generator", "a tileplug.core.random.Generator or None", describe(generator))
-    elif generator.device != x.device:
-        raise ContractError("cast", "generator", f"a generator on x's device ({x.device})", repr(generator))
+    generator = generator_of_draw("cast", generator, x.device)
     result = torch.empty(x.shape, dtype=dtype, device=x.device)
     stochastic_cast(result, x if x.is_contiguous() else x.contiguous(), generator.seed_state, generator.offset_state)
     return result
@@ -90,7 +84,7 @@ def _nearest(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Round to nearest even; an e4m3 target saturates first (torch's conversion would give
     NaN past 448). Widening and identity casts are exact."""
     if dtype == torch.float8_e4m3fn and x.dtype != dtype:
-        x = x.clamp(-E4M3_MAX, E4M3_MAX)  # NaN passes clamp unchanged
+        return saturate_e4m3(x).contiguous()
     return x.to(dtype, memory_format=torch.contiguous_format, copy=True)  # fresh even for an identity cast
 
 
@@ -120,9 +114,7 @@ def cast_arguments(tokens: int, hidden: int, dtype: torch.dtype, kwargs: dict[st
     else:
         x = activation(tokens, hidden, dtype, device, seed)
         result = torch.full((tokens, hidden), float("nan"), device=device).to(target)
-    seed_state = torch.tensor([as_int64_word(generator_seed)], dtype=torch.int64, device=device)
-    offset_state = torch.zeros(1, dtype=torch.int64, device=device)
-    return (result, x, seed_state, offset_state), dict(kwargs)
+    return (result, x, *generator_state(generator_seed, device)), dict(kwargs)
 
 
 def cast_cases() -> list[Case]:

@@ -82,9 +82,13 @@ def random_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwar
         values = torch.empty(tokens, hidden, dtype=dtype, device=device)
     else:
         values = torch.full((tokens, hidden), float("nan"), dtype=dtype, device=device)
-    seed_state = torch.tensor([as_int64_word(generator_seed)], dtype=torch.int64, device=device)
-    offset_state = torch.zeros(1, dtype=torch.int64, device=device)
-    return (values, seed_state, offset_state), dict(kwargs)
+    return (values, *generator_state(generator_seed, device)), dict(kwargs)
+
+
+def generator_state(seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A case's generator: ``(seed [1], offset [1] = 0)`` int64 tensors on ``device``."""
+    return (torch.tensor([as_int64_word(seed)], dtype=torch.int64, device=device),
+            torch.zeros(1, dtype=torch.int64, device=device))
 
 
 def compare_random(case: Case, tokens: int, actual: list[torch.Tensor], expected: list[torch.Tensor]) -> None:

@@ -17,22 +17,23 @@ import torch
 
 from tileplug.core.call import NoOutputs
 from tileplug.core.contracts.cast import StochasticCastCall, StochasticCastInputs
+from tileplug.core.quant.formats import E4M3
+from tileplug.reference.random.draw import MANTISSA_SHIFT
 from tileplug.reference.random.philox import words
 
-RANDOM_BITS = 24
-"""``word >> 8``: the 24 random bits added below the target's last place."""
+RANDOM_BITS = 32 - MANTISSA_SHIFT
+"""``word >> 8``: the 24 random bits added below the target's last place (rand's bits)."""
 BF16_DROPPED_BITS = 16
 """fp32 → bf16 drops the low 16 bits of the pattern."""
 E4M3_FINITE_CODES = 127
 """Codes 0x00 … 0x7E are e4m3's non-negative finite values (0x7F is NaN)."""
-E4M3_MAX = 448.0
 E4M3_SIGN = 0x80
 E4M3_NAN = 0x7F
 
 
 def _random_bits(inputs: StochasticCastInputs) -> torch.Tensor:
     """``word_i >> 8`` of the draw, int64 in element order."""
-    return words(inputs.seed, inputs.offset, inputs.x.numel()) >> (32 - RANDOM_BITS)
+    return words(inputs.seed, inputs.offset, inputs.x.numel()) >> MANTISSA_SHIFT
 
 
 def round_to_bf16(x: torch.Tensor, random_bits: torch.Tensor) -> torch.Tensor:
@@ -58,7 +59,7 @@ def round_to_e4m3(x: torch.Tensor, random_bits: torch.Tensor) -> torch.Tensor:
     """fp32 / bf16 ``x`` (flat) → e4m3, saturating at ±448, stochastically with ``random_bits``."""
     table = _e4m3_table(x.device)
     wide = x.to(torch.float64)
-    magnitude = wide.abs().clamp(max=E4M3_MAX).nan_to_num(0.0)
+    magnitude = wide.abs().clamp(max=E4M3.max_value).nan_to_num(0.0)
     low_code = torch.searchsorted(table, magnitude, right=True) - 1
     high_code = (low_code + 1).clamp(max=E4M3_FINITE_CODES - 1)
     low, high = table[low_code], table[high_code]
