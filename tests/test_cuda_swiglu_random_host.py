@@ -1,4 +1,4 @@
-"""CUDA SwiGLU and random-number kernels, host side, without a GPU: what they decline, how
+"""CUDA SwiGLU, random-number and stochastic_cast kernels, host side, without a GPU: what they decline, how
 calls map onto specialisations, and what the launchers hand the compiled entry (views, the
 stand-ins of absent buffers, the store form of a draw and the offset's advance launch),
 with ``jit.entry`` replaced by a recorder."""
@@ -131,6 +131,29 @@ def test_a_draw_picks_its_store_form_by_alignment_then_advances_the_offset(recor
         assert flat.dim() == 1 and flat.data_ptr() == values.data_ptr() and seed_arg is seed and offset_arg is offset
         assert advanced is offset
     assert len(recorder.launches) == 4
+
+
+@pytest.mark.parametrize("source, target, short", [(FP32, BF16, "fp32_to_bf16"),
+                                                    (FP32, torch.float8_e4m3fn, "fp32_to_e4m3"),
+                                                    (BF16, torch.float8_e4m3fn, "bf16_to_e4m3")])
+def test_stochastic_cast_takes_the_128_bit_form_only_when_x_and_result_are_aligned(recorder, source, target,
+                                                                                   short) -> None:
+    seed, offset = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    x_storage, result_storage = torch.empty(4100, dtype=source), torch.empty(4100, dtype=target)
+    assert x_storage.data_ptr() % 16 == 0 and result_storage.data_ptr() % 16 == 0
+    forms = ((x_storage[:4097], result_storage[:4097], "v128"), (x_storage[1:4098], result_storage[:4097], "scalar"),
+             (x_storage[:4097], result_storage[1:4098], "scalar"))
+    for x, result, form in forms:
+        call, inputs = describe_call(ops.stochastic_cast, result.view(17, 241), x.view(17, 241), seed, offset)
+        _KERNELS["stochastic_cast"].prepare(call)(inputs, None)
+        (cast, (result_arg, x_arg, seed_arg, offset_arg)), (advance, (advanced,)) = recorder.launches[-2:]
+        assert cast == f"stochastic_cast_{short}_{form}_t256" and advance == "advance_offset"
+        assert result_arg.shape == x_arg.shape == (4097,)
+        assert result_arg.data_ptr() == result.data_ptr() and x_arg.data_ptr() == x.data_ptr()
+        assert seed_arg is seed and offset_arg is offset and advanced is offset
+    assert len(recorder.launches) == 6
+    assert [spec.name for spec in _KERNELS["stochastic_cast"].specs(call)] == [
+        f"stochastic_cast_{short}_v128_t256", f"stochastic_cast_{short}_scalar_t256", "advance_offset"]
 
 
 def test_a_draw_compiles_three_specialisations() -> None:

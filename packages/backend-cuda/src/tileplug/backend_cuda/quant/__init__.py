@@ -5,6 +5,7 @@ from tileplug.backend_cuda.quant.cast_back import CastBack
 from tileplug.backend_cuda.quant.per_block_cast import PerBlockCast
 from tileplug.backend_cuda.quant.per_channel_cast import PerChannelCast
 from tileplug.backend_cuda.quant.per_token_cast import PerTokenCast, PerTokenCastAndCastBack
+from tileplug.backend_cuda.quant.stochastic_cast import StochasticCast
 
 
 def make_kernels() -> dict:
@@ -15,7 +16,9 @@ def make_kernels() -> dict:
         "per_channel_cast": PerChannelCast(),
         "cast_back": CastBack(),
         "per_token_cast_and_cast_back": PerTokenCastAndCastBack(),
+        "stochastic_cast": StochasticCast(),
     }
 
 
-__all__ = ["CastBack", "PerBlockCast", "PerChannelCast", "PerTokenCast", "PerTokenCastAndCastBack", "make_kernels"]
+__all__ = ["CastBack", "PerBlockCast", "PerChannelCast", "PerTokenCast", "PerTokenCastAndCastBack", "StochasticCast",
+           "make_kernels"]

@@ -69,7 +69,9 @@ def philox_block(seed, offset, block, words):
 
 
 class RunLayout:
-    """The thread's run of values (``blocks_per_thread`` blocks of 4) and its stores."""
+    """The thread's run of values (``blocks_per_thread`` blocks of 4), its stores and (for an
+    op reading a tensor element by element, as ``stochastic_cast``) its loads. ``spec``: a
+    spec with ``blocks_per_thread``, ``dtype`` (what is stored) and ``vectorize``."""
 
     def __init__(self, spec: RandomKernelSpec, count) -> None:
         self.BLOCKS = spec.blocks_per_thread
@@ -94,7 +96,25 @@ class RunLayout:
                     if first + j < count:
                         values[first + j] = T.cast(run[j], DTYPE)
 
+        @T.macro
+        def load_run(source, first, run):
+            """``run[j] = source[first + j]`` (the run's local dtype) for the elements inside the
+            draw, 128-bit loads where the whole run lies inside it; the others are left as they are."""
+            if VECTORIZE:
+                if first + RUN <= count:
+                    for j in T.vectorized(RUN):
+                        run[j] = source[first + j]
+                else:
+                    for j in T.unroll(RUN):
+                        if first + j < count:
+                            run[j] = source[first + j]
+            else:
+                for j in T.unroll(RUN):
+                    if first + j < count:
+                        run[j] = source[first + j]
+
         self.store_run = store_run
+        self.load_run = load_run
 
     def grid(self, count):
         return T.ceildiv(count, self.RUN * self.THREADS)

@@ -45,19 +45,31 @@ class RandomKernel:
         self.prepare(call)(inputs, outputs)
 
     def prepare(self, call: RandomCall) -> Launcher:
-        draw = jit.entry(self.spec(call))
+        draw = AlignedEntry(self.spec(call), self.spec(call, vectorize=False))
         advance = jit.entry(RandomKernelSpec(ADVANCE))
-        scalar_spec = self.spec(call, vectorize=False)
-        scalar: list = []
 
         def launch(inputs: Any, outputs: Any) -> None:
             values = inputs.values.view(-1)
-            if values.data_ptr() % VECTOR_BYTES == 0:
-                draw(values, inputs.seed, inputs.offset)
-            else:
-                if not scalar:
-                    scalar.append(jit.entry(scalar_spec))
-                scalar[0](values, inputs.seed, inputs.offset)
+            draw(values.data_ptr() % VECTOR_BYTES == 0, values, inputs.seed, inputs.offset)
             advance(inputs.offset)
 
         return launch
+
+
+class AlignedEntry:
+    """A draw kernel's two forms as one callable: ``entry(aligned, *buffers)`` launches the
+    128-bit form when ``aligned`` (every pointer it streams is 16-byte aligned), else the
+    scalar form, loaded at its first use."""
+
+    def __init__(self, aligned_spec: Any, scalar_spec: Any) -> None:
+        self.aligned = jit.entry(aligned_spec)
+        self.scalar_spec = scalar_spec
+        self.scalar: Callable[..., None] | None = None
+
+    def __call__(self, aligned: bool, *buffers: Any) -> None:
+        if aligned:
+            self.aligned(*buffers)
+            return
+        if self.scalar is None:
+            self.scalar = jit.entry(self.scalar_spec)
+        self.scalar(*buffers)
