@@ -1,20 +1,19 @@
 """The TileLang kernel of CUDA ``stochastic_cast``: element ``j`` of a thread's run rounds with
-``r = word_j >> 8`` of its Philox block (``random.philox``), exactly as the reference does it on
-integers (docs/spec.md §10.2): ``a = |x|`` between its neighbouring targets ``lo ≤ a < hi``
-becomes ``hi`` iff ``floor((a − lo) / (hi − lo) · 2^24) + r ≥ 2^24``.
+``r = word_j >> 8`` of its Philox block (``random.philox``), to the reference's bytes (docs/spec.md
+§10.2): ``a = |x|`` between its neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
+``floor((a − lo) / (hi − lo) · 2^24) + r ≥ 2^24``. Both roundings are a few integer operations:
 
-- fp32 → bf16, on the fp32 pattern: ``lo`` is the pattern with its low 16 bits cleared, the
-  fraction ``(m & 0xFFFF) << 8``, ``hi`` the next bf16 pattern (``+ 0x10000``: past the largest
-  finite, inf). The result is a bf16 value held in fp32; the store's rounding is exact.
+- fp32 → bf16: the fraction is the 16 dropped bits ``m`` shifted up by 8, and
+  ``(m << 8) + r ≥ 2^24`` iff ``m + (word >> 16) ≥ 2^16``: add ``word >> 16`` to the fp32
+  pattern and clear its low 16 bits (a carry is the step up, past the largest finite: inf).
 - fp32 / bf16 → e4m3: ``a = min(a, 448)``, ``e`` its binade clamped below at −6 (e4m3's
-  smallest normal exponent; its subnormals share that step), ``s = a · 2^(3 − e)`` (exact:
-  a power-of-two scaling into [8, 16), or [0, 8) below 2^-6), ``lo = floor(s) · 2^(e − 3)``;
-  the fraction ``floor((s − floor(s)) · 2^24)`` is exact in fp32 (``s − floor(s)`` is, and
-  scaling by 2^24 is). ``(floor(s) + up) · 2^(e − 3)`` is an e4m3 value, stored exactly.
+  smallest normal exponent; its subnormals share that step), ``s = a · 2^(3 − e)`` in [0, 16);
+  ``fixed = floor(s · 2^24)`` is exact (a power-of-two scaling below 2^28, then one floor) and
+  ``(fixed + r) >> 24`` is ``floor(s)`` plus the step; times ``2^(e − 3)`` it is an e4m3 value,
+  which the store converts exactly.
 
 The sign is the input's (−0 stays −0), NaN stays NaN (found from its bits: TVM folds
-``x != x`` to false). ``ieee_*`` arithmetic: no
-contraction into FMAs, no fast-math rewrites.
+``x != x`` to false). ``ieee_*`` arithmetic: no contraction into FMAs, no fast-math rewrites.
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
@@ -25,11 +24,13 @@ from tileplug.backend_cuda.random.philox import RunLayout, philox_block, state_b
 
 MANTISSA_SHIFT = 8
 """``word >> 8``: the 24 random bits of a word (those of ``fill_rand``)."""
-FRACTION_ONE = 1 << 24
-"""``2^24``: one unit of the target's last place, in the fraction's fixed point."""
+FRACTION_BITS = 24
+"""The fixed point of ``floor(p · 2^24)``: one unit of the target's last place is ``2^24``."""
+WORD_BITS = 32
 SIGN_BIT = 0x80000000
 MAGNITUDE_BITS = 0x7FFFFFFF
 BF16_DROPPED_BITS = 16
+BF16_KEPT_BITS = 0xFFFF0000
 E4M3_MAX = 448.0
 E4M3_MANTISSA_BITS = 3
 E4M3_MIN_EXPONENT = -6
@@ -55,35 +56,32 @@ def with_sign_of(magnitude, value):
 
 
 @T.macro
-def round_to_bf16(value, random_bits, run, j):
-    """``run[j]`` = fp32 ``value`` rounded stochastically to a bf16 value (held in fp32);
-    ``random_bits``: int32 in [0, 2^24) (the fixed-point sums stay below 2^25)."""
-    pattern = T.alloc_var("uint32")
-    magnitude = T.alloc_var("uint32")
-    pattern = T.reinterpret(value, "uint32")
-    magnitude = pattern & T.uint32(MAGNITUDE_BITS)
-    fraction = T.cast(T.shift_left(magnitude & T.uint32((1 << BF16_DROPPED_BITS) - 1), MANTISSA_SHIFT), "int32")
-    up = T.if_then_else(fraction + random_bits >= FRACTION_ONE, T.uint32(1), T.uint32(0))
-    rounded = T.shift_left(T.shift_right(magnitude, BF16_DROPPED_BITS) + up, BF16_DROPPED_BITS)
-    run[j] = T.if_then_else(is_nan(value), value, T.reinterpret(rounded | (pattern & T.uint32(SIGN_BIT)), "float32"))
+def round_to_bf16(value, word, run, j):
+    """``run[j]`` = fp32 ``value`` rounded stochastically to a bf16 value (held in fp32) with
+    Philox ``word`` (uint32). ``(m << 8) + (word >> 8) ≥ 2^24`` iff ``m + (word >> 16) ≥ 2^16``
+    (``m``: the 16 dropped bits), so the rounding is one add to the pattern and a truncation
+    (a carry into the exponent is the step up; nothing carries into the sign below NaN)."""
+    rounded = (T.reinterpret(value, "uint32") + T.shift_right(word, WORD_BITS - BF16_DROPPED_BITS)) & T.uint32(
+        BF16_KEPT_BITS)
+    run[j] = T.if_then_else(is_nan(value), value, T.reinterpret(rounded, "float32"))
 
 
 @T.macro
-def round_to_e4m3(value, random_bits, run, j):
+def round_to_e4m3(value, word, run, j):
     """``run[j]`` = fp32 ``value`` saturated to ±448 and rounded stochastically to an e4m3 value
-    (held in fp32); ``random_bits`` as for :func:`round_to_bf16`."""
+    (held in fp32) with Philox ``word``: ``fixed = floor(s · 2^24)`` (exact: ``s · 2^24`` is a
+    power-of-two scaling below 2^28), and ``(fixed + (word >> 8)) >> 24`` is ``floor(s)`` plus
+    the rounding's step."""
     magnitude = T.alloc_var("float32")
     exponent = T.alloc_var("int32")
-    scaled = T.alloc_var("float32")
-    steps = T.alloc_var("float32")
+    fixed = T.alloc_var("int32")
     magnitude = T.min(T.abs(value), T.float32(E4M3_MAX))  # NaN: replaced below
     exponent = T.max(T.cast(T.shift_right(T.reinterpret(magnitude, "uint32"), FP32_MANTISSA_BITS), "int32")
                      - FP32_BIAS, E4M3_MIN_EXPONENT)
-    scaled = T.ieee_mul(magnitude, power_of_two(E4M3_MANTISSA_BITS - exponent))
-    steps = T.floor(scaled)
-    fraction = T.cast(T.floor(T.ieee_mul(T.ieee_sub(scaled, steps), T.float32(FRACTION_ONE))), "int32")
-    up = T.if_then_else(fraction + random_bits >= FRACTION_ONE, T.float32(1.0), T.float32(0.0))
-    rounded = T.ieee_mul(T.ieee_add(steps, up), power_of_two(exponent - E4M3_MANTISSA_BITS))
+    fixed = T.cast(T.floor(T.ieee_mul(magnitude, power_of_two(E4M3_MANTISSA_BITS + FRACTION_BITS - exponent))),
+                   "int32")
+    steps = T.shift_right(fixed + T.cast(T.shift_right(word, MANTISSA_SHIFT), "int32"), FRACTION_BITS)
+    rounded = T.ieee_mul(T.cast(steps, "float32"), power_of_two(exponent - E4M3_MANTISSA_BITS))
     run[j] = T.if_then_else(is_nan(value), value, with_sign_of(rounded, value))
 
 
@@ -112,8 +110,7 @@ def build(spec):
             for k in T.unroll(BLOCKS):
                 philox_block(seed[0], offset[0], thread * BLOCKS + k, words)
                 for i in T.unroll(4):
-                    round_value(T.cast(values[4 * k + i], "float32"),
-                                T.cast(T.shift_right(words[i], MANTISSA_SHIFT), "int32"), run, 4 * k + i)
+                    round_value(T.cast(values[4 * k + i], "float32"), words[i], run, 4 * k + i)
             layout.store_run(result, thread * RUN, run)
 
     return kernel.with_attr("global_symbol", spec.name)
