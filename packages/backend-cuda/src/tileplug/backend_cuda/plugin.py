@@ -66,6 +66,8 @@ def capabilities() -> str:
         "  UE8M0 (4 per int32) sf, row- or TMA-aligned column-major; sf-only, precomputed sf (any encoding, read\n"
         "  by strides), re-quantized (xq, sf) inputs; bf16/fp32 input, any row stride (128-bit loads when rows are\n"
         "  16-byte aligned, scalar loads otherwise); T and H dynamic: one kernel per configuration.\n"
+        "  stochastic_rounding=True on per_token_cast / per_block_cast: the tile's own quantize step rounds each\n"
+        "  x*inv with its Philox word (a thread's 128-bit chunk is whole Philox blocks), e4m3 and e2m1 alike.\n"
         "  Declined: H not a multiple of 16 (falls through to the reference).\n"
         "per_token_cast_and_cast_back (fake quant in place): the per-token tile's fake-quant mode (scale kept in\n"
         "  registers, x written over), bytewise equal to the reference on an H200 (every op-table case);\n"

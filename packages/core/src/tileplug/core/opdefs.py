@@ -17,6 +17,7 @@ launch. Under ``torch.compiler.is_compiling()`` the public function calls
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import threading
 import types
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 
+from tileplug.core.contracts.checks import describe
 from tileplug.core.errors import BackendError, ContractError
 
 LIBRARY_NAMESPACE = "tileplug"
@@ -381,11 +383,14 @@ def allocate_without_backend(op: str, traits: Any, *args: Any, **kwargs: Any) ->
 def _schema_type(annotation: Any, name: str) -> list[tuple[str, str]]:
     """Schema arguments ``[(name, type)]`` of one Python parameter. A tensor-or-pair
     parameter becomes two: ``name`` and ``name_scales`` (None for a plain tensor); a
+    ``Generator | None`` two: ``name_seed`` and ``name_offset`` (its state tensors); a
     tensor-or-tuple-of-tensors parameter one ``Tensor[]`` (a lone tensor is a one-element list)."""
     origin = typing.get_origin(annotation)
     members = typing.get_args(annotation) if origin in (typing.Union, types.UnionType) else (annotation,)
     optional = type(None) in members
     members = tuple(m for m in members if m is not type(None))
+    if members and all(_is_generator_class(m) for m in members):
+        return [(f"{name}_seed", "Tensor?"), (f"{name}_offset", "Tensor?")]
     if not optional and any(_is_tensor_sequence(m) for m in members) and all(
         m is torch.Tensor or _is_tensor_sequence(m) for m in members
     ):
@@ -412,6 +417,14 @@ def _schema_type(annotation: Any, name: str) -> list[tuple[str, str]]:
         if typing.get_origin(member) is tuple and all(a is int for a in typing.get_args(member)):
             return [(name, "int[]" + mark)]
     raise TypeError(f"parameter '{name}': no torch.library schema type for {annotation!r}")
+
+
+def _is_generator_class(annotation: Any) -> bool:
+    """``tileplug.core.random.Generator``: a parameter the schema carries as its two state
+    tensors (``name_seed``, ``name_offset``; None for None), rebuilt with ``Generator.over``."""
+    from tileplug.core.generator import Generator
+
+    return annotation is Generator
 
 
 def _is_tensor_sequence(annotation: Any) -> bool:
@@ -478,7 +491,8 @@ def _register_library_op(opdef: OpDef) -> None:
     opdef.schema = f"({arguments}) -> {returns}"
     names = [parameter.name for parameter in parameters]
     defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
-    splits = {name for name, expanded, _ in slots if len(expanded) == 2}
+    generators = {name for name, expanded, _ in slots if expanded[0][0] == f"{name}_seed"}
+    splits = {name for name, expanded, _ in slots if len(expanded) == 2} - generators
     sequences = {name for name, expanded, _ in slots if expanded == [(name, "Tensor[]")]}
     detach = _detached if opdef.autograd is None else _as_is
     list_result = opdef.schema.endswith("-> Tensor[]")
@@ -490,7 +504,11 @@ def _register_library_op(opdef: OpDef) -> None:
         flat: list = []
         for name in names:
             value = values[name]
-            if name in splits:
+            if name in generators:
+                if value is not None and not _is_generator_class(type(value)):
+                    raise ContractError(opdef.name, name, "a tileplug.core.random.Generator or None", describe(value))
+                flat.extend((None, None) if value is None else (value.seed_state, value.offset_state))
+            elif name in splits:
                 if isinstance(value, (tuple, list)):
                     if len(value) != 2:
                         raise ContractError(opdef.name, name, "a tensor or a pair (xq, sf)", value)
@@ -513,7 +531,12 @@ def _register_library_op(opdef: OpDef) -> None:
         rebuilt = {}
         for name in names:
             value = next(values)
-            if name in splits:
+            if name in generators:
+                from tileplug.core.generator import Generator
+
+                offset = next(values)
+                value = None if value is None else Generator.over(value, offset)
+            elif name in splits:
                 scales = next(values)
                 value = value if scales is None else (value, scales)
             elif isinstance(value, list):
@@ -527,13 +550,17 @@ def _register_library_op(opdef: OpDef) -> None:
         return result
 
     def implementation(*flat: Any) -> Any:
-        if opdef.mutates:
-            opdef.function(**unflatten(flat))
-            return None
-        if opdef.autograd is None:
-            return as_schema_result(_owned(opdef.function(**unflatten(flat)), flat))
-        with torch.no_grad():  # the eager path: autograd is the custom op's registration
-            return as_schema_result(_owned(opdef.function(**unflatten(flat)), flat))
+        token = _in_library_op.set(True)
+        try:
+            if opdef.mutates:
+                opdef.function(**unflatten(flat))
+                return None
+            if opdef.autograd is None:
+                return as_schema_result(_owned(opdef.function(**unflatten(flat)), flat))
+            with torch.no_grad():  # the eager path: autograd is the custom op's registration
+                return as_schema_result(_owned(opdef.function(**unflatten(flat)), flat))
+        finally:
+            _in_library_op.reset(token)
 
     def fake(*flat: Any) -> Any:
         from tileplug.core.registry import registry
@@ -554,6 +581,16 @@ def _register_library_op(opdef: OpDef) -> None:
     opdef._flatten = flatten
     opdef._library_op = library_op
     opdef._list_result = list_result
+
+
+_in_library_op: contextvars.ContextVar[bool] = contextvars.ContextVar("tileplug_in_library_op", default=False)
+
+
+def in_library_op() -> bool:
+    """True while a public function runs as the implementation of its custom op (the compiled
+    path): what the function does beside the op itself — a stochastic cast advancing its
+    generator — the caller of the custom op does instead, outside the op's schema."""
+    return _in_library_op.get()
 
 
 def _detached(value: Any) -> Any:

@@ -24,68 +24,10 @@ import torch
 from tileplug.core.contracts.checks import describe
 from tileplug.core.contracts.random import VALUE_DTYPE_NAMES, VALUE_DTYPES
 from tileplug.core.errors import ContractError
-from tileplug.core.ops.random import SEED_LIMIT, as_int64_word, fill_rand, fill_randn
+from tileplug.core.generator import SEED_LIMIT, Generator, _device, as_int64_word, check_seed  # noqa: F401
+from tileplug.core.ops.random import fill_rand, fill_randn
 
 __all__ = ["Generator", "default_generator", "manual_seed", "rand", "rand_like", "randn", "randn_like"]
-
-
-def check_seed(op: str, seed: Any) -> int:
-    """``seed``: an int in ``[0, 2^64)`` (a bool is not a seed)."""
-    if seed.__class__ is not int or not 0 <= seed < SEED_LIMIT:
-        raise ContractError(op, "seed", "an int in [0, 2^64)", describe(seed))
-    return seed
-
-
-def _device(op: str, device: Any) -> torch.device:
-    """A device with its index filled in (``"cuda"`` → the current CUDA device)."""
-    try:
-        resolved = torch.device(device)
-    except (TypeError, RuntimeError) as error:
-        raise ContractError(op, "device", "a torch.device or its name", describe(device)) from error
-    if resolved.index is None and resolved.type not in ("cpu", "meta"):
-        resolved = torch.empty(0, device=resolved).device
-    return resolved
-
-
-class Generator:
-    """A Philox4x32-10 generator on ``device``: 64-bit ``seed`` (the key) and 64-bit
-    ``offset`` (the counter's high half: how many draws it has made since seeding).
-
-    ``seed_state`` / ``offset_state`` are the int64 ``[1]`` device tensors the kernels read
-    (two's complement: a value of 2^63 or more is negative as int64)."""
-
-    def __init__(self, device: str | torch.device = "cpu", seed: int = 0) -> None:
-        self.device = _device("Generator", device)
-        self._seed = check_seed("Generator", seed)
-        self.seed_state = torch.tensor([as_int64_word(seed)], dtype=torch.int64, device=self.device)
-        self.offset_state = torch.zeros(1, dtype=torch.int64, device=self.device)
-
-    def manual_seed(self, seed: int) -> Generator:
-        """``seed = seed``, ``offset = 0`` (tensor fills: nothing waits on the device)."""
-        self._seed = check_seed("manual_seed", seed)
-        self.seed_state.fill_(as_int64_word(seed))
-        self.offset_state.zero_()
-        return self
-
-    @property
-    def seed(self) -> int:
-        """The 64-bit seed, in ``[0, 2^64)``."""
-        return self._seed
-
-    @property
-    def offset(self) -> int:
-        """The 64-bit offset, in ``[0, 2^64)`` (reads the device tensor: a host synchronisation,
-        for inspection only)."""
-        return int(self.offset_state.item()) % SEED_LIMIT
-
-    @offset.setter
-    def offset(self, value: int) -> None:
-        if value.__class__ is not int or not 0 <= value < SEED_LIMIT:
-            raise ContractError("Generator.offset", "offset", "an int in [0, 2^64)", describe(value))
-        self.offset_state.fill_(as_int64_word(value))
-
-    def __repr__(self) -> str:
-        return f"Generator(device={self.device}, seed={self._seed})"
 
 
 _defaults: dict[torch.device, Generator] = {}

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from tileplug.core.generator import Generator
 from tileplug.core.quant import layouts
 from tileplug.core.quant.sf_math import ceil_div, expand_groups
 
@@ -81,7 +82,8 @@ def bytes_equal(actual: torch.Tensor, expected: torch.Tensor) -> bool:
 def moved(value: Any, device: str | torch.device, fresh: bool = False) -> Any:
     """``value`` on ``device``: a tensor keeps its shape and strides (``.to()`` / ``.cpu()``
     make a padded row stride or a padded column-major sf dense), a tuple or list element by
-    element, a dict (keyword arguments) value by value; anything else is returned as it is.
+    element, a dict (keyword arguments) value by value, a ``Generator`` as one over its moved
+    state tensors; anything else is returned as it is.
     A tensor already on ``device`` is returned as it is, or copied when ``fresh``."""
     device = torch.device(device)
     if isinstance(value, torch.Tensor):
@@ -92,6 +94,8 @@ def moved(value: Any, device: str | torch.device, fresh: bool = False) -> Any:
         return type(value)(moved(v, device, fresh) for v in value)
     if isinstance(value, dict):
         return {key: moved(v, device, fresh) for key, v in value.items()}
+    if isinstance(value, Generator):  # a generator over moved copies of its state (its own offset)
+        return Generator.over(moved(value.seed_state, device, fresh), moved(value.offset_state, device, fresh))
     return value
 
 

@@ -39,6 +39,8 @@ def decline_reason(call) -> str | None:
     if cast is not None:
         if cast.use_e4m3_sf:
             return "e4m3-stored scale factors are not produced on Ascend (use round_sf / packed UE8M0 or fp32 sf)"
+        if cast.stochastic:
+            return "stochastic rounding of per_token_cast / per_block_cast is not built on Ascend (the reference serves it)"
         if cast.clamp_min < cast.fmt.max_value * DENORMAL_SCALE_LIMIT:
             return (
                 f"clamp_min {cast.clamp_min!r} allows denormal scales (< {cast.fmt.name} max x 2^-126); the vector "

@@ -37,6 +37,8 @@ import tilelang.language as T
 
 from tileplug.backend_cuda.quant import sf_math
 from tileplug.backend_cuda.quant.spec import KernelSpec
+from tileplug.backend_cuda.quant.stochastic_rounding import grid_rounding
+from tileplug.backend_cuda.random.philox import philox_block, state_buffers
 from tileplug.core.call import QuantMode
 from tileplug.core.quant.formats import QUANT_FORMATS
 
@@ -106,6 +108,11 @@ def build_kernel(spec: KernelSpec):
     WARP_STRIDE = 32 * NSF  # entries of one warp in ``red``
     NJOB = 2 * NCOL
     JR = -(-NJOB // NT)
+
+    STOCHASTIC = spec.stochastic
+    if STOCHASTIC:
+        assert MODE is QuantMode.CAST and VEC % 4 == 0, "a stochastic slot is whole Philox blocks"
+        round_to_grid = grid_rounding(spec.fmt)
 
     IN_SF = spec.in_sf
     if IN_SF is not None:
@@ -180,7 +187,7 @@ def build_kernel(spec: KernelSpec):
         return sf_math.abs_bits(scaled(xv, sin, i, j))
 
     @T.macro
-    def tile(x, sf_in, given, q, sf, bx, by):
+    def tile(x, sf_in, given, q, sf, seed, offset, bx, by):
         if True:
             if spec.vectorize:
                 T.assume(S % XVEC == 0)
@@ -200,6 +207,8 @@ def build_kernel(spec: KernelSpec):
                 sin = T.alloc_local((NSLOT * (VEC if IBN == 1 else 1),), "float32")
             if WRITE_Q:
                 qv = T.alloc_local((VEC // VPB_OUT,), QDT)
+            if STOCHASTIC:
+                words = T.alloc_local((4,), "uint32")
             if FAKE_QUANT:
                 scale = T.alloc_local((NSLOT,), "float32")  # each slot's group scale, as cast_back reads it
             if not PER_TOKEN and COMPUTE_SF:
@@ -395,6 +404,11 @@ def build_kernel(spec: KernelSpec):
                             yv[j] = decoded(xv, i, j) * (input_scale(sin, i, j) * factor)
                         else:
                             yv[j] = decoded(xv, i, j) * factor
+                    if STOCHASTIC:  # element (r, c + j) rounds with word r·H + c + j of the draw
+                        for k in T.unroll(VEC // 4):
+                            philox_block(seed[0], offset[0], (T.cast(r, "int64") * H + c) // 4 + k, words)
+                            for e in T.unroll(4):
+                                round_to_grid(yv[4 * k + e], words[e], yv, 4 * k + e)
                     if spec.fmt == "e4m3":
                         for j in T.vectorized(VEC):
                             qv[j] = T.cast(yv[j], "float8_e4m3fn")
@@ -421,13 +435,13 @@ def build_kernel(spec: KernelSpec):
                             q[r, c // VPB_OUT + j] = qv[j]
 
     @T.macro
-    def build(x, sf_in, given, q, sf):
+    def build(x, sf_in, given, q, sf, seed=None, offset=None):
         if spec.grid_cols:  # column tiles of a row tile adjacent in launch order
             with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT) as bid:
                 if spec.inline_coords:
                     # the coordinates inlined: every offset re-derives them with a 64-bit
                     # floor division (see KernelSpec.inline_coords)
-                    tile(x, sf_in, given, q, sf, bid // T.ceildiv(H, TC), bid % T.ceildiv(H, TC))
+                    tile(x, sf_in, given, q, sf, seed, offset, bid // T.ceildiv(H, TC), bid % T.ceildiv(H, TC))
                 else:
                     # The tile coordinates, divided once in 32-bit registers: inlined, every
                     # offset re-derived them with a 64-bit floor division by the runtime
@@ -436,10 +450,10 @@ def build_kernel(spec: KernelSpec):
                     col_tile = T.alloc_var("int32")
                     row_tile = T.truncdiv(bid, T.ceildiv(H, TC))
                     col_tile = T.truncmod(bid, T.ceildiv(H, TC))
-                    tile(x, sf_in, given, q, sf, row_tile, col_tile)
+                    tile(x, sf_in, given, q, sf, seed, offset, row_tile, col_tile)
         else:
             with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT) as (bx, by):
-                tile(x, sf_in, given, q, sf, bx, by)
+                tile(x, sf_in, given, q, sf, seed, offset, bx, by)
 
 
     # ------------------------------------------------------------ signatures per mode
@@ -459,6 +473,20 @@ def build_kernel(spec: KernelSpec):
         @T.prim_func
         def kernel(x: x_t):
             build(x, None, None, None, None)
+
+    elif STOCHASTIC:  # cast mode with the generator's state (read only: core advances the offset)
+        seed_t, offset_t = state_buffers()
+        if IN_SF is None:
+
+            @T.prim_func
+            def kernel(x: x_t, q: q_t, sf: sf_t, seed: seed_t, offset: offset_t):
+                build(x, None, None, q, sf, seed, offset)
+
+        else:
+
+            @T.prim_func
+            def kernel(x: x_t, sf_in: sf_in_t, q: q_t, sf: sf_t, seed: seed_t, offset: offset_t):
+                build(x, sf_in, None, q, sf, seed, offset)
 
     elif IN_SF is None:
         if MODE is QuantMode.CAST:

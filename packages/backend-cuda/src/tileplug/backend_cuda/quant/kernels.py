@@ -177,7 +177,16 @@ def make_launcher(spec: KernelSpec, kernel: Any) -> Launcher:
             x = x.as_strided(x.shape, (-(-x.shape[1] // vec) * vec, 1))
         return x.view(torch.int32) if pairs else x
 
-    if mode is QuantMode.CAST:
+    if mode is QuantMode.CAST and spec.stochastic:  # the generator's state read by the kernel (core advances it)
+
+        def launch(inputs: QuantInputs, outputs: QuantOutputs) -> None:
+            if quantized:
+                kernel(row_stride_fixed(inputs.x), inputs.input_sf, outputs.q, sf_arg(outputs.sf), inputs.seed,
+                       inputs.offset)
+            else:
+                kernel(row_stride_fixed(inputs.x), outputs.q, sf_arg(outputs.sf), inputs.seed, inputs.offset)
+
+    elif mode is QuantMode.CAST:
 
         def launch(inputs: QuantInputs, outputs: QuantOutputs) -> None:
             if quantized:

@@ -75,6 +75,10 @@ class KernelSpec:
     offset (64-bit floor divisions) instead of divided once into 32-bit registers.
     ``lanes_per_row`` (block and channel tiles): 16 puts two rows in each warp's slot, so a
     tile is half as wide (128 bf16 columns) and twice as many CTAs cover a small T.
+
+    ``stochastic`` (cast mode): the narrowing of ``x · inv`` rounds stochastically with the
+    Philox words of the generator's ``seed`` / ``offset`` buffers (element ``(r, c)`` with word
+    ``r·H + c``: a slot's ``VEC`` columns are whole Philox blocks, H being a multiple of 16).
     """
 
     op: str
@@ -98,6 +102,7 @@ class KernelSpec:
     column_chunks: int = 1
     inline_coords: bool = False
     lanes_per_row: int = 32
+    stochastic: bool = False
 
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``)."""
@@ -173,6 +178,8 @@ class KernelSpec:
             parts.append("inl")
         if self.lanes_per_row != 32:
             parts.append(f"h{self.lanes_per_row}")
+        if self.stochastic:
+            parts.append("sr")
         return "_".join(parts)
 
 
@@ -240,6 +247,7 @@ def make_spec(
         column_chunks if cast.block[0] == 1 else 1,
         inline_coords and grid_cols,
         lanes_per_row if cast.block[0] > 1 else 32,
+        bool(cast.stochastic) and call.mode is QuantMode.CAST,
     )
 
 

@@ -6,11 +6,13 @@
 - fp32 → bf16: the fraction is the 16 dropped bits ``m`` shifted up by 8, and
   ``(m << 8) + r ≥ 2^24`` iff ``m + (word >> 16) ≥ 2^16``: add ``word >> 16`` to the fp32
   pattern and clear its low 16 bits (a carry is the step up, past the largest finite: inf).
-- fp32 / bf16 → e4m3: ``a = min(a, 448)``, ``e`` its binade clamped below at −6 (e4m3's
-  smallest normal exponent; its subnormals share that step), ``s = a · 2^(3 − e)`` in [0, 16);
-  ``fixed = floor(s · 2^24)`` is exact (a power-of-two scaling below 2^28, then one floor) and
-  ``(fixed + r) >> 24`` is ``floor(s)`` plus the step; times ``2^(e − 3)`` it is an e4m3 value,
-  which the store converts exactly.
+- fp32 / bf16 → e4m3 (and the quantized values of the stochastic per-token / per-block
+  casts, e4m3 or e2m1: :func:`grid_rounding`): ``a = min(a, 448)``, ``e`` its binade clamped
+  below at −6 (e4m3's smallest normal exponent; its subnormals share that step),
+  ``s = a · 2^(3 − e)`` in [0, 16); ``fixed = floor(s · 2^24)`` is exact (a power-of-two
+  scaling below 2^28, then one floor) and ``(fixed + r) >> 24`` is ``floor(s)`` plus the step;
+  times ``2^(e − 3)`` it is an e4m3 value, which the store converts exactly. e2m1: 6, 1
+  mantissa bit, smallest exponent 0.
 
 The sign is the input's (−0 stays −0), NaN stays NaN (found from its bits: TVM folds
 ``x != x`` to false). ``ieee_*`` arithmetic: no contraction into FMAs, no fast-math rewrites.
@@ -31,9 +33,9 @@ SIGN_BIT = 0x80000000
 MAGNITUDE_BITS = 0x7FFFFFFF
 BF16_DROPPED_BITS = 16
 BF16_KEPT_BITS = 0xFFFF0000
-E4M3_MAX = 448.0
-E4M3_MANTISSA_BITS = 3
-E4M3_MIN_EXPONENT = -6
+GRIDS = {"e4m3": (448.0, 3, -6), "e2m1": (6.0, 1, 0)}
+"""Grid → (largest value, mantissa bits, smallest normal exponent): the binades a stochastic
+rounding steps through (a subnormal range shares the smallest normal exponent's step)."""
 FP32_BIAS = 127
 FP32_MANTISSA_BITS = 23
 FP32_INFINITY = 0x7F800000
@@ -66,23 +68,32 @@ def round_to_bf16(value, word, run, j):
     run[j] = T.if_then_else(is_nan(value), value, T.reinterpret(rounded, "float32"))
 
 
-@T.macro
-def round_to_e4m3(value, word, run, j):
-    """``run[j]`` = fp32 ``value`` saturated to ±448 and rounded stochastically to an e4m3 value
-    (held in fp32) with Philox ``word``: ``fixed = floor(s · 2^24)`` (exact: ``s · 2^24`` is a
-    power-of-two scaling below 2^28), and ``(fixed + (word >> 8)) >> 24`` is ``floor(s)`` plus
-    the rounding's step."""
-    magnitude = T.alloc_var("float32")
-    exponent = T.alloc_var("int32")
-    fixed = T.alloc_var("int32")
-    magnitude = T.min(T.abs(value), T.float32(E4M3_MAX))  # NaN: replaced below
-    exponent = T.max(T.cast(T.shift_right(T.reinterpret(magnitude, "uint32"), FP32_MANTISSA_BITS), "int32")
-                     - FP32_BIAS, E4M3_MIN_EXPONENT)
-    fixed = T.cast(T.floor(T.ieee_mul(magnitude, power_of_two(E4M3_MANTISSA_BITS + FRACTION_BITS - exponent))),
-                   "int32")
-    steps = T.shift_right(fixed + T.cast(T.shift_right(word, MANTISSA_SHIFT), "int32"), FRACTION_BITS)
-    rounded = T.ieee_mul(T.cast(steps, "float32"), power_of_two(exponent - E4M3_MANTISSA_BITS))
-    run[j] = T.if_then_else(is_nan(value), value, with_sign_of(rounded, value))
+def grid_rounding(grid: str):
+    """The stochastic rounding macro ``round(value, word, run, j)`` onto ``grid`` ("e4m3" or
+    "e2m1", :data:`GRIDS`): ``run[j]`` = fp32 ``value`` saturated to the grid's largest value
+    and rounded with Philox ``word``, an exact grid value held in fp32 (the caller's
+    deterministic conversion then encodes it). ``fixed = floor(s · 2^24)`` is exact (``s · 2^24``
+    is a power-of-two scaling below 2^(mantissa + 25)), and ``(fixed + (word >> 8)) >> 24`` is
+    ``floor(s)`` plus the rounding's step."""
+    largest, mantissa_bits, min_exponent = GRIDS[grid]
+
+    @T.macro
+    def round_to_grid(value, word, run, j):
+        magnitude = T.alloc_var("float32")
+        exponent = T.alloc_var("int32")
+        fixed = T.alloc_var("int32")
+        magnitude = T.min(T.abs(value), T.float32(largest))  # NaN: replaced below
+        exponent = T.max(T.cast(T.shift_right(T.reinterpret(magnitude, "uint32"), FP32_MANTISSA_BITS), "int32")
+                         - FP32_BIAS, min_exponent)
+        fixed = T.cast(T.floor(T.ieee_mul(magnitude, power_of_two(mantissa_bits + FRACTION_BITS - exponent))), "int32")
+        steps = T.shift_right(fixed + T.cast(T.shift_right(word, MANTISSA_SHIFT), "int32"), FRACTION_BITS)
+        rounded = T.ieee_mul(T.cast(steps, "float32"), power_of_two(exponent - mantissa_bits))
+        run[j] = T.if_then_else(is_nan(value), value, with_sign_of(rounded, value))
+
+    return round_to_grid
+
+
+round_to_e4m3 = grid_rounding("e4m3")
 
 
 def build(spec):

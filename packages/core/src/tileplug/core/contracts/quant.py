@@ -8,6 +8,7 @@ device index: it is the selection cache key and the kernel specialisation at onc
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -25,6 +26,7 @@ from tileplug.core.contracts.checks import (
     check_tensor,
     describe,
 )
+from tileplug.core.contracts.random import STATE_BYTES
 from tileplug.core.errors import ContractError
 from tileplug.core.quant import layouts
 from tileplug.core.quant.configs import CastConfig, GivenScales, QuantizedInput
@@ -49,11 +51,15 @@ MODE_CAST_AND_CAST_BACK = QuantMode.CAST_AND_CAST_BACK
 
 class QuantInputs(NamedTuple):
     """Tensors a quant kernel reads: ``x`` [T, H] (or quantized ``xq``), the input's own
-    scales ``input_sf`` when ``x`` is quantized, and the caller's ``given_sf`` in cast-only mode."""
+    scales ``input_sf`` when ``x`` is quantized, the caller's ``given_sf`` in cast-only mode,
+    and for a stochastic cast the generator's ``seed`` / ``offset`` (int64 ``[1]``, read only:
+    the public op advances the offset after the kernel)."""
 
     x: torch.Tensor
     input_sf: torch.Tensor | None = None
     given_sf: torch.Tensor | None = None
+    seed: torch.Tensor | None = None
+    offset: torch.Tensor | None = None
 
 
 class QuantOutputs(NamedTuple):
@@ -202,6 +208,8 @@ class QuantCall(Call):
             encoding = cast.sf_encoding(traits)
             shape = layouts.storage_shape(encoding, cast.pack_axis, rows, cols)
             sf_bytes = shape[0] * shape[1] * _itemsize(encoding.dtype)
+        if cast.stochastic:  # the generator's two state words (the offset's advance is the public op's)
+            bytes_read += 2 * STATE_BYTES
         return Ledger(bytes_read, bytes_written + sf_bytes, 3 * tokens * hidden)
 
 
@@ -564,6 +572,30 @@ def _checked_cast_call(
     return call, inputs
 
 
+_stochastic_casts: dict[CastConfig, CastConfig] = {}
+
+
+def with_stochastic_rounding(name: str, call: QuantCall, inputs: QuantInputs, stochastic_rounding: Any,
+                             generator: Any) -> tuple[QuantCall, QuantInputs]:
+    """``(call, inputs)`` of a main cast with its rounding option: unchanged when deterministic;
+    with ``stochastic_rounding=True`` the call's cast rounds stochastically and the inputs
+    carry the generator's state (``generator``, or the default generator of x's device)."""
+    if stochastic_rounding is False and generator is None:
+        return call, inputs
+    if stochastic_rounding.__class__ is not bool:
+        check_bool(name, "stochastic_rounding", stochastic_rounding)
+    if not stochastic_rounding:
+        raise ContractError(name, "generator", "None (deterministic rounding draws no bits)", describe(generator))
+    from tileplug.core.random import generator_of_draw
+
+    state = generator_of_draw(name, generator, call.device)
+    cast = _stochastic_casts.get(call.cast)
+    if cast is None:
+        cast = _stochastic_casts.setdefault(call.cast, dataclasses.replace(call.cast, stochastic=True))
+    # (a fresh call: the memoized one's per-call fields, tokens and device, stay this call's)
+    return dataclasses.replace(call, cast=cast), inputs._replace(seed=state.seed_state, offset=state.offset_state)
+
+
 # ---------------------------------------------------------------------- the four kernels' contracts
 
 
@@ -579,13 +611,17 @@ def per_token_cast(
     mode: QuantMode = MODE_CAST,
     sf: Any = None,
     name: str = "per_token_cast",
+    stochastic_rounding: Any = False,
+    generator: Any = None,
 ) -> tuple[QuantCall, QuantInputs]:
-    """Contract of ``per_token_cast`` and its variants (public op ``name``): groups ``1 × num_per_channels``."""
+    """Contract of ``per_token_cast`` and its variants (public op ``name``): groups ``1 × num_per_channels``;
+    the main op's rounding option (:func:`with_stochastic_rounding`)."""
     group = check_choice(name, "num_per_channels", num_per_channels, PER_TOKEN_GROUPS)
-    return _cast_call(
+    call, inputs = _cast_call(
         "per_token_cast", name, mode, x, fmt, (1, group), x_block_size, "x_block_size",
         use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, sf,
     )
+    return with_stochastic_rounding(name, call, inputs, stochastic_rounding, generator)
 
 
 def per_block_cast(
@@ -599,13 +635,17 @@ def per_block_cast(
     mode: QuantMode = MODE_CAST,
     sf: Any = None,
     name: str = "per_block_cast",
+    stochastic_rounding: Any = False,
+    generator: Any = None,
 ) -> tuple[QuantCall, QuantInputs]:
-    """Contract of ``per_block_cast`` and its variants (public op ``name``): groups ``bm × bn``."""
+    """Contract of ``per_block_cast`` and its variants (public op ``name``): groups ``bm × bn``;
+    the main op's rounding option (:func:`with_stochastic_rounding`)."""
     block = check_block(name, "block_size", block_size, PER_BLOCK_SIDES, PER_BLOCK_SIDES)
-    return _cast_call(
+    call, inputs = _cast_call(
         "per_block_cast", name, mode, x, fmt, block, x_block_size, "x_block_size",
         use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, False, sf,
     )
+    return with_stochastic_rounding(name, call, inputs, stochastic_rounding, generator)
 
 
 def per_channel_cast(

@@ -21,6 +21,7 @@ from tileplug.core import config
 from tileplug.core.call import IN_PLACE_PLAN, QuantMode
 from tileplug.core.contracts import quant as contracts
 from tileplug.core.errors import ContractError
+from tileplug.core.generator import SEED_LIMIT, Generator
 from tileplug.core.opdefs import (
     BenchCase,
     Case,
@@ -28,6 +29,7 @@ from tileplug.core.opdefs import (
     allocate_without_backend,
     bound_contract,
     declare,
+    in_library_op,
     run,
 )
 from tileplug.core.opdefs import get as get_opdef
@@ -47,6 +49,8 @@ def per_token_cast(
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
     use_e4m3_sf: bool = False,
+    stochastic_rounding: bool = False,
+    generator: Generator | None = None,
     out: QuantizedPair | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` [T, H] in groups of ``1 × num_per_channels`` → ``(q, sf)``.
@@ -55,16 +59,25 @@ def per_token_cast(
     quantized pair ``(xq, sf_in)`` whose grouping ``x_block_size`` gives (re-quantization).
     ``round_sf``: power-of-two scales; ``use_packed_ue8m0``: store them as packed UE8M0
     bytes; ``use_e4m3_sf``: store scales as e4m3; ``use_tma_aligned_col_major_sf``:
-    column-major sf. ``out``: optional preallocated ``(q, sf)`` of exactly that layout.
+    column-major sf. ``stochastic_rounding``: the narrowing of ``x · inv`` rounds
+    stochastically (docs/spec.md §10.2) with the bits of ``generator`` (None: the default
+    generator of x's device), whose offset then advances by one. ``out``: optional
+    preallocated ``(q, sf)`` of exactly that layout.
     sf: [T, ceil(H/num_per_channels)] (packed: last dim / pack factor).
     """
     if is_compiling():
-        return PER_TOKEN_CAST.traced(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
-                                     round_sf, use_packed_ue8m0, use_e4m3_sf, out=out)
+        result = PER_TOKEN_CAST.traced(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                                       round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_rounding,
+                                       _traced_generator(stochastic_rounding, generator, x), out=out)
+        return _advanced(result, stochastic_rounding, generator, x)
     call, inputs = contracts.per_token_cast(
         x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
+        stochastic_rounding=stochastic_rounding, generator=generator,
     )
-    return run(call, inputs, out)
+    result = run(call, inputs, out)
+    if inputs.offset is not None and not call.empty and not in_library_op():  # (compiled: the caller advances)
+        inputs.offset.add_(1)
+    return result
 
 
 def per_token_cast_with_sf_only(
@@ -116,17 +129,46 @@ def per_block_cast(
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
     x_block_size: tuple[int, int] | None = None,
+    stochastic_rounding: bool = False,
+    generator: Generator | None = None,
     out: QuantizedPair | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` [T, H] in ``bm × bn`` blocks (each side 16, 32, 64 or 128) → ``(q, sf)``
-    with sf [ceil(T/bm), ceil(H/bn)]. Flags as in :func:`per_token_cast`."""
+    with sf [ceil(T/bm), ceil(H/bn)]. Flags (``stochastic_rounding`` and ``generator``
+    included) as in :func:`per_token_cast`."""
     if is_compiling():
-        return PER_BLOCK_CAST.traced(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                                     x_block_size, out=out)
+        result = PER_BLOCK_CAST.traced(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                                       x_block_size, stochastic_rounding,
+                                       _traced_generator(stochastic_rounding, generator, x), out=out)
+        return _advanced(result, stochastic_rounding, generator, x)
     call, inputs = contracts.per_block_cast(
         x, fmt, block_size, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+        stochastic_rounding=stochastic_rounding, generator=generator,
     )
-    return run(call, inputs, out)
+    result = run(call, inputs, out)
+    if inputs.offset is not None and not call.empty and not in_library_op():  # (compiled: the caller advances)
+        inputs.offset.add_(1)
+    return result
+
+
+def _traced_generator(stochastic_rounding: Any, generator: Any, x: Any) -> Any:
+    """The generator a compiled stochastic cast reads (the default one of x's device when None)."""
+    if stochastic_rounding is not True or generator is not None:
+        return generator
+    from tileplug.core.random import default_generator
+
+    data = x[0] if isinstance(x, (tuple, list)) else x
+    return default_generator(data.device)
+
+
+def _advanced(result: Any, stochastic_rounding: Any, generator: Any, x: Any) -> Any:
+    """A compiled stochastic cast's result, after its generator's offset advanced by one (as
+    the eager op does: not for an empty ``x``)."""
+    if stochastic_rounding is True:
+        data = x[0] if isinstance(x, (tuple, list)) else x
+        if data.numel():
+            _traced_generator(True, generator, x).offset_state.add_(1)
+    return result
 
 
 def per_block_cast_with_sf_only(
@@ -284,6 +326,8 @@ INPUT_OPTIONS: dict[str, str] = {
     "input_fmt": "'e4m3' or 'e2m1': the format of a quantized input",
     "input_sf": "'fp32', 'e4m3' or 'ue8m0': the scales of a quantized input or of the given sf",
     "input_col_major": "bool: those scales are stored column-major",
+    "generator_seed": "int in [0, 2^64): the seed of the generator a stochastic cast (stochastic_rounding=True) "
+                      "draws from; its offset starts at 0",
 }
 _INPUT_CHOICES: dict[str, tuple] = {
     "input_fmt": ("e4m3", "e2m1"), "input_sf": ("fp32", "e4m3", "ue8m0"), "input_col_major": (False, True),
@@ -299,6 +343,8 @@ def _check_input_options(op: str, inputs: dict[str, Any]) -> None:
             raise ContractError(op, f"inputs.{key}", f"one of {', '.join(map(repr, choices))}", repr(value))
         if key == "row_stride_pad" and (type(value) is not int or value < 0):
             raise ContractError(op, "inputs.row_stride_pad", "an int >= 0", repr(value))
+        if key == "generator_seed" and (type(value) is not int or not 0 <= value < SEED_LIMIT):
+            raise ContractError(op, "inputs.generator_seed", "an int in [0, 2^64)", repr(value))
 
 
 def quant_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwargs: dict[str, Any],
@@ -308,7 +354,9 @@ def quant_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwarg
     ``inputs`` options: ``row_stride_pad`` (x is a view of ``[T, H + pad]``), and for a
     quantized input (``x_block_size`` / per-channel ``num_per_channels`` in kwargs, or
     cast_back) or the given ``sf`` of a precomputed-sf op: ``input_fmt`` ("e4m3"/"e2m1"),
-    ``input_sf`` ("fp32"/"e4m3"/"ue8m0") and ``input_col_major``. Values are a realistic
+    ``input_sf`` ("fp32"/"e4m3"/"ue8m0") and ``input_col_major``; with
+    ``stochastic_rounding=True`` in kwargs, ``generator_seed`` (default: the case seed) seeds
+    the call's own generator. Values are a realistic
     activation (``tileplug.core.testing.activation``) quantized by the backend in force;
     on ``meta`` only shapes are made.
     """
@@ -335,6 +383,8 @@ def quant_arguments(op: str, tokens: int, hidden: int, dtype: torch.dtype, kwarg
     if op.endswith("_with_precomputed_sf"):  # the given scales: the activation's own, in the asked layout
         producer, producer_kwargs = producer_of(block_of(op, kwargs), kwargs.get("fmt", "e4m3"), sf_kind, col_major)
         kwargs["sf"] = produce(producer + "_with_sf_only", plain, producer_kwargs)
+    if kwargs.get("stochastic_rounding") is True:  # a generator of its own (offset 0)
+        kwargs["generator"] = Generator(device, inputs.get("generator_seed", seed % SEED_LIMIT))
     return (x,), kwargs
 
 
@@ -452,8 +502,32 @@ def quant_cases() -> list[Case]:
         Case.of("per_token_cast", 16, num_per_channels=16),
         Case.of("cast_back", 1040, fmt="fp32", x_block_size=(1, 64)),
     ]
-    cases += fake_quant_cases()
+    cases += fake_quant_cases() + stochastic_cases()
     return cases
+
+
+def stochastic_cases() -> list[Case]:
+    """``stochastic_rounding=True`` on the main per-token and per-block casts: both formats, the
+    scale encodings, a re-quantized input, a padded row stride, fp32 inputs, model sizes;
+    generator seeds with both key words set."""
+    f32, rounding = torch.float32, {"stochastic_rounding": True}
+    return [
+        Case.of("per_token_cast", 576, **rounding),
+        Case.of("per_token_cast", 576, f32, inputs={"generator_seed": 2**64 - 1}, num_per_channels=32, round_sf=True,
+                use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True, **rounding),
+        Case.of("per_token_cast", 576, inputs={"generator_seed": 0x243F6A8885A308D3}, fmt="e2m1", num_per_channels=16,
+                use_e4m3_sf=True, **rounding),
+        Case.of("per_token_cast", 576, inputs={"input_fmt": "e2m1"}, x_block_size=(1, 32), num_per_channels=64,
+                **rounding),
+        Case.of("per_token_cast", 592, f32, inputs={"row_stride_pad": 3}, fmt="e2m1", num_per_channels=16,
+                round_sf=True, **rounding),
+        Case.of("per_token_cast", 7168, **rounding),
+        Case.of("per_block_cast", 576, **rounding),
+        Case.of("per_block_cast", 576, inputs={"generator_seed": 0xA4093822299F31D0}, block_size=(32, 32),
+                fmt="e2m1", round_sf=True, **rounding),
+        Case.of("per_block_cast", 1040, f32, block_size=(64, 64), use_packed_ue8m0=True, round_sf=True, **rounding),
+        Case.of("per_block_cast", 7168, **rounding),
+    ]
 
 
 def fake_quant_cases() -> list[Case]:
@@ -486,8 +560,11 @@ def _bench(name: str) -> list[BenchCase]:
             BenchCase.of("per_token_cast/ue8m0-col", "per_token_cast", round_sf=True, use_packed_ue8m0=True,
                          use_tma_aligned_col_major_sf=True),
             BenchCase.of("per_token_cast/e2m1-g16", "per_token_cast", fmt="e2m1", num_per_channels=16),
+            BenchCase.of("per_token_cast/stochastic", "per_token_cast", stochastic_rounding=True),
         ],
-        "per_block_cast": [BenchCase.of("per_block_cast", "per_block_cast", block_size=(128, 128))],
+        "per_block_cast": [BenchCase.of("per_block_cast", "per_block_cast", block_size=(128, 128)),
+                           BenchCase.of("per_block_cast/stochastic", "per_block_cast", block_size=(128, 128),
+                                        stochastic_rounding=True)],
         "per_channel_cast": [BenchCase.of("per_channel_cast", "per_channel_cast", num_per_tokens=128)],
         "cast_back": [BenchCase.of("cast_back", "cast_back", fmt="bf16", x_block_size=(1, 128))],
         "per_token_cast_and_cast_back": [
@@ -530,9 +607,10 @@ def _precomputed_block(x: Any, fmt: Any, block: Any, x_block_size: Any, sf: Any)
 _TOKEN = ("x", "fmt", "num_per_channels", "x_block_size", "use_tma_aligned_col_major_sf", "round_sf",
           "use_packed_ue8m0", "use_e4m3_sf")
 _BLOCK = ("x", "fmt", "block_size", "x_block_size", "use_tma_aligned_col_major_sf", "round_sf", "use_packed_ue8m0")
+_ROUNDING = ("stochastic_rounding", "generator")  # the main casts' rounding option
 
 PER_TOKEN_CAST = _declare(per_token_cast, "per_token_cast",
-                          bound_contract(per_token_cast, contracts.per_token_cast, _TOKEN))
+                          bound_contract(per_token_cast, contracts.per_token_cast, _TOKEN + _ROUNDING, by_name=True))
 PER_TOKEN_CAST_WITH_SF_ONLY = _declare(
     per_token_cast_with_sf_only, "per_token_cast",
     bound_contract(per_token_cast_with_sf_only, contracts.per_token_cast, _TOKEN, mode=QuantMode.SF_ONLY,
@@ -542,7 +620,7 @@ PER_TOKEN_CAST_WITH_PRECOMPUTED_SF = _declare(
     bound_contract(per_token_cast_with_precomputed_sf, _precomputed_token,
                    ("x", "fmt", "num_per_channels", "x_block_size", "sf")))
 PER_BLOCK_CAST = _declare(per_block_cast, "per_block_cast",
-                          bound_contract(per_block_cast, contracts.per_block_cast, _BLOCK))
+                          bound_contract(per_block_cast, contracts.per_block_cast, _BLOCK + _ROUNDING, by_name=True))
 PER_BLOCK_CAST_WITH_SF_ONLY = _declare(
     per_block_cast_with_sf_only, "per_block_cast",
     bound_contract(per_block_cast_with_sf_only, contracts.per_block_cast, _BLOCK, mode=QuantMode.SF_ONLY,

@@ -25,9 +25,9 @@ from torch.compiler import is_compiling
 
 from tileplug.core.call import IN_PLACE_PLAN
 from tileplug.core.contracts import random as contracts
+from tileplug.core.generator import SEED_LIMIT, as_int64_word
 from tileplug.core.opdefs import BenchCase, Case, OpDef, checked_case_inputs, declare, run
 
-SEED_LIMIT = 2**64
 
 
 def fill_rand(values: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor) -> None:
@@ -58,11 +58,6 @@ def fill_randn(values: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor) -
     call, inputs = contracts.fill(contracts.FILL_RANDN, values, seed, offset, True)
     run(call, inputs)
     return None
-
-
-def as_int64_word(value: int) -> int:
-    """A 64-bit unsigned value as the int64 holding the same bits (two's complement)."""
-    return value - SEED_LIMIT if value >= 2**63 else value
 
 
 # ---------------------------------------------------------------------- declarations

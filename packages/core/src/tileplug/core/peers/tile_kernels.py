@@ -1,6 +1,7 @@
 """TileKernels 2.1.0 (PyPI ``tile-kernels``) spelt as tileplug's ops.
 
-The quant ops share tileplug's names and arguments and are TileKernels' own functions; the
+The quant ops share tileplug's names and arguments and are TileKernels' own functions (its
+``per_token_cast`` spells ``stochastic_rounding`` as ``stochastic_cast``); the
 norm ops map onto ``norm_forward``, ``norm_forward_and_per_token_cast`` and
 ``norm_backward``, RoPE onto ``tile_kernels.transform.apply_rotary``, the SwiGLU ops onto
 ``swiglu_forward``, ``swiglu_forward_and_per_token_cast`` and ``swiglu_backward`` (whose expert
@@ -18,10 +19,10 @@ from tile_kernels.quant import (  # noqa: F401 - re-exported under tileplug's op
     norm_forward_and_per_token_cast,
     per_block_cast,
     per_channel_cast,
-    per_token_cast,
     swiglu_forward,
     swiglu_forward_and_per_token_cast,
 )
+from tile_kernels.quant import per_token_cast as _per_token_cast
 from tile_kernels.quant import swiglu_backward as _swiglu_backward
 from tile_kernels.transform import apply_rotary  # noqa: F401 - same name and arguments
 
@@ -38,6 +39,18 @@ __all__ = [
     "swiglu_backward",
     "swiglu_per_token_cast",
 ]
+
+
+def per_token_cast(x: object, fmt: str = "e4m3", num_per_channels: int = 128, x_block_size: object = None,
+                   use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False, use_packed_ue8m0: bool = False,
+                   use_e4m3_sf: bool = False, stochastic_rounding: bool = False, generator: object = None,
+                   out: object = None) -> object:
+    """TileKernels' ``per_token_cast`` with tileplug's arguments: ``stochastic_rounding`` is its
+    ``stochastic_cast`` (which draws its own bits: ``generator`` has no counterpart)."""
+    return _per_token_cast(x, fmt, num_per_channels, x_block_size=x_block_size,
+                           use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, round_sf=round_sf,
+                           use_packed_ue8m0=use_packed_ue8m0, use_e4m3_sf=use_e4m3_sf,
+                           stochastic_cast=stochastic_rounding, out=out)
 
 
 def _refuse(name: str, value: object, default: object) -> None:

@@ -27,6 +27,10 @@ class CastConfig:
     use_e4m3_sf: bool = False
     col_major_sf: bool = False
     clamp_min: float = 1e-4
+    stochastic: bool = False
+    """The narrowing of ``x · inv`` rounds stochastically (docs/spec.md §10.2) with the bits of
+    the call's generator (``QuantInputs.seed`` / ``offset``); only the main per-token and
+    per-block casts set it."""
 
     @property
     def pack_axis(self) -> int:

@@ -18,6 +18,7 @@ from tileplug.core.quant.sf_math import (
     inverse_of_given,
     scale_groups,
 )
+from tileplug.reference.quant.stochastic_cast import element_random_bits, round_on_grid
 
 
 def input_values(call: QuantCall, inputs: QuantInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -54,6 +55,8 @@ def grouped_cast(call: QuantCall, inputs: QuantInputs, outputs: QuantOutputs) ->
         scaled = scale_groups(data, inverse, cast.block)
     else:
         scaled = data * (input_scale * expand_groups(inverse, cast.block, tokens, hidden))
+    if cast.stochastic:  # element (t, h) rounds with word t·H + h of the generator's draw
+        scaled = round_on_grid(scaled, element_random_bits(inputs.seed, inputs.offset, tuple(scaled.shape)), cast.fmt)
     outputs.q.copy_(formats.encode(scaled, cast.fmt))
 
 

@@ -6,9 +6,11 @@ rounds up iff ``floor(p · 2^24) + r_i ≥ 2^24``, ``p = (a − lo) / (hi − lo
 - bf16 target: ``lo`` is the fp32 pattern with its low 16 bits cleared, ``hi`` the next bf16
   pattern (``+0x10000``: past the largest finite it is inf), ``floor(p · 2^24)`` the low 16
   bits shifted up by 8 (``p`` has 16 fractional bits).
-- e4m3 target: ``a = min(a, 448)``; ``lo`` / ``hi`` from the table of the 127 non-negative
-  finite e4m3 values, ``p`` in fp64, where ``a − lo`` and the division by a power-of-two step
-  are exact, so ``floor(p · 2^24)`` is the truncation the spec defines.
+- e4m3 target (and the quantized formats of the stochastic per-token / per-block casts,
+  :func:`round_on_grid`): ``a = min(a, max)``; ``lo`` / ``hi`` from the table of the format's
+  non-negative finite values (e4m3's 127, e2m1's 8), ``p`` in fp64, where ``a − lo`` and the
+  division by a power-of-two step are exact, so ``floor(p · 2^24)`` is the truncation the
+  spec defines.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from tileplug.core.call import NoOutputs
 from tileplug.core.contracts.cast import StochasticCastCall, StochasticCastInputs
-from tileplug.core.quant.formats import E4M3
+from tileplug.core.quant.formats import E2M1_MAGNITUDES, E4M3, QuantFormat
 from tileplug.reference.random.draw import MANTISSA_SHIFT
 from tileplug.reference.random.philox import words
 
@@ -27,13 +29,6 @@ BF16_DROPPED_BITS = 16
 """fp32 → bf16 drops the low 16 bits of the pattern."""
 E4M3_FINITE_CODES = 127
 """Codes 0x00 … 0x7E are e4m3's non-negative finite values (0x7F is NaN)."""
-E4M3_SIGN = 0x80
-E4M3_NAN = 0x7F
-
-
-def _random_bits(inputs: StochasticCastInputs) -> torch.Tensor:
-    """``word_i >> 8`` of the draw, int64 in element order."""
-    return words(inputs.seed, inputs.offset, inputs.x.numel()) >> MANTISSA_SHIFT
 
 
 def round_to_bf16(x: torch.Tensor, random_bits: torch.Tensor) -> torch.Tensor:
@@ -50,33 +45,51 @@ def round_to_bf16(x: torch.Tensor, random_bits: torch.Tensor) -> torch.Tensor:
     return result.to(torch.int16).view(torch.bfloat16)
 
 
-def _e4m3_table(device: torch.device) -> torch.Tensor:
-    return torch.arange(E4M3_FINITE_CODES, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn).to(
-        torch.float64)
+def grid_values(fmt: QuantFormat, device: torch.device) -> torch.Tensor:
+    """The non-negative finite values of ``fmt`` ascending, fp64: e4m3's 127, e2m1's 8."""
+    if fmt is E4M3:
+        codes = torch.arange(E4M3_FINITE_CODES, dtype=torch.uint8, device=device)
+        return codes.view(torch.float8_e4m3fn).to(torch.float64)
+    return torch.tensor(E2M1_MAGNITUDES, dtype=torch.float64, device=device)
+
+
+def round_on_grid(x: torch.Tensor, random_bits: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
+    """fp32 / bf16 ``x`` (any shape) → fp32 values of ``fmt``'s grid: ``|x|`` saturated at the
+    format's largest value and rounded stochastically with ``random_bits`` (int64, 24 bits each,
+    ``x``'s shape); the sign is kept, NaN stays NaN. ``fmt``'s deterministic encoder then maps
+    these exact values to their codes."""
+    table = grid_values(fmt, x.device)
+    wide = x.to(torch.float64)
+    magnitude = wide.abs().clamp(max=fmt.max_value).nan_to_num(0.0)
+    low_index = torch.searchsorted(table, magnitude, right=True) - 1
+    high_index = (low_index + 1).clamp(max=table.numel() - 1)
+    low, high = table[low_index], table[high_index]
+    step = torch.where(high > low, high - low, torch.ones_like(high))
+    fraction_bits = torch.floor((magnitude - low) / step * float(1 << RANDOM_BITS)).to(torch.int64)
+    rounded = torch.where(fraction_bits + random_bits >= (1 << RANDOM_BITS), high, low)
+    rounded = torch.where(torch.signbit(wide), -rounded, rounded)
+    return torch.where(torch.isnan(wide), wide, rounded).to(torch.float32)
 
 
 def round_to_e4m3(x: torch.Tensor, random_bits: torch.Tensor) -> torch.Tensor:
     """fp32 / bf16 ``x`` (flat) → e4m3, saturating at ±448, stochastically with ``random_bits``."""
-    table = _e4m3_table(x.device)
-    wide = x.to(torch.float64)
-    magnitude = wide.abs().clamp(max=E4M3.max_value).nan_to_num(0.0)
-    low_code = torch.searchsorted(table, magnitude, right=True) - 1
-    high_code = (low_code + 1).clamp(max=E4M3_FINITE_CODES - 1)
-    low, high = table[low_code], table[high_code]
-    step = torch.where(high > low, high - low, torch.ones_like(high))
-    fraction_bits = torch.floor((magnitude - low) / step * float(1 << RANDOM_BITS)).to(torch.int64)
-    up = (fraction_bits + random_bits) >= (1 << RANDOM_BITS)
-    code = low_code + up.to(torch.int64)
-    code = torch.where(torch.signbit(wide), code | E4M3_SIGN, code)
-    code = torch.where(torch.isnan(wide), code.new_full((), E4M3_NAN) | (code & E4M3_SIGN), code)
-    return code.to(torch.uint8).view(torch.float8_e4m3fn)
+    return round_on_grid(x, random_bits, E4M3).to(torch.float8_e4m3fn)
+
+
+def element_random_bits(seed: torch.Tensor, offset: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``word_i >> 8`` of the draw under ``(seed, offset)`` for each element of ``shape``
+    (row-major), int64 of that shape: the bits element ``i`` rounds with."""
+    count = 1
+    for size in shape:
+        count *= size
+    return (words(seed, offset, count) >> MANTISSA_SHIFT).view(shape)
 
 
 def stochastic_cast(call: StochasticCastCall, inputs: StochasticCastInputs, outputs: NoOutputs) -> None:
     """``result`` = the stochastic narrowing of ``x``; then ``offset += 1`` (a tensor op: no host
     synchronisation)."""
     flat = inputs.x.reshape(-1)
-    random_bits = _random_bits(inputs)
+    random_bits = element_random_bits(inputs.seed, inputs.offset, flat.shape)
     if call.target == torch.bfloat16:
         rounded = round_to_bf16(flat, random_bits)
     else:
