@@ -260,8 +260,8 @@ def test_checks_fail_on_bad_variants():
 class CastNumpyOps(NumpyOps):
     """``NumpyOps`` with the instructions the rounding adds (``vector_ops.VectorOps``' word shifts,
     or, unsigned min / max / compare, reinterpretations, truncation), each doing what the
-    instruction is assumed to do. ``flush_denormals``: ``vmul`` takes and gives fp32 denormals as
-    zero (what an FTZ multiplier would do)."""
+    instruction is assumed to do. ``flush_denormals``: ``vmul`` / ``vmuls`` / ``vsub`` on fp32
+    take and give denormals as zero (what a flush-to-zero unit would do)."""
 
     def __init__(self, flush_denormals: bool = False) -> None:
         super().__init__()
@@ -274,8 +274,17 @@ class CastNumpyOps(NumpyOps):
     def mul(self, a, b, name=""):
         if not self._flush:
             return super().mul(a, b, name)
-        with np.errstate(over="ignore", invalid="ignore"):
-            return self._flushed(np.multiply(self._flushed(a), self._flushed(b), dtype=np.float32))
+        return self._flushed(super().mul(self._flushed(a), self._flushed(b), name))
+
+    def scale(self, a, factor, name=""):
+        if not self._flush:
+            return super().scale(a, factor, name)
+        return self._flushed(super().scale(self._flushed(a), factor, name))
+
+    def sub(self, a, b, name=""):
+        if not self._flush or np.asarray(a).dtype != np.float32:
+            return super().sub(a, b, name)
+        return self._flushed(super().sub(self._flushed(a), self._flushed(b), name))
 
     def shift_left(self, a, bits, name=""):
         return (np.asarray(a, dtype=np.uint64) << np.uint64(bits)).astype(np.uint32)
@@ -392,7 +401,7 @@ def edge_inputs() -> torch.Tensor:
 EDGE_RANDOM_BITS = [0, 1, 2**23 - 1, 2**23, 2**24 - 2, 2**24 - 1]
 
 
-@pytest.mark.parametrize("flush_denormals", [False, True], ids=["denormals-kept", "vmul-flushes-denormals"])
+@pytest.mark.parametrize("flush_denormals", [False, True], ids=["denormals-kept", "denormals-flushed"])
 @pytest.mark.parametrize("source, target", PAIRS, ids=PAIR_IDS)
 def test_emulated_rounding_of_the_edge_inputs_is_the_reference(source, target, flush_denormals):
     """Each edge input with random bits at the boundaries (0, 2^23, 2^24 − 1, ...) and random ones,

@@ -70,10 +70,11 @@ E4M3_SIGN_SHIFT = 24
 """``(p >> 24) & 0x80``: the fp32 sign as the e4m3 sign bit."""
 E4M3_SIGN = 0x80
 E4M3_NAN = 0x7F
-TARGETS = {"bfloat16": "bf16", "float8_e4m3fn": "e4m3"}
+PAIRS = (("float32", "bfloat16"), ("float32", "float8_e4m3fn"), ("bfloat16", "float8_e4m3fn"))
+"""``(source, target)`` dtype names the kernel serves."""
 
 
-def random_bits(ops, words):
+def random_bits(ops, words) -> tuple:
     """The Philox words ``(r0, r1, r2, r3)`` of a group → their top 24 bits, in element order (four
     ``uint32`` registers: elements ``0..63``, ``64..127``, ``128..191``, ``192..255`` of the group)."""
     return philox.element_order(ops, tuple(ops.shift_right(word, MANTISSA_SHIFT, f"r{index}")
@@ -128,7 +129,7 @@ def source_patterns(ops, loaded, source: str):
     return loaded
 
 
-def round_group(ops, words, loaded, source: str, target: str):
+def round_group(ops, words, loaded, source: str, target: str) -> tuple:
     """One group: its Philox words (four registers, lane = block) and the four loaded registers of
     its elements (element order) → four registers of target patterns / codes (element order)."""
     rounding = ROUNDINGS[target]
@@ -170,10 +171,13 @@ class StochasticCastSpec(PlannedInSimdUb):
 
 
 def dtype_name(dtype) -> str:
+    """``torch.bfloat16`` → ``"bfloat16"`` (TileLang's name of the dtype)."""
     return str(dtype).removeprefix("torch.")
 
 
 def spec_of(call, target: DeviceTarget | None = None) -> StochasticCastSpec:
+    """The specialisation of ``call`` (a ``StochasticCastCall``) on ``target``'s vector cores (None:
+    the lowering stand-ins)."""
     cores = (target or lowering_target()).vector_cores
     return StochasticCastSpec(source=dtype_name(call.source), target=dtype_name(call.target), vector_cores=cores)
 
@@ -185,8 +189,6 @@ def decline_reason(call) -> str | None:
         return f"{call.source} -> {call.target} is not a stochastic narrowing this kernel serves"
     return draw.decline_reason(call)
 
-
-PAIRS = (("float32", "bfloat16"), ("float32", "float8_e4m3fn"), ("bfloat16", "float8_e4m3fn"))
 
 
 @T.macro
