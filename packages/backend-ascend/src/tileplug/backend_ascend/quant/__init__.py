@@ -1,10 +1,12 @@
-"""Ascend quant kernels: one module per op over one shared, pipelined tile kernel."""
+"""Ascend quant kernels: one module per op over one shared, pipelined tile kernel;
+``stochastic_cast`` is built on the random family's draw kernel instead (``random/draw.py``)."""
 
-from tileplug.backend_ascend.quant import cast_back, per_block_cast, per_channel_cast, per_token_cast
+from tileplug.backend_ascend.quant import cast_back, per_block_cast, per_channel_cast, per_token_cast, stochastic_cast
 
 KERNELS = {
     "per_token_cast": per_token_cast.KERNEL,
     "per_block_cast": per_block_cast.KERNEL,
     "per_channel_cast": per_channel_cast.KERNEL,
     "cast_back": cast_back.KERNEL,
+    "stochastic_cast": stochastic_cast.KERNEL,
 }

@@ -96,18 +96,15 @@ def state_word(buf, index):
     return tirx.reinterpret("uint32x64", T.simd.vld(buf[index], dist="BRC_B32"))
 
 
-def draw_compute(spec: DrawSpec, transform):
-    """The vector work of one tile (a macro): ``groups`` groups of 64 blocks from block
-    ``first_block``, their words through ``transform(ops, words)`` (four registers, word ``i``
-    of each block → its fp32 value), interleaved into element order and stored rounded to the
-    values' dtype at ``out_ub[256·g ..]``. Looked up by :func:`build` at trace time;
-    tests/test_ascend_rng_lowering.py replaces it with scalar code to show the vector check failing."""
-    dt = spec.dtype
-    per_group = philox.ELEMENTS_PER_GROUP
+def group_compute(emit):
+    """The vector work of one tile (a macro): one ``T.SimdVF`` region that broadcasts the state
+    words into registers, then for each of ``groups`` groups of 64 blocks from block
+    ``first_block`` computes the Philox words (four ``uint32`` registers, lane = block) and
+    hands them to ``emit(buffers, at, words)`` (plain Python, run at trace time inside the
+    region; ``at`` is the UB index of the group's first element, ``256·g``)."""
 
     @T.macro
     def compute(buffers, first_block, groups):
-        out_ub = buffers["out_ub"]
         with T.SimdVF():
             key_low = state_word(buffers["seed_ub"], 0)
             key_high = state_word(buffers["seed_ub"], 1)
@@ -117,13 +114,25 @@ def draw_compute(spec: DrawSpec, transform):
             for g in T.serial(groups):
                 words = philox.block_words(VECTOR, multipliers, first_block + g * philox.BLOCKS_PER_GROUP,
                                            (key_low, key_high), (offset_low, offset_high))
-                e0, e1, e2, e3 = philox.element_order(VECTOR, transform(VECTOR, words))
-                rows.store_rounded(out_ub, g * per_group, e0, dt)
-                rows.store_rounded(out_ub, g * per_group + LANES, e1, dt)
-                rows.store_rounded(out_ub, g * per_group + 2 * LANES, e2, dt)
-                rows.store_rounded(out_ub, g * per_group + 3 * LANES, e3, dt)
+                emit(buffers, g * philox.ELEMENTS_PER_GROUP, words)
 
     return compute
+
+
+def draw_compute(spec: DrawSpec, transform):
+    """The vector work of one draw tile (a macro, :func:`group_compute`): each group's words
+    through ``transform(ops, words)`` (four registers, word ``i`` of each block → its fp32
+    value), interleaved into element order and stored rounded to the values' dtype at
+    ``out_ub[256·g ..]``. Looked up by :func:`build` at trace time;
+    tests/test_ascend_rng_lowering.py replaces it with scalar code to show the vector check failing."""
+    dt = spec.dtype
+
+    def store_values(buffers, at, words):
+        elements = philox.element_order(VECTOR, transform(VECTOR, words))
+        for index, element in enumerate(elements):
+            rows.store_rounded(buffers["out_ub"], at + index * LANES, element, dt)
+
+    return group_compute(store_values)
 
 
 def parameters(spec: DrawSpec):
@@ -137,14 +146,22 @@ def parameters(spec: DrawSpec):
     ], N
 
 
-def build(spec: DrawSpec, transform):
-    """The prim_func of ``spec`` with the op's ``transform`` (UB budget checked)."""
+def tile_kernel(spec, params, count, compute, source=None, result: str = "V"):
+    """The prim_func of a draw-shaped kernel (UB budget checked): ``T.Kernel(C)``; once, the
+    state words into ``seed_ub`` / ``offset_ub``; then one pipelined step per tile of
+    ``spec.tile`` elements (tile ``t`` on core ``t % C``): ``source`` (None, or ``(GM name, UB
+    name)`` of an input read element for element) DMA'd in, the tile's elements that exist;
+    ``compute(buffers, first_block, groups)`` (groups wholly past ``count`` skipped); ``out_ub``
+    DMA'd to GM ``result``, the elements that exist. ``params``: the GM parameters (``SEED`` and
+    ``OFFSET`` among them), ``count``: the dynamic element count; ``spec`` has ``tile``,
+    ``vector_cores``, ``num_buffers``, ``plan()`` (``seed_ub``, ``offset_ub``, ``out_ub`` and the
+    source's buffer), ``footprint``, ``budget`` and ``describe()``."""
     rows.check_budget(spec.footprint, spec.budget, spec.describe())
-    params, N = parameters(spec)
     plan = spec.plan()
-    W, C = spec.tile, spec.vector_cores
+    N, W, C = count, spec.tile, spec.vector_cores
     blocks_per_tile = W // philox.WORDS_PER_BLOCK
-    compute = draw_compute(spec, transform)
+    reads_source = source is not None
+    source_gm, source_ub = source if reads_source else (None, None)
 
     def draw_kernel(tensors):
         G = gm.declare(tensors)
@@ -155,16 +172,29 @@ def build(spec: DrawSpec, transform):
             for it in rows.row_loop(T.ceildiv(T.ceildiv(N, W) - cid, C), versions, spec.num_buffers):
                 tile = cid + it * C
                 start = tile * W
+                if reads_source:
+                    if start + W <= N:
+                        T.copy(G[source_gm][start:start + W], buffers[source_ub][0:W])
+                    else:
+                        available = T.alloc_var("int32")  # a variable, as for the write-back below
+                        available = N - start
+                        T.copy(G[source_gm][start:start + available], buffers[source_ub][0:available])
                 compute(buffers, tile * blocks_per_tile,
                         T.min(W // philox.ELEMENTS_PER_GROUP, T.ceildiv(N - start, philox.ELEMENTS_PER_GROUP)))
                 if start + W <= N:
-                    T.copy(buffers["out_ub"][0:W], G["V"][start:start + W])
+                    T.copy(buffers["out_ub"][0:W], G[result][start:start + W])
                 else:
                     remaining = T.alloc_var("int32")  # a variable: the byte count is then min(W, remaining) * size,
                     remaining = N - start  # never N * size (which could overflow int32)
-                    T.copy(buffers["out_ub"][0:remaining], G["V"][start:start + remaining])
+                    T.copy(buffers["out_ub"][0:remaining], G[result][start:start + remaining])
 
     return gm.prim_func(draw_kernel, params)
+
+
+def build(spec: DrawSpec, transform):
+    """The prim_func of ``spec`` with the op's ``transform`` (UB budget checked)."""
+    params, N = parameters(spec)
+    return tile_kernel(spec, params, N, draw_compute(spec, transform))
 
 
 def arguments(spec: DrawSpec, inputs, outputs) -> list:
@@ -174,13 +204,19 @@ def arguments(spec: DrawSpec, inputs, outputs) -> list:
     return [inputs.seed.view(torch.int32), inputs.offset.view(torch.int32), inputs.values.view(-1)]
 
 
-def make_kernel(op: str, transform):
-    """The tileplug kernel of ``op``: the draw kernel with ``transform``, then ``offset += 1``."""
+def advancing_kernel(op: str, spec_of, decline_reason, build, arguments):
+    """The tileplug kernel of ``op`` over a draw-shaped kernel (:class:`~..kernel.SpecKernel`'s
+    arguments), then ``offset += 1`` queued on the same stream."""
     from tileplug.backend_ascend.kernel import SpecKernel
 
-    class DrawKernel(SpecKernel):
+    class AdvancingKernel(SpecKernel):
         def __call__(self, call, inputs, outputs) -> None:
             super().__call__(call, inputs, outputs)
             inputs.offset.add_(1)  # same stream, after every block of the draw read the offset
 
-    return DrawKernel(op, spec_of, decline_reason, lambda spec: build(spec, transform), arguments)
+    return AdvancingKernel(op, spec_of, decline_reason, build, arguments)
+
+
+def make_kernel(op: str, transform):
+    """The tileplug kernel of ``op``: the draw kernel with ``transform``, then ``offset += 1``."""
+    return advancing_kernel(op, spec_of, decline_reason, lambda spec: build(spec, transform), arguments)

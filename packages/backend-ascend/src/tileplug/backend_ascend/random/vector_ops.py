@@ -1,20 +1,24 @@
 """The vector instructions the random-number kernels issue, one method per instruction.
 
-The Philox rounds (:mod:`.philox`), the uniform transform (:mod:`.fill_rand`) and Box–Muller
-(:mod:`.fill_randn`) are plain Python functions over an ``ops`` object of this interface:
-inside a ``T.SimdVF`` region the kernels pass :data:`VECTOR`, whose methods emit
-``T.simd`` instructions on 64-lane registers (``uint32x64`` words, ``float32x64`` values,
-``boolx256`` lane masks), each stored into a named register variable (a ``local.var``
-buffer), so the Ascend C has one statement per instruction and no value is computed twice.
-Not a ``Bind``: TileLang's ``LegalizeNegativeIndex`` pass expands bound values recursively,
-exponential in how often a value is reused (Box–Muller's ~380 instructions took minutes);
-register variables are opaque to it. ``tests/test_ascend_rng_lowering.py`` passes a
-numpy object with the same methods (what each instruction is assumed to do) through the very
-same functions, which is how the word arithmetic and the fp32 numerics are checked on a CPU.
+The Philox rounds (:mod:`.philox`), the uniform transform (:mod:`.fill_rand`), Box–Muller
+(:mod:`.fill_randn`) and stochastic rounding (``quant/stochastic_cast.py``) are plain Python
+functions over an ``ops`` object of this interface: inside a ``T.SimdVF`` region the kernels
+pass :data:`VECTOR`, whose methods emit ``T.simd`` instructions on 64-lane registers
+(``uint32x64`` words, ``float32x64`` values, ``boolx256`` lane masks), each stored into a named
+register variable (a ``local.var`` buffer), so the Ascend C has one statement per instruction
+and no value is computed twice. Not a ``Bind``: TileLang's ``LegalizeNegativeIndex`` pass
+expands bound values recursively, exponential in how often a value is reused (Box–Muller's ~380
+instructions took minutes); register variables are opaque to it.
+``tests/test_ascend_rng_lowering.py`` passes a numpy object with the same methods (what each
+instruction is assumed to do) through the very same functions
+(``tests/test_ascend_stochastic_cast_lowering.py`` extends it), which is how the word
+arithmetic and the fp32 numerics are checked on a CPU.
 
 What the methods assume of the hardware (unknown without an NPU): ``vmull`` on ``uint32``
 returns the low then the high 32 bits of the unsigned 64-bit product; ``vshrs`` on ``uint32``
-shifts in zeros; ``vintlv(a, b)`` returns ``(a0, b0, a1, b1, ..., a31, b31)`` then
+shifts in zeros and ``vshls`` drops the bits shifted past bit 31; ``vmins`` / ``vmaxs`` /
+``vcmps`` on ``uint32`` compare unsigned; ``vcvt`` f32 → s32 with ``ROUND_Z`` truncates (exact
+below 2^31); ``vintlv(a, b)`` returns ``(a0, b0, a1, b1, ..., a31, b31)`` then
 ``(a32, b32, ..., a63, b63)``; ``vmul`` / ``vadd`` / ``vsub`` round to nearest even and are
 not fused; ``vln`` (``vln_1ulp_ftz_false``) is within 1 ulp; ``vsqrt`` / ``vdiv`` are
 correctly rounded.
@@ -27,6 +31,8 @@ from tvm.tirx.script.builder.ir import buffer_store, sblock_alloc_buffer
 from tileplug.backend_ascend.rows import DIV_EXACT, SQRT_EXACT
 
 U32, S32, F32 = "uint32", "int32", "float32"
+TOWARD_ZERO = "ROUND_Z"
+"""fp32 → int32 conversion by truncation."""
 LN_1ULP = "vln_1ulp_ftz_false"
 """fp32 natural logarithm within 1 ulp, denormals kept (CANN's documented tier)."""
 
@@ -88,6 +94,46 @@ class VectorOps:
     def to_float(self, a, name: str = "value"):
         """A word below 2^24 as the fp32 number it counts (exact)."""
         return self.bind(T.simd.vcvt(tirx.reinterpret("int32x64", a), F32), name)
+
+    def shift_left(self, a, bits: int, name: str = "shifted"):
+        """``a << bits`` mod 2^32."""
+        return self.bind(T.simd.vshls(a, T.uint32(bits)), name)
+
+    def add_words(self, a, b, name: str = "sum"):
+        """``a + b`` lane-wise, mod 2^32."""
+        return self.bind(T.simd.vadd(a, b), name)
+
+    def or_words(self, a, b, name: str = "joined"):
+        """``a | b`` lane-wise."""
+        return self.bind(T.simd.vor(a, b), name)
+
+    def or_word(self, a, word: int, name: str = "joined"):
+        """``a | word``."""
+        return self.bind(T.simd.vor(a, T.simd.vdup(T.uint32(word), U32)), name)
+
+    def min_word(self, a, word: int, name: str = "smaller"):
+        """``min(a, word)``, unsigned."""
+        return self.bind(T.simd.vmins(a, T.uint32(word)), name)
+
+    def max_word(self, a, word: int, name: str = "larger"):
+        """``max(a, word)``, unsigned."""
+        return self.bind(T.simd.vmaxs(a, T.uint32(word)), name)
+
+    def above(self, a, word: int, name: str = "is_above"):
+        """Lane mask: ``a > word``, unsigned."""
+        return self.bind(T.simd.vcmps(a, T.uint32(word), op="gt"), name)
+
+    def bits_as_float(self, a, name: str = "value"):
+        """The fp32 numbers whose bit patterns the words are (a reinterpretation, no instruction)."""
+        return self.bind(tirx.reinterpret("float32x64", a), name)
+
+    def float_bits(self, a, name: str = "pattern"):
+        """The bit patterns of fp32 values as words (a reinterpretation, no instruction)."""
+        return self.bind(tirx.reinterpret("uint32x64", a), name)
+
+    def truncate(self, a, name: str = "count"):
+        """A non-negative fp32 value below 2^31 → its integer part, as a word (exact)."""
+        return self.bind(tirx.reinterpret("uint32x64", T.simd.vcvt(a, S32, round=TOWARD_ZERO, sat=True)), name)
 
     # ------------------------------------------------------------------ fp32 values
 

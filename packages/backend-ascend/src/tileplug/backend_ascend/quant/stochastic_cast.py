@@ -1,0 +1,258 @@
+"""Ascend kernel of ``stochastic_cast`` (docs/spec.md §10.2): ``x`` (fp32 → bf16 or e4m3, bf16 →
+e4m3) narrowed with stochastic rounding, element ``i`` (row-major) rounding with ``r_i = word_i >> 8``
+of the Philox draw under ``(seed, offset)``; then ``offset += 1``.
+
+The draw kernel's machinery (:mod:`tileplug.backend_ascend.random.draw`): the same tiles of 4096
+elements over the vector cores, the state words DMA'd from the device tensors, the same Philox
+rounds and element interleave (so element ``i`` takes exactly the word ``fill_rand`` gives element
+``i``), the same ``offset += 1`` queued on the stream after the launch. What differs: each tile of
+``x`` is DMA'd in (double-buffered, as the output tile) and the words' top 24 bits, in element
+order, round the tile's values (:func:`round_group`) instead of becoming values.
+
+The rounding is integer work on the fp32 bit patterns (a bf16 ``x`` widened exactly: its 16 bits
+shifted up), plain Python over ``ops`` (:mod:`~tileplug.backend_ascend.random.vector_ops`; the tests
+run the same functions on numpy), and the results are stored as bit patterns / codes, so no
+conversion instruction decides a rounding, a saturation or a NaN:
+
+* **bf16** (:func:`bf16_patterns`): ``up = ((p & 0xFFFF) << 8) + r ≥ 2^24``, i.e. bit 24 of the
+  sum; the result is ``(p >> 16) + up`` (the carry reaches the sign only from a NaN pattern) and a
+  NaN becomes the quiet ``(p >> 16) | 0x40``.
+* **e4m3** (:func:`e4m3_codes`): ``a = min(|p|, bits(448))`` as unsigned integers (non-negative
+  patterns order as their values; a NaN is set aside first); ``E = max(a >> 23, 121)`` the biased
+  exponent, e4m3's subnormals taking the smallest normal's (``2^-6``); ``s = a · 2^(130 − E)``
+  (an exact product by a power of two built from exponent bits; ``[8, 16)`` for a normal value,
+  ``[0, 8)`` below ``2^-6``); ``n = trunc(s)``, ``f = trunc((s − n) · 2^24)`` (both exact); the code
+  is ``(E − 121) · 8 + n + ((f + r) >> 24)`` — one integer per e4m3 step, ``n + up = 16`` carrying
+  into the next binade — with the sign byte or-ed on and ``0x7F`` for a NaN. ``f`` truncates
+  ``(a − lo) / (hi − lo)`` to 24 fractional bits, as the reference does in fp64, and an fp32 value
+  flushed to zero by ``vmul`` would have had ``f = 0`` anyway (below ``2^-33`` it is 0).
+
+No ``from __future__ import annotations`` here: TileLang parses the macros' source.
+
+Served: the three pairs, any element count up to :data:`~tileplug.backend_ascend.random.draw.MAX_ELEMENTS`
+(int32 index arithmetic, as the draw); larger casts fall to the reference.
+"""
+
+import struct
+from dataclasses import dataclass
+
+import tilelang.ascend.language as T
+from tvm import tirx
+
+from tileplug.backend_ascend.device import DeviceTarget, lowering_target
+from tileplug.backend_ascend.random import draw, philox
+from tileplug.backend_ascend.random.fill_rand import MANTISSA_SHIFT
+from tileplug.backend_ascend.random.vector_ops import VECTOR
+from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS
+from tileplug.core.quant.formats import E4M3
+
+RANDOM_BITS = 32 - MANTISSA_SHIFT
+"""``r = word >> 8``: 24 random bits, added below the target's last place."""
+MAGNITUDE_MASK = 0x7FFFFFFF
+INF_PATTERN = 0x7F800000
+"""Patterns of a magnitude above it are NaN."""
+FP32_MANTISSA_BITS = 23
+FP32_BIAS = 127
+BF16_DROPPED_BITS = 16
+"""fp32 → bf16 keeps the top 16 bits of the pattern."""
+BF16_QUIET_BIT = 0x40
+"""Or-ed into a NaN's top half: a quiet bf16 NaN, sign kept."""
+E4M3_MAX_PATTERN = struct.unpack("<I", struct.pack("<f", E4M3.max_value))[0]
+"""The fp32 pattern of 448, e4m3's largest finite value (the saturation)."""
+E4M3_MIN_EXPONENT = -6
+"""e4m3's smallest normal exponent: its subnormals are steps of ``2^(-6 - 3)``."""
+E4M3_MANTISSA_BITS = 3
+E4M3_MIN_BIASED = FP32_BIAS + E4M3_MIN_EXPONENT
+"""The smallest fp32 biased exponent the e4m3 rounding uses (121)."""
+E4M3_SCALE_BIASED = 2 * FP32_BIAS + E4M3_MANTISSA_BITS
+"""``2^(3 − e)`` has the biased exponent ``257 − E`` (``E = e + 127``)."""
+E4M3_SIGN_SHIFT = 24
+"""``(p >> 24) & 0x80``: the fp32 sign as the e4m3 sign bit."""
+E4M3_SIGN = 0x80
+E4M3_NAN = 0x7F
+PAIRS = (("float32", "bfloat16"), ("float32", "float8_e4m3fn"), ("bfloat16", "float8_e4m3fn"))
+"""``(source, target)`` dtype names the kernel serves."""
+
+
+def random_bits(ops, words) -> tuple:
+    """The Philox words ``(r0, r1, r2, r3)`` of a group → their top 24 bits, in element order (four
+    ``uint32`` registers: elements ``0..63``, ``64..127``, ``128..191``, ``192..255`` of the group)."""
+    return philox.element_order(ops, tuple(ops.shift_right(word, MANTISSA_SHIFT, f"r{index}")
+                                           for index, word in enumerate(words)))
+
+
+def bf16_patterns(ops, patterns, bits):
+    """fp32 patterns (a ``uint32`` register) rounded to bf16 with the 24-bit ``bits`` → bf16
+    patterns in the low 16 bits of each lane (a ``uint32`` register)."""
+    magnitude = ops.and_word(patterns, MAGNITUDE_MASK, "magnitude")
+    dropped = ops.and_word(patterns, (1 << BF16_DROPPED_BITS) - 1, "dropped")
+    fraction = ops.shift_left(dropped, RANDOM_BITS - BF16_DROPPED_BITS, "fraction_bits")
+    up = ops.shift_right(ops.add_words(fraction, bits, "fraction_sum"), RANDOM_BITS, "round_up")
+    truncated = ops.shift_right(patterns, BF16_DROPPED_BITS, "truncated")
+    rounded = ops.add_words(truncated, up, "rounded")  # the carry reaches the sign bit only from a NaN
+    quiet = ops.or_word(truncated, BF16_QUIET_BIT, "quiet_nan")
+    return ops.select(ops.above(magnitude, INF_PATTERN, "is_nan"), quiet, rounded, "bf16_pattern")
+
+
+def e4m3_codes(ops, patterns, bits):
+    """fp32 patterns (a ``uint32`` register) rounded to e4m3 with the 24-bit ``bits``, saturating
+    at ±448 → e4m3 codes in the low byte of each lane (a ``uint32`` register)."""
+    magnitude = ops.and_word(patterns, MAGNITUDE_MASK, "magnitude")
+    is_nan = ops.above(magnitude, INF_PATTERN, "is_nan")  # before the min, which maps NaN to 448
+    saturated = ops.min_word(magnitude, E4M3_MAX_PATTERN, "saturated")
+    exponent = ops.max_word(ops.shift_right(saturated, FP32_MANTISSA_BITS, "biased_exponent"), E4M3_MIN_BIASED,
+                            "step_exponent")
+    factor = ops.shift_left(ops.sub(ops.splat(E4M3_SCALE_BIASED, "scale_bias"), exponent, "factor_exponent"),
+                            FP32_MANTISSA_BITS, "factor_pattern")
+    scaled = ops.mul(ops.bits_as_float(saturated, "a"), ops.bits_as_float(factor, "factor"), "scaled")
+    whole = ops.truncate(scaled, "whole_steps")
+    fraction = ops.sub(scaled, ops.to_float(whole, "whole_value"), "fraction")
+    fraction_bits = ops.truncate(ops.scale(fraction, float(1 << RANDOM_BITS), "fraction_scaled"), "fraction_bits")
+    up = ops.shift_right(ops.add_words(fraction_bits, bits, "fraction_sum"), RANDOM_BITS, "round_up")
+    binade = ops.shift_left(ops.sub(exponent, ops.splat(E4M3_MIN_BIASED, "min_exponent"), "binade"),
+                            E4M3_MANTISSA_BITS, "binade_code")
+    code = ops.add_words(ops.add_words(binade, whole, "low_code"), up, "magnitude_code")
+    finite_or_nan = ops.select(is_nan, ops.splat(E4M3_NAN, "nan_code"), code, "unsigned_code")
+    sign = ops.and_word(ops.shift_right(patterns, E4M3_SIGN_SHIFT, "top_byte"), E4M3_SIGN, "sign_bit")
+    return ops.or_words(finite_or_nan, sign, "e4m3_code")
+
+
+ROUNDINGS = {"bfloat16": bf16_patterns, "float8_e4m3fn": e4m3_codes}
+"""Target dtype → the rounding of a register of fp32 patterns."""
+
+
+def source_patterns(ops, loaded, source: str):
+    """A loaded register of ``x`` (a ``uint32`` register: fp32 patterns, or for bf16 the pattern in
+    each lane's low 16 bits, the high half unspecified) → fp32 patterns (bf16 widens exactly)."""
+    if source == "bfloat16":
+        return ops.shift_left(loaded, BF16_DROPPED_BITS, "widened")
+    return loaded
+
+
+def round_group(ops, words, loaded, source: str, target: str) -> tuple:
+    """One group: its Philox words (four registers, lane = block) and the four loaded registers of
+    its elements (element order) → four registers of target patterns / codes (element order)."""
+    rounding = ROUNDINGS[target]
+    return tuple(rounding(ops, source_patterns(ops, register, source), bits)
+                 for register, bits in zip(loaded, random_bits(ops, words)))
+
+
+# ---------------------------------------------------------------------- the kernel
+
+
+@dataclass(frozen=True)
+class StochasticCastSpec(PlannedInSimdUb):
+    """What the kernel is specialised on: the pair, the vector-core count, the tiles' buffer
+    versions and width. The element count is dynamic."""
+
+    source: str
+    target: str
+    vector_cores: int = 64
+    num_buffers: int = VERSIONS
+    tile: int = draw.TILE_ELEMENTS
+
+    def plan(self) -> Plan:
+        """``seed_ub`` / ``offset_ub`` the state words (read once), ``x_ub`` one tile of ``x``,
+        ``out_ub`` one tile of the result."""
+        return {
+            "seed_ub": ((draw.STATE_WORDS,), "int32", 1),
+            "offset_ub": ((draw.STATE_WORDS,), "int32", 1),
+            "x_ub": ((self.tile,), self.source, self.num_buffers),
+            "out_ub": ((self.tile,), self.target, self.num_buffers),
+        }
+
+    @property
+    def layout(self) -> str:
+        return (f"tiles of {self.tile} elements ({self.tile // philox.ELEMENTS_PER_GROUP} groups of 64 Philox "
+                "blocks), tile t on vector core t % C, one per pipeline step")
+
+    def describe(self) -> str:
+        return f"stochastic_cast [N] {self.source} -> {self.target} tile={self.tile}"
+
+
+def dtype_name(dtype) -> str:
+    """``torch.bfloat16`` → ``"bfloat16"`` (TileLang's name of the dtype)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def spec_of(call, target: DeviceTarget | None = None) -> StochasticCastSpec:
+    """The specialisation of ``call`` (a ``StochasticCastCall``) on ``target``'s vector cores (None:
+    the lowering stand-ins)."""
+    cores = (target or lowering_target()).vector_cores
+    return StochasticCastSpec(source=dtype_name(call.source), target=dtype_name(call.target), vector_cores=cores)
+
+
+def decline_reason(call) -> str | None:
+    """Why the kernel cannot serve ``call`` (None: it can): the draw's element limit, a pair
+    outside the three (the contract refuses those; here for a call made by hand)."""
+    if (dtype_name(call.source), dtype_name(call.target)) not in PAIRS:
+        return f"{call.source} -> {call.target} is not a stochastic narrowing this kernel serves"
+    return draw.decline_reason(call)
+
+
+
+@T.macro
+def load_patterns(x_ub, at, source):
+    """Register ``at .. at + 63`` of the ``x`` tile as ``uint32`` lanes (bf16: the pattern in the
+    low half of each lane, ``UNPK_B16``)."""
+    if source == "bfloat16":
+        return VECTOR.float_bits(T.simd.vld(x_ub[at], dist="UNPK_B16"), "loaded")
+    else:
+        return VECTOR.float_bits(T.simd.vld(x_ub[at]), "loaded")
+
+
+@T.macro
+def store_codes(out_ub, at, codes, target):
+    """Store the low 16 bits (bf16) or the low byte (e4m3) of each lane of ``codes`` at
+    ``out_ub[at ..]``: a narrowing ``vcvt`` of in-range integers, the bits reinterpreted as the
+    target dtype, a packing store."""
+    if target == "bfloat16":
+        narrow = T.simd.vcvt(codes, "uint16", sat=True, part=0)
+        T.simd.vsts(out_ub[at], tirx.reinterpret("bfloat16x128", narrow), dist="PK_B32")
+    else:
+        narrow = T.simd.vcvt(codes, "uint8", sat=True, part=0)
+        T.simd.vsts(out_ub[at], tirx.reinterpret("float8_e4m3fnx256", narrow), dist="PK4_B32")
+
+
+def rounding_compute(spec: StochasticCastSpec):
+    """The vector work of one tile (a macro, :func:`~tileplug.backend_ascend.random.draw.group_compute`):
+    each group's words and its 256 values of ``x_ub`` through :func:`round_group`, stored at
+    ``out_ub[256·g ..]``. Looked up by :func:`build` at trace time;
+    tests/test_ascend_stochastic_cast_lowering.py replaces it with scalar code."""
+
+    def store_group(buffers, at, words):
+        offsets = [at + index * LANES for index in range(philox.WORDS_PER_BLOCK)]
+        loaded = [load_patterns(buffers["x_ub"], offset, spec.source) for offset in offsets]
+        for offset, codes in zip(offsets, round_group(VECTOR, words, loaded, spec.source, spec.target)):
+            store_codes(buffers["out_ub"], offset, codes, spec.target)
+
+    return draw.group_compute(store_group)
+
+
+def parameters(spec: StochasticCastSpec):
+    """``(name, tensor type)`` of the GM tensors, in launch order: ``SEED`` and ``OFFSET`` the int32
+    word views of the int64 ``[1]`` state, ``X`` the flat ``x`` ``[N]``, ``RESULT`` the flat result."""
+    N = T.dynamic("N")
+    return [
+        ("SEED", T.Tensor((2,), "int32")),
+        ("OFFSET", T.Tensor((2,), "int32")),
+        ("X", T.Tensor((N,), spec.source)),
+        ("RESULT", T.Tensor((N,), spec.target)),
+    ], N
+
+
+def build(spec: StochasticCastSpec):
+    """The prim_func of ``spec`` (UB budget checked)."""
+    params, N = parameters(spec)
+    return draw.tile_kernel(spec, params, N, rounding_compute(spec), source=("X", "x_ub"), result="RESULT")
+
+
+def arguments(spec: StochasticCastSpec, inputs, outputs) -> list:
+    """Launch arguments: the int32 word views of seed and offset, the flat ``x`` and result."""
+    import torch
+
+    return [inputs.seed.view(torch.int32), inputs.offset.view(torch.int32), inputs.x.view(-1),
+            inputs.result.view(-1)]
+
+
+KERNEL = draw.advancing_kernel("stochastic_cast", spec_of, decline_reason, lambda spec: build(spec), arguments)
