@@ -404,26 +404,31 @@ def test_draws_store_whole_runs_128_bits_at_a_time(name: str, compiled_grid: dic
     assert bool(vector_store) == name.endswith("_v128_t256"), name
 
 
-STOCHASTIC_CASTS = [name for name, _ in GRID if name.startswith("stochastic_cast_")]
+ELEMENT_CASTS = [name for name, _ in GRID if name.startswith(("stochastic_cast_", "nearest_cast_"))]
+VECTOR_ACCESS = r"\*\((?:float4|uint4|fp8_e4_16_t)\*\)\("
 
 
-@pytest.mark.parametrize("name", STOCHASTIC_CASTS)
-def test_stochastic_casts_load_and_store_whole_runs_128_bits_at_a_time(name: str, compiled_grid: dict[str, dict]
-                                                                       ) -> None:
-    """The aligned form of ``stochastic_cast`` loads a thread's run of x and stores its run of
-    result 128 bits at a time (its tail element by element); the scalar form never does."""
+@pytest.mark.parametrize("name", ELEMENT_CASTS)
+def test_element_casts_load_and_store_whole_runs_128_bits_at_a_time(name: str, compiled_grid: dict[str, dict]
+                                                                    ) -> None:
+    """The aligned form of ``stochastic_cast`` / ``nearest_cast`` loads a thread's run of x and
+    stores its run of result 128 bits at a time (its tail element by element); the scalar form
+    never does."""
     result = compiled_grid[name]
     assert result["ok"], result.get("error")
-    vector_load = re.search(r"=\s*\*\((?:float4|uint4)\*\)\(x \+", result["source"])
-    vector_store = re.search(r"\*\((?:uint4|fp8_e4_16_t)\*\)\(result \+", result["source"])
+    vector_load = re.search(r"=\s*" + VECTOR_ACCESS + r"x \+", result["source"])
+    vector_store = re.search(VECTOR_ACCESS + r"result \+", result["source"])
     aligned = name.endswith("_v128_t256")
     assert bool(vector_load) == aligned and bool(vector_store) == aligned, name
 
 
-def test_stochastic_cast_grid_holds_every_pair_in_both_forms() -> None:
-    assert sorted(STOCHASTIC_CASTS) == sorted(f"stochastic_cast_{pair}_{form}_t256" for pair in
-                                              ("fp32_to_bf16", "fp32_to_e4m3", "bf16_to_e4m3")
-                                              for form in ("v128", "scalar"))
+def test_element_cast_grid_holds_every_pair_in_both_forms() -> None:
+    dtypes = ("fp32", "bf16", "e4m3")
+    stochastic = ("fp32_to_bf16", "fp32_to_e4m3", "bf16_to_e4m3")
+    nearest = [f"{source}_to_{target}" for source in dtypes for target in dtypes]
+    assert sorted(ELEMENT_CASTS) == sorted(
+        [f"stochastic_cast_{pair}_{form}_t256" for pair in stochastic for form in ("v128", "scalar")]
+        + [f"nearest_cast_{pair}_{form}_t256" for pair in nearest for form in ("v128", "scalar")])
 
 
 def test_vector_check_catches_a_scalar_variant() -> None:

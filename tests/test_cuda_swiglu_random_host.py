@@ -156,6 +156,21 @@ def test_stochastic_cast_takes_the_128_bit_form_only_when_x_and_result_are_align
         f"stochastic_cast_{short}_v128_t256", f"stochastic_cast_{short}_scalar_t256", "advance_offset"]
 
 
+def test_nearest_cast_takes_the_128_bit_form_only_when_aligned_and_draws_nothing(recorder) -> None:
+    x_storage, result_storage = torch.empty(4100), torch.empty(4100, dtype=torch.float8_e4m3fn)
+    for x, result, form in ((x_storage[:4097], result_storage[:4097], "v128"),
+                            (x_storage[1:4098], result_storage[:4097], "scalar"),
+                            (x_storage[:4097], result_storage[1:4098], "scalar")):
+        call, inputs = describe_call(ops.nearest_cast, result, x)
+        _KERNELS["nearest_cast"].prepare(call)(inputs, None)
+        cast, (result_arg, x_arg) = recorder.launches[-1]
+        assert cast == f"nearest_cast_fp32_to_e4m3_{form}_t256"
+        assert result_arg.data_ptr() == result.data_ptr() and x_arg.data_ptr() == x.data_ptr()
+    assert len(recorder.launches) == 3  # no advance launch
+    assert [spec.name for spec in _KERNELS["nearest_cast"].specs(call)] == [
+        "nearest_cast_fp32_to_e4m3_v128_t256", "nearest_cast_fp32_to_e4m3_scalar_t256"]
+
+
 def test_a_draw_compiles_three_specialisations() -> None:
     call = describe_call(ops.fill_randn, torch.empty(3, 5, dtype=BF16), torch.zeros(1, dtype=torch.int64),
                          torch.zeros(1, dtype=torch.int64))[0]

@@ -16,7 +16,7 @@ import torch
 
 from tileplug import core
 from tileplug.core import ContractError
-from tileplug.core.ops import cast, stochastic_cast
+from tileplug.core.ops import cast, nearest_cast, stochastic_cast
 from tileplug.core.random import Generator
 from tileplug.core.testing import philox4x32_10_words
 
@@ -274,6 +274,13 @@ def _overlapping_out() -> None:
 REFUSALS += [
     ("stochastic_cast", _shared_state, "offset"),
     ("stochastic_cast", _overlapping_out, "result"),
+    ("nearest_cast", lambda: nearest_cast(torch.empty(2), [1.0, 2.0]), "x"),
+    ("nearest_cast", lambda: nearest_cast(torch.empty(2), torch.ones(2, dtype=torch.float16)), "x"),
+    ("nearest_cast", lambda: nearest_cast(torch.empty(2, dtype=torch.int32), torch.ones(2)), "result"),
+    ("nearest_cast", lambda: nearest_cast(torch.empty(3, dtype=E4M3), torch.ones(2)), "result"),
+    ("nearest_cast", lambda: nearest_cast(torch.empty(4, dtype=E4M3), torch.ones(4, 2).t()), "x"),
+    ("nearest_cast", lambda: nearest_cast(torch.empty(2, 4, dtype=E4M3).t(), torch.ones(4, 2)), "result"),
+    ("nearest_cast", lambda: (lambda x: nearest_cast(x[1:], x[:-1]))(torch.ones(5)), "result"),
 ]
 
 

@@ -1,4 +1,5 @@
-"""CUDA ``stochastic_cast`` on a GPU (docs/spec.md §10.2) against the reference backend, bytewise.
+"""CUDA ``stochastic_cast`` and ``nearest_cast`` on a GPU (docs/spec.md §10.2) against the
+reference backend, bytewise.
 
     hatch run python -m pytest tests/gpu/test_cuda_stochastic_cast.py -m gpu -q
 
@@ -6,7 +7,7 @@ The op-table cases run in tests/gpu/test_cuda_quant.py's grid; here: both load/s
 (aligned and misaligned views of x and of result) at element counts that end inside a
 thread's run, every non-finite and boundary input, graph replays drawing fresh bits (the
 offset advanced on the device), ``cast`` with a generator, and the mean of a constant's
-stochastic casts on the GPU.
+stochastic casts on the GPU; for ``nearest_cast`` every pair in both forms.
 """
 
 from __future__ import annotations
@@ -122,3 +123,24 @@ def test_the_mean_of_a_constants_casts_is_the_constant(source, target) -> None:
     p = (constant - low) / (high - low)
     bound = 5 * (p * (1 - p)) ** 0.5 * (high - low) / count**0.5
     assert abs(rounded.mean().item() - constant) <= bound
+
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("source", DTYPES, ids=["fp32", "bf16", "e4m3"])
+@pytest.mark.parametrize("target", DTYPES, ids=["fp32", "bf16", "e4m3"])
+@pytest.mark.parametrize("count", [1, 17, 4097, 3 * (1 << 20) + 5])
+@pytest.mark.parametrize("x_shift, result_shift", [(0, 0), (1, 0), (0, 1)], ids=["aligned", "x-off", "result-off"])
+def test_nearest_cast_bytes_equal_the_reference(source, target, count, x_shift, result_shift) -> None:
+    values = _inputs(count + x_shift, torch.float32, seed=count)
+    if source == torch.float8_e4m3fn:
+        values = values.clamp(-448, 448)  # (NaN passes): e4m3 values of every binade
+    x = values.to(source)[x_shift:]
+    results = []
+    for backend in ("cuda", "reference"):
+        storage = torch.full((count + result_shift,), float("nan"), device=DEVICE).to(target)
+        with use_backend(backend):
+            ops.nearest_cast(storage[result_shift:], x)
+        results.append(storage[result_shift:])
+    assert_bytes_equal(cpu_copy(results[0]), cpu_copy(results[1]), what=f"{count} values", nan_equal=True)

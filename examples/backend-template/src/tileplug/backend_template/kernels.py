@@ -38,6 +38,7 @@ from tileplug.reference.norm.rms_norm_per_token_cast import (
     rms_norm_per_token_cast as reference_rms_norm_per_token_cast,
 )
 from tileplug.reference.quant.cast_back import cast_back as reference_cast_back
+from tileplug.reference.quant.nearest_cast import nearest_cast as reference_nearest_cast
 from tileplug.reference.random import draw as reference_random
 from tileplug.reference.quant.per_block_cast import per_block_cast as reference_per_block_cast
 from tileplug.reference.quant.per_block_cast_lossless import per_block_cast_lossless as reference_lossless
@@ -122,6 +123,7 @@ KERNELS: dict[str, DelegatingToReferenceKernel] = {
     "per_block_cast_lossless": DelegatingToReferenceKernel("per_block_cast_lossless", reference_lossless),
     "transpose_weight_sf": DelegatingToReferenceKernel("transpose_weight_sf", reference_transpose_weight_sf),
     "stochastic_cast": DelegatingToReferenceKernel("stochastic_cast", reference_stochastic_cast),
+    "nearest_cast": DelegatingToReferenceKernel("nearest_cast", reference_nearest_cast),
     # in place: writes inputs.x (fake quant; its outputs are empty)
     "per_token_cast_and_cast_back": DelegatingToReferenceKernel("per_token_cast_and_cast_back",
                                                                 reference_per_token_cast_and_cast_back),

@@ -14,6 +14,7 @@ from tileplug.reference.norm.rms_norm import rms_norm
 from tileplug.reference.norm.rms_norm_backward import rms_norm_backward
 from tileplug.reference.norm.rms_norm_per_token_cast import rms_norm_per_token_cast
 from tileplug.reference.quant.cast_back import cast_back
+from tileplug.reference.quant.nearest_cast import nearest_cast
 from tileplug.reference.quant.per_block_cast import per_block_cast
 from tileplug.reference.quant.per_block_cast_lossless import per_block_cast_lossless
 from tileplug.reference.quant.per_channel_cast import per_channel_cast
@@ -68,6 +69,7 @@ def make_backend() -> Backend:
             "per_block_cast_lossless": ReferenceKernel(per_block_cast_lossless),
             "transpose_weight_sf": ReferenceKernel(transpose_weight_sf),
             "stochastic_cast": ReferenceKernel(stochastic_cast),
+            "nearest_cast": ReferenceKernel(nearest_cast),
             "rms_norm": ReferenceKernel(rms_norm),
             "layer_norm": ReferenceKernel(layer_norm),
             "rms_norm_per_token_cast": ReferenceKernel(rms_norm_per_token_cast),

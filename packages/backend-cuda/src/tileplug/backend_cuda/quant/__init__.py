@@ -2,6 +2,7 @@
 kernel (``grouped``), scale math macros (``sf_math``); compilation is the backend's ``jit``."""
 
 from tileplug.backend_cuda.quant.cast_back import CastBack
+from tileplug.backend_cuda.quant.nearest_cast import NearestCast
 from tileplug.backend_cuda.quant.per_block_cast import PerBlockCast
 from tileplug.backend_cuda.quant.per_channel_cast import PerChannelCast
 from tileplug.backend_cuda.quant.per_token_cast import PerTokenCast, PerTokenCastAndCastBack
@@ -17,8 +18,9 @@ def make_kernels() -> dict:
         "cast_back": CastBack(),
         "per_token_cast_and_cast_back": PerTokenCastAndCastBack(),
         "stochastic_cast": StochasticCast(),
+        "nearest_cast": NearestCast(),
     }
 
 
-__all__ = ["CastBack", "PerBlockCast", "PerChannelCast", "PerTokenCast", "PerTokenCastAndCastBack", "StochasticCast",
-           "make_kernels"]
+__all__ = ["CastBack", "NearestCast", "PerBlockCast", "PerChannelCast", "PerTokenCast", "PerTokenCastAndCastBack",
+           "StochasticCast", "make_kernels"]

@@ -37,7 +37,7 @@ import tilelang.language as T
 
 from tileplug.backend_cuda.quant import sf_math
 from tileplug.backend_cuda.quant.spec import KernelSpec
-from tileplug.backend_cuda.quant.stochastic_rounding import grid_rounding
+from tileplug.backend_cuda.quant.element_kernels import grid_rounding
 from tileplug.backend_cuda.random.philox import philox_block, state_buffers
 from tileplug.core.call import QuantMode
 from tileplug.core.quant.formats import QUANT_FORMATS

@@ -55,28 +55,35 @@ class StochasticCastCall(Call):
                       self.tokens * self.target.itemsize + STATE_BYTES, 2 * self.tokens)
 
 
-def _contiguous_tensor(name: str, value: Any, wanted: str) -> torch.Tensor:
+def _contiguous_tensor(op: str, name: str, value: Any, wanted: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
-        raise ContractError(STOCHASTIC_CAST, name, "a torch.Tensor", describe(value))
+        raise ContractError(op, name, "a torch.Tensor", describe(value))
     if not value.is_contiguous():
-        raise ContractError(STOCHASTIC_CAST, name, f"a contiguous tensor ({wanted})", describe(value))
+        raise ContractError(op, name, f"a contiguous tensor ({wanted})", describe(value))
     return value
+
+
+def _element_pair(op: str, result: Any, x: Any, sources: Any, targets_of: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(result, x)`` of an element-wise cast: contiguous tensors of one shape on one device,
+    ``x`` of a dtype in ``sources``, ``result`` of one in ``targets_of(x.dtype)``."""
+    x = _contiguous_tensor(op, "x", x, "element i takes draw word i in row-major order" if op == STOCHASTIC_CAST
+                           else "read in row-major order")
+    if x.dtype not in sources:
+        names = " or ".join(str(dtype).removeprefix("torch.") for dtype in sources)
+        raise ContractError(op, "x", f"dtype {names}", describe(x))
+    result = _contiguous_tensor(op, "result", result, "written in row-major order")
+    targets = targets_of(x.dtype)
+    if result.dtype not in targets:
+        names = " or ".join(str(target).removeprefix("torch.") for target in targets)
+        raise ContractError(op, "result", f"dtype {names} (a cast of {x.dtype})", describe(result))
+    if result.shape != x.shape or result.device != x.device:
+        raise ContractError(op, "result", f"a tensor of x's shape {tuple(x.shape)} on {x.device}", describe(result))
+    return result, x
 
 
 def stochastic_cast(result: Any, x: Any, seed: Any, offset: Any) -> tuple[StochasticCastCall, StochasticCastInputs]:
     """``(call, inputs)`` of ``stochastic_cast(result, x, seed, offset)``."""
-    x = _contiguous_tensor("x", x, "element i takes draw word i in row-major order")
-    if x.dtype not in STOCHASTIC_TARGETS:
-        raise ContractError(STOCHASTIC_CAST, "x", "dtype float32 or bfloat16", describe(x))
-    result = _contiguous_tensor("result", result, "written in row-major order")
-    targets = STOCHASTIC_TARGETS[x.dtype]
-    if result.dtype not in targets:
-        names = " or ".join(str(target).removeprefix("torch.") for target in targets)
-        raise ContractError(STOCHASTIC_CAST, "result", f"dtype {names} (a stochastic narrowing of {x.dtype})",
-                            describe(result))
-    if result.shape != x.shape or result.device != x.device:
-        raise ContractError(STOCHASTIC_CAST, "result", f"a tensor of x's shape {tuple(x.shape)} on {x.device}",
-                            describe(result))
+    result, x = _element_pair(STOCHASTIC_CAST, result, x, tuple(STOCHASTIC_TARGETS), STOCHASTIC_TARGETS.__getitem__)
     device = x.device
     check_state(STOCHASTIC_CAST, "seed", seed, device)
     check_state(STOCHASTIC_CAST, "offset", offset, device)
@@ -92,3 +99,39 @@ def stochastic_cast(result: Any, x: Any, seed: Any, offset: Any) -> tuple[Stocha
     # written and read outside autograd: the caller's tensors stay leaves, no history recorded
     return call, StochasticCastInputs(result.detach() if result.requires_grad else result,
                                       x.detach() if x.requires_grad else x, seed, offset)
+
+
+# ---------------------------------------------------------------------- the deterministic cast
+
+NEAREST_CAST = "nearest_cast"
+
+
+class NearestCastInputs(NamedTuple):
+    """What the kernel reads and writes: ``result`` (written), ``x`` (read)."""
+
+    result: torch.Tensor
+    x: torch.Tensor
+
+
+@call_type
+class NearestCastCall(Call):
+    """One round-to-nearest conversion of ``source`` to ``target``; ``tokens`` is the element count."""
+
+    source: torch.dtype
+    target: torch.dtype
+
+    def ledger(self, traits: LayoutTraits) -> Ledger:
+        """``x`` read, ``result`` written; one conversion per element."""
+        return Ledger(self.tokens * self.source.itemsize, self.tokens * self.target.itemsize, self.tokens)
+
+
+def nearest_cast(result: Any, x: Any) -> tuple[NearestCastCall, NearestCastInputs]:
+    """``(call, inputs)`` of ``nearest_cast(result, x)``: any pair of :data:`CAST_DTYPES`."""
+    result, x = _element_pair(NEAREST_CAST, result, x, CAST_DTYPES, lambda _: CAST_DTYPES)
+    if share_memory(result, x):
+        raise ContractError(NEAREST_CAST, "result", "a tensor sharing no memory with x", describe(result))
+    count = x.numel()
+    call = NearestCastCall(NEAREST_CAST, x.device.type, NEAREST_CAST, source=x.dtype, target=result.dtype,
+                           tokens=count, device=x.device, empty=count == 0)
+    return call, NearestCastInputs(result.detach() if result.requires_grad else result,
+                                   x.detach() if x.requires_grad else x)

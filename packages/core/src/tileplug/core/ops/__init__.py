@@ -34,7 +34,7 @@ from tileplug.core.ops.moe import (
     topk_gate,
 )
 from tileplug.core.ops.random import fill_rand, fill_randn
-from tileplug.core.ops.cast import cast, stochastic_cast
+from tileplug.core.ops.cast import cast, nearest_cast, stochastic_cast
 from tileplug.core.ops.swiglu import swiglu, swiglu_backward, swiglu_per_token_cast
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "moe_topk_gate",
     "moe_topk_gate_backward",
     "moe_unpermute",
+    "nearest_cast",
     "normalize_weight",
     "per_block_cast",
     "per_block_cast_lossless",

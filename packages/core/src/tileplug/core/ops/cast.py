@@ -24,7 +24,6 @@ from tileplug.core.contracts.checks import describe
 from tileplug.core.errors import ContractError
 from tileplug.core.opdefs import BenchCase, Case, OpDef, checked_case_inputs, declare, run
 from tileplug.core.ops.random import SEED_LIMIT, generator_state
-from tileplug.core.quant.formats import saturate_e4m3
 
 TARGET_NAMES = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
 
@@ -45,12 +44,27 @@ def stochastic_cast(result: torch.Tensor, x: torch.Tensor, seed: torch.Tensor, o
     return None
 
 
+def nearest_cast(result: torch.Tensor, x: torch.Tensor) -> None:
+    """``result = x`` converted with round to nearest even, in place.
+
+    ``x`` and ``result``: contiguous, one shape, each fp32, bf16 or float8_e4m3fn (any pair).
+    An e4m3 result saturates at ±448 (an infinity too; only NaN gives NaN); widening and
+    identity conversions are exact.
+    """
+    if is_compiling():
+        return NEAREST_CAST.traced(result, x)
+    call, inputs = contracts.nearest_cast(result, x)
+    run(call, inputs)
+    return None
+
+
 def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False, generator: Any = None
          ) -> torch.Tensor:
     """``x`` converted to ``dtype`` → a fresh contiguous tensor of x's shape.
 
     Deterministic (``stochastic_rounding=False``): any pair of fp32 / bf16 / float8_e4m3fn,
-    round to nearest even, e4m3 saturating at ±448 (NaN stays NaN). Stochastic: fp32 → bf16,
+    round to nearest even, e4m3 saturating at ±448 (NaN stays NaN), through the op
+    :func:`nearest_cast`. Stochastic: fp32 → bf16,
     fp32 → e4m3, bf16 → e4m3 as :func:`stochastic_cast` defines, with the bits of
     ``generator`` (a :class:`tileplug.core.random.Generator` on x's device; None: the device's
     default generator), whose offset advances by one (not for an empty ``x``). A
@@ -68,7 +82,9 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False,
         if generator is not None:
             raise ContractError("cast", "generator", "None (deterministic rounding draws no bits)",
                                 describe(generator))
-        return _nearest(x, dtype)
+        result = torch.empty(x.shape, dtype=dtype, device=x.device)
+        nearest_cast(result, x if x.is_contiguous() else x.contiguous())
+        return result
     if dtype not in contracts.STOCHASTIC_TARGETS.get(x.dtype, ()):
         raise ContractError("cast", "dtype", "a stochastic narrowing: float32 → bfloat16 or float8_e4m3fn, "
                             "bfloat16 → float8_e4m3fn", f"{x.dtype} → {dtype}")
@@ -78,14 +94,6 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False,
     result = torch.empty(x.shape, dtype=dtype, device=x.device)
     stochastic_cast(result, x if x.is_contiguous() else x.contiguous(), generator.seed_state, generator.offset_state)
     return result
-
-
-def _nearest(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Round to nearest even; an e4m3 target saturates first (torch's conversion would give
-    NaN past 448). Widening and identity casts are exact."""
-    if dtype == torch.float8_e4m3fn and x.dtype != dtype:
-        return saturate_e4m3(x).contiguous()
-    return x.to(dtype, memory_format=torch.contiguous_format, copy=True)  # fresh even for an identity cast
 
 
 # ---------------------------------------------------------------------- declaration
@@ -157,4 +165,69 @@ STOCHASTIC_CAST = declare(OpDef(
                    for target in TARGET_NAMES],
     arguments=cast_arguments,
     compare=compare_cast, input_options=INPUT_OPTIONS, mutates=("result", "offset"),
+))
+
+
+NEAREST_NAMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
+NEAREST_OPTIONS: dict[str, str] = {
+    "target": "'fp32', 'bf16' or 'e4m3': the dtype x converts to",
+    "source": "'e4m3': x is the activation saturated to e4m3 (default: the case's dtype)",
+}
+NEAREST_CHOICES: dict[str, tuple] = {"target": tuple(NEAREST_NAMES), "source": ("e4m3",)}
+
+
+def nearest_arguments(tokens: int, hidden: int, dtype: torch.dtype, kwargs: dict[str, Any], inputs: dict[str, Any],
+                      device: torch.device, seed: int) -> tuple[tuple, dict]:
+    """``(result [T, hidden] of the target dtype, x [T, hidden])``: x the activation of the case's
+    dtype (or saturated to e4m3 for ``source='e4m3'``) with every special value in its first
+    row; on the CPU ``result`` starts as NaN bytes so an unwritten element shows."""
+    from tileplug.core.quant.formats import saturate_e4m3
+    from tileplug.core.testing import activation
+
+    checked_case_inputs(contracts.NEAREST_CAST, inputs, NEAREST_OPTIONS, NEAREST_CHOICES)
+    target = NEAREST_NAMES[inputs.get("target", "e4m3")]
+    source = torch.float8_e4m3fn if inputs.get("source") == "e4m3" else dtype
+    if device.type == "meta":
+        return (torch.empty(tokens, hidden, dtype=target, device=device),
+                torch.empty(tokens, hidden, dtype=source, device=device)), dict(kwargs)
+    x = activation(tokens, hidden, torch.float32, device, seed)
+    if tokens:
+        specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 448.0, 464.0, -1e6, 2.0**-10,
+                                 1e-45, 3.3895314e38, 1.0 + 2.0**-8], device=device)
+        x[0, :min(hidden, specials.numel())] = specials[:hidden]
+    x = saturate_e4m3(x) if source == torch.float8_e4m3fn else x.to(source)
+    result = torch.full((tokens, hidden), float("nan"), device=device).to(target)
+    return (result, x), dict(kwargs)
+
+
+def nearest_cases() -> list[Case]:
+    """Every pair of fp32 / bf16 / e4m3, at widths whose element counts end inside a thread's
+    run (7, 1001) and at 576 and 7168."""
+    op, fp32, bf16 = contracts.NEAREST_CAST, torch.float32, torch.bfloat16
+    cases = []
+    for source, dtype in (("fp32", fp32), ("bf16", bf16), ("e4m3", bf16)):
+        for target, hidden in (("fp32", 576), ("bf16", 1001), ("e4m3", 7), ("e4m3", 7168)):
+            inputs = {"target": target, **({"source": "e4m3"} if source == "e4m3" else {})}
+            cases.append(Case.of(op, hidden, dtype, inputs=inputs))
+    return cases
+
+
+def compare_nearest(case: Case, tokens: int, actual: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    """docs/spec.md §10.2: ``result`` bytewise (any NaN equals any NaN)."""
+    from tileplug.core.testing import assert_bytes_equal, require
+
+    require(len(actual) == len(expected) == 1, f"{case.id}: {len(actual)} outputs, expected {len(expected)}")
+    assert_bytes_equal(actual[0], expected[0], what=f"{case.id} T={tokens} result", nan_equal=True)
+
+
+NEAREST_CAST = declare(OpDef(
+    name=contracts.NEAREST_CAST, family="quant", function=nearest_cast,
+    contract=lambda result, x: contracts.nearest_cast(result, x),
+    outputs=lambda call, traits: IN_PLACE_PLAN, result=lambda call, outputs: None,
+    ledger=lambda call, traits: call.ledger(traits),
+    cases=nearest_cases,
+    bench=lambda: [BenchCase.of("nearest_cast/e4m3", contracts.NEAREST_CAST, inputs={"target": "e4m3"}),
+                   BenchCase.of("nearest_cast/bf16", contracts.NEAREST_CAST, inputs={"target": "bf16"})],
+    arguments=nearest_arguments,
+    compare=compare_nearest, input_options=NEAREST_OPTIONS, mutates=("result",),
 ))

@@ -1,7 +1,12 @@
-"""The TileLang kernel of CUDA ``stochastic_cast``: element ``j`` of a thread's run rounds with
-``r = word_j >> 8`` of its Philox block (``random.philox``), to the reference's bytes (docs/spec.md
-§10.2): ``a = |x|`` between its neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
-``floor((a − lo) / (hi − lo) · 2^24) + r ≥ 2^24``. Both roundings are a few integer operations:
+"""The TileLang kernels of the CUDA element-wise casts (``element_cast``) and the stochastic
+rounding macros the quant tile kernel shares (``grid_rounding``).
+
+``nearest_cast``: a thread's run of ``x`` widened to fp32 (exact) and converted to the target by
+the store (round to nearest even; e4m3 with ``satfinite``). ``stochastic_cast``: element ``j``
+of a thread's run rounds with ``r = word_j >> 8`` of its Philox block (``random.philox``), to
+the reference's bytes (docs/spec.md §10.2): ``a = |x|`` between its neighbouring targets
+``lo ≤ a < hi`` becomes ``hi`` iff ``floor((a − lo) / (hi − lo) · 2^24) + r ≥ 2^24``. Both
+roundings are a few integer operations:
 
 - fp32 → bf16: the fraction is the 16 dropped bits ``m`` shifted up by 8, and
   ``(m << 8) + r ≥ 2^24`` iff ``m + (word >> 16) ≥ 2^16``: add ``word >> 16`` to the fp32
@@ -96,8 +101,33 @@ def grid_rounding(grid: str):
 round_to_e4m3 = grid_rounding("e4m3")
 
 
-def build(spec):
-    """The ``T.prim_func`` of ``spec`` (a ``quant.stochastic_cast.StochasticCastSpec``): buffers
+def build_nearest(spec):
+    """The ``T.prim_func`` of a ``nearest_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``):
+    buffers ``(result [N], x [N])``."""
+    N = T.dynamic("N", "int64")
+    layout = RunLayout(spec, N)
+    RUN, THREADS = layout.RUN, layout.THREADS
+    SOURCE, TARGET = spec.source, spec.target
+
+    @T.prim_func
+    def kernel(result: T.Tensor((N,), TARGET), x: T.Tensor((N,), SOURCE)):
+        with T.Kernel(layout.grid(N), threads=THREADS) as bx:
+            tx = T.get_thread_binding()
+            values = T.alloc_local((RUN,), SOURCE)
+            run = T.alloc_local((RUN,), "float32")
+            thread = T.cast(bx, "int64") * THREADS + tx
+            for j in T.unroll(RUN):
+                values[j] = T.cast(0, SOURCE)
+            layout.load_run(x, thread * RUN, values)
+            for j in T.unroll(RUN):
+                run[j] = T.cast(values[j], "float32")
+            layout.store_run(result, thread * RUN, run)
+
+    return kernel.with_attr("global_symbol", spec.name)
+
+
+def build_stochastic(spec):
+    """The ``T.prim_func`` of a ``stochastic_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``): buffers
     ``(result [N], x [N], seed [1], offset [1])``; it reads the offset, the second launch
     advances it."""
     N = T.dynamic("N", "int64")
@@ -125,3 +155,7 @@ def build(spec):
             layout.store_run(result, thread * RUN, run)
 
     return kernel.with_attr("global_symbol", spec.name)
+
+
+BUILDS = {"nearest_cast": build_nearest, "stochastic_cast": build_stochastic}
+"""Op → the build of its ``ElementCastSpec``."""

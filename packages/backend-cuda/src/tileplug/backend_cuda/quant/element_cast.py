@@ -1,0 +1,107 @@
+"""The CUDA element-wise casts' shared kernel object and specialisation: ``nearest_cast`` and
+``stochastic_cast`` (docs/spec.md §10.2) are one flat pass over ``x`` and ``result``.
+
+Thread ``i`` owns elements ``i·R … i·R + R − 1`` of the flat tensors, ``R`` chosen so that its
+loads and stores are whole 128-bit accesses (``R = 16 / the smaller itemsize``): it loads its
+run of ``x``, converts it (``element_kernels`` holds the TileLang kernels) and stores it. The
+stochastic cast draws Philox blocks ``i·R/4 …`` for its run (element ``j`` rounds with word
+``j``) and advances the offset by the one-thread launch after it (as ``fill_rand``). 128-bit
+loads and stores when ``x`` and ``result`` are both 16-byte aligned (checked per call),
+element by element otherwise. Nothing here imports TileLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from tileplug.backend_cuda import jit
+from tileplug.backend_cuda.random.spec import ADVANCE, THREADS, WORDS_PER_BLOCK, RandomKernelSpec
+from tileplug.backend_cuda.random.table import VECTOR_BYTES, AlignedEntry
+
+TL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}
+SHORT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float8_e4m3fn": "e4m3"}
+ITEMSIZES = {"float32": 4, "bfloat16": 2, "float8_e4m3fn": 1}
+RUN_BYTES = 16
+"""Bytes of the narrower of ``x`` and ``result`` one thread moves: one 128-bit access."""
+
+Launcher = Callable[[Any, Any], None]
+
+
+@dataclass(frozen=True)
+class ElementCastSpec:
+    """``op``: nearest_cast / stochastic_cast; ``source`` / ``target``: TileLang dtypes of ``x``
+    and ``result``; ``vectorize``: 128-bit loads and stores of whole runs. The element count
+    is a runtime value."""
+
+    op: str
+    source: str
+    target: str
+    vectorize: bool = True
+
+    def build(self):
+        """The TileLang ``PrimFunc`` (``tileplug.backend_cuda.jit``)."""
+        from tileplug.backend_cuda.quant import element_kernels
+
+        return element_kernels.BUILDS[self.op](self)
+
+    @property
+    def dtype(self) -> str:
+        """What a run stores (``random.philox.RunLayout``): the target."""
+        return self.target
+
+    @property
+    def blocks_per_thread(self) -> int:
+        """A thread's run in Philox blocks of 4 elements (``RunLayout``; the nearest cast draws none)."""
+        return RUN_BYTES // (WORDS_PER_BLOCK * min(ITEMSIZES[self.source], ITEMSIZES[self.target]))
+
+    @property
+    def name(self) -> str:
+        form = "v128" if self.vectorize else "scalar"
+        return f"{self.op}_{SHORT_NAMES[self.source]}_to_{SHORT_NAMES[self.target]}_{form}_t{THREADS}"
+
+
+class ElementCast:
+    """An element-wise cast on CUDA: ``supports``, ``specs``, ``source``, ``prepare``. ``advances``:
+    the op advances a generator's offset after its kernel (``inputs.offset``)."""
+
+    op = ""
+    advances = False
+
+    def supports(self, call: Any) -> str | None:
+        return None  # every pair of the contract, any element count (int64 indices)
+
+    def spec(self, call: Any, vectorize: bool = True) -> ElementCastSpec:
+        return ElementCastSpec(self.op, TL_DTYPES[call.source], TL_DTYPES[call.target], vectorize)
+
+    def specs(self, call: Any) -> list:
+        """The two load/store forms (and the offset's advance)."""
+        return [self.spec(call), self.spec(call, vectorize=False)] + ([RandomKernelSpec(ADVANCE)] if self.advances
+                                                                      else [])
+
+    def source(self, call: Any, arch: str = jit.DEFAULT_ARCH) -> str:
+        specs = [self.spec(call)] + ([RandomKernelSpec(ADVANCE)] if self.advances else [])
+        return "\n".join(jit.lower_source(spec, arch) for spec in specs)
+
+    def __call__(self, call: Any, inputs: Any, outputs: Any) -> None:
+        self.prepare(call)(inputs, outputs)
+
+    def prepare(self, call: Any) -> Launcher:
+        cast = AlignedEntry(self.spec(call), self.spec(call, vectorize=False))
+        if not self.advances:
+
+            def launch(inputs: Any, outputs: Any) -> None:
+                result, x = inputs.result.view(-1), inputs.x.view(-1)
+                cast((result.data_ptr() | x.data_ptr()) % VECTOR_BYTES == 0, result, x)
+
+            return launch
+        advance = jit.entry(RandomKernelSpec(ADVANCE))
+
+        def launch_and_advance(inputs: Any, outputs: Any) -> None:
+            result, x = inputs.result.view(-1), inputs.x.view(-1)
+            cast((result.data_ptr() | x.data_ptr()) % VECTOR_BYTES == 0, result, x, inputs.seed, inputs.offset)
+            advance(inputs.offset)
+
+        return launch_and_advance
