@@ -1,7 +1,9 @@
 """Ascend quant kernels: one module per op over one shared, pipelined tile kernel;
-``stochastic_cast`` is built on the random family's draw kernel instead (``random/draw.py``)."""
+``stochastic_cast`` and ``nearest_cast`` are built on the random family's draw kernel instead
+(``random/draw.py``)."""
 
-from tileplug.backend_ascend.quant import cast_back, per_block_cast, per_channel_cast, per_token_cast, stochastic_cast
+from tileplug.backend_ascend.quant import (cast_back, nearest_cast, per_block_cast, per_channel_cast, per_token_cast,
+                                           stochastic_cast)
 
 KERNELS = {
     "per_token_cast": per_token_cast.KERNEL,
@@ -9,4 +11,5 @@ KERNELS = {
     "per_channel_cast": per_channel_cast.KERNEL,
     "cast_back": cast_back.KERNEL,
     "stochastic_cast": stochastic_cast.KERNEL,
+    "nearest_cast": nearest_cast.KERNEL,
 }

@@ -35,6 +35,7 @@ Served: the three pairs, any element count up to :data:`~tileplug.backend_ascend
 
 import struct
 from dataclasses import dataclass
+from typing import ClassVar
 
 import tilelang.ascend.language as T
 from tvm import tirx
@@ -94,9 +95,11 @@ def bf16_patterns(ops, patterns, bits):
     return ops.select(ops.above(magnitude, INF_PATTERN, "is_nan"), quiet, rounded, "bf16_pattern")
 
 
-def e4m3_codes(ops, patterns, bits):
-    """fp32 patterns (a ``uint32`` register) rounded to e4m3 with the 24-bit ``bits``, saturating
-    at ±448 → e4m3 codes in the low byte of each lane (a ``uint32`` register)."""
+def e4m3_steps(ops, patterns) -> tuple:
+    """fp32 patterns (a ``uint32`` register) → ``(is_nan, exponent, scaled)``: the NaN lanes,
+    ``E`` (the biased fp32 exponent of ``a = min(|p|, 448)``, at least 121) and ``s = a · 2^(130 − E)``
+    (exact: ``[8, 16)`` for a normal e4m3 value, ``[0, 8)`` below ``2^-6``), i.e. ``a`` counted in
+    steps of its e4m3 binade. Shared by the stochastic and the nearest rounding."""
     magnitude = ops.and_word(patterns, MAGNITUDE_MASK, "magnitude")
     is_nan = ops.above(magnitude, INF_PATTERN, "is_nan")  # before the min, which maps NaN to 448
     saturated = ops.min_word(magnitude, E4M3_MAX_PATTERN, "saturated")
@@ -105,16 +108,30 @@ def e4m3_codes(ops, patterns, bits):
     factor = ops.shift_left(ops.sub(ops.splat(E4M3_SCALE_BIASED, "scale_bias"), exponent, "factor_exponent"),
                             FP32_MANTISSA_BITS, "factor_pattern")
     scaled = ops.mul(ops.bits_as_float(saturated, "a"), ops.bits_as_float(factor, "factor"), "scaled")
+    return is_nan, exponent, scaled
+
+
+def e4m3_code(ops, patterns, is_nan, exponent, steps):
+    """The e4m3 codes (low byte of each lane) of a rounded :func:`e4m3_steps`: ``steps`` the whole
+    steps of ``s`` after rounding (``16`` carries into the next binade), the code
+    ``(E − 121) · 8 + steps`` with the pattern's sign or-ed on, ``0x7F`` for a NaN lane."""
+    binade = ops.shift_left(ops.sub(exponent, ops.splat(E4M3_MIN_BIASED, "min_exponent"), "binade"),
+                            E4M3_MANTISSA_BITS, "binade_code")
+    code = ops.add_words(binade, steps, "magnitude_code")
+    finite_or_nan = ops.select(is_nan, ops.splat(E4M3_NAN, "nan_code"), code, "unsigned_code")
+    sign = ops.and_word(ops.shift_right(patterns, E4M3_SIGN_SHIFT, "top_byte"), E4M3_SIGN, "sign_bit")
+    return ops.or_words(finite_or_nan, sign, "e4m3_code")
+
+
+def e4m3_codes(ops, patterns, bits):
+    """fp32 patterns (a ``uint32`` register) rounded to e4m3 with the 24-bit ``bits``, saturating
+    at ±448 → e4m3 codes in the low byte of each lane (a ``uint32`` register)."""
+    is_nan, exponent, scaled = e4m3_steps(ops, patterns)
     whole = ops.truncate(scaled, "whole_steps")
     fraction = ops.sub(scaled, ops.to_float(whole, "whole_value"), "fraction")
     fraction_bits = ops.truncate(ops.scale(fraction, float(1 << RANDOM_BITS), "fraction_scaled"), "fraction_bits")
     up = ops.shift_right(ops.add_words(fraction_bits, bits, "fraction_sum"), RANDOM_BITS, "round_up")
-    binade = ops.shift_left(ops.sub(exponent, ops.splat(E4M3_MIN_BIASED, "min_exponent"), "binade"),
-                            E4M3_MANTISSA_BITS, "binade_code")
-    code = ops.add_words(ops.add_words(binade, whole, "low_code"), up, "magnitude_code")
-    finite_or_nan = ops.select(is_nan, ops.splat(E4M3_NAN, "nan_code"), code, "unsigned_code")
-    sign = ops.and_word(ops.shift_right(patterns, E4M3_SIGN_SHIFT, "top_byte"), E4M3_SIGN, "sign_bit")
-    return ops.or_words(finite_or_nan, sign, "e4m3_code")
+    return e4m3_code(ops, patterns, is_nan, exponent, ops.add_words(whole, up, "rounded_steps"))
 
 
 ROUNDINGS = {"bfloat16": bf16_patterns, "float8_e4m3fn": e4m3_codes}
@@ -141,9 +158,11 @@ def round_group(ops, words, loaded, source: str, target: str) -> tuple:
 
 
 @dataclass(frozen=True)
-class StochasticCastSpec(PlannedInSimdUb):
-    """What the kernel is specialised on: the pair, the vector-core count, the tiles' buffer
-    versions and width. The element count is dynamic."""
+class ElementCastSpec(PlannedInSimdUb):
+    """What an element-wise cast kernel over the draw's tiles is specialised on: the pair, the
+    vector-core count, the tiles' buffer versions and width. The element count is dynamic.
+    Subclasses name the op and whether it reads the generator state (``stochastic_cast`` here,
+    ``nearest_cast`` in ``quant/nearest_cast.py``)."""
 
     source: str
     target: str
@@ -151,23 +170,38 @@ class StochasticCastSpec(PlannedInSimdUb):
     num_buffers: int = VERSIONS
     tile: int = draw.TILE_ELEMENTS
 
+    op: ClassVar[str]
+    reads_state: ClassVar[bool]
+
     def plan(self) -> Plan:
-        """``seed_ub`` / ``offset_ub`` the state words (read once), ``x_ub`` one tile of ``x``,
-        ``out_ub`` one tile of the result."""
-        return {
+        """``seed_ub`` / ``offset_ub`` the state words (read once; only when the op reads the
+        state), ``x_ub`` one tile of ``x``, ``out_ub`` one tile of the result."""
+        state = {
             "seed_ub": ((draw.STATE_WORDS,), "int32", 1),
             "offset_ub": ((draw.STATE_WORDS,), "int32", 1),
+        } if self.reads_state else {}
+        return {
+            **state,
             "x_ub": ((self.tile,), self.source, self.num_buffers),
             "out_ub": ((self.tile,), self.target, self.num_buffers),
         }
 
     @property
     def layout(self) -> str:
-        return (f"tiles of {self.tile} elements ({self.tile // philox.ELEMENTS_PER_GROUP} groups of 64 Philox "
-                "blocks), tile t on vector core t % C, one per pipeline step")
+        groups = f"{self.tile // philox.ELEMENTS_PER_GROUP} groups of " + (
+            "64 Philox blocks" if self.reads_state else "256 elements")
+        return f"tiles of {self.tile} elements ({groups}), tile t on vector core t % C, one per pipeline step"
 
     def describe(self) -> str:
-        return f"stochastic_cast [N] {self.source} -> {self.target} tile={self.tile}"
+        return f"{self.op} [N] {self.source} -> {self.target} tile={self.tile}"
+
+
+@dataclass(frozen=True)
+class StochasticCastSpec(ElementCastSpec):
+    """The specialisation of ``stochastic_cast``: it reads the generator state."""
+
+    op: ClassVar[str] = "stochastic_cast"
+    reads_state: ClassVar[bool] = True
 
 
 def dtype_name(dtype) -> str:
@@ -194,9 +228,12 @@ def decline_reason(call) -> str | None:
 @T.macro
 def load_patterns(x_ub, at, source):
     """Register ``at .. at + 63`` of the ``x`` tile as ``uint32`` lanes (bf16: the pattern in the
-    low half of each lane, ``UNPK_B16``)."""
+    low half of each lane, ``UNPK_B16``; e4m3: the code in the low byte, ``UNPK4_B8``; the other
+    bits of the lane unspecified)."""
     if source == "bfloat16":
         return VECTOR.float_bits(T.simd.vld(x_ub[at], dist="UNPK_B16"), "loaded")
+    elif source == "float8_e4m3fn":
+        return VECTOR.float_bits(T.simd.vld(x_ub[at], dist="UNPK4_B8"), "loaded")
     else:
         return VECTOR.float_bits(T.simd.vld(x_ub[at]), "loaded")
 
@@ -205,8 +242,10 @@ def load_patterns(x_ub, at, source):
 def store_codes(out_ub, at, codes, target):
     """Store the low 16 bits (bf16) or the low byte (e4m3) of each lane of ``codes`` at
     ``out_ub[at ..]``: a narrowing ``vcvt`` of in-range integers, the bits reinterpreted as the
-    target dtype, a packing store."""
-    if target == "bfloat16":
+    target dtype, a packing store; fp32: the 32-bit patterns as they are."""
+    if target == "float32":
+        T.simd.vsts(out_ub[at], tirx.reinterpret("float32x64", codes))
+    elif target == "bfloat16":
         narrow = T.simd.vcvt(codes, "uint16", sat=True, part=0)
         T.simd.vsts(out_ub[at], tirx.reinterpret("bfloat16x128", narrow), dist="PK_B32")
     else:

@@ -146,16 +146,18 @@ def parameters(spec: DrawSpec):
     ], N
 
 
-def tile_kernel(spec, params, count, compute, source=None, result: str = "V"):
-    """The prim_func of a draw-shaped kernel (UB budget checked): ``T.Kernel(C)``; once, the
-    state words into ``seed_ub`` / ``offset_ub``; then one pipelined step per tile of
-    ``spec.tile`` elements (tile ``t`` on core ``t % C``): ``source`` (None, or ``(GM name, UB
-    name)`` of an input read element for element) DMA'd in, the tile's elements that exist;
-    ``compute(buffers, first_block, groups)`` (groups wholly past ``count`` skipped); ``out_ub``
-    DMA'd to GM ``result``, the elements that exist. ``params``: the GM parameters (``SEED`` and
-    ``OFFSET`` among them), ``count``: the dynamic element count; ``spec`` has ``tile``,
-    ``vector_cores``, ``num_buffers``, ``plan()`` (``seed_ub``, ``offset_ub``, ``out_ub`` and the
-    source's buffer), ``footprint``, ``budget`` and ``describe()``."""
+def tile_kernel(spec, params, count, compute, source=None, result: str = "V", state: bool = True):
+    """The prim_func of a draw-shaped kernel (UB budget checked): ``T.Kernel(C)``; once (when
+    ``state``), the state words into ``seed_ub`` / ``offset_ub``; then one pipelined step per
+    tile of ``spec.tile`` elements (tile ``t`` on core ``t % C``): ``source`` (None, or ``(GM
+    name, UB name)`` of an input read element for element) DMA'd in, the tile's elements that
+    exist; ``compute(buffers, first_block, groups)`` (``first_block`` the tile's first Philox
+    block, which a kernel without state ignores; groups of 256 elements wholly past ``count``
+    skipped); ``out_ub`` DMA'd to GM ``result``, the elements that exist. ``params``: the GM
+    parameters (``SEED`` and ``OFFSET`` among them when ``state``), ``count``: the dynamic
+    element count; ``spec`` has ``tile``, ``vector_cores``, ``num_buffers``, ``plan()``
+    (``out_ub``, the source's buffer, and ``seed_ub`` / ``offset_ub`` when ``state``),
+    ``footprint``, ``budget`` and ``describe()``."""
     rows.check_budget(spec.footprint, spec.budget, spec.describe())
     plan = spec.plan()
     N, W, C = count, spec.tile, spec.vector_cores
@@ -167,8 +169,9 @@ def tile_kernel(spec, params, count, compute, source=None, result: str = "V"):
         G = gm.declare(tensors)
         with T.Kernel(C) as cid:
             buffers, versions = rows.plan_buffers(plan)
-            T.copy(G["SEED"][0:2], buffers["seed_ub"][0:2])
-            T.copy(G["OFFSET"][0:2], buffers["offset_ub"][0:2])
+            if state:
+                T.copy(G["SEED"][0:2], buffers["seed_ub"][0:2])
+                T.copy(G["OFFSET"][0:2], buffers["offset_ub"][0:2])
             for it in rows.row_loop(T.ceildiv(T.ceildiv(N, W) - cid, C), versions, spec.num_buffers):
                 tile = cid + it * C
                 start = tile * W

@@ -1,26 +1,30 @@
 """The vector instructions the random-number kernels issue, one method per instruction.
 
 The Philox rounds (:mod:`.philox`), the uniform transform (:mod:`.fill_rand`), Box–Muller
-(:mod:`.fill_randn`) and stochastic rounding (``quant/stochastic_cast.py``) are plain Python
-functions over an ``ops`` object of this interface: inside a ``T.SimdVF`` region the kernels
-pass :data:`VECTOR`, whose methods emit ``T.simd`` instructions on 64-lane registers
-(``uint32x64`` words, ``float32x64`` values, ``boolx256`` lane masks), each stored into a named
-register variable (a ``local.var`` buffer), so the Ascend C has one statement per instruction
-and no value is computed twice. Not a ``Bind``: TileLang's ``LegalizeNegativeIndex`` pass
-expands bound values recursively, exponential in how often a value is reused (Box–Muller's ~380
-instructions took minutes); register variables are opaque to it.
-``tests/test_ascend_rng_lowering.py`` passes a numpy object with the same methods (what each
-instruction is assumed to do) through the very same functions
-(``tests/test_ascend_stochastic_cast_lowering.py`` extends it), which is how the word
-arithmetic and the fp32 numerics are checked on a CPU.
+(:mod:`.fill_randn`), stochastic rounding (``quant/stochastic_cast.py``) and the round-to-nearest
+casts (``quant/nearest_cast.py``) are plain Python functions over an ``ops`` object of this
+interface: inside a ``T.SimdVF`` region the kernels pass :data:`VECTOR`, whose methods emit
+``T.simd`` instructions on 64-lane registers (``uint32x64`` words, ``float32x64`` values,
+``boolx256`` lane masks), each stored into a named register variable (a ``local.var`` buffer),
+so the Ascend C has one statement per instruction and no value is computed twice. Not a
+``Bind``: TileLang's ``LegalizeNegativeIndex`` pass expands bound values recursively,
+exponential in how often a value is reused (Box–Muller's ~380 instructions took minutes);
+register variables are opaque to it. ``tests/test_ascend_rng_lowering.py`` passes a numpy
+object with the same methods (what each instruction is assumed to do) through the very same
+functions (``tests/test_ascend_stochastic_cast_lowering.py`` and
+``tests/test_ascend_nearest_cast_lowering.py`` extend it), which is how the word arithmetic and
+the fp32 numerics are checked on a CPU.
 
 What the methods assume of the hardware (unknown without an NPU): ``vmull`` on ``uint32``
 returns the low then the high 32 bits of the unsigned 64-bit product; ``vshrs`` on ``uint32``
 shifts in zeros and ``vshls`` drops the bits shifted past bit 31; ``vmins`` / ``vmaxs`` /
 ``vcmps`` on ``uint32`` compare unsigned; ``vcvt`` f32 → s32 with ``ROUND_Z`` truncates (exact
 below 2^31); ``vintlv(a, b)`` returns ``(a0, b0, a1, b1, ..., a31, b31)`` then
-``(a32, b32, ..., a63, b63)``; ``vmul`` / ``vadd`` / ``vsub`` round to nearest even and are
-not fused; ``vln`` (``vln_1ulp_ftz_false``) is within 1 ulp; ``vsqrt`` / ``vdiv`` are
+``(a32, b32, ..., a63, b63)``; ``vmul`` / ``vadd`` / ``vsub`` (and ``vmuls`` / ``vadds`` with an fp32
+scalar) round to nearest even and are not fused; ``vcvt`` s32 → f32 is exact below 2^24; ``vlds``
+with ``UNPK_B16`` / ``UNPK4_B8`` puts halfword / byte ``i`` of the loaded ones in the low half / byte of
+lane ``i`` (the lane's other bits are taken as unspecified); a narrowing ``vcvt`` u32 → u16 / u8 of a
+value in range is exact; ``vln`` (``vln_1ulp_ftz_false``) is within 1 ulp; ``vsqrt`` / ``vdiv`` are
 correctly rounded.
 """
 
