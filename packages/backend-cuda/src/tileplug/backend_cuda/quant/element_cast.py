@@ -53,6 +53,13 @@ class ElementCastSpec:
         return self.target
 
     @property
+    def vector_buffers(self) -> tuple[str, ...]:
+        """Buffers whose every load is 128 bits wide: none, since a run that the element count
+        cuts short is loaded element by element in the same kernel. The compile test checks the
+        whole-run 128-bit loads of ``x`` and stores of ``result`` on its own."""
+        return ()
+
+    @property
     def blocks_per_thread(self) -> int:
         """A thread's run in Philox blocks of 4 elements (``RunLayout``; the nearest cast draws none)."""
         return RUN_BYTES // (WORDS_PER_BLOCK * min(ITEMSIZES[self.source], ITEMSIZES[self.target]))
