@@ -93,6 +93,13 @@ def lower_and_check(entry) -> dict:
             f"{lowering.name}: vector": checks.check_vector(source),
             f"{lowering.name}: nonempty": ("__gm__" in source, "kernel has __gm__ parameters"),
         })
+    if call.op in STOCHASTIC_CAPABLE_OPS:  # the Philox rounds and the state only where the call rounds stochastically
+        stochastic = bool(call.cast.stochastic)
+        for lowering in lowerings:
+            source = lowering.lowered.source
+            drawn = "simd_inst::vmull(" in source or "SEED" in source or "OFFSET" in source
+            result["checks"][f"{lowering.name}: philox iff stochastic"] = (
+                drawn == stochastic, f"stochastic rounding {stochastic}, Philox / state in the source {drawn}")
     if call.op in ROW_REDUCING_OPS:
         with core.config.override(ascend_vector_cores=OTHER_VECTOR_CORES):
             others = kernel.lowerings(call)
@@ -107,6 +114,9 @@ ROW_REDUCING_OPS = ("rms_norm_backward", "layer_norm_backward", "moe_expert_coun
 checked deterministic."""
 OTHER_VECTOR_CORES = 40
 """A second vector-core count the row-reducing ops are lowered for: the Ascend C must not change."""
+STOCHASTIC_CAPABLE_OPS = ("per_token_cast", "per_block_cast")
+"""Ops whose calls may round stochastically (docs/spec.md §10.2): also checked to draw Philox
+words exactly when they do (tests/test_ascend_stochastic_quant_lowering.py checks the draw)."""
 
 
 CASES, DECLINED = _grid()
@@ -131,7 +141,8 @@ def test_lowering_passes_checks(lowered, case):
 
 def test_the_grid_covers_every_case_of_the_op_table():
     """Every case of an op with an Ascend kernel is lowered or declined for a reason the
-    backend's capabilities state: e4m3-stored sf, scales stored in a layout that is not
+    backend's capabilities state (stochastic rounding of the per-token / per-block casts is served:
+    tests/test_ascend_stochastic_quant_lowering.py): e4m3-stored sf, scales stored in a layout that is not
     Ascend's, or a UB plan over budget (per-block re-quantization of a UE8M0-scaled 1 x 128
     input: 401504 bytes at the narrowest tile, so it falls through to the reference; see
     docs/ascend-backend.md); for the fused RMSNorm + cast: 3-D input, e2m1, packed UE8M0, or

@@ -10,6 +10,7 @@ import torch
 from tileplug.backend_ascend.device import DeviceTarget, UBBudgetError, dispatch_target, lowering_target
 from tileplug.backend_ascend.lowering import CheckedLowering, CompileCache
 from tileplug.backend_ascend.quant.spec import TileSpec, Tiling
+from tileplug.core.call import QuantMode
 
 KIND_OF_OP = {"per_token_cast": "token", "per_block_cast": "block", "per_channel_cast": "channel", "cast_back": "back"}
 DTYPE_NAMES = {
@@ -39,8 +40,9 @@ def decline_reason(call) -> str | None:
     if cast is not None:
         if cast.use_e4m3_sf:
             return "e4m3-stored scale factors are not produced on Ascend (use round_sf / packed UE8M0 or fp32 sf)"
-        if cast.stochastic:
-            return "stochastic rounding of per_token_cast / per_block_cast is not built on Ascend (the reference serves it)"
+        if cast.stochastic and (kind not in ("token", "block") or call.mode is not QuantMode.CAST):
+            return (f"stochastic rounding is served on the main per_token_cast / per_block_cast only (not {call.op} "
+                    f"in {call.mode.value} mode); falls to the reference")
         if cast.clamp_min < cast.fmt.max_value * DENORMAL_SCALE_LIMIT:
             return (
                 f"clamp_min {cast.clamp_min!r} allows denormal scales (< {cast.fmt.name} max x 2^-126); the vector "
@@ -85,7 +87,8 @@ def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
     return TileSpec(
         kind=kind, hidden=call.hidden, block=tuple(cast.block), fmt=cast.fmt.name, mode=mode,
         in_dtype=DTYPE_NAMES[call.input_dtype], round_sf=cast.round_sf, packed=cast.use_packed_ue8m0,
-        col_major=cast.col_major_sf, clamp_min=cast.clamp_min, qin=qin, given=given, vector_cores=cores,
+        col_major=cast.col_major_sf, clamp_min=cast.clamp_min, qin=qin, given=given,
+        stochastic=bool(cast.stochastic), vector_cores=cores,
     )
 
 
@@ -175,4 +178,6 @@ class GroupedKernel:
             args.append(outputs.q)
         if spec.writes_sf:
             args.append(_sf_arg(outputs.sf, spec.col_major))
+        if spec.stochastic:  # the generator's state as int32 words, read only (the public op advances the offset)
+            args += [inputs.seed.view(torch.int32), inputs.offset.view(torch.int32)]
         kernel(*args)

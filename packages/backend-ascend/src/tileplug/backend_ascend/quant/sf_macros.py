@@ -19,6 +19,8 @@ from types import SimpleNamespace
 import tilelang.ascend.language as T
 from tvm import tirx
 
+from tileplug.backend_ascend.quant.stochastic_cast import CODE_GRIDS, grid_codes, store_codes
+from tileplug.backend_ascend.random.vector_ops import VECTOR
 from tileplug.backend_ascend.ub import LANES
 from tileplug.core.quant.formats import QUANT_FORMATS
 
@@ -133,6 +135,31 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
 
     return SimpleNamespace(abs_bits=abs_bits, scale_math=scale_math, store_group_sf=store_group_sf,
                            group_inv=group_inv, store_quantized=store_quantized)
+
+
+def stochastic_store(fmt: str):
+    """The stochastic narrowing of the casts with ``stochastic_rounding=True`` (docs/spec.md §10.2):
+    the macro ``store(q_ub, code_ub, at, y, bits_ub)`` rounds ``y = x · inv`` onto ``fmt``'s grid
+    with the 24-bit random words at ``bits_ub[at]`` (uint32 words held as int32) -- the integer
+    rounding of ``stochastic_cast`` (:func:`~.stochastic_cast.grid_codes`), saturating, sign kept,
+    NaN as the deterministic encoder of :func:`sf_macros` gives it (e4m3 0x7F, e2m1 6's code) --
+    and stores the codes where :func:`sf_macros`' ``store_quantized`` does: e4m3 bytes at
+    ``q_ub[at]``, e2m1 codes one per byte at ``code_ub[at]`` (packed later). The codes are the
+    deterministic encoder's codes of the exact grid values, so no conversion instruction decides a
+    rounding."""
+    grid = CODE_GRIDS[fmt]()
+
+    @T.macro
+    def store(q_ub, code_ub, at, y, bits_ub):
+        patterns = VECTOR.float_bits(y, "scaled_pattern")
+        bits = VECTOR.bind(tirx.reinterpret("uint32x64", T.simd.vld(bits_ub[at])), "random_bits")
+        codes = grid_codes(VECTOR, patterns, bits, grid)
+        if fmt == "e4m3":
+            store_codes(q_ub, at, codes, "float8_e4m3fn")
+        else:
+            T.simd.vsts(code_ub[at], T.simd.vcvt(codes, "uint8", sat=True, part=0), dist="PK4_B32")
+
+    return store
 
 
 def pack_macro(rows: int, width: int, groups: int, pack_codes: bool, pack_exponents: bool, per_channel: bool):

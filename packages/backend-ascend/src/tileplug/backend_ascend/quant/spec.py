@@ -12,9 +12,14 @@ import math
 from dataclasses import dataclass
 
 from tileplug.backend_ascend.device import UB_BYTES_SIMD, UB_BYTES_SIMT, UBBudgetError, check_budget
+from tileplug.backend_ascend.random.philox import ELEMENTS_PER_GROUP
 from tileplug.backend_ascend.ub import ITEMSIZE, LANES, UB_ALIGN, VERSIONS, footprint  # noqa: F401 - re-exported
 from tileplug.core.call import QuantMode
 from tileplug.core.quant.sf_math import align, ceil_div
+
+STATE_SLOT = UB_ALIGN // ITEMSIZE["int32"]
+"""int32 words of the UB slot of one int64 state tensor (2 used; one DMA unit), as
+``random/draw.py``'s ``STATE_WORDS`` (that module imports TileLang; this one must not)."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,8 @@ class TileSpec:
     properties). ``in_dtype``: TileLang dtype of the data read.
     ``qin``: (fmt, ibm, ibn, sf kind "fp32"|"ue8m0", col_major) of a quantized input.
     ``given``: (sf kind, col_major) of precomputed scales. ``out_dtype``: cast_back result.
+    ``stochastic``: the narrowing of ``x·inv`` rounds stochastically (docs/spec.md §10.2), element
+    ``(t, h)`` with word ``t·H + h`` of the Philox draw under the generator's (seed, offset).
     """
 
     kind: str
@@ -41,6 +48,7 @@ class TileSpec:
     qin: tuple | None = None
     given: tuple | None = None
     out_dtype: str | None = None
+    stochastic: bool = False
     vector_cores: int = 64
     num_buffers: int = VERSIONS
 
@@ -135,6 +143,12 @@ class TileSpec:
             else:
                 p["code_ub"] = ((R, wp), "uint8", 1)
                 p["q_ub"] = ((R, wp // 2), "int8", V)
+        if self.stochastic:
+            # the generator's state words (read once) and the tile's random bits, row by row in
+            # whole Philox groups of 256 elements (the last group's surplus words are dropped)
+            p["seed_ub"] = ((STATE_SLOT,), "int32", 1)
+            p["offset_ub"] = ((STATE_SLOT,), "int32", 1)
+            p["bits_ub"] = ((R, align(width, ELEMENTS_PER_GROUP)), "int32", 1)  # uint32 words, stored as int32
         if self.writes_sf:
             if bn == 1:
                 if self.packed:
@@ -183,6 +197,8 @@ class TileSpec:
             bits.append(f"qin={self.qin}")
         if self.given:
             bits.append(f"given={self.given}")
+        if self.stochastic:
+            bits.append("stochastic")
         return " ".join(bits)
 
 

@@ -26,6 +26,10 @@ conversion instruction decides a rounding, a saturation or a NaN:
   into the next binade — with the sign byte or-ed on and ``0x7F`` for a NaN. ``f`` truncates
   ``(a − lo) / (hi − lo)`` to 24 fractional bits, as the reference does in fp64, and an fp32 value
   flushed to zero by ``vmul`` would have had ``f = 0`` anyway (below ``2^-33`` it is 0).
+  The same integer rounding is :func:`grid_codes` over a :class:`CodeGrid` (the format's largest
+  value, smallest normal exponent, mantissa bits, NaN code, sign bit): e4m3 here, and e2m1 too for
+  the stochastic per-token / per-block casts of the quant tile kernel (``E = max(a >> 23, 127)``,
+  ``s = a · 2^(128 − E)``, code ``(E − 127) · 2 + n + up``, NaN → 7, the sign as bit 3).
 
 No ``from __future__ import annotations`` here: TileLang parses the macros' source.
 
@@ -45,7 +49,7 @@ from tileplug.backend_ascend.random import draw, philox
 from tileplug.backend_ascend.random.fill_rand import MANTISSA_SHIFT
 from tileplug.backend_ascend.random.vector_ops import VECTOR
 from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS
-from tileplug.core.quant.formats import E4M3
+from tileplug.core.quant.formats import E2M1, E4M3
 
 RANDOM_BITS = 32 - MANTISSA_SHIFT
 """``r = word >> 8``: 24 random bits, added below the target's last place."""
@@ -65,12 +69,16 @@ E4M3_MIN_EXPONENT = -6
 E4M3_MANTISSA_BITS = 3
 E4M3_MIN_BIASED = FP32_BIAS + E4M3_MIN_EXPONENT
 """The smallest fp32 biased exponent the e4m3 rounding uses (121)."""
-E4M3_SCALE_BIASED = 2 * FP32_BIAS + E4M3_MANTISSA_BITS
-"""``2^(3 − e)`` has the biased exponent ``257 − E`` (``E = e + 127``)."""
-E4M3_SIGN_SHIFT = 24
-"""``(p >> 24) & 0x80``: the fp32 sign as the e4m3 sign bit."""
 E4M3_SIGN = 0x80
 E4M3_NAN = 0x7F
+E2M1_MAX_PATTERN = struct.unpack("<I", struct.pack("<f", E2M1.max_value))[0]
+"""The fp32 pattern of 6, e2m1's largest value."""
+E2M1_MIN_BIASED = FP32_BIAS
+"""e2m1's smallest normal value is 1 (its one subnormal step is 0.5)."""
+E2M1_MANTISSA_BITS = 1
+E2M1_SIGN = 0x8
+E2M1_NAN = 0x7
+"""What the deterministic e2m1 encoder gives a NaN's magnitude: 6's code (the sign kept)."""
 PAIRS = (("float32", "bfloat16"), ("float32", "float8_e4m3fn"), ("bfloat16", "float8_e4m3fn"))
 """``(source, target)`` dtype names the kernel serves."""
 
@@ -95,43 +103,104 @@ def bf16_patterns(ops, patterns, bits):
     return ops.select(ops.above(magnitude, INF_PATTERN, "is_nan"), quiet, rounded, "bf16_pattern")
 
 
-def e4m3_steps(ops, patterns) -> tuple:
+@dataclass(frozen=True)
+class CodeGrid:
+    """A quantized format whose non-negative finite values, ascending, are the codes ``0, 1, 2, ...``:
+    ``2^mantissa_bits`` steps per binade from the smallest normal exponent up, as many equal steps
+    below it (the subnormals), the largest value the saturation. e4m3 and e2m1 are such grids."""
+
+    max_pattern: int
+    """The fp32 pattern of the largest finite value (``|v|`` saturates at it)."""
+    min_biased: int
+    """The fp32 biased exponent of the smallest normal value."""
+    mantissa_bits: int
+    nan_code: int
+    """The magnitude code of a NaN."""
+    sign_bit: int
+    """The code's sign bit (a power of two)."""
+
+    @property
+    def scale_biased(self) -> int:
+        """``2^(mantissa_bits − e)`` has the biased exponent ``scale_biased − E`` (``E = e + 127``)."""
+        return 2 * FP32_BIAS + self.mantissa_bits
+
+    @property
+    def sign_shift(self) -> int:
+        """``(p >> sign_shift) & sign_bit``: the fp32 sign as the code's sign bit."""
+        return 31 - (self.sign_bit.bit_length() - 1)
+
+
+def e4m3_grid() -> CodeGrid:
+    """e4m3 as a :class:`CodeGrid` (made from the module's constants when called)."""
+    return CodeGrid(E4M3_MAX_PATTERN, E4M3_MIN_BIASED, E4M3_MANTISSA_BITS, E4M3_NAN, E4M3_SIGN)
+
+
+def e2m1_grid() -> CodeGrid:
+    """e2m1 (``0, 0.5, 1, 1.5, 2, 3, 4, 6``) as a :class:`CodeGrid`: the stochastic per-token /
+    per-block casts' nibble codes."""
+    return CodeGrid(E2M1_MAX_PATTERN, E2M1_MIN_BIASED, E2M1_MANTISSA_BITS, E2M1_NAN, E2M1_SIGN)
+
+
+CODE_GRIDS = {"e4m3": e4m3_grid, "e2m1": e2m1_grid}
+"""Quantized format name → its :class:`CodeGrid` (made when called)."""
+
+
+def grid_steps(ops, patterns, grid: CodeGrid) -> tuple:
     """fp32 patterns (a ``uint32`` register) → ``(is_nan, exponent, scaled)``: the NaN lanes,
-    ``E`` (the biased fp32 exponent of ``a = min(|p|, 448)``, at least 121) and ``s = a · 2^(130 − E)``
-    (exact: ``[8, 16)`` for a normal e4m3 value, ``[0, 8)`` below ``2^-6``), i.e. ``a`` counted in
-    steps of its e4m3 binade. Shared by the stochastic and the nearest rounding."""
+    ``E`` (the biased fp32 exponent of ``a = min(|p|, largest)``, at least ``grid.min_biased``) and
+    ``s = a · 2^(scale_biased − E)`` (exact: ``[2^m, 2^(m+1))`` for a normal value, below it under
+    the smallest normal binade), i.e. ``a`` counted in steps of its binade on ``grid``. Shared by
+    the stochastic and the nearest rounding."""
     magnitude = ops.and_word(patterns, MAGNITUDE_MASK, "magnitude")
-    is_nan = ops.above(magnitude, INF_PATTERN, "is_nan")  # before the min, which maps NaN to 448
-    saturated = ops.min_word(magnitude, E4M3_MAX_PATTERN, "saturated")
-    exponent = ops.max_word(ops.shift_right(saturated, FP32_MANTISSA_BITS, "biased_exponent"), E4M3_MIN_BIASED,
+    is_nan = ops.above(magnitude, INF_PATTERN, "is_nan")  # before the min, which maps NaN to the largest value
+    saturated = ops.min_word(magnitude, grid.max_pattern, "saturated")
+    exponent = ops.max_word(ops.shift_right(saturated, FP32_MANTISSA_BITS, "biased_exponent"), grid.min_biased,
                             "step_exponent")
-    factor = ops.shift_left(ops.sub(ops.splat(E4M3_SCALE_BIASED, "scale_bias"), exponent, "factor_exponent"),
+    factor = ops.shift_left(ops.sub(ops.splat(grid.scale_biased, "scale_bias"), exponent, "factor_exponent"),
                             FP32_MANTISSA_BITS, "factor_pattern")
     scaled = ops.mul(ops.bits_as_float(saturated, "a"), ops.bits_as_float(factor, "factor"), "scaled")
     return is_nan, exponent, scaled
 
 
-def e4m3_code(ops, patterns, is_nan, exponent, steps):
-    """The e4m3 codes (low byte of each lane) of a rounded :func:`e4m3_steps`: ``steps`` the whole
-    steps of ``s`` after rounding (``16`` carries into the next binade), the code
-    ``(E − 121) · 8 + steps`` with the pattern's sign or-ed on, ``0x7F`` for a NaN lane."""
-    binade = ops.shift_left(ops.sub(exponent, ops.splat(E4M3_MIN_BIASED, "min_exponent"), "binade"),
-                            E4M3_MANTISSA_BITS, "binade_code")
+def grid_code(ops, patterns, is_nan, exponent, steps, grid: CodeGrid):
+    """The codes (low bits of each lane) of a rounded :func:`grid_steps`: ``steps`` the whole steps
+    of ``s`` after rounding (``2^(m+1)`` carries into the next binade), the code
+    ``(E − min_biased) · 2^m + steps`` with the pattern's sign bit or-ed on, ``grid.nan_code`` for a
+    NaN lane."""
+    binade = ops.shift_left(ops.sub(exponent, ops.splat(grid.min_biased, "min_exponent"), "binade"),
+                            grid.mantissa_bits, "binade_code")
     code = ops.add_words(binade, steps, "magnitude_code")
-    finite_or_nan = ops.select(is_nan, ops.splat(E4M3_NAN, "nan_code"), code, "unsigned_code")
-    sign = ops.and_word(ops.shift_right(patterns, E4M3_SIGN_SHIFT, "top_byte"), E4M3_SIGN, "sign_bit")
-    return ops.or_words(finite_or_nan, sign, "e4m3_code")
+    finite_or_nan = ops.select(is_nan, ops.splat(grid.nan_code, "nan_code"), code, "unsigned_code")
+    sign = ops.and_word(ops.shift_right(patterns, grid.sign_shift, "top_bits"), grid.sign_bit, "sign_bit")
+    return ops.or_words(finite_or_nan, sign, "grid_code")
+
+
+def grid_codes(ops, patterns, bits, grid: CodeGrid):
+    """fp32 patterns (a ``uint32`` register) rounded onto ``grid`` with the 24-bit ``bits``,
+    saturating at its largest value → codes in the low bits of each lane (a ``uint32`` register):
+    the magnitude code with the sign bit or-ed on, ``grid.nan_code`` for a NaN."""
+    is_nan, exponent, scaled = grid_steps(ops, patterns, grid)
+    whole = ops.truncate(scaled, "whole_steps")
+    fraction = ops.sub(scaled, ops.to_float(whole, "whole_value"), "fraction")
+    fraction_bits = ops.truncate(ops.scale(fraction, float(1 << RANDOM_BITS), "fraction_scaled"), "fraction_bits")
+    up = ops.shift_right(ops.add_words(fraction_bits, bits, "fraction_sum"), RANDOM_BITS, "round_up")
+    return grid_code(ops, patterns, is_nan, exponent, ops.add_words(whole, up, "rounded_steps"), grid)
+
+
+def e4m3_steps(ops, patterns) -> tuple:
+    """:func:`grid_steps` on e4m3 (``s = a · 2^(130 − E)``, ``E`` at least 121)."""
+    return grid_steps(ops, patterns, e4m3_grid())
+
+
+def e4m3_code(ops, patterns, is_nan, exponent, steps):
+    """:func:`grid_code` on e4m3: ``(E − 121) · 8 + steps``, sign bit 0x80, NaN 0x7F."""
+    return grid_code(ops, patterns, is_nan, exponent, steps, e4m3_grid())
 
 
 def e4m3_codes(ops, patterns, bits):
     """fp32 patterns (a ``uint32`` register) rounded to e4m3 with the 24-bit ``bits``, saturating
     at ±448 → e4m3 codes in the low byte of each lane (a ``uint32`` register)."""
-    is_nan, exponent, scaled = e4m3_steps(ops, patterns)
-    whole = ops.truncate(scaled, "whole_steps")
-    fraction = ops.sub(scaled, ops.to_float(whole, "whole_value"), "fraction")
-    fraction_bits = ops.truncate(ops.scale(fraction, float(1 << RANDOM_BITS), "fraction_scaled"), "fraction_bits")
-    up = ops.shift_right(ops.add_words(fraction_bits, bits, "fraction_sum"), RANDOM_BITS, "round_up")
-    return e4m3_code(ops, patterns, is_nan, exponent, ops.add_words(whole, up, "rounded_steps"))
+    return grid_codes(ops, patterns, bits, e4m3_grid())
 
 
 ROUNDINGS = {"bfloat16": bf16_patterns, "float8_e4m3fn": e4m3_codes}

@@ -22,13 +22,31 @@ an integer max too. Plain scales are two correctly rounded divisions; power-of-t
 built from exponent bits (a non-finite scale gets e = 128: byte 0xFF, sf = +inf, inv = 0).
 The e4m3 clamp to +-448 is a compare-and-select (NaN stays NaN), then a saturating RNE
 convert; e2m1 codes are built arithmetically (the convert unit has no f32->fp4).
+
+Stochastic rounding (``spec.stochastic``, docs/spec.md §10.2; the main casts only): the generator's
+seed and offset words are DMA'd into UB once per core (read only: the public op advances the
+offset after the kernel); per tile, one more ``T.SimdVF`` region (:func:`draw_bits`, before the
+compute region) runs the Philox rounds of ``fill_rand`` for each valid row of the tile, in whole
+groups of 64 blocks = 256 elements from the block holding the tile's first element of the row
+(:func:`first_block_of`: element ``(t, h)`` is word ``(t·H + h) % 4`` of block ``(t·H + h) / 4``;
+a tile starts on a multiple of 64 columns and H is a multiple of 16, so every row of a tile starts
+on a block), and stores the words' top 24 bits in element order into ``bits_ub``; the compute
+region then narrows each ``x·inv`` register with the bits of the same columns
+(:func:`~.sf_macros.stochastic_store`, the integer rounding of ``stochastic_cast``). The scales are
+computed exactly as without it. The block index is uint32 arithmetic and counter word 1 (``b >> 32``)
+is 0, as in the draw kernels: exact while ``T·H < 2^34`` elements (a 32 GiB bf16 input); the
+GM offsets are int64.
 """
 
 import tilelang.ascend.language as T
 from tvm import tirx
 
 from tileplug.backend_ascend.device import check_budget
-from tileplug.backend_ascend.quant.sf_macros import lane_mask, pack_macro, sf_macros
+from tileplug.backend_ascend.quant.sf_macros import lane_mask, pack_macro, sf_macros, stochastic_store
+from tileplug.backend_ascend.quant.stochastic_cast import random_bits
+from tileplug.backend_ascend.random import philox
+from tileplug.backend_ascend.random.draw import state_word
+from tileplug.backend_ascend.random.vector_ops import VECTOR
 from tileplug.backend_ascend.quant.spec import LANES, TileSpec, Tiling
 from tileplug.core.quant.sf_math import ceil_div
 
@@ -40,6 +58,19 @@ def _rest(items):
 
 def _subgroups(lanes: int, bn: int):
     return [(lo, min(lo + bn, lanes)) for lo in range(0, lanes, bn)]
+
+
+def first_block_of(row, column, hidden: int):
+    """The Philox block whose word 0 is element ``(row, column)`` of the ``[T, hidden]`` values
+    (``column`` a multiple of 4, ``hidden`` of 16): ``(row·hidden + column) / 4``."""
+    return row * (hidden // philox.WORDS_PER_BLOCK) + column // philox.WORDS_PER_BLOCK
+
+
+def group_random_bits(ops, multipliers, key, offset, first_block) -> tuple:
+    """The 24-bit random words of the 256 elements of Philox blocks ``first_block .. + 63`` under
+    ``key`` / ``offset`` (register pairs), in element order: four ``uint32`` registers (plain Python
+    over ``ops``, as :mod:`~tileplug.backend_ascend.random.philox`)."""
+    return random_bits(ops, philox.block_words(ops, multipliers, first_block, key, offset))
 
 
 def row_loop(extent, num_stages: int, versions: dict):
@@ -55,13 +86,14 @@ def row_loop(extent, num_stages: int, versions: dict):
 def tile_compute(spec: TileSpec, width: int, simd_tile):
     """The compute step of one tile ``width`` columns wide: a macro that runs ``simd_tile``
     (group amax, scale math, quantize or dequantize on whole registers) in one ``T.SimdVF``
-    region. Looked up by :func:`build` at trace time; tests/ascend_bad_kernels.py swaps it for
+    region. ``bits_ub`` (stochastic rounding only, else not passed) holds the tile's random words.
+    Looked up by :func:`build` at trace time; tests/ascend_bad_kernels.py swaps it for
     per-element scalar code to show the vector check failing."""
 
     @T.macro
-    def compute(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv):
+    def compute(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv, bits_ub=None):
         with T.SimdVF():
-            simd_tile(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv)
+            simd_tile(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv, bits_ub)
 
     return compute
 
@@ -83,6 +115,9 @@ def build(spec: TileSpec, tiling: Tiling):
     in_bf16 = spec.in_dtype == "bfloat16"
     writes_q, writes_sf = spec.writes_q, spec.writes_sf
     precomputed = given is not None
+    stochastic = spec.stochastic
+    assert not stochastic or (writes_q and writes_sf and not precomputed and not is_cast_back), \
+        "stochastic rounding is a mode of the main casts"
     f32 = T.float32
 
     Tn = T.dynamic("T")
@@ -126,13 +161,14 @@ def build(spec: TileSpec, tiling: Tiling):
 
     cast_math = sf_macros(fmt, spec.round_sf, spec.clamp_min, spec.packed, writes_sf)
     scale_math, group_inv = cast_math.scale_math, cast_math.group_inv
+    store_rounded = stochastic_store(fmt) if stochastic else None
 
     @T.macro
     def abs_bits(x_ub, d_ub, s_ub, r, off, lanes):
         return cast_math.abs_bits(load_x(x_ub, d_ub, s_ub, r, off), lanes)
 
     @T.macro
-    def quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off, inv):
+    def quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off, inv, bits_ub):
         if is_cast_back:
             y = T.simd.vmul(T.simd.vld(d_ub[r, off]), T.simd.vld(s_ub[r, off]))
             if spec.out_dtype == "float32":
@@ -144,7 +180,10 @@ def build(spec: TileSpec, tiling: Tiling):
                 y = T.simd.vmul(T.simd.vld(d_ub[r, off]), T.simd.vmul(T.simd.vld(s_ub[r, off]), inv))
             else:
                 y = T.simd.vmul(load_x(x_ub, d_ub, s_ub, r, off), inv)
-            cast_math.store_quantized(q_ub, code_ub, (r, off), y)
+            if stochastic:
+                store_rounded(q_ub, code_ub, (r, off), y, bits_ub)
+            else:
+                cast_math.store_quantized(q_ub, code_ub, (r, off), y)
 
     # ---------------------------------------------------------------- one tile, static width w
     def make_tile(w):
@@ -157,7 +196,7 @@ def build(spec: TileSpec, tiling: Tiling):
         wx = w // 2 if (qin is not None and qin[0] == "e2m1") else w
 
         @T.macro
-        def simd_one_group(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv, off, gi, gw):
+        def simd_one_group(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, bits_ub, nv, off, gi, gw):
             chunks = [(k * LANES, min(LANES, gw - k * LANES)) for k in range(ceil_div(gw, LANES))]
             inv = T.simd.alloc_var("float32")
             if precomputed:
@@ -176,25 +215,26 @@ def build(spec: TileSpec, tiling: Tiling):
             if writes_q:
                 if R == 1:
                     for k0, lanes in chunks:
-                        quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, 0, off + k0, inv)
+                        quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, 0, off + k0, inv, bits_ub)
                 else:
                     for r in T.serial(nv):
                         for k0, lanes in chunks:
-                            quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off + k0, inv)
+                            quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off + k0, inv, bits_ub)
 
         @T.macro
-        def simd_groups_wide(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv):
+        def simd_groups_wide(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, bits_ub, nv):
             # bn in {64, 128}: a group is bn / 64 whole registers of each row
             for j in T.serial(nfull_groups):
-                simd_one_group(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv, j * bn, j, bn)
+                simd_one_group(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, bits_ub, nv, j * bn, j,
+                               bn)
             if group_tail > 0:
                 simd_one_group(
-                    x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv, nfull_groups * bn, nfull_groups,
-                    group_tail,
+                    x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, bits_ub, nv, nfull_groups * bn,
+                    nfull_groups, group_tail,
                 )
 
         @T.macro
-        def simd_chunk(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv, off, gbase, lanes):
+        def simd_chunk(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, bits_ub, nv, off, gbase, lanes):
             # one 64-lane register column: bn in {16, 32} (several groups), bn == 1 (a scale per
             # lane), or cast_back (no scales)
             inv = T.simd.alloc_var("float32")
@@ -213,7 +253,7 @@ def build(spec: TileSpec, tiling: Tiling):
                     else:
                         T.simd.vsts(sf_ub[off], sf)
                     for r in T.serial(T.min(nv, hi) - lo):
-                        quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r + lo, off, inv_h)
+                        quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r + lo, off, inv_h, bits_ub)
             else:
                 subs = _subgroups(lanes, bn)
                 if precomputed:
@@ -236,13 +276,13 @@ def build(spec: TileSpec, tiling: Tiling):
             if bn != 1 or is_cast_back:
                 if writes_q:
                     if R == 1:
-                        quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, 0, off, inv)
+                        quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, 0, off, inv, bits_ub)
                     else:
                         for r in T.serial(nv):
-                            quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off, inv)
+                            quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off, inv, bits_ub)
 
         @T.macro
-        def simd_tile(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv):
+        def simd_tile(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv, bits_ub=None):
             if precomputed:
                 for c in T.serial(ceil_div(ng, LANES)):
                     T.simd.vsts(
@@ -251,14 +291,15 @@ def build(spec: TileSpec, tiling: Tiling):
                                     precision="vdiv_0ulp_ftz_true"),
                     )
             if not is_cast_back and bn >= LANES:
-                simd_groups_wide(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv)
+                simd_groups_wide(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, bits_ub, nv)
             else:
                 per = LANES // bn if not is_cast_back and bn > 1 else 1
                 for c in T.serial(nchunks_full):
-                    simd_chunk(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv, c * LANES, c * per, LANES)
+                    simd_chunk(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, bits_ub, nv, c * LANES,
+                               c * per, LANES)
                 if chunk_tail > 0:
                     simd_chunk(
-                        x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, nv, nchunks_full * LANES,
+                        x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, bits_ub, nv, nchunks_full * LANES,
                         nchunks_full * per, chunk_tail,
                     )
 
@@ -305,6 +346,35 @@ def build(spec: TileSpec, tiling: Tiling):
                         gsf_ub[j] = decode_sf_byte((graw >> ((j % 2) * 8)) & 0xFF)
 
         simt_pack = pack_macro(R, w, ng, writes_q and fmt == "e2m1", writes_sf and spec.packed, bn == 1)
+
+        bit_groups = ceil_div(w, philox.ELEMENTS_PER_GROUP)  # Philox groups per tile row
+
+        @T.macro
+        def store_bits(bits_ub, r, at, registers):
+            for index in list(range(philox.WORDS_PER_BLOCK)):
+                T.simd.vsts(bits_ub[r, at + index * LANES], tirx.reinterpret("int32x64", registers[index]))
+
+        @T.macro
+        def draw_row_bits(bits_ub, key, offset, multipliers, r, row, col0):
+            for g in T.serial(bit_groups):
+                # uint32 arithmetic (exact below 2^32 blocks), handed to the int32 ramp as its bit pattern
+                block = first_block_of(T.Cast("uint32", row), T.Cast("uint32", col0), H)
+                first = T.Cast("int32", block + T.Cast("uint32", g * philox.BLOCKS_PER_GROUP))
+                registers = group_random_bits(VECTOR, multipliers, key, offset, first)
+                store_bits(bits_ub, r, g * philox.ELEMENTS_PER_GROUP, registers)
+
+        @T.macro
+        def draw_bits(seed_ub, offset_ub, bits_ub, row0, nv, col0):
+            # the random words of the tile's valid rows, columns col0 .. col0 + w (rounded up to whole groups)
+            with T.SimdVF():
+                key = (state_word(seed_ub, 0), state_word(seed_ub, 1))
+                offset = (state_word(offset_ub, 0), state_word(offset_ub, 1))
+                multipliers = philox.multiplier_registers(VECTOR)
+                if R == 1:
+                    draw_row_bits(bits_ub, key, offset, multipliers, 0, row0, col0)
+                else:
+                    for r in T.serial(nv):
+                        draw_row_bits(bits_ub, key, offset, multipliers, r, row0 + r, col0)
 
         @T.macro
         def load_row(X, XS, x_ub, sfin_ub, row, r, col0):
@@ -374,7 +444,8 @@ def build(spec: TileSpec, tiling: Tiling):
 
         @T.macro
         def tile(X, XS, GS, Q, SF, bufs, rb, col0):
-            x_ub, sfin_ub, d_ub, s_ub, graw_ub, gsf_ub, ginv_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, sfp_ub = bufs
+            (x_ub, sfin_ub, d_ub, s_ub, graw_ub, gsf_ub, ginv_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, sfp_ub, seed_ub,
+             offset_ub, bits_ub) = bufs
             row0 = rb * R
             nv = T.min(R, Tn - row0)
             if R == 1:
@@ -386,7 +457,11 @@ def build(spec: TileSpec, tiling: Tiling):
                 load_given(GS, graw_ub, gsf_ub, rb, col0)
             if qin is not None or (precomputed and given[0] == "ue8m0"):
                 simt_prepare(x_ub, sfin_ub, d_ub, s_ub, graw_ub, gsf_ub, row0)
-            compute(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv)
+            if stochastic:
+                draw_bits(seed_ub, offset_ub, bits_ub, row0, nv, col0)
+                compute(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv, bits_ub)
+            else:
+                compute(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv)
             if (writes_q and fmt == "e2m1" and not is_cast_back) or (writes_sf and spec.packed):
                 simt_pack(q_ub, code_ub, e_ub, sfp_ub)
             if writes_sf:
@@ -412,7 +487,7 @@ def build(spec: TileSpec, tiling: Tiling):
         return T.alloc_shared(shape, dtype)
 
     names = ("x_ub", "sfin_ub", "d_ub", "s_ub", "graw_ub", "gsf_ub", "ginv_ub", "q_ub", "code_ub", "o_ub",
-             "sf_ub", "e_ub", "sfp_ub")
+             "sf_ub", "e_ub", "sfp_ub", "seed_ub", "offset_ub", "bits_ub")
 
     @T.macro
     def item_body(X, XS, GS, Q, SF, bufs, item, per_row):
@@ -430,9 +505,17 @@ def build(spec: TileSpec, tiling: Tiling):
                 tile_tail(X, XS, GS, Q, SF, bufs, item // per_row, NCF * W)
 
     @T.macro
-    def kernel_body(X, XS, GS, Q, SF):
+    def load_state(SEED, OFFSET, bufs):
+        # the generator's (seed, offset) words, once per core: the key and the counter's high half
+        T.copy(SEED[0:2], bufs[names.index("seed_ub")][0:2])
+        T.copy(OFFSET[0:2], bufs[names.index("offset_ub")][0:2])
+
+    @T.macro
+    def kernel_body(X, XS, GS, Q, SF, SEED=None, OFFSET=None):
         with T.Kernel(C) as cid:
             bufs = [alloc(n) for n in names]
+            if stochastic:
+                load_state(SEED, OFFSET, bufs)
             versions = {}
             for n, b in zip(names, bufs):
                 if b is not None and plan[n][2] > 1:
@@ -465,8 +548,19 @@ def build(spec: TileSpec, tiling: Tiling):
     GS_t = strided(GS_shape, GS_dtype, SGS) if given is not None else None
 
     # the signature follows what the mode reads and writes: cast (q, sf), sf_only (sf),
-    # precomputed_sf (given sf in, q out); XS when the input is quantized
-    if writes_q and writes_sf and qin is None:
+    # precomputed_sf (given sf in, q out); XS when the input is quantized; a stochastic cast ends
+    # with the generator's state words
+    # (one tensor type per parameter: parameters sharing a type object become one buffer)
+    SEED_t, OFFSET_t = T.Tensor((2,), "int32"), T.Tensor((2,), "int32")
+    if stochastic and qin is None:
+        @T.prim_func
+        def quant_kernel(X: X_t, Q: Q_t, SF: SF_t, SEED: SEED_t, OFFSET: OFFSET_t):
+            kernel_body(X, None, None, Q, SF, SEED, OFFSET)
+    elif stochastic:
+        @T.prim_func
+        def quant_kernel(X: X_t, XS: XS_t, Q: Q_t, SF: SF_t, SEED: SEED_t, OFFSET: OFFSET_t):
+            kernel_body(X, XS, None, Q, SF, SEED, OFFSET)
+    elif writes_q and writes_sf and qin is None:
         @T.prim_func
         def quant_kernel(X: X_t, Q: Q_t, SF: SF_t):
             kernel_body(X, None, None, Q, SF)
