@@ -181,3 +181,75 @@ def test_concurrent_first_calls_build_one_launcher(monkeypatch) -> None:
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(run, range(8)))
     assert len(compiled) == 1
+
+
+# ---------------------------------------------------------------------- transpose_weight_sf
+
+
+def _weight_scale_kernel(block: int):
+    """The CUDA ``transpose_weight_sf`` kernel emulated in Python: the byte rule on the scales'
+    bit patterns (weight_scale_kernels.ue8m0_byte) and the packing into the ``[G, P, M]``
+    memory-order views the launcher hands over."""
+
+    def byte(bits: torch.Tensor) -> torch.Tensor:
+        magnitude = bits & 0x7FFFFFFF
+        exponent, mantissa = magnitude >> 23, magnitude & 0x7FFFFF
+        normal = exponent + (mantissa != 0).long()
+        subnormal = (mantissa > 0x400000).long()
+        invalid = (magnitude >= 0x7F800000) | ((bits != magnitude) & (magnitude != 0))
+        return torch.where(invalid, 255, torch.where(exponent > 0, normal, subnormal))
+
+    def packed(values: torch.Tensor, planes: int) -> torch.Tensor:  # [G, X, W] bytes -> [G, X, planes] integers
+        padded = torch.zeros(*values.shape[:2], planes * 4, dtype=torch.long)
+        padded[..., : values.shape[-1]] = values
+        words = sum(padded[..., i::4] << (8 * i) for i in range(4))
+        return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+
+    def run(scales: torch.Tensor, sf0: torch.Tensor, sf1: torch.Tensor) -> None:
+        groups, rows, cols = scales.shape
+        assert scales.is_contiguous() and sf0.is_contiguous() and sf1.is_contiguous()
+        assert sf0.shape == (groups, -(-cols // 4), rows * block) and sf1.shape == (groups, -(-rows // 4), cols * block)
+        values = byte(scales.view(torch.int32).long() & 0xFFFFFFFF)
+        sf0.copy_(packed(values, sf0.shape[1]).repeat_interleave(block, dim=1).transpose(1, 2))
+        sf1.copy_(packed(values.transpose(1, 2), sf1.shape[1]).repeat_interleave(block, dim=1).transpose(1, 2))
+
+    return run
+
+
+def _special_scales(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    specials = torch.tensor([0.0, -0.0, 2.0 ** -149, 2.0 ** -128, 2.0 ** -127, 2.0 ** -127 * (1 + 2 ** -22),
+                             2.0 ** -126, 2.0 ** -126 * (1 + 2 ** -23), 1.0, 1.5, 2.0 - 2 ** -23, 2.0 ** 127,
+                             2.0 ** 127 * (1 + 2 ** -23), float("inf"), float("-inf"), float("nan"), -1.0,
+                             -2.0 ** -140], dtype=torch.float32)
+    picks = specials[torch.randint(0, specials.numel(), shape, generator=generator)]
+    random = torch.ldexp(torch.rand(shape, generator=generator) + 0.5,
+                         torch.randint(-150, 129, shape, generator=generator).float())
+    return torch.where(torch.rand(shape, generator=generator) < 0.5, picks, random)
+
+
+@pytest.mark.parametrize("block", (16, 32, 64, 128))
+@pytest.mark.parametrize("transpose_sf1", (False, True))
+def test_transpose_weight_sf_launcher_and_byte_rule_match_the_reference(monkeypatch, block: int,
+                                                                        transpose_sf1: bool) -> None:
+    """The launcher hands every weight's outputs over in memory order (2-D and stacked scales,
+    either sf1 view, an empty weight skipped) and the kernel's integer byte rule gives the
+    reference's bytes on zeros, subnormals around 2^-127, 2^127 and above, infinities, NaN and
+    negative scales."""
+    from tileplug.backend_cuda import jit
+    from tileplug.core.testing import assert_bytes_equal
+
+    monkeypatch.setattr(jit, "entry", lambda spec: _weight_scale_kernel(spec.block_size))
+    weights = (_special_scales((7, 9), block), _special_scales((3, 5, 4), block + 1), torch.empty(0, 4),
+               _special_scales((1, 1), block + 2))
+    kernel, call, inputs = _call(ops.transpose_weight_sf, weights, block, transpose_sf1)
+    assert kernel.supports(call) is None and [s.name for s in kernel.specs(call)] == [f"transpose_weight_sf_bs{block}_t256"]
+    outputs = call.allocation_plan(CUDA_LAYOUT).allocate(0, torch.device("cpu"))
+    for tensor in outputs:
+        tensor.fill_(-1)
+    type(kernel)().prepare(call)(inputs, outputs)
+    with core.use_backend("reference"):
+        want = ops.transpose_weight_sf(weights, block, transpose_sf1)
+    for index, (have, expected) in enumerate(zip(outputs, want)):
+        if expected.numel():
+            assert_bytes_equal(have, expected, f"output {index}", strides=True)

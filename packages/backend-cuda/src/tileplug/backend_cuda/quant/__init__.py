@@ -7,6 +7,7 @@ from tileplug.backend_cuda.quant.per_block_cast import PerBlockCast
 from tileplug.backend_cuda.quant.per_channel_cast import PerChannelCast
 from tileplug.backend_cuda.quant.per_token_cast import PerTokenCast, PerTokenCastAndCastBack
 from tileplug.backend_cuda.quant.stochastic_cast import StochasticCast
+from tileplug.backend_cuda.quant.transpose_weight_sf import TransposeWeightSf
 
 
 def make_kernels() -> dict:
@@ -19,8 +20,9 @@ def make_kernels() -> dict:
         "per_token_cast_and_cast_back": PerTokenCastAndCastBack(),
         "stochastic_cast": StochasticCast(),
         "nearest_cast": NearestCast(),
+        "transpose_weight_sf": TransposeWeightSf(),
     }
 
 
 __all__ = ["CastBack", "NearestCast", "PerBlockCast", "PerChannelCast", "PerTokenCast", "PerTokenCastAndCastBack",
-           "StochasticCast", "make_kernels"]
+           "StochasticCast", "TransposeWeightSf", "make_kernels"]
