@@ -28,6 +28,15 @@ def _npu_reason() -> str | None:
     return None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # the controller (or a run without xdist) fills empty compile / lowering caches from the
+    # committed seed before any worker starts (tests/grid_cache.py)
+    if not hasattr(config, "workerinput"):
+        import grid_cache
+
+        grid_cache.write_seeds()
+
+
 DEVICE_MARKERS = {"gpu": _cuda_reason, "npu": _npu_reason}
 """Markers of tests that need a device: where it is absent they are not collected at all
 (one summary line says how many and why), so a CPU run's output stays readable."""

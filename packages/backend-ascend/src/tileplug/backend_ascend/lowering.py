@@ -5,11 +5,17 @@ disk, and compiling it once per specialisation (shared by every family).
   regions need it). Not cached.
 * :func:`lower_cached` -- a specialisation's :class:`Lowered` (Ascend C and the two UB byte
   counts the UB check compares with the plan), stored as JSON under
-  ``$TILEPLUG_ASCEND_LOWER_CACHE`` (default ``~/.cache/tileplug/ascend-lower``), keyed by the
-  specialisation's repr, the TileLang and TVM versions and a hash of every source file the
-  kernels are built from (all of ``tileplug.backend_ascend`` and the core modules it takes
-  numbers from). A hit skips tracing and lowering; every check still runs on the stored text.
-  A cache file that cannot be read is ignored, one that cannot be written is skipped.
+  ``$TILEPLUG_ASCEND_LOWER_CACHE`` (default ``~/.cache/tileplug/ascend-lower``) under two keys:
+  the *spec key* (the specialisation's repr, the TileLang and TVM versions and a hash of every
+  source file the kernels are built from: all of ``tileplug.backend_ascend`` and the core
+  modules it takes numbers from), whose hit skips tracing and lowering; and the *TIR key* (a
+  digest of the traced prim_func's TVMScript, the versions and a hash of the two modules that
+  turn a prim_func into a :class:`Lowered`), whose hit skips lowering. An edit of one kernel
+  family changes every spec key but only the TIR of the specialisations it really changes, so
+  the others are traced again and not lowered again. Every check still runs on the stored
+  text. A hit refreshes the file's modification time (what a run read can be told from what it
+  did not: ``tests/grid_cache.py`` packs it). A cache file that cannot be read is ignored, one
+  that cannot be written is skipped.
 * :class:`CheckedLowering` -- what the lowering grid and ``core.lower`` get from a kernel:
   the lowering, the backend's own UB plan and budget, and the header comment.
 * :class:`CompileCache` -- per-specialisation compiled kernels (NPU only), built once each.
@@ -79,29 +85,48 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
 
 
-@functools.lru_cache(maxsize=1)
-def _inputs_fingerprint() -> dict[str, str]:
-    """Versions and source hash that, with the specialisation, determine a lowering."""
-    import tilelang
-    import tvm
-
-    import tileplug.backend_ascend as backend
-    from tileplug.core.quant import formats, sf_math
-
+def _digest_files(paths: list[Path], root: Path) -> str:
     digest = hashlib.sha256()
-    root = Path(backend.__file__).parent
-    files = sorted(root.rglob("*.py")) + [Path(formats.__file__), Path(sf_math.__file__)]
-    for path in files:
+    for path in paths:
         digest.update(str(path.relative_to(root) if path.is_relative_to(root) else path.name).encode())
         digest.update(b"\0")
         digest.update(path.read_bytes())
         digest.update(b"\0")
-    return {"tilelang": tilelang.__version__, "tvm": str(getattr(tvm, "__version__", "?")), "sources": digest.hexdigest()}
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> dict[str, str]:
+    """TileLang / TVM versions and the hash of the modules that make a :class:`Lowered` of a prim_func."""
+    import tilelang
+    import tvm
+
+    from tileplug.backend_ascend import lowering_checks
+
+    here = Path(__file__).parent
+    return {"tilelang": tilelang.__version__, "tvm": str(getattr(tvm, "__version__", "?")),
+            "lowering": _digest_files([Path(__file__), Path(lowering_checks.__file__)], here)}
+
+
+@functools.lru_cache(maxsize=1)
+def _inputs_fingerprint() -> dict[str, str]:
+    """Versions and source hash that, with the specialisation, determine a lowering."""
+    import tileplug.backend_ascend as backend
+    from tileplug.core.quant import formats, sf_math
+
+    root = Path(backend.__file__).parent
+    files = sorted(root.rglob("*.py")) + [Path(formats.__file__), Path(sf_math.__file__)]
+    return {**_versions(), "sources": _digest_files(files, root)}
 
 
 def cache_key(spec: Any) -> dict[str, str]:
-    """The disk-cache key of a specialisation: its repr, the TileLang/TVM versions, the source hash."""
+    """The spec key of a specialisation: its repr, the TileLang/TVM versions, the source hash."""
     return {"spec": repr(spec), **_inputs_fingerprint()}
+
+
+def tir_key(prim_func: Any) -> dict[str, str]:
+    """The TIR key of a traced prim_func: a digest of its TVMScript and the versions."""
+    return {"tir": hashlib.sha256(prim_func.script().encode()).hexdigest(), **_versions()}
 
 
 def _cache_file(key: dict[str, str]) -> Path:
@@ -110,23 +135,31 @@ def _cache_file(key: dict[str, str]) -> Path:
 
 
 def _read(key: dict[str, str]) -> Lowered | None:
+    path = _cache_file(key)
     try:
-        stored = json.loads(_cache_file(key).read_text())
+        stored = json.loads(path.read_text())
         if stored.get("key") != key:
             return None
-        return Lowered(**stored["lowered"])
+        lowered = Lowered(**stored["lowered"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+    return lowered
 
 
-def _write(key: dict[str, str], lowered: Lowered) -> None:
+def _write(key: dict[str, str], lowered: Lowered, tir_file: str | None = None) -> None:
+    """Store ``lowered`` under ``key``; a spec-key entry names its TIR-key entry (``tir_file``)."""
     path = _cache_file(key)
     temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
             temporary = handle.name
-            json.dump({"key": key, "lowered": asdict(lowered)}, handle)
+            json.dump({"key": key, "lowered": asdict(lowered), **({"tir_file": tir_file} if tir_file else {})},
+                      handle)
         os.replace(temporary, path)  # atomic: concurrent writers of one key leave one whole file
     except OSError:
         if temporary is not None:
@@ -134,13 +167,20 @@ def _write(key: dict[str, str], lowered: Lowered) -> None:
 
 
 def lower_cached(spec: Any, trace: Callable[[], Any]) -> Lowered:
-    """``spec`` lowered (``trace()`` gives its prim_func), from the disk cache when stored there.
-    ``spec``'s repr must name everything the prim_func depends on."""
+    """``spec`` lowered (``trace()`` gives its prim_func), from the disk cache when stored there
+    (the spec key first, then the TIR key). ``spec``'s repr must name everything the prim_func
+    depends on."""
     key = cache_key(spec)
     lowered = _read(key)
+    if lowered is not None:
+        return lowered
+    prim_func = trace()
+    traced_key = tir_key(prim_func)
+    lowered = _read(traced_key)
     if lowered is None:
-        lowered = lower_uncached(trace())
-        _write(key, lowered)
+        lowered = lower_uncached(prim_func)
+        _write(traced_key, lowered)
+    _write(key, lowered, _cache_file(traced_key).name)
     return lowered
 
 
