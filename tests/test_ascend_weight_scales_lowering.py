@@ -180,8 +180,9 @@ def test_capabilities_say_lowered():
 
 
 def test_declines_carry_reasons():
-    """A block size outside 16 .. 128 (the contract refuses it; here made by hand) and an sf1 row
-    too long for UB (C·bs = 65536 int16, double-buffered) are declined; the reference serves them."""
+    """A block size outside 16 .. 128 (the contract refuses it; here made by hand), a call laid out
+    for the CUDA pack factor (made by hand) and an sf1 row too long for UB (C·bs = 65536 int16,
+    double-buffered) are declined; the reference serves them. An empty weight needs no kernel."""
     kernel = _kernel()
     call, _ = _call([(4, 7)], 128)
     assert kernel.supports(call) is None
@@ -192,6 +193,12 @@ def test_declines_carry_reasons():
     assert why is not None and "UB plan" in why and "falls to the reference" in why, why
     assert kernel.supports(_call([(2, 400)], 128)[0]) is None
     assert "serves transpose_weight_sf" in kernel.supports(replace(call, op="nearest_cast"))
+    from tileplug.core.quant.layouts import CUDA_LAYOUT
+
+    why = kernel.supports(replace(call, host_layout=CUDA_LAYOUT))
+    assert why is not None and "4 UE8M0 bytes per integer" in why and "falls to the reference" in why, why
+    empty, _ = _call([(0, 7), (4, 7)], 64)
+    assert kernel.supports(empty) is None and kernel.describe(empty).count("[G, 4, 7]") == 2
 
 
 def test_launch_passes_scales_and_memory_order_outputs():

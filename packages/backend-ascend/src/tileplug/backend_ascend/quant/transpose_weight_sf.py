@@ -36,8 +36,8 @@ expansion's loads inside one VF; the narrowing ``vcvt`` u32 → u16 of words bel
 
 Specialised on ``(R, C, bs)`` (compile-time: the UB rows and the expansion's gather indices depend
 on them); the group count ``G`` is dynamic. Declined (the reference serves the call): a block size
-that is not a power of two in 16 .. 128 (the contract allows 16, 32, 64, 128 only), an input that
-is not fp32, an output pack dtype other than int16, and a shape whose plan does not fit UB (an sf1
+outside 16, 32, 64, 128 (what the contract allows), a call laid out for another pack factor than
+the Ascend layout's 2 per int16, and a shape whose plan does not fit UB (an sf1
 output row of ``C·bs`` int16 double-buffered: ``C·bs`` up to about 48 000 at ``bs = 16``, 61 000
 at ``bs = 128``).
 
@@ -216,6 +216,8 @@ def specs_of(call, target: DeviceTarget | None = None) -> list[WeightScaleSpec]:
     cores = (target or lowering_target()).vector_cores
     specs = []
     for shape in dict.fromkeys(_scale_shape(shape) for shape in call.shapes):
+        if shape[0] * shape[1] == 0:  # an empty weight: nothing to launch
+            continue
         for side in ("sf0", "sf1"):
             specs.append(WeightScaleSpec(side, shape[0], shape[1], call.block_size, cores))
     return specs
@@ -230,9 +232,11 @@ def decline_reason(call) -> str | None:
     """Why the kernel cannot serve ``call`` (None: it can)."""
     if call.block_size not in BLOCK_SIZES:
         return f"block_size {call.block_size} is not one of {BLOCK_SIZES}: falls to the reference"
+    factor = call.host_layout.ue8m0_pack_factor
+    if factor != PACK_FACTOR:
+        return (f"outputs laid out with {factor} UE8M0 bytes per integer, not the Ascend layout's {PACK_FACTOR} per "
+                f"{PACK_DTYPE}: falls to the reference")
     for spec in specs_of(call):
-        if spec.rows * spec.cols == 0:
-            continue
         if spec.footprint > spec.budget:
             return (f"{spec.describe()}: UB plan {spec.footprint} bytes > {spec.budget} (an sf1 row of C*bs int16 "
                     "double-buffered does not fit; no split-row form): falls to the reference")
