@@ -45,6 +45,7 @@ No ``from __future__ import annotations`` here: TileLang parses the macros' sour
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import tilelang.ascend.language as T
 from tvm import tirx
@@ -78,6 +79,11 @@ SMALLEST_SCALE_PATTERN = 0x400000
 """``2^-127`` (UE8M0 byte 0) as an fp32 pattern: a pattern at or below it has byte 0."""
 BYTE_BITS = 8
 """The high byte of a packed word sits ``8`` bits up."""
+Ops = Any
+"""The instruction interface (:class:`~tileplug.backend_ascend.random.vector_ops.VectorOps`; numpy
+in the tests)."""
+Register = Any
+"""One 64-lane register (``uint32x64`` words or a lane mask; a ``[..., 64]`` numpy array in the tests)."""
 REGISTERS_PER_PAIR_CHUNK = 2
 """The sf0 row is read two registers (128 columns) at a time: their de-interleave gives 64 pairs."""
 
@@ -85,7 +91,7 @@ REGISTERS_PER_PAIR_CHUNK = 2
 # ---------------------------------------------------------------------- arithmetic over ``ops``
 
 
-def ue8m0_bytes(ops, patterns):
+def ue8m0_bytes(ops: Ops, patterns: Register) -> Register:
     """fp32 scale patterns (a ``uint32`` register) → their UE8M0 bytes (``uint32`` lanes below 256):
     ``e + 127`` with ``e = ceil(log2 s)`` clamped below at -127, ``0xFF`` for a scale that is NaN,
     infinite, negative nonzero or above ``2^127``, 0 for either zero."""
@@ -99,12 +105,12 @@ def ue8m0_bytes(ops, patterns):
                       finite, "ue8m0_byte")
 
 
-def pack_pairs(ops, low_bytes, high_bytes):
+def pack_pairs(ops: Ops, low_bytes: Register, high_bytes: Register) -> Register:
     """Two registers of UE8M0 bytes → the packed words ``low | high << 8`` (one per lane)."""
     return ops.or_words(low_bytes, ops.shift_left(high_bytes, BYTE_BITS, "high_byte"), "packed_word")
 
 
-def mask_lanes_from(ops, bytes_, lane_index, first_masked: int):
+def mask_lanes_from(ops: Ops, bytes_: Register, lane_index: Register, first_masked: int) -> Register:
     """``bytes_`` with every lane whose ``lane_index`` (a ``uint32`` register) is at least
     ``first_masked`` (a Python int ≥ 0) set to 0."""
     if first_masked == 0:
@@ -113,7 +119,7 @@ def mask_lanes_from(ops, bytes_, lane_index, first_masked: int):
                       "masked_bytes")
 
 
-def expansion_index(ops, register, block: int):
+def expansion_index(ops: Ops, register: Any, block: int) -> tuple[Any, Register]:
     """Gather indices of output register ``register`` (flat int16 positions ``64·register + j``):
     lane ``j`` takes word ``(64·register + j) // block``, as a lane of the 64-word chunk that holds
     it; ``(chunk, indices)``. ``block`` a power of two in 16 .. 128: an output register never
@@ -124,7 +130,8 @@ def expansion_index(ops, register, block: int):
     return chunk, ops.add_word(within, first_word - chunk * LANES, "word_in_chunk")
 
 
-def row_pair_words(ops, first_patterns, second_patterns, pair_index, cols: int):
+def row_pair_words(ops: Ops, first_patterns: Register, second_patterns: Register, pair_index: Register,
+                   cols: int) -> Register:
     """sf0: 128 consecutive scales of a row (two registers of fp32 patterns, columns ``2·pair_index``
     and ``2·pair_index + 1`` de-interleaved from them) → the 64 packed words of those pairs: the
     even column's byte low, the odd column's high, 0 where the odd column is ``>= cols``."""
@@ -132,7 +139,8 @@ def row_pair_words(ops, first_patterns, second_patterns, pair_index, cols: int):
     return pack_pairs(ops, even, mask_lanes_from(ops, odd, pair_index, cols // PACK_FACTOR))
 
 
-def column_pair_words(ops, first_patterns, second_patterns, keep_second):
+def column_pair_words(ops: Ops, first_patterns: Register, second_patterns: Register,
+                      keep_second: Register) -> Register:
     """sf1: the same 64 columns of rows ``2p`` and ``2p + 1`` (fp32 patterns) → their packed words,
     row ``2p``'s byte low, row ``2p + 1``'s high and-ed with ``keep_second`` (all ones when that
     row exists, else 0)."""
@@ -140,7 +148,7 @@ def column_pair_words(ops, first_patterns, second_patterns, keep_second):
     return pack_pairs(ops, ue8m0_bytes(ops, first_patterns), high)
 
 
-def expanded_register(ops, chunk_words, index):
+def expanded_register(ops: Ops, chunk_words: Register, index: Register) -> Register:
     """Output register from the 64-word chunk that holds its words: lane ``j`` is word
     ``index[j]`` (:func:`expansion_index`)."""
     return ops.gather(chunk_words, index, "expanded_words")
@@ -211,7 +219,7 @@ def _scale_shape(shape) -> tuple[int, int]:
     return int(shape[-2]), int(shape[-1])
 
 
-def specs_of(call, target: DeviceTarget | None = None) -> list[WeightScaleSpec]:
+def specs_of(call: Any, target: DeviceTarget | None = None) -> list[WeightScaleSpec]:
     """The sf0 and sf1 specialisation of each distinct weight shape of ``call``, in launch order."""
     cores = (target or lowering_target()).vector_cores
     specs = []
@@ -223,12 +231,12 @@ def specs_of(call, target: DeviceTarget | None = None) -> list[WeightScaleSpec]:
     return specs
 
 
-def spec_of(call, target: DeviceTarget | None = None) -> WeightScaleSpec:
+def spec_of(call: Any, target: DeviceTarget | None = None) -> WeightScaleSpec:
     """The first specialisation of ``call`` (:func:`specs_of` has them all)."""
     return specs_of(call, target)[0]
 
 
-def decline_reason(call) -> str | None:
+def decline_reason(call: Any) -> str | None:
     """Why the kernel cannot serve ``call`` (None: it can)."""
     if call.block_size not in BLOCK_SIZES:
         return f"block_size {call.block_size} is not one of {BLOCK_SIZES}: falls to the reference"
@@ -264,7 +272,7 @@ def store_tile_halves(out_ub, row, column, narrow):
     T.simd.vsts(out_ub[row, column], tirx.reinterpret("int16x128", narrow), dist="PK_B32")
 
 
-def expand_at(spec: WeightScaleSpec, buffers, register):
+def expand_at(spec: WeightScaleSpec, buffers: dict, register: Any) -> None:
     """(Inside a ``T.SimdVF`` region.) Output register ``register`` of ``out_ub`` (flat int16
     positions ``64·register ..``): its words gathered from ``words_ub``, narrowed to 16 bits and
     stored packed."""
@@ -278,7 +286,7 @@ def expand_at(spec: WeightScaleSpec, buffers, register):
         store_row_halves(buffers["out_ub"], position, narrow)
 
 
-def row_words_at(spec: WeightScaleSpec, buffers, chunk):
+def row_words_at(spec: WeightScaleSpec, buffers: dict, chunk: Any) -> None:
     """(sf0, inside a region.) Columns ``128·chunk ..`` of the row → ``words_ub[64·chunk ..]``."""
     scales_ub = buffers["scales_ub"]
     first = VECTOR.float_bits(T.simd.vld(scales_ub[chunk * 2 * LANES]), "first_scales")
@@ -287,7 +295,7 @@ def row_words_at(spec: WeightScaleSpec, buffers, chunk):
     store_words(buffers["words_ub"], chunk * LANES, words)
 
 
-def column_words_at(spec: WeightScaleSpec, buffers, register, keep_second):
+def column_words_at(spec: WeightScaleSpec, buffers: dict, register: Any, keep_second: Register) -> None:
     """(sf1, inside a region.) Columns ``64·register ..`` of both rows → ``words_ub[64·register ..]``."""
     scales_ub = buffers["scales_ub"]
     first = VECTOR.float_bits(T.simd.vld(scales_ub[register * LANES]), "first_row")
@@ -295,7 +303,7 @@ def column_words_at(spec: WeightScaleSpec, buffers, register, keep_second):
     store_words(buffers["words_ub"], register * LANES, column_pair_words(VECTOR, first, second, keep_second))
 
 
-def pack_compute(spec: WeightScaleSpec):
+def pack_compute(spec: WeightScaleSpec) -> Any:
     """The vector work of one item (a macro): one ``T.SimdVF`` region, the words then (after a
     ``VST_VLD`` barrier) their expansion. Looked up by :func:`build` at trace time;
     tests/test_ascend_weight_scales_lowering.py replaces it with scalar code."""
@@ -324,7 +332,7 @@ def pack_compute(spec: WeightScaleSpec):
     return compute
 
 
-def parameters(spec: WeightScaleSpec):
+def parameters(spec: WeightScaleSpec) -> tuple[list, Any]:
     """``(name, tensor type)`` of the GM tensors, in launch order: ``S`` the scales ``[G, R, C]``,
     ``SF0`` ``[G, P0, N]`` or ``SF1`` ``[G, P1, K]`` (memory order, contiguous); and ``G``."""
     G = T.dynamic("G")
@@ -334,7 +342,7 @@ def parameters(spec: WeightScaleSpec):
     return [("S", T.Tensor((G, R, C), "float32")), output], G
 
 
-def build(spec: WeightScaleSpec):
+def build(spec: WeightScaleSpec) -> Any:
     """The prim_func of ``spec`` (UB budget checked)."""
     rows.check_budget(spec.footprint, spec.budget, spec.describe())
     params, G = parameters(spec)
@@ -369,14 +377,14 @@ def build(spec: WeightScaleSpec):
 # ---------------------------------------------------------------------- the kernel object
 
 
-def _memory_order(tensor, transposed: bool):
+def _memory_order(tensor: Any, transposed: bool) -> Any:
     """The ``[G, P, L]`` contiguous view of an output in memory order (``[*g, L, P]`` with strides
     ``(L·P, 1, L)``, or its ``[*g, P, L]`` view when ``transposed``)."""
     view = tensor if transposed else tensor.transpose(-1, -2)
     return view.reshape(-1, view.shape[-2], view.shape[-1])
 
 
-def arguments(spec: WeightScaleSpec, scales, output, transposed: bool) -> list:
+def arguments(spec: WeightScaleSpec, scales: Any, output: Any, transposed: bool) -> list:
     """Launch arguments of one kernel: the scales as ``[G, R, C]`` and the output in memory order."""
     return [scales.reshape(-1, spec.rows, spec.cols), _memory_order(output, transposed)]
 
@@ -388,19 +396,21 @@ class WeightScaleKernel(SpecKernel):
         super().__init__("transpose_weight_sf", spec_of, decline_reason, build, arguments)
         self.compiled = CompileCache(build)
 
-    def describe(self, call) -> str:
+    def describe(self, call: Any) -> str:
         """Every specialisation ``call`` lowers to, in launch order, as one line."""
         return "; ".join(spec.describe() for spec in specs_of(call))
 
-    def lowerings(self, call) -> list:
+    def lowerings(self, call: Any) -> list:
         """Each distinct weight shape's sf0 and sf1 kernels, lowered (disk-cached)."""
         target = lowering_target()
         return [checked_lowering(spec, build, target) for spec in specs_of(call, target)]
 
-    def lowering(self, call):
+    def lowering(self, call: Any) -> Any:
+        """The first kernel of ``call`` lowered (:meth:`lowerings` has them all)."""
         return self.lowerings(call)[0]
 
-    def __call__(self, call, inputs, outputs) -> None:
+    def __call__(self, call: Any, inputs: tuple, outputs: list) -> None:
+        """Per weight (scales ``[*g, R, C]``), the sf0 then the sf1 kernel on its outputs' storage."""
         from tileplug.backend_ascend.device import dispatch_target
 
         target = dispatch_target(call.device)
