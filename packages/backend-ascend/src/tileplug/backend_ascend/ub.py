@@ -21,7 +21,7 @@ LANES = 64
 UB_ALIGN = 32
 """Each version of each UB buffer starts 32-byte aligned (TileLang's Ascend UB merge)."""
 ITEMSIZE = {
-    "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "int8": 1, "uint8": 1, "int16": 2, "int32": 4,
+    "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "uint32": 4,
     "int64": 8,
 }
 VERSIONS = 2

@@ -181,6 +181,19 @@ class VectorOps:
         """``a`` where ``mask`` holds, else ``b`` (words or values)."""
         return self.bind(T.simd.vsel(a, b, mask), name)
 
+    def deinterleave(self, a, b, name: str = "deinterleaved"):
+        """The even lanes of the 128 lanes ``a ++ b`` then the odd ones (``vdintlv``)."""
+        pair = T.simd.vdintlv(a, b)
+        return self.bind(pair[0], name + "_even"), self.bind(pair[1], name + "_odd")
+
+    def gather(self, source, index, name: str = "gathered"):
+        """Lane ``j`` of ``source`` at lane ``index[j]`` (``vselr``; ``index`` words below 64)."""
+        return self.bind(T.simd.vselr(source, index), name)
+
+    def and_words(self, a, b, name: str = "masked"):
+        """``a & b`` lane-wise."""
+        return self.bind(T.simd.vand(a, b), name)
+
     def interleave(self, a, b, name: str = "interleaved"):
         """``(a0, b0, a1, b1, ..., a31, b31)`` and ``(a32, b32, ..., a63, b63)``."""
         low, high = T.simd.vintlv(a, b)
