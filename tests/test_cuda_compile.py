@@ -199,6 +199,13 @@ lowering and nvcc: an edit of one kernel family re-lowers only the specialisatio
 it changes. The committed seed (tests/fixtures/grid-cache) fills the directory first."""
 
 
+def keyed_flags() -> list[str]:
+    """The nvcc flags a cache key holds: all but the include directories, which are TileLang's
+    (fixed by its version) at a path that differs from one environment to the next (a fresh
+    clone's hatch env is not the developer's: a key holding it would never hit there)."""
+    return [flag for flag in nvcc_flags() if not flag.startswith("-I")]
+
+
 def _versions_digest() -> str:
     """What, besides a prim_func, decides its lowering and compilation here."""
     import hashlib
@@ -207,8 +214,14 @@ def _versions_digest() -> str:
     from tileplug.backend_cuda import jit
 
     version = subprocess.run([shutil.which("nvcc"), "--version"], capture_output=True, text=True).stdout
-    text = importlib.metadata.version("tilelang") + version + ARCH + " ".join(nvcc_flags()) + repr(jit.PASS_CONFIGS)
+    text = importlib.metadata.version("tilelang") + version + ARCH + " ".join(keyed_flags()) + repr(jit.PASS_CONFIGS)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_cache_keys_hold_no_paths_of_this_environment() -> None:
+    pytest.importorskip("tilelang")
+    assert keyed_flags() and not any(os.sep in flag or flag.startswith("-I") for flag in keyed_flags())
+    assert len(keyed_flags()) == len(nvcc_flags()) - 2
 
 
 def _cache_salt() -> str:
