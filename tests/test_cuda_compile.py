@@ -95,8 +95,9 @@ def nvcc_flags() -> list[str]:
             f"-I{TILELANG_TEMPLATE_PATH}", f"-I{CUTLASS_INCLUDE_DIR}"]
 
 
-def lower_case(entry: tuple, input_alignment: int | None = None) -> dict:
-    """Lower one grid entry ``(name, case)`` for sm_90: {"id", "ok", "source" | "error", "spec"}."""
+def lower_case(entry: tuple, input_alignment: int | None = None, lookup=None) -> dict:
+    """Lower one grid entry ``(name, case)`` for sm_90: {"id", "ok", "source" | "error", "spec"}.
+    ``lookup(prim_func)``, when given, may answer with a stored result instead of lowering."""
     result = {"id": entry[0], "ok": False}
     try:
         kernel, call = describe(entry[1], input_alignment)
@@ -109,7 +110,11 @@ def lower_case(entry: tuple, input_alignment: int | None = None) -> dict:
         specs = kernel_specs(kernel, call)  # the one the entry names, else the call's main one
         spec = next((s for s in specs if s.name == entry[0]), specs[0])
         started = time.perf_counter()
-        result["source"] = jit.lower_source(spec, ARCH)
+        func = jit.prim_func(spec)
+        stored = lookup(func) if lookup is not None else None
+        if stored is not None:
+            return stored
+        result["source"] = jit.lower_traced(func, ARCH)
         result["lower_s"] = time.perf_counter() - started
         result["spec"] = spec.name
         result["ok"] = True
@@ -266,26 +271,22 @@ def _write_result(path: str, result: dict) -> None:
 
 def load_or_lower(entry: tuple, versions: str) -> dict:
     """Worker: the cached result of grid entry ``entry`` under its TIR key, else the entry lowered
-    (not yet compiled); ``tir_path`` says where it goes."""
+    from the same trace (not yet compiled); ``tir_path`` says where it goes."""
     import hashlib
 
-    try:
-        kernel, call = describe(entry[1])
-        specs = kernel_specs(kernel, call)
-        spec = next((s for s in specs if s.name == entry[0]), specs[0])
-        from tileplug.backend_cuda import jit
+    tir_path = None
 
-        func = jit.prim_func(spec)
-        tir = hashlib.sha256(func.script().encode()).hexdigest()
-    except Exception:  # noqa: BLE001 - lower_case reports it
-        return lower_case(entry)
-    path = _cache_path(versions + tir, entry[0])
-    cached = _read_result(path)
-    if cached is not None:
-        cached["tir_file"] = os.path.basename(path)
+    def lookup(func) -> dict | None:
+        nonlocal tir_path
+        tir_path = _cache_path(versions + hashlib.sha256(func.script().encode()).hexdigest(), entry[0])
+        cached = _read_result(tir_path)
+        if cached is not None:
+            cached["tir_file"] = os.path.basename(tir_path)
         return cached
-    result = lower_case(entry)
-    result["tir_path"] = path
+
+    result = lower_case(entry, lookup=lookup)
+    if "tir_file" not in result and tir_path is not None:
+        result["tir_path"] = tir_path
     return result
 
 

@@ -106,13 +106,18 @@ def prim_func(spec: KernelSpec):
 
 def lower_source(spec: KernelSpec, arch: str = DEFAULT_ARCH) -> str:
     """CUDA C++ source of ``spec`` for ``arch`` (no GPU needed)."""
+    return lower_traced(prim_func(spec), arch)
+
+
+def lower_traced(func: Any, arch: str = DEFAULT_ARCH) -> str:
+    """CUDA C++ source of an already traced ``PrimFunc`` for ``arch`` (no GPU needed)."""
     import tilelang
     from tilelang import tvm
     from tvm.target import Target
 
     target = Target({"kind": "cuda", "arch": arch})
     with tvm.transform.PassContext(opt_level=3, config=PASS_CONFIGS), target:
-        artifact = tilelang.lower(prim_func(spec), target=target)
+        artifact = tilelang.lower(func, target=target)
     return artifact.kernel_source
 
 

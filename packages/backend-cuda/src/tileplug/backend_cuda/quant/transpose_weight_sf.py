@@ -1,7 +1,7 @@
 """CUDA ``transpose_weight_sf`` (docs/spec.md §11): weights' fp32 block scales → the packed
 UE8M0, MN-major ``sf0`` / ``sf1`` DeepGEMM reads. One launch per scale tensor writes both of its
 outputs (``weight_scale_kernels`` holds the TileLang kernel); the kernel is specialised on the
-block size and on the store form only (G, R and C are runtime values). Nothing here imports
+block size only (G, R and C are runtime values). Nothing here imports
 TileLang.
 
 The outputs are handed to the kernel in their memory order, ``[G, P, N]`` (sf0) and
