@@ -4,6 +4,7 @@ kernel (``grouped``), scale math macros (``sf_math``); compilation is the backen
 from tileplug.backend_cuda.quant.cast_back import CastBack
 from tileplug.backend_cuda.quant.nearest_cast import NearestCast
 from tileplug.backend_cuda.quant.per_block_cast import PerBlockCast
+from tileplug.backend_cuda.quant.per_block_cast_lossless import PerBlockCastLossless
 from tileplug.backend_cuda.quant.per_channel_cast import PerChannelCast
 from tileplug.backend_cuda.quant.per_token_cast import PerTokenCast, PerTokenCastAndCastBack
 from tileplug.backend_cuda.quant.stochastic_cast import StochasticCast
@@ -16,6 +17,7 @@ def make_kernels() -> dict:
         "per_token_cast": PerTokenCast(),
         "per_block_cast": PerBlockCast(),
         "per_channel_cast": PerChannelCast(),
+        "per_block_cast_lossless": PerBlockCastLossless(),
         "cast_back": CastBack(),
         "per_token_cast_and_cast_back": PerTokenCastAndCastBack(),
         "stochastic_cast": StochasticCast(),
@@ -24,5 +26,5 @@ def make_kernels() -> dict:
     }
 
 
-__all__ = ["CastBack", "NearestCast", "PerBlockCast", "PerChannelCast", "PerTokenCast", "PerTokenCastAndCastBack",
+__all__ = ["CastBack", "NearestCast", "PerBlockCast", "PerBlockCastLossless", "PerChannelCast", "PerTokenCast", "PerTokenCastAndCastBack",
            "StochasticCast", "TransposeWeightSf", "make_kernels"]

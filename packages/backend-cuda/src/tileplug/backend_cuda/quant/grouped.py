@@ -109,6 +109,8 @@ def build_kernel(spec: KernelSpec):
     NJOB = 2 * NCOL
     JR = -(-NJOB // NT)
 
+    LOSSLESS = spec.lossless  # the group scale from the input scales' exponents (SPEC §11)
+    assert not LOSSLESS or (QUANTIZED and MODE is QuantMode.CAST and not spec.stochastic)
     STOCHASTIC = spec.stochastic
     if STOCHASTIC:
         assert MODE is QuantMode.CAST and VEC % 4 == 0, "a stochastic slot is whole Philox blocks"
@@ -178,13 +180,28 @@ def build_kernel(spec: KernelSpec):
     def amax_key(xv, sin, i, j):
         """int32 amax key of an element: the bits of |value| (see sf_math.abs_bits). For a
         bf16 input it is taken from the raw bf16 bits (the fp32 bits are those shifted left
-        by 16), so the amax pass holds no fp32 copy of the tile in registers."""
+        by 16), so the amax pass holds no fp32 copy of the tile in registers. A lossless
+        re-blocking keys an element by its input scale's exponent (sf_math.lossless_key)."""
+        if LOSSLESS:
+            return sf_math.lossless_key(input_scale(sin, i, j))
         if PAIRS:
             word = xv[i * XVEC + j // 2]
             return T.if_then_else(j % 2 == 0, T.shift_left(word & 0x7FFF, 16), word & 0x7FFF0000)
         if IN_DT == "bfloat16":
             return sf_math.bf16_abs_bits(xv[i * XVEC + j])
         return sf_math.abs_bits(scaled(xv, sin, i, j))
+
+    def inverse_of(key):
+        """The factor a group's values are multiplied by, from its reduced key."""
+        if LOSSLESS:
+            return sf_math.lossless_inverse(key)
+        return sf_math.group_inverse(key, CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF)
+
+    def stored_scale(key, packed):
+        """The scale a group stores (``packed``: its UE8M0 byte), from its reduced key."""
+        if LOSSLESS:
+            return sf_math.lossless_scale(key, packed)
+        return sf_math.group_scale(key, CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, packed)
 
     @T.macro
     def tile(x, sf_in, given, q, sf, seed, offset, bx, by):
@@ -334,10 +351,12 @@ def build_kernel(spec: KernelSpec):
                             for v in T.unroll(NW - 1):
                                 sel[0] = T.max(sel[0], red[(v + 1) * WARP_STRIDE + col])
                             if job < NCOL:
-                                res[col] = sf_math.group_inverse(sel[0], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF)
+                                res[col] = inverse_of(sel[0])
                             elif gc < H:
-                                value = sf_math.group_scale(sel[0], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED)
-                                if PACKED:
+                                value = stored_scale(sel[0], PACKED)
+                                if PACKED and SF_COL:  # bytes of the transposed integers: [H, 4·R/4]
+                                    sf[gc, bx] = value
+                                elif PACKED:
                                     sf[bx // 4, gc * 4 + bx % 4] = value
                                 else:
                                     sf[bx, gc] = value
@@ -349,12 +368,9 @@ def build_kernel(spec: KernelSpec):
                     NROWS = NSLOT if PER_TOKEN else 1
                     for i in T.unroll(NROWS):
                         for e in T.unroll(NSF):
-                            inv[i * NSF + e] = sf_math.group_inverse(
-                                amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF
-                            )
+                            inv[i * NSF + e] = inverse_of(amax[i * NSF + e])
                         if FAKE_QUANT:  # nothing stored: the scale multiplies the values back
-                            scale[i] = T.cast(sf_math.group_scale(amax[i], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF,
-                                                                  False), "float32")
+                            scale[i] = T.cast(stored_scale(amax[i], False), "float32")
                         else:
                             if PER_TOKEN:
                                 gr = slot_row(bx, w, lane, i)
@@ -367,11 +383,11 @@ def build_kernel(spec: KernelSpec):
                             if ok:
                                 for e in T.unroll(NSF):
                                     gc = (gcol + e) if PER_CHANNEL else (gcol // BN)
-                                    value = sf_math.group_scale(
-                                        amax[i * NSF + e], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED
-                                    )
+                                    value = stored_scale(amax[i * NSF + e], PACKED)
                                     if not PACKED:
                                         sf[gr, gc] = value
+                                    elif PER_CHANNEL and SF_COL:  # packed along tokens, column-major
+                                        sf[gc, gr] = value
                                     elif PER_CHANNEL:
                                         sf[gr // 4, gc * 4 + gr % 4] = value
                                     elif SF_COL:

@@ -18,6 +18,8 @@ import struct
 
 import tilelang.language as T
 
+from tileplug.core.quant.sf_math import LOSSLESS_HEADROOM
+
 F32_INF_BITS = 0x7F800000
 F32_NAN_BITS = 0x7FC00000
 NONFINITE_EXPONENT = 128
@@ -112,6 +114,47 @@ def group_scale(amax_bits, clamp_min_bits, fmt_max, fmt_rcp, round_sf, e4m3_sf, 
         return T.ieee_fdiv(c, T.float32(fmt_max))
 
 
+NONFINITE_KEY = 255  # the lossless key of a non-finite input scale (UE8M0's "no value" byte)
+
+
+@T.macro
+def lossless_key(scale):
+    """``e + 127`` of the exponent core's ``given_scale_exponent`` gives an fp32 input scale:
+    ``ceil(log2 s)`` clamped at -127 (zero of either sign and every value up to 2^-127 give
+    key 0), 255 for NaN, ±inf, negative values and values above 2^127. Keys order as the
+    exponents do, so a group's largest key is its largest exponent (and 255 wins)."""
+    bits = T.reinterpret(scale, "int32")
+    return T.if_then_else(
+        (bits & 0x7FFFFFFF) == 0,  # ±0
+        0,
+        T.if_then_else(
+            bits < 0,  # negative, -inf and negative NaNs
+            NONFINITE_KEY,
+            T.if_then_else(bits <= 0x00400000, 0, T.min(T.shift_right(bits - 1, 23) + 1, NONFINITE_KEY)),
+        ),
+    )
+
+
+@T.macro
+def lossless_inverse(key):
+    """The factor of a lossless output group with largest input key ``key``: ``2^-e``,
+    ``e = max(key - 127 - 6, -127)``; 0 for a non-finite group."""
+    return T.if_then_else(key == NONFINITE_KEY, T.float32(0.0),
+                          pow2(127 + LOSSLESS_HEADROOM - T.max(key, LOSSLESS_HEADROOM)))
+
+
+@T.macro
+def lossless_scale(key, packed_ue8m0):
+    """The stored scale of that group: the UE8M0 byte ``e + 127`` (255 when non-finite), or
+    fp32 ``2^e`` (+inf when non-finite; ``2^-127`` is the subnormal 0x00400000)."""
+    if packed_ue8m0:
+        return T.cast(T.if_then_else(key == NONFINITE_KEY, NONFINITE_KEY, T.max(key, LOSSLESS_HEADROOM)
+                                     - LOSSLESS_HEADROOM), "uint8")
+    else:
+        return pow2(T.if_then_else(key == NONFINITE_KEY, NONFINITE_EXPONENT,
+                                   T.max(key, LOSSLESS_HEADROOM) - 127 - LOSSLESS_HEADROOM))
+
+
 @T.macro
 def ue8m0_value(byte):
     """fp32 value of a UE8M0 byte ``b`` (int32 0..255): ``2^(b-127)``, 0xFF → NaN."""
@@ -120,14 +163,13 @@ def ue8m0_value(byte):
 
 @T.macro
 def e2m1_value(code):
-    """fp32 value of an e2m1 nibble ``code`` (int32 0..15); code 8 is -0.0."""
+    """fp32 value of an e2m1 nibble ``code`` (int32 0..15); code 8 is -0.0. Built from bits,
+    no int-to-float conversion: for a magnitude code ``m = 2e + f`` >= 2 (exponent field e >= 1)
+    the fp32 pattern is ``(e + 126) << 23 | f << 22 = (m + 252) << 22``; m = 1 is 0.5, m = 0 zero;
+    the sign is bit 3 moved to bit 31."""
     m = code & 7
-    magnitude = T.if_then_else(
-        m < 4,
-        T.cast(m, "float32") * T.float32(0.5),
-        T.cast(T.shift_left(2 + (m & 1), T.shift_right(T.max(m - 4, 0), 1)), "float32"),
-    )
-    return T.if_then_else((code & 8) != 0, -magnitude, magnitude)
+    magnitude = T.if_then_else(m >= 2, T.shift_left(m + 252, 22), T.if_then_else(m == 1, 0x3F000000, 0))
+    return T.reinterpret(magnitude | T.shift_left(code & 8, 28), "float32")
 
 
 TWO_POW_23 = 8388608.0

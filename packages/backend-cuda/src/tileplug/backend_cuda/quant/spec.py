@@ -14,6 +14,7 @@ import torch
 
 from tileplug.core.call import QuantMode
 from tileplug.core.contracts.quant import QuantCall
+from tileplug.core.contracts.quant_reblock import LOSSLESS
 from tileplug.core.quant.layouts import CUDA_LAYOUT
 
 HIDDEN_MULTIPLE = 16
@@ -79,6 +80,10 @@ class KernelSpec:
     ``stochastic`` (cast mode): the narrowing of ``x · inv`` rounds stochastically with the
     Philox words of the generator's ``seed`` / ``offset`` buffers (element ``(r, c)`` with word
     ``r·H + c``: a slot's ``VEC`` columns are whole Philox blocks, H being a multiple of 16).
+
+    ``lossless`` (``per_block_cast_lossless``, cast mode of an e2m1 input): a group's scale is
+    read off its input scales' exponents (the largest, less the e4m3 headroom) instead of the
+    amax of its values; ``round_sf`` and ``clamp_min`` are then unused (False, 0).
     """
 
     op: str
@@ -103,6 +108,7 @@ class KernelSpec:
     inline_coords: bool = False
     lanes_per_row: int = 32
     stochastic: bool = False
+    lossless: bool = False
 
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``)."""
@@ -180,6 +186,8 @@ class KernelSpec:
             parts.append(f"h{self.lanes_per_row}")
         if self.stochastic:
             parts.append("sr")
+        if self.lossless:
+            parts.append("lossless")
         return "_".join(parts)
 
 
@@ -219,6 +227,7 @@ def make_spec(
             column_chunks=column_chunks, inline_coords=inline_coords and grid_cols,
         )
     cast = call.cast
+    lossless = call.op == LOSSLESS
     given = None
     sf_kind = None
     if call.given_sf is not None:
@@ -235,19 +244,20 @@ def make_spec(
         sf_kind,
         bool(cast.col_major_sf) and sf_kind == "ue8m0",
         given,
-        bool(cast.round_sf) and given is None,
-        float(cast.clamp_min) if given is None else 0.0,
+        bool(cast.round_sf) and given is None and not lossless,
+        float(cast.clamp_min) if given is None and not lossless else 0.0,
         vectorize,
         warps,
         rows_per_thread,
         min_blocks_per_sm,
         bf16_pairs and vectorize and call.input_dtype == torch.bfloat16,
-        spread and _spreads(call, op, sf_kind),
+        spread and not lossless and _spreads(call, op, sf_kind),
         grid_cols,
         column_chunks if cast.block[0] == 1 else 1,
         inline_coords and grid_cols,
         lanes_per_row if cast.block[0] > 1 else 32,
         bool(cast.stochastic) and call.mode is QuantMode.CAST,
+        lossless,
     )
 
 

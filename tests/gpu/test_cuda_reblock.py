@@ -1,9 +1,14 @@
-"""CUDA ``transpose_weight_sf`` against the reference, bytewise with strides (docs/spec.md §11),
-on inputs the op-table grid (powers of two only) does not hold: every class of scale the byte
-rule distinguishes, shapes whose R or C is not a multiple of the pack factor, stacked groups,
-several weights in one call, ``transpose_sf1`` and ``out=`` reuse.
+"""CUDA re-blocking ops (docs/spec.md §11) against the reference, bytewise, on inputs the
+op-table grid (powers of two only) does not hold.
 
-    . .gpu-bundle/prelude.sh && python3 -m pytest tests/gpu/test_cuda_weight_scales.py -m gpu
+``transpose_weight_sf``: every class of scale the byte rule distinguishes, shapes whose R or C
+is not a multiple of the pack factor, stacked groups, several weights in one call,
+``transpose_sf1`` and ``out=`` reuse. ``per_block_cast_lossless``: every op-table case with its
+input scales replaced by those same special values (fp32: zeros of both signs, subnormals,
+non-powers of two, infinities, NaN, negatives; packed UE8M0: every byte, 0xFF included) and
+every e2m1 code in the data.
+
+    . .gpu-bundle/prelude.sh && python3 -m pytest tests/gpu/test_cuda_reblock.py -m gpu
 """
 
 from __future__ import annotations
@@ -121,3 +126,77 @@ def test_graph_capture_replays() -> None:
         want = core.ops.transpose_weight_sf(sf.cpu(), 64)
     for h, w in zip(out, want):
         assert_bytes_equal(h.cpu(), w, strides=True)
+
+
+# ---------------------------------------------------------------------- per_block_cast_lossless
+
+
+def _lossless_cases() -> list:
+    from tileplug.core import opdefs
+
+    return opdefs.get("per_block_cast_lossless").cases()
+
+
+def _special_lossless_arguments(case, tokens: int, seed: int):
+    """The case's arguments at ``tokens`` rows (made by the CPU reference in the CUDA sf layout),
+    the data bytes replaced by random ones (every e2m1 code) and the input scales spread over
+    the binades: fp32 scales times random powers of two, a fifth of them off the powers of two,
+    5% special values (:func:`special_scales`) in the first third of the scale rows; UE8M0 bytes
+    around 127 with 0x00 sprinkled in, and any byte (0xFF too) in that first third. Strides kept: the
+    groups below the first third stay finite."""
+    from tileplug.core import config
+
+    with use_backend("reference"), config.host_layout("cuda"):
+        args, kwargs = case.arguments(tokens, "cpu")
+    (xq, sf), = args
+    generator = torch.Generator().manual_seed(seed)
+    xq.copy_(torch.randint(-128, 128, xq.shape, generator=generator, dtype=torch.int8))
+    draw = lambda: torch.rand(sf.shape, generator=generator)  # noqa: E731
+    top = (torch.arange(sf.shape[0]) < max(1, sf.shape[0] // 3)).reshape(-1, 1)  # where non-finite may go
+    if sf.dtype == torch.float32:
+        specials = special_scales()
+        picks = specials[torch.randint(0, specials.numel(), sf.shape, generator=generator)]
+        spread = sf * torch.ldexp(torch.ones(sf.shape), torch.randint(-12, 13, sf.shape, generator=generator).float())
+        spread = torch.where(draw() < 0.2, spread * (1 + draw()), spread)
+        sf.copy_(torch.where((draw() < 0.05) & top, picks, spread))
+    else:
+        raw = torch.randint(110, 145, (*sf.shape, 4), generator=generator, dtype=torch.int32)
+        choice = torch.rand(raw.shape, generator=generator)
+        anything = torch.randint(0, 256, raw.shape, generator=generator, dtype=torch.int32)
+        top_bytes = top.unsqueeze(-1)
+        raw = torch.where(choice < 0.02, 0, torch.where((choice < 0.04) & top_bytes, 255,
+                                                         torch.where((choice < 0.1) & top_bytes, anything, raw)))
+        packed = raw[..., 0] | (raw[..., 1] << 8) | (raw[..., 2] << 16) | (raw[..., 3] << 24)
+        sf.copy_(packed.to(torch.int32))
+    return (xq, sf), kwargs
+
+
+def test_the_cuda_backend_serves_lossless_reblocking() -> None:
+    for case in _lossless_cases():
+        pair, kwargs = _special_lossless_arguments(case, 3, seed=0)
+        call, _ = core.describe_call("per_block_cast_lossless", tuple(t.cuda() for t in pair), **kwargs)
+        assert core.registry.route(call).backend.name == "cuda", case.id
+
+
+@pytest.mark.parametrize("tokens", [1, 259])
+@pytest.mark.parametrize("index", range(len(_lossless_cases())), ids=lambda i: _lossless_cases()[i].id)
+def test_lossless_special_input_scales_bytewise(index: int, tokens: int) -> None:
+    """Against the reference on the GPU (the same NaN encodings) bytewise, q and every sf byte
+    that holds a group; against the CPU reference up to NaN encodings (``value · (NaN · 0)``)."""
+    from tileplug.core import config
+    from tileplug.core.testing import assert_sf_equal, cpu_copy
+
+    case = _lossless_cases()[index]
+    pair, kwargs = _special_lossless_arguments(case, tokens, seed=index * 17 + tokens)
+    on_gpu = tuple(t.cuda() for t in pair)
+    with use_backend("cuda"):
+        q, sf = core.ops.per_block_cast_lossless(on_gpu, **kwargs)
+    with use_backend("reference"):
+        q_ref, sf_ref = core.ops.per_block_cast_lossless(on_gpu, **kwargs)
+    block, hidden = tuple(kwargs["out_block_size"]), pair[0].shape[1] * 2
+    assert_bytes_equal(cpu_copy(q), cpu_copy(q_ref), f"{case.id} q", strides=True)
+    assert_sf_equal(cpu_copy(sf), cpu_copy(sf_ref), block, tokens, hidden, f"{case.id} sf")
+    with use_backend("reference"), config.host_layout("cuda"):
+        q_cpu, sf_cpu = core.ops.per_block_cast_lossless(pair, **kwargs)
+    assert_bytes_equal(cpu_copy(q), q_cpu, f"{case.id} q vs CPU", nan_equal=True)
+    assert_sf_equal(cpu_copy(sf), sf_cpu, block, tokens, hidden, f"{case.id} sf vs CPU")  # a scale is never NaN
