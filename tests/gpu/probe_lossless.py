@@ -6,7 +6,8 @@ In one process, tileplug's ``median_seconds`` (CUDA events, clean L2; eager: wha
 and ``graph_seconds_per_call`` (one CUDA graph over distinct inputs: the kernel alone), for an
 MXFP4 activation (e2m1 in 1 × 32 groups, packed UE8M0 scales, made by ``per_token_cast``) of
 T × 7168, T in {128, 4096, 65536}, re-blocked into 128 × 128 groups and into 1 × 128 groups
-(column-major), both with packed UE8M0 scales. GB/s = ledger bytes (xq + sf read, q + sf
+(column-major), both with packed UE8M0 scales; at the smallest T also the host time per call
+(calls issued back to back, ``host_seconds_per_call``; TileKernels needs T % 128 == 0). GB/s = ledger bytes (xq + sf read, q + sf
 written) / time; the 2 GiB copy of the same run is printed next to them. Every runner's bytes
 are compared with the cuda backend's. Writes ``$OUT/lossless.json`` when ``OUT`` is set.
 ``--cuda-only``: the cuda backend alone (tile sweeps through ``TILEPLUG_CUDA_TILE_*``).
@@ -23,7 +24,7 @@ import sys
 import torch
 
 from tileplug import core
-from tileplug.core.benchmark import copy_bandwidth, graph_seconds_per_call, median_seconds
+from tileplug.core.benchmark import copy_bandwidth, graph_seconds_per_call, host_seconds_per_call, median_seconds
 from tileplug.core.quant.layouts import CUDA_LAYOUT
 from tileplug.core.registry import use_backend
 from tileplug.core.testing import activation
@@ -90,6 +91,12 @@ def main() -> None:
                             and a.stride() == b.stride() for a, b in zip(result, cuda_result)]
                 row = {"runner": name, "tokens": tokens, "out": label, "eager_us": seconds * 1e6,
                        "eager_GBps": nbytes / seconds / 1e9, "copy_GBps": copy, "same_bytes_as_cuda": same}
+                if name != "tileplug reference" and tokens == TOKENS[0]:  # back to back, no sync: the host's part
+                    if backend is None:
+                        row["host_us"] = host_seconds_per_call(lambda: fn(pair), device) * 1e6
+                    else:
+                        with use_backend(backend):
+                            row["host_us"] = host_seconds_per_call(lambda: fn(pair), device) * 1e6
                 if name != "tileplug reference":
                     try:
                         if backend is None:

@@ -22,8 +22,15 @@ WARPS = 16
 MIN_BLOCKS_PER_SM = 2
 """Block and channel tiles: 16 warps x bm / 16 rows, two CTAs per SM. The amax pass of a lossless
 tile reads no value (its keys are the input scales), so the registers the re-quantization tiles
-keep for decoded values are free: per_block_cast's e2m1-input tile (8 warps x 16 rows, one CTA
-per SM) ran 1379 against TileKernels' 693 us at T = 65536 (H200, 128 x 128, graph)."""
+keep for decoded values are free. GPU sweep 2026-12-04 (H200, MXFP4 1 x 32 -> 128 x 128, packed
+UE8M0, H = 7168, CUDA-graph us at T = 4096 / 65536; TileKernels 49.3 / 692.0): 16 warps x 8 rows
+x 2 CTAs/SM 34.0 / 471.7, 8 x 16 x 2 37.9 / 513.7, 16 x 8 x 1 40.3 / 586.5, and per_block_cast's
+e2m1-input tile (8 x 16 x 1, before the e2m1 decoder was built from bits) 74.4 / 1378.9."""
+
+SMALL_T_WARPS = 16
+"""The small-T block and channel tiles (at most ``kernels.SMALL_TOKENS`` rows): two rows of 16
+lanes per warp, so a tile is half as wide and twice as many CTAs cover a T that fills few group
+rows (T = 128, H = 7168, 128 x 128: 28 CTAs of the full-width tile on 132 SMs)."""
 
 _PER_TOKEN = PerTokenCast()
 
@@ -37,4 +44,16 @@ class PerBlockCastLossless(QuantKernel):
             return _PER_TOKEN.spec(call)
         warps, _, min_blocks = tile_override("lossless", (WARPS, 0, MIN_BLOCKS_PER_SM))
         warps = min(warps, rows)
-        return make_spec(call, "per_channel" if cols == 1 else "per_block", warps, rows // warps, min_blocks)
+        return make_spec(call, _tile_op(call), warps, rows // warps, min_blocks)
+
+    def small_tokens_spec(self, call: QuantCall) -> KernelSpec | None:
+        rows = call.cast.block[0]
+        if rows == 1:
+            return None
+        warps = min(SMALL_T_WARPS, rows // 2)
+        return make_spec(call, _tile_op(call), warps, rows // (2 * warps), MIN_BLOCKS_PER_SM, lanes_per_row=16)
+
+
+def _tile_op(call: QuantCall) -> str:
+    """The tile of ``bm × bn`` output groups with ``bm > 1``: per channel (bn = 1) or per block."""
+    return "per_channel" if call.cast.block[1] == 1 else "per_block"
