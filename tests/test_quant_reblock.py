@@ -440,3 +440,27 @@ def test_refusals_name_the_argument(what, call, argument, message):
         call()
     assert caught.value.argument == argument, (what, str(caught.value))
     assert f"'{argument}'" in str(caught.value)
+
+
+def test_the_lossless_contract_memo_keeps_every_check():
+    from tileplug.core.contracts import quant as quant_contracts
+    from tileplug.core.contracts import quant_reblock as contracts
+
+    pair = _pair()
+    first, _ = contracts.per_block_cast_lossless(pair, "e4m3", (1, 32), (128, 128), False, True, True)
+    size = len(quant_contracts.recent_calls)
+    again, inputs = contracts.per_block_cast_lossless(pair, "e4m3", (1, 32), (128, 128), False, True, True)
+    assert again is first and len(quant_contracts.recent_calls) == size  # the second call hit the memo
+    assert inputs.x is pair[0] and inputs.input_sf is pair[1]
+    with pytest.raises(core.ContractError, match="'round_sf'"):  # 1 == True, but not a bool: not the memo's entry
+        contracts.per_block_cast_lossless(pair, "e4m3", (1, 32), (128, 128), False, 1, True)
+    with pytest.raises(core.ContractError, match="'use_packed_ue8m0'"):  # other flags: another key, checked
+        contracts.per_block_cast_lossless(pair, "e4m3", (1, 32), (128, 128), False, False, True)
+    with pytest.raises(core.ContractError, match="'x'"):  # an sf of another shape: another key, checked
+        contracts.per_block_cast_lossless((pair[0], pair[1][:, :0]), "e4m3", (1, 32),
+                                          (128, 128), False, True, True)
+    listed, _ = contracts.per_block_cast_lossless(pair, "e4m3", [1, 32], (128, 128), False, True, True)
+    assert listed == first  # a list is checked (not memoized) and gives the same call
+    with core.config.host_layout("ascend"):  # another config in force: checked again, another call
+        other, _ = contracts.per_block_cast_lossless(pair, "e4m3", (1, 32), (128, 128), False, True, True)
+    assert other.host_layout != first.host_layout
