@@ -464,3 +464,25 @@ def test_the_lossless_contract_memo_keeps_every_check():
     with core.config.host_layout("ascend"):  # another config in force: checked again, another call
         other, _ = contracts.per_block_cast_lossless(pair, "e4m3", (1, 32), (128, 128), False, True, True)
     assert other.host_layout != first.host_layout
+
+
+def test_the_weight_scale_contract_memo_keeps_every_check():
+    from tileplug.core.contracts import quant as quant_contracts
+    from tileplug.core.contracts import quant_reblock as contracts
+
+    weights = (torch.ones(2, 3), torch.ones(4, 2, 5))
+    first, inputs = contracts.transpose_weight_sf(weights, 64, False)
+    size = len(quant_contracts.recent_calls)
+    again, _ = contracts.transpose_weight_sf(weights, 64, False)
+    assert again is first and len(quant_contracts.recent_calls) == size  # the second call hit the memo
+    assert inputs[0] is weights[0] and inputs[1] is weights[1]
+    with pytest.raises(core.ContractError, match="'transpose_sf1'"):  # 0 == False, but not a bool
+        contracts.transpose_weight_sf(weights, 64, 0)
+    with pytest.raises(core.ContractError, match="'block_size'"):  # 64.0 == 64, but not an int
+        contracts.transpose_weight_sf(weights, 64.0, False)
+    with pytest.raises(core.ContractError, match="contiguous"):  # other strides: another key, checked
+        contracts.transpose_weight_sf((weights[0], torch.ones(4, 5, 2).transpose(1, 2)), 64, False)
+    one, _ = contracts.transpose_weight_sf(weights[0], 64, False)
+    assert one.shapes == ((2, 3),)
+    listed, _ = contracts.transpose_weight_sf(list(weights), 64, False)  # a list: checked, the same call
+    assert listed == first

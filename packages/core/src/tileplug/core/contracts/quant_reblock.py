@@ -184,11 +184,21 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def transpose_weight_sf(sf: Any, block_size: Any, transpose_sf1: Any) -> tuple[WeightScaleCall, tuple]:
     """Contract of ``transpose_weight_sf``: one fp32 scale tensor, or a non-empty tuple of
-    them, each contiguous ``[rows, cols]`` or ``[groups, rows, cols]``, all on one device."""
-    name = TRANSPOSE
+    them, each contiguous ``[rows, cols]`` or ``[groups, rows, cols]``, all on one device. A
+    signature seen before (the same tensor metadata, arguments and config) is the memo's call."""
     tensors = (sf,) if isinstance(sf, torch.Tensor) else sf
+    if tensors.__class__ is tuple and tensors:
+        call = recent_calls.memoized(TRANSPOSE, tensors, (block_size, transpose_sf1),
+                                     lambda: _checked_transpose_weight_sf(tensors, block_size, transpose_sf1))
+    else:
+        call = _checked_transpose_weight_sf(tensors, block_size, transpose_sf1)
+    return call, tuple(plain_tensor(tensor) for tensor in tensors)
+
+
+def _checked_transpose_weight_sf(tensors: Any, block_size: Any, transpose_sf1: Any) -> WeightScaleCall:
+    name = TRANSPOSE
     if not isinstance(tensors, (tuple, list)) or not tensors:
-        raise ContractError(name, "sf", "a float32 scale tensor or a non-empty tuple of them", describe(sf))
+        raise ContractError(name, "sf", "a float32 scale tensor or a non-empty tuple of them", describe(tensors))
     block = check_choice(name, "block_size", block_size, WEIGHT_BLOCK_SIZES)
     check_bool(name, "transpose_sf1", transpose_sf1)
     device = None
@@ -211,8 +221,7 @@ def transpose_weight_sf(sf: Any, block_size: Any, transpose_sf1: Any) -> tuple[W
         shapes.append(tuple(int(size) for size in tensor.shape))
     current = config.current()
     rows = sum(_numel(shape[:-1]) for shape in shapes) * block
-    call = WeightScaleCall(
+    return WeightScaleCall(
         name, device.type, name, block, tuple(shapes), transpose_sf1, host_layout=current.host_layout,
         tokens=rows, device=device, empty=all(_numel(shape) == 0 for shape in shapes),
     )
-    return call, tuple(plain_tensor(tensor) for tensor in tensors)
