@@ -7,7 +7,7 @@ and ``graph_seconds_per_call`` (one CUDA graph over distinct inputs: the kernels
 weights of T × 7168 at bs 128 (scales [T/128, 56]), T in {128, 4096, 65536}, one weight and eight
 weights in one call: the cuda backend, the reference on the GPU and TileKernels. GB/s = ledger
 bytes (scales read + every packed integer written) / time; the 2 GiB copy of the same run is
-printed next to them. Writes ``$OUT/weight_scales.json`` when ``OUT`` is set.
+printed next to them; at the smallest T also the host time per call (back to back, no sync). Writes ``$OUT/weight_scales.json`` when ``OUT`` is set.
 
     . .gpu-bundle/prelude.sh && python3 tests/gpu/probe_weight_scales.py
 """
@@ -20,7 +20,7 @@ import os
 import torch
 
 from tileplug import core
-from tileplug.core.benchmark import copy_bandwidth, graph_seconds_per_call, median_seconds
+from tileplug.core.benchmark import copy_bandwidth, graph_seconds_per_call, host_seconds_per_call, median_seconds
 from tileplug.core.quant.layouts import CUDA_LAYOUT
 from tileplug.core.registry import use_backend
 
@@ -81,6 +81,12 @@ def main() -> None:
                     same = all(torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(result, reference_bytes))
                 row = {"runner": name, "tokens": tokens, "weights": weights, "eager_us": seconds * 1e6,
                        "eager_GBps": nbytes / seconds / 1e9, "copy_GBps": copy, "same_bytes_as_cuda": same}
+                if name != "tileplug reference" and tokens == TOKENS[0]:  # back to back, no sync: the host's part
+                    if backend is None:
+                        row["host_us"] = host_seconds_per_call(fn, device) * 1e6
+                    else:
+                        with use_backend(backend):
+                            row["host_us"] = host_seconds_per_call(fn, device) * 1e6
                 if name != "tileplug reference":
                     try:
                         if backend is None:
