@@ -186,10 +186,12 @@ def test_concurrent_first_calls_build_one_launcher(monkeypatch) -> None:
 # ---------------------------------------------------------------------- transpose_weight_sf
 
 
-def _weight_scale_kernel(block: int):
-    """The CUDA ``transpose_weight_sf`` kernel emulated in Python: the byte rule on the scales'
-    bit patterns (weight_scale_kernels.ue8m0_byte) and the packing into the ``[G, P, M]``
-    memory-order views the launcher hands over."""
+def _weight_scale_kernel(spec):
+    """The CUDA ``transpose_weight_sf`` kernel of ``spec`` emulated in Python: the byte rule on
+    the scales' bit patterns (weight_scale_kernels.ue8m0_byte) and the packing into the outputs'
+    ``[G, P, M]`` memory order; it takes the tensors as the op returns them (the rank and sf1
+    view its spec names), as the compiled kernel's signature does."""
+    block = spec.block_size
 
     def byte(bits: torch.Tensor) -> torch.Tensor:
         magnitude = bits & 0x7FFFFFFF
@@ -206,6 +208,11 @@ def _weight_scale_kernel(block: int):
         return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
 
     def run(scales: torch.Tensor, sf0: torch.Tensor, sf1: torch.Tensor) -> None:
+        assert scales.dim() == sf0.dim() == sf1.dim() == (3 if spec.groups else 2)
+        if not spec.groups:
+            scales, sf0, sf1 = scales.unsqueeze(0), sf0.unsqueeze(0), sf1.unsqueeze(0)
+        sf0 = sf0.transpose(1, 2)  # [G, N, P0] strides (N·P0, 1, N): memory order [G, P0, N]
+        sf1 = sf1 if spec.transpose_sf1 else sf1.transpose(1, 2)
         groups, rows, cols = scales.shape
         assert scales.is_contiguous() and sf0.is_contiguous() and sf1.is_contiguous()
         assert sf0.shape == (groups, -(-cols // 4), rows * block) and sf1.shape == (groups, -(-rows // 4), cols * block)
@@ -232,18 +239,20 @@ def _special_scales(shape: tuple[int, ...], seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("transpose_sf1", (False, True))
 def test_transpose_weight_sf_launcher_and_byte_rule_match_the_reference(monkeypatch, block: int,
                                                                         transpose_sf1: bool) -> None:
-    """The launcher hands every weight's outputs over in memory order (2-D and stacked scales,
-    either sf1 view, an empty weight skipped) and the kernel's integer byte rule gives the
+    """The launcher hands every weight's tensors over as they are (2-D and stacked scales, either
+    sf1 view, each to its specialisation, an empty weight skipped) and the kernel's integer byte rule gives the
     reference's bytes on zeros, subnormals around 2^-127, 2^127 and above, infinities, NaN and
     negative scales."""
     from tileplug.backend_cuda import jit
     from tileplug.core.testing import assert_bytes_equal
 
-    monkeypatch.setattr(jit, "entry", lambda spec: _weight_scale_kernel(spec.block_size))
+    monkeypatch.setattr(jit, "entry", _weight_scale_kernel)
     weights = (_special_scales((7, 9), block), _special_scales((3, 5, 4), block + 1), torch.empty(0, 4),
                _special_scales((1, 1), block + 2))
     kernel, call, inputs = _call(ops.transpose_weight_sf, weights, block, transpose_sf1)
-    assert kernel.supports(call) is None and [s.name for s in kernel.specs(call)] == [f"transpose_weight_sf_bs{block}_t256"]
+    view = "_sf1t" if transpose_sf1 else ""
+    assert kernel.supports(call) is None and [s.name for s in kernel.specs(call)] == [
+        f"transpose_weight_sf_bs{block}{view}_t256", f"transpose_weight_sf_bs{block}_g{view}_t256"]
     outputs = call.allocation_plan(CUDA_LAYOUT).allocate(0, torch.device("cpu"))
     for tensor in outputs:
         tensor.fill_(-1)

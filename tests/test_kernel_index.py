@@ -158,6 +158,9 @@ def test_precompile_plans_every_declared_op(monkeypatch) -> None:
         prefix = {"per_block_cast": "per_block", "per_channel_cast": "per_channel",
                   "moe_expert_counts": "moe_chunk_counts",
                   "per_token_cast_and_cast_back": "fake_quant"}.get(op, op)
+        if op == "per_block_cast_lossless":  # the per-token / block / channel tiles in their lossless mode
+            assert any(name.endswith("_lossless") for name in names), f"{op}: no specialisation planned"
+            continue
         assert any(name.startswith(prefix) for name in names), f"{op}: no specialisation planned"
 
 

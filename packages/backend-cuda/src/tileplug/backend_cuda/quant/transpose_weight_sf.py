@@ -1,21 +1,21 @@
 """CUDA ``transpose_weight_sf`` (docs/spec.md §11): weights' fp32 block scales → the packed
 UE8M0, MN-major ``sf0`` / ``sf1`` DeepGEMM reads. One launch per scale tensor writes both of its
-outputs (``weight_scale_kernels`` holds the TileLang kernel); the kernel is specialised on the
-block size only (G, R and C are runtime values). Nothing here imports
-TileLang.
+outputs (``weight_scale_kernels`` holds the TileLang kernel); G, R and C are runtime values.
+Nothing here imports TileLang.
 
-The outputs are handed to the kernel in their memory order, ``[G, P, N]`` (sf0) and
-``[G, P, K]`` (sf1), which ``transpose_sf1`` does not change (it only returns another view of the
-same integers). Every store is 128 bits: core hands out 16-byte aligned outputs (fresh, or an
-``out=`` it checked), and each row of ``N`` or ``K`` integers, a multiple of 16, starts aligned.
+The kernel takes the scales and both outputs as the op hands them out (no view is made on the
+host: five views per weight, a few µs of host time each, were more than the launch), so it is
+specialised on the block size,
+on stacked ``[G, R, C]`` scales or not and on ``transpose_sf1`` (another view of the same
+integers); it writes in the outputs' memory order, ``[G, P, N]`` (sf0) and ``[G, P, K]`` (sf1).
+Every store is 128 bits: core hands out 16-byte aligned outputs (fresh, or an ``out=`` it
+checked), and each row of ``N`` or ``K`` integers, a multiple of 16, starts aligned.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
-
-import torch
 
 from tileplug.backend_cuda import jit
 from tileplug.core.contracts.quant_reblock import WeightScaleCall
@@ -25,9 +25,13 @@ Launcher = Callable[[Any, Any], None]
 
 @dataclass(frozen=True)
 class WeightScaleSpec:
-    """``block_size``: the weight block side (16, 32, 64, 128)."""
+    """``block_size``: the weight block side (16, 32, 64, 128); ``groups``: stacked
+    ``[G, R, C]`` scales (else ``[R, C]``); ``transpose_sf1``: sf1 handed out as its
+    ``[*g, P1, K]`` view. The kernel takes the tensors as the op returns them."""
 
     block_size: int
+    groups: bool = False
+    transpose_sf1: bool = False
 
     def build(self):
         """The TileLang ``PrimFunc`` (``tileplug.backend_cuda.jit``)."""
@@ -37,21 +41,14 @@ class WeightScaleSpec:
 
     @property
     def name(self) -> str:
-        return f"transpose_weight_sf_bs{self.block_size}_t256"
+        return (f"transpose_weight_sf_bs{self.block_size}{'_g' if self.groups else ''}"
+                f"{'_sf1t' if self.transpose_sf1 else ''}_t256")
 
     @property
     def vector_buffers(self) -> tuple[str, ...]:
         """Buffers loaded 128 bits at a time: none (the scales are gathered; the 128-bit path is
         the stores of sf0 / sf1, which the compile test checks on its own)."""
         return ()
-
-
-def memory_order(sf: torch.Tensor, groups: bool) -> torch.Tensor:
-    """An output ``[*g, M, P]`` with strides ``(M·P, 1, M)`` (or its ``[*g, P, M]`` view) as the
-    contiguous ``[G, P, M]`` the kernel writes."""
-    if sf.stride(-1) != 1:
-        sf = sf.transpose(-1, -2)
-    return sf if groups else sf.unsqueeze(0)
 
 
 class TransposeWeightSf:
@@ -62,11 +59,15 @@ class TransposeWeightSf:
     def supports(self, call: WeightScaleCall) -> str | None:
         return None  # every block size and shape of the contract (int64 indices)
 
+    def _spec(self, call: WeightScaleCall, groups: bool) -> WeightScaleSpec:
+        return WeightScaleSpec(call.block_size, groups, call.transpose_sf1)
+
     def spec(self, call: WeightScaleCall) -> WeightScaleSpec:
-        return WeightScaleSpec(call.block_size)
+        """The specialisation of the call's first weight (``specs``: every one it runs)."""
+        return self.specs(call)[0]
 
     def specs(self, call: WeightScaleCall) -> list[WeightScaleSpec]:
-        return [self.spec(call)]
+        return list(dict.fromkeys(self._spec(call, len(shape) == 3) for shape in call.shapes))
 
     def source(self, call: WeightScaleCall, arch: str = jit.DEFAULT_ARCH) -> str:
         return jit.lower_source(self.spec(call), arch)
@@ -75,14 +76,12 @@ class TransposeWeightSf:
         self.prepare(call)(inputs, outputs)
 
     def prepare(self, call: WeightScaleCall) -> Launcher:
-        layout = jit.entry(self.spec(call))
-        weights = [(index, len(shape) == 3) for index, shape in enumerate(call.shapes) if 0 not in shape]
+        entries = {spec: jit.entry(spec) for spec in self.specs(call)}
+        weights = [(index, entries[self._spec(call, len(shape) == 3)])
+                   for index, shape in enumerate(call.shapes) if 0 not in shape]
 
         def launch(inputs: Any, outputs: Any) -> None:
-            for index, groups in weights:
-                scales = inputs[index] if groups else inputs[index].unsqueeze(0)
-                sf0 = memory_order(outputs[2 * index], groups)
-                sf1 = memory_order(outputs[2 * index + 1], groups)
-                layout(scales, sf0, sf1)
+            for index, layout in weights:
+                layout(inputs[index], outputs[2 * index], outputs[2 * index + 1])
 
         return launch

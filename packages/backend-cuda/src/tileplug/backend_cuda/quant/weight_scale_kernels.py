@@ -2,8 +2,9 @@
 object and its specialisation).
 
 One launch lays out one scale tensor ``S [G, R, C]`` (fp32, contiguous) of ``bs × bs`` weight
-blocks into both outputs, each seen as its memory order: ``sf0 [G, P0, N]`` and ``sf1 [G, P1, K]``
-of int32 (N = R·bs, K = C·bs, P0 = ceil(C/4), P1 = ceil(R/4)); docs/spec.md §11 has the layouts.
+blocks into both outputs, taken as the op returns them (no view made on the host) and written in
+their memory order: ``sf0 [G, P0, N]`` and ``sf1 [G, P1, K]`` of int32 (N = R·bs, K = C·bs,
+P0 = ceil(C/4), P1 = ceil(R/4)); docs/spec.md §11 has the layouts.
 ``sf0[g, p, n]`` packs the UE8M0 bytes of
 ``S[g, n / bs, 4p … 4p + 3]`` (byte ``i`` of the integer: column ``4p + i``, 0 past ``C``),
 ``sf1[g, p, k]`` those of ``S[g, 4p … 4p + 3, k / bs]`` (0 past ``R``).
@@ -56,27 +57,52 @@ def ue8m0_byte(scale):
 
 
 def build(spec):
-    """The ``T.prim_func`` of a ``transpose_weight_sf.WeightScaleSpec``: buffers
-    ``(scales [G, R, C] fp32, sf0 [G, P0, N] int32, sf1 [G, P1, K] int32)``, each contiguous,
-    ``G``, ``R``, ``C`` dynamic. ``blockIdx.x`` is an output row (``G·P0`` of sf0, then ``G·P1``
-    of sf1), ``blockIdx.y`` a chunk of ``THREADS · 4`` integers along it."""
+    """The ``T.prim_func`` of a ``transpose_weight_sf.WeightScaleSpec``: buffers ``(scales, sf0,
+    sf1)`` exactly as the op hands them out, so the host makes no view: ``scales [G, R, C]``
+    (``[R, C]`` without ``spec.groups``) fp32 contiguous, ``sf0 [G, N, P0]`` strides
+    ``(N·P0, 1, N)`` and ``sf1 [G, K, P1]`` strides ``(K·P1, 1, K)`` (``[G, P1, K]``, strides
+    ``(K·P1, K, 1)``, with ``spec.transpose_sf1``), int32; without groups the leading dimension
+    is absent. ``G``, ``R``, ``C`` dynamic. ``blockIdx.x`` is a row of the outputs' memory order
+    (``G·P0`` of sf0, then ``G·P1`` of sf1), ``blockIdx.y`` a chunk of ``THREADS · 4`` integers
+    along it."""
     BS = spec.block_size
+    GROUPS = spec.groups
     SPAN = THREADS * INTS_PER_THREAD  # integers of one CTA along a row
-    G, R, C = T.dynamic("G"), T.dynamic("R"), T.dynamic("C")
+    G = T.dynamic("G") if GROUPS else 1
+    R, C = T.dynamic("R"), T.dynamic("C")
     P0, P1 = T.ceildiv(C, PACK), T.ceildiv(R, PACK)
+    N, K = R * BS, C * BS
+    lead = (G,) if GROUPS else ()
+    scales_t = T.Tensor((*lead, R, C), "float32")
+    sf0_t = T.StridedTensor((*lead, N, P0), ((N * P0,) if GROUPS else ()) + (1, N), "int32")
+    if spec.transpose_sf1:
+        sf1_t = T.StridedTensor((*lead, P1, K), ((K * P1,) if GROUPS else ()) + (K, 1), "int32")
+    else:
+        sf1_t = T.StridedTensor((*lead, K, P1), ((K * P1,) if GROUPS else ()) + (1, K), "int32")
+
+    def scale_at(scales, group, row, col):
+        return scales[group, row, col] if GROUPS else scales[row, col]
+
+    def sf0_at(sf0, group, plane, n):
+        """Element (plane, n) of group ``group`` of sf0's memory order [G, P0, N]."""
+        return (group, n, plane) if GROUPS else (n, plane)
+
+    def sf1_at(sf1, group, plane, k):
+        """Element (plane, k) of group ``group`` of sf1's memory order [G, P1, K]."""
+        index = (plane, k) if spec.transpose_sf1 else (k, plane)
+        return (group, *index) if GROUPS else index
 
     @T.macro
-    def store(out, group, plane, first, value):
+    def store(out, at, group, plane, first, value):
         packed = T.alloc_local((INTS_PER_STORE,), "int32")
         for j in T.unroll(INTS_PER_STORE):
             packed[j] = T.reinterpret(value, "int32")
         for store_index in T.unroll(INTS_PER_THREAD // INTS_PER_STORE):
             for j in T.vectorized(INTS_PER_STORE):
-                out[group, plane, first + store_index * INTS_PER_STORE + j] = packed[j]
+                out[at(out, group, plane, first + store_index * INTS_PER_STORE + j)] = packed[j]
 
     @T.prim_func
-    def kernel(scales: T.Tensor((G, R, C), "float32"), sf0: T.Tensor((G, P0, R * BS), "int32"),
-               sf1: T.Tensor((G, P1, C * BS), "int32")):
+    def kernel(scales: scales_t, sf0: sf0_t, sf1: sf1_t):
         with T.Kernel(G * (P0 + P1), T.ceildiv(T.max(R, C) * BS, SPAN), threads=THREADS) as (bx, by):
             tx = T.get_thread_binding()
             value = T.alloc_var("uint32")
@@ -88,21 +114,23 @@ def build(spec):
                 # sf0 row (group, plane): weight rows n = first ..., block row n / bs, block columns 4·plane + i
                 group = T.truncdiv(bx, P0)
                 plane = bx - group * P0
-                if first < R * BS:
+                if first < N:
                     for i in T.unroll(PACK):
                         if plane * PACK + i < C:
                             value = value | T.shift_left(
-                                ue8m0_byte(scales[group, T.truncdiv(first, BS), plane * PACK + i]), T.uint32(8 * i))
-                    store(sf0, group, plane, first, value)
+                                ue8m0_byte(scale_at(scales, group, T.truncdiv(first, BS), plane * PACK + i)),
+                                T.uint32(8 * i))
+                    store(sf0, sf0_at, group, plane, first, value)
             else:
                 # sf1 row (group, plane): weight columns k = first ..., block column k / bs, block rows 4·plane + i
                 group = T.truncdiv(bx - G * P0, P1)
                 plane = bx - G * P0 - group * P1
-                if first < C * BS:
+                if first < K:
                     for i in T.unroll(PACK):
                         if plane * PACK + i < R:
                             value = value | T.shift_left(
-                                ue8m0_byte(scales[group, plane * PACK + i, T.truncdiv(first, BS)]), T.uint32(8 * i))
-                    store(sf1, group, plane, first, value)
+                                ue8m0_byte(scale_at(scales, group, plane * PACK + i, T.truncdiv(first, BS))),
+                                T.uint32(8 * i))
+                    store(sf1, sf1_at, group, plane, first, value)
 
     return kernel.with_attr("global_symbol", spec.name)
