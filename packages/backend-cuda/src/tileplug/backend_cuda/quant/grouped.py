@@ -354,7 +354,7 @@ def build_kernel(spec: KernelSpec):
                                 res[col] = inverse_of(sel[0])
                             elif gc < H:
                                 value = stored_scale(sel[0], PACKED)
-                                if PACKED and SF_COL:  # bytes of the transposed integers: [H, 4·R/4]
+                                if PACKED and SF_COL:  # column-major integers seen as bytes [H, 4·P]: group (r, c) is byte (c, r)
                                     sf[gc, bx] = value
                                 elif PACKED:
                                     sf[bx // 4, gc * 4 + bx % 4] = value
@@ -386,7 +386,7 @@ def build_kernel(spec: KernelSpec):
                                     value = stored_scale(amax[i * NSF + e], PACKED)
                                     if not PACKED:
                                         sf[gr, gc] = value
-                                    elif PER_CHANNEL and SF_COL:  # packed along tokens, column-major
+                                    elif PER_CHANNEL and SF_COL:  # packed along tokens, column-major: byte (c, r)
                                         sf[gc, gr] = value
                                     elif PER_CHANNEL:
                                         sf[gr // 4, gc * 4 + gr % 4] = value

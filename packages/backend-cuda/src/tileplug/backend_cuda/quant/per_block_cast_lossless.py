@@ -42,7 +42,7 @@ class PerBlockCastLossless(QuantKernel):
         rows, cols = call.cast.block
         if rows == 1:  # 1 x bn groups: the per-token tile, as it re-quantizes (xq, sf) inputs
             return _PER_TOKEN.spec(call)
-        warps, _, min_blocks = tile_override("lossless", (WARPS, 0, MIN_BLOCKS_PER_SM))
+        warps, _, min_blocks = tile_override("lossless", (WARPS, 0, _min_blocks(call)))
         warps = min(warps, rows)
         return make_spec(call, _tile_op(call), warps, rows // warps, min_blocks)
 
@@ -51,7 +51,14 @@ class PerBlockCastLossless(QuantKernel):
         if rows == 1:
             return None
         warps = min(SMALL_T_WARPS, rows // 2)
-        return make_spec(call, _tile_op(call), warps, rows // (2 * warps), MIN_BLOCKS_PER_SM, lanes_per_row=16)
+        return make_spec(call, _tile_op(call), warps, rows // (2 * warps), _min_blocks(call), lanes_per_row=16)
+
+
+def _min_blocks(call: QuantCall) -> int:
+    """CTAs per SM the tile is compiled for: two for block tiles (<= 64 registers, no spill); one
+    for channel tiles, whose 16 column keys per thread spilled 16-56 bytes under the cap of two
+    (ptxas, tests/test_cuda_compile.py)."""
+    return 1 if call.cast.block[1] == 1 else MIN_BLOCKS_PER_SM
 
 
 def _tile_op(call: QuantCall) -> str:
