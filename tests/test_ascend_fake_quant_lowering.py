@@ -5,7 +5,8 @@ The op-table grid of tests/test_ascend_lowering.py lowers every case and runs th
 (UB budget, pipelining, vector code); here the generated Ascend C is checked for what is particular
 to fake quant: x is the kernel's one GM tensor, read (GM -> UB) and written back (UB -> GM), no q or
 sf leaves UB, there is no SIMT region, and each register is narrowed to the format and widened back
-before one rounding to x's dtype. Also: a column-tiled row (a tail tile) beyond the grid, and the
+before one rounding to x's dtype
+(nearest even, not saturating). Also: a column-tiled row (a tail tile) beyond the grid, and the
 e2m1 dequantization rule of ``sf_macros.dequantized`` (codes rebuilt arithmetically) against the
 reference's encode / decode on edge values.
 """
@@ -78,8 +79,8 @@ def test_fake_quant_kernel_writes_x_in_place_and_nothing_else(name):
         assert "vcvt<fp8_e4_t>" in source and re.search(r"vcvt<float>\((code|stored)", source)
     if spec.fmt == "e2m1":  # the step count rounded to an integer and back (no fp4 convert)
         assert "vcvt<int32_t>(scaled" in source
-    rounding = "vcvt<bfloat16_t>(" in source
-    assert rounding == (spec.in_dtype == "bfloat16")
+    rounding = re.findall(r"vcvt<bfloat16_t>\([^;]*?(RS_\w+)", source)
+    assert rounding == (["RS_DISABLE"] * len(rounding)) and bool(rounding) == (spec.in_dtype == "bfloat16"), rounding
     for label, (ok, detail) in {
         "ub": checks.check_ub(lowering.lowered.compiler_ub_bytes, lowering.lowered.primfunc_ub_bytes,
                               lowering.plan_bytes, lowering.budget),

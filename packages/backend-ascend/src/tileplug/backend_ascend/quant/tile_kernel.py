@@ -176,11 +176,14 @@ def build(spec: TileSpec, tiling: Tiling):
 
     @T.macro
     def store_out(o_ub, r, off, y):
-        # fp32 values rounded once to the output dtype
+        # fp32 values rounded once to the output dtype (nearest even; fake quant without
+        # saturation, as the row kernels' stores, so inf stays inf as in the reference's
+        # .to(bfloat16); cast_back's rounding is left as it was)
         if spec.out_dtype == "float32":
             T.simd.vsts(o_ub[r, off], y)
         else:
-            T.simd.vsts(o_ub[r, off], T.simd.vcvt(y, "bfloat16", round="ROUND_R", part=0), dist="PK_B32")
+            T.simd.vsts(o_ub[r, off], T.simd.vcvt(y, "bfloat16", round="ROUND_R", sat=not fake_quant, part=0),
+                        dist="PK_B32")
 
     @T.macro
     def quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off, inv, bits_ub, sf=None):
