@@ -131,3 +131,21 @@ def test_declines_e4m3_sf_with_reason():
     x = _npu(activation(3, 576))
     call, _ = core.describe_call(core.ops.per_token_cast, x, use_e4m3_sf=True)
     assert "e4m3-stored" in core.registry.explain("per_token_cast", call)["ascend"]
+
+
+@pytest.mark.parametrize("tokens,hidden", list(itertools.product(TOKENS, HIDDENS)))
+@pytest.mark.parametrize("fmt,group", [("e4m3", 128), ("e4m3", 32), ("e2m1", 16), ("e2m1", 64)])
+@pytest.mark.parametrize("flags", [dict(), dict(round_sf=True), dict(use_e4m3_sf=True)],
+                         ids=lambda f: "-".join(f) or "plain")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_per_token_cast_and_cast_back_matches_reference(tokens, hidden, fmt, group, flags, dtype):
+    """Fake quant in place, on a row-padded x: the [T, H] bytes equal the reference's, the pad is untouched."""
+    padded = activation(tokens, hidden + 16, dtype)
+    padded_npu = _npu(padded)
+    x_ref = padded.clone()[:, :hidden]
+    kwargs = dict(fmt=fmt, num_per_channels=group, **flags)
+    assert _ascend(core.ops.per_token_cast_and_cast_back, padded_npu[:, :hidden], **kwargs) is None
+    _reference(core.ops.per_token_cast_and_cast_back, x_ref, **kwargs)
+    result = padded_npu.cpu()
+    assert_bytes_equal(result[:, :hidden], x_ref, "x (fake quant)")
+    assert_bytes_equal(result[:, hidden:], padded[:, hidden:], "row pad")

@@ -12,7 +12,8 @@ from tileplug.backend_ascend.lowering import CheckedLowering, CompileCache
 from tileplug.backend_ascend.quant.spec import TileSpec, Tiling
 from tileplug.core.call import QuantMode
 
-KIND_OF_OP = {"per_token_cast": "token", "per_block_cast": "block", "per_channel_cast": "channel", "cast_back": "back"}
+KIND_OF_OP = {"per_token_cast": "token", "per_block_cast": "block", "per_channel_cast": "channel", "cast_back": "back",
+              "per_token_cast_and_cast_back": "token"}
 DTYPE_NAMES = {
     torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "float8_e4m3fn", torch.int8: "int8",
 }
@@ -38,7 +39,7 @@ def decline_reason(call) -> str | None:
         return f"hidden size must be a multiple of 16 (got {call.hidden})"
     cast = call.cast
     if cast is not None:
-        if cast.use_e4m3_sf:
+        if cast.use_e4m3_sf and call.mode is not QuantMode.CAST_AND_CAST_BACK:  # (fake quant stores no sf)
             return "e4m3-stored scale factors are not produced on Ascend (use round_sf / packed UE8M0 or fp32 sf)"
         if cast.stochastic and (kind not in ("token", "block") or call.mode is not QuantMode.CAST):
             return (f"stochastic rounding is served on the main per_token_cast / per_block_cast only (not {call.op} "
@@ -84,11 +85,13 @@ def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
     given = None
     if call.given_sf is not None:
         given = (_sf_kind(call.given_sf.encoding), bool(call.given_sf.col_major))
+    fake_quant = mode is QuantMode.CAST_AND_CAST_BACK  # x dequantized into itself
     return TileSpec(
         kind=kind, hidden=call.hidden, block=tuple(cast.block), fmt=cast.fmt.name, mode=mode,
         in_dtype=DTYPE_NAMES[call.input_dtype], round_sf=cast.round_sf, packed=cast.use_packed_ue8m0,
         col_major=cast.col_major_sf, clamp_min=cast.clamp_min, qin=qin, given=given,
-        stochastic=bool(cast.stochastic), vector_cores=cores,
+        out_dtype=DTYPE_NAMES[call.input_dtype] if fake_quant else None,
+        stochastic=bool(cast.stochastic), e4m3_sf=fake_quant and cast.use_e4m3_sf, vector_cores=cores,
     )
 
 
@@ -174,7 +177,7 @@ class GroupedKernel:
             args.append(_sf_arg(inputs.input_sf, spec.qin[4]))
         if spec.given is not None:
             args.append(_sf_arg(inputs.given_sf, spec.given[1]))
-        if spec.writes_q:
+        if spec.writes_q and not spec.fake_quant:  # (fake quant writes x itself)
             args.append(outputs.q)
         if spec.writes_sf:
             args.append(_sf_arg(outputs.sf, spec.col_major))

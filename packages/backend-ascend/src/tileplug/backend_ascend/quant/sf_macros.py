@@ -50,13 +50,16 @@ def subgroups(lanes: int, group: int) -> list:
     return [(lo, min(lo + group, lanes)) for lo in range(0, lanes, group)]
 
 
-def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bool):
+def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bool, e4m3_sf: bool = False):
     """The macros of one cast configuration: ``abs_bits(v, lanes)`` (int32 bits of ``|v|``,
     lanes past ``lanes`` zero), ``scale_math(amax_bits)`` -> ``(sf, inv, biased exponent)``,
     ``store_group_sf(sf, eb, sf_ub, e_ub, gi)``, ``group_inv(amax_bits, sf_ub, e_ub, gi)`` (a
     group's scales stored, ``inv`` broadcast) and ``store_quantized(q_ub, code_ub, at, y)``
     (``y = x · inv`` saturated to ``fmt`` and stored at index ``at``: e4m3 bytes, or e2m1
-    codes one per byte, packed later)."""
+    codes one per byte, packed later). Fake quant: ``group_scales(amax_bits)`` -> ``(sf, inv)``
+    broadcast, nothing stored, and ``dequantized(y, sf)``: ``float(q) · sf`` in fp32 for the code
+    ``q`` that ``store_quantized`` gives ``y``. ``e4m3_sf`` (fake quant only): the scale is
+    ``amax / fmax`` rounded to e4m3 (a non-finite one to NaN), ``inv = 1 / sf``."""
     f32 = T.float32
     fmax = QUANT_FORMATS[fmt].max_value if fmt is not None else 1.0
     rcp = f32_value(1.0 / f32_value(fmax))
@@ -87,6 +90,16 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
             inv_b = T.simd.vshls(T.simd.vsub(T.simd.vdup(T.int32(127), "int32"), e), T.int32(23))
             inv = T.simd.vsel(T.simd.vdup(f32(0.0), "float32"), tirx.reinterpret("float32x64", inv_b), nonfinite)
             return sf, inv, eb
+        elif e4m3_sf:
+            ratio = T.simd.vdiv(c, T.simd.vdup(f32(fmax), "float32"), precision="vdiv_0ulp_ftz_true")
+            # (ratio >= 0: its bits at or above +inf's are inf / NaN, stored as e4m3 NaN)
+            nonfinite = T.simd.vcmps(tirx.reinterpret("int32x64", ratio), T.int32(0x7F800000), op="ge")
+            nan = tirx.reinterpret("float32x64", T.simd.vdup(T.int32(0x7FC00000), "int32"))
+            ratio = T.simd.vsel(nan, T.simd.vmins(ratio, f32(448.0)), nonfinite)
+            stored = T.simd.vcvt(ratio, "float8_e4m3fn", round="ROUND_R", sat=True, part=0)
+            sf = T.simd.vcvt(stored, "float32", part=0)
+            inv = T.simd.vdiv(T.simd.vdup(f32(1.0), "float32"), sf, precision="vdiv_0ulp_ftz_true")
+            return sf, inv, sf
         else:
             mx = T.simd.vdup(f32(fmax), "float32")
             sf = T.simd.vdiv(c, mx, precision="vdiv_0ulp_ftz_true")
@@ -110,18 +123,30 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
         return T.simd.vdupv(inv)
 
     @T.macro
+    def e4m3_clamped(y):
+        # y clamped to +-448 by compare-and-select (NaN stays NaN), for the saturating convert
+        hi = T.simd.vsel(T.simd.vdup(f32(fmax), "float32"), y, T.simd.vcmps(y, f32(fmax), op="gt"))
+        return T.simd.vsel(T.simd.vdup(f32(-fmax), "float32"), hi, T.simd.vcmps(hi, f32(-fmax), op="lt"))
+
+    @T.macro
+    def e2m1_scaled(y):
+        # |y| saturated to 6 (NaN -> 6) in units of its e2m1 step: (2|y| below 2, |y| below 4,
+        # |y| / 2 above; an integer once rounded), and the masks |y| < 2, |y| < 4
+        m = T.simd.vabs(y)
+        six = T.simd.vdup(f32(fmax), "float32")
+        m = T.simd.vsel(six, T.simd.vmins(m, f32(fmax)), T.simd.vcmp(m, m, op="ne"))
+        lt2 = T.simd.vcmps(m, f32(2.0), op="lt")
+        lt4 = T.simd.vcmps(m, f32(4.0), op="lt")
+        scaled = T.simd.vsel(T.simd.vmuls(m, f32(2.0)), T.simd.vsel(m, T.simd.vmuls(m, f32(0.5)), lt4), lt2)
+        return scaled, lt2, lt4
+
+    @T.macro
     def store_quantized(q_ub, code_ub, at, y):
         if fmt == "e4m3":
-            hi = T.simd.vsel(T.simd.vdup(f32(fmax), "float32"), y, T.simd.vcmps(y, f32(fmax), op="gt"))
-            lo = T.simd.vsel(T.simd.vdup(f32(-fmax), "float32"), hi, T.simd.vcmps(hi, f32(-fmax), op="lt"))
+            lo = e4m3_clamped(y)
             T.simd.vsts(q_ub[at], T.simd.vcvt(lo, "float8_e4m3fn", round="ROUND_R", sat=True), dist="PK4_B32")
         else:
-            m = T.simd.vabs(y)
-            six = T.simd.vdup(f32(fmax), "float32")
-            m = T.simd.vsel(six, T.simd.vmins(m, f32(fmax)), T.simd.vcmp(m, m, op="ne"))
-            lt2 = T.simd.vcmps(m, f32(2.0), op="lt")
-            lt4 = T.simd.vcmps(m, f32(4.0), op="lt")
-            scaled = T.simd.vsel(T.simd.vmuls(m, f32(2.0)), T.simd.vsel(m, T.simd.vmuls(m, f32(0.5)), lt4), lt2)
+            scaled, lt2, lt4 = e2m1_scaled(y)
             base = T.simd.vsel(
                 T.simd.vdup(T.int32(0), "int32"),
                 T.simd.vsel(T.simd.vdup(T.int32(2), "int32"), T.simd.vdup(T.int32(4), "int32"), lt4),
@@ -133,8 +158,33 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
             )
             T.simd.vsts(code_ub[at], T.simd.vcvt(T.simd.vor(mag, sign), "uint8", sat=True), dist="PK4_B32")
 
+    @T.macro
+    def group_scales(amax_bits):
+        # fake quant: amax over the group -> lane 0 -> (sf, inv) broadcast to every lane
+        sf, inv, eb = scale_math(T.simd.vcmax(amax_bits))
+        return T.simd.vdupv(sf), T.simd.vdupv(inv)
+
+    @T.macro
+    def dequantized(y, sf):
+        # fake quant: float(q) * sf in fp32, q the code store_quantized gives y
+        if fmt == "e4m3":
+            code = T.simd.vcvt(e4m3_clamped(y), "float8_e4m3fn", round="ROUND_R", sat=True, part=0)
+            return T.simd.vmul(T.simd.vcvt(code, "float32", part=0), sf)
+        else:
+            # the code's magnitude is its rounded step count times the step (0.5, 1, 2), exact in
+            # fp32; the sign is y's sign bit (code 8 is -0.0, a NaN keeps its sign on 6)
+            scaled, lt2, lt4 = e2m1_scaled(y)
+            steps = T.simd.vcvt(T.simd.vcvt(scaled, "int32", round="ROUND_R", sat=True), "float32")
+            step = T.simd.vsel(T.simd.vdup(f32(0.5), "float32"),
+                               T.simd.vsel(T.simd.vdup(f32(1.0), "float32"), T.simd.vdup(f32(2.0), "float32"), lt4),
+                               lt2)
+            sign = T.simd.vand(tirx.reinterpret("int32x64", y), T.simd.vdup(T.int32(-0x80000000), "int32"))
+            magnitude = tirx.reinterpret("int32x64", T.simd.vmul(steps, step))
+            return T.simd.vmul(tirx.reinterpret("float32x64", T.simd.vor(magnitude, sign)), sf)
+
     return SimpleNamespace(abs_bits=abs_bits, scale_math=scale_math, store_group_sf=store_group_sf,
-                           group_inv=group_inv, store_quantized=store_quantized)
+                           group_inv=group_inv, store_quantized=store_quantized, group_scales=group_scales,
+                           dequantized=dequantized)
 
 
 def stochastic_store(fmt: str):

@@ -33,6 +33,8 @@ class TileSpec:
     ``given``: (sf kind, col_major) of precomputed scales. ``out_dtype``: cast_back result.
     ``stochastic``: the narrowing of ``x·inv`` rounds stochastically (docs/spec.md §10.2), element
     ``(t, h)`` with word ``t·H + h`` of the Philox draw under the generator's (seed, offset).
+    ``e4m3_sf``: scales rounded to e4m3 (fake quant only: the rounded value multiplies back,
+    nothing is stored). Fake quant (mode ``CAST_AND_CAST_BACK``): ``out_dtype`` is x's dtype.
     """
 
     kind: str
@@ -49,6 +51,7 @@ class TileSpec:
     given: tuple | None = None
     out_dtype: str | None = None
     stochastic: bool = False
+    e4m3_sf: bool = False
     vector_cores: int = 64
     num_buffers: int = VERSIONS
 
@@ -78,9 +81,15 @@ class TileSpec:
         return self.mode is QuantMode.CAST_BACK
 
     @property
+    def fake_quant(self) -> bool:
+        """The kernel quantizes and dequantizes x in place (``per_token_cast_and_cast_back``):
+        x is read and written, no q / sf leaves UB."""
+        return self.mode is QuantMode.CAST_AND_CAST_BACK
+
+    @property
     def uses_simt(self) -> bool:
         return (
-            self.fmt == "e2m1" and self.writes_q and not self.is_cast_back
+            self.fmt == "e2m1" and self.writes_q and not self.is_cast_back and not self.fake_quant
             or (self.packed and self.writes_sf)
             or self.qin is not None
             or (self.given is not None and self.given[0] == "ue8m0")
@@ -135,7 +144,7 @@ class TileSpec:
             else:
                 p["gsf_ub"] = ((ng64,), "float32", V)
             p["ginv_ub"] = ((ng64,), "float32", 1)
-        if self.is_cast_back:
+        if self.is_cast_back or self.fake_quant:
             p["o_ub"] = ((R, wp), self.out_dtype, V)
         elif self.writes_q:
             if self.fmt == "e4m3":
@@ -199,6 +208,8 @@ class TileSpec:
             bits.append(f"given={self.given}")
         if self.stochastic:
             bits.append("stochastic")
+        if self.e4m3_sf:
+            bits.append("e4m3_sf")
         return " ".join(bits)
 
 

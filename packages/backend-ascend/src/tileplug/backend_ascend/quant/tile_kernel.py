@@ -15,6 +15,11 @@ that decodes a quantized input / given UE8M0 scales into fp32 UB rows, one SIMD 
 amax, scale math, quantize or dequantize, whole 64-lane registers), an optional SIMT region that
 packs e2m1 nibbles and UE8M0 bytes, and DMA UB->GM.
 
+Fake quant (``spec.fake_quant``, ``per_token_cast_and_cast_back``): the compute region quantizes
+each register with its group's inverse scale and dequantizes the code it gets (``float(q) · sf``,
+the scale kept in a register, one rounding to x's dtype) into ``o_ub``, which is DMA'd back over
+the tile of x; the kernel's one GM tensor is x, no q / sf is stored and there is no SIMT region.
+
 Numerics follow SPEC §1-2 and docs/numerics.md: amax is taken on the integer bits of ``|x|``
 (for non-negative floats integer order is float order, and NaN bits exceed +inf), so NaN and
 inf propagate into the group scale whatever the float max unit does with NaN; the clamp is
@@ -116,8 +121,10 @@ def build(spec: TileSpec, tiling: Tiling):
     writes_q, writes_sf = spec.writes_q, spec.writes_sf
     precomputed = given is not None
     stochastic = spec.stochastic
+    fake_quant = spec.fake_quant
     assert not stochastic or (writes_q and writes_sf and not precomputed and not is_cast_back), \
         "stochastic rounding is a mode of the main casts"
+    assert not fake_quant or (R == 1 and qin is None and not precomputed), "fake quant is a mode of the per-token cast"
     f32 = T.float32
 
     Tn = T.dynamic("T")
@@ -159,7 +166,7 @@ def build(spec: TileSpec, tiling: Tiling):
         else:
             return T.simd.vld(x_ub[r, off])
 
-    cast_math = sf_macros(fmt, spec.round_sf, spec.clamp_min, spec.packed, writes_sf)
+    cast_math = sf_macros(fmt, spec.round_sf, spec.clamp_min, spec.packed, writes_sf, e4m3_sf=spec.e4m3_sf)
     scale_math, group_inv = cast_math.scale_math, cast_math.group_inv
     store_rounded = stochastic_store(fmt) if stochastic else None
 
@@ -168,13 +175,23 @@ def build(spec: TileSpec, tiling: Tiling):
         return cast_math.abs_bits(load_x(x_ub, d_ub, s_ub, r, off), lanes)
 
     @T.macro
-    def quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off, inv, bits_ub):
+    def store_out(o_ub, r, off, y):
+        # fp32 values rounded once to the output dtype (nearest even; fake quant without
+        # saturation, as the row kernels' stores, so inf stays inf as in the reference's
+        # .to(bfloat16); cast_back's rounding is left as it was)
+        if spec.out_dtype == "float32":
+            T.simd.vsts(o_ub[r, off], y)
+        else:
+            T.simd.vsts(o_ub[r, off], T.simd.vcvt(y, "bfloat16", round="ROUND_R", sat=not fake_quant, part=0),
+                        dist="PK_B32")
+
+    @T.macro
+    def quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off, inv, bits_ub, sf=None):
+        # (sf: the group scales of the register, fake quant only)
         if is_cast_back:
-            y = T.simd.vmul(T.simd.vld(d_ub[r, off]), T.simd.vld(s_ub[r, off]))
-            if spec.out_dtype == "float32":
-                T.simd.vsts(o_ub[r, off], y)
-            else:
-                T.simd.vsts(o_ub[r, off], T.simd.vcvt(y, "bfloat16", round="ROUND_R", part=0), dist="PK_B32")
+            store_out(o_ub, r, off, T.simd.vmul(T.simd.vld(d_ub[r, off]), T.simd.vld(s_ub[r, off])))
+        elif fake_quant:
+            store_out(o_ub, r, off, cast_math.dequantized(T.simd.vmul(load_x(x_ub, d_ub, s_ub, r, off), inv), sf))
         else:
             if qin is not None:
                 y = T.simd.vmul(T.simd.vld(d_ub[r, off]), T.simd.vmul(T.simd.vld(s_ub[r, off]), inv))
@@ -192,13 +209,14 @@ def build(spec: TileSpec, tiling: Tiling):
         group_tail = w - nfull_groups * bn if bn >= LANES else 0
         nchunks_full = w // LANES
         chunk_tail = w - nchunks_full * LANES
-        wq = w if fmt == "e4m3" or is_cast_back else w // 2
+        wq = w if fmt == "e4m3" or is_cast_back or fake_quant else w // 2
         wx = w // 2 if (qin is not None and qin[0] == "e2m1") else w
 
         @T.macro
         def simd_one_group(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, ginv_ub, bits_ub, nv, off, gi, gw):
             chunks = [(k * LANES, min(LANES, gw - k * LANES)) for k in range(ceil_div(gw, LANES))]
             inv = T.simd.alloc_var("float32")
+            scale = T.simd.alloc_var("float32") if fake_quant else None
             if precomputed:
                 inv = T.simd.vld(ginv_ub[gi], dist="BRC_B32")
             else:
@@ -211,11 +229,14 @@ def build(spec: TileSpec, tiling: Tiling):
                     for r in T.serial(nv):
                         for k0, lanes in chunks:
                             acc = T.simd.vmax(acc, abs_bits(x_ub, d_ub, s_ub, r, off + k0, lanes))
-                inv = group_inv(acc, sf_ub, e_ub, gi)
+                if fake_quant:
+                    scale, inv = cast_math.group_scales(acc)
+                else:
+                    inv = group_inv(acc, sf_ub, e_ub, gi)
             if writes_q:
                 if R == 1:
                     for k0, lanes in chunks:
-                        quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, 0, off + k0, inv, bits_ub)
+                        quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, 0, off + k0, inv, bits_ub, scale)
                 else:
                     for r in T.serial(nv):
                         for k0, lanes in chunks:
@@ -238,6 +259,7 @@ def build(spec: TileSpec, tiling: Tiling):
             # one 64-lane register column: bn in {16, 32} (several groups), bn == 1 (a scale per
             # lane), or cast_back (no scales)
             inv = T.simd.alloc_var("float32")
+            scale = T.simd.alloc_var("float32") if fake_quant else None
             if is_cast_back:
                 inv = T.simd.vdup(f32(1.0), "float32")
             elif bn == 1:
@@ -269,14 +291,21 @@ def build(spec: TileSpec, tiling: Tiling):
                         for r in T.serial(nv):
                             acc = T.simd.vmax(acc, abs_bits(x_ub, d_ub, s_ub, r, off, lanes))
                     zero = T.simd.vdup(T.int32(0), "int32")
-                    inv = group_inv(T.simd.vsel(acc, zero, lane_mask(*subs[0])), sf_ub, e_ub, gbase)
-                    for k in _rest(subs):
-                        inv_k = group_inv(T.simd.vsel(acc, zero, lane_mask(*subs[k])), sf_ub, e_ub, gbase + k)
-                        inv = T.simd.vsel(inv_k, inv, lane_mask(*subs[k]))
+                    if fake_quant:  # each group's (sf, inv) on its lanes
+                        scale, inv = cast_math.group_scales(T.simd.vsel(acc, zero, lane_mask(*subs[0])))
+                        for k in _rest(subs):
+                            scale_k, inv_k = cast_math.group_scales(T.simd.vsel(acc, zero, lane_mask(*subs[k])))
+                            scale = T.simd.vsel(scale_k, scale, lane_mask(*subs[k]))
+                            inv = T.simd.vsel(inv_k, inv, lane_mask(*subs[k]))
+                    else:
+                        inv = group_inv(T.simd.vsel(acc, zero, lane_mask(*subs[0])), sf_ub, e_ub, gbase)
+                        for k in _rest(subs):
+                            inv_k = group_inv(T.simd.vsel(acc, zero, lane_mask(*subs[k])), sf_ub, e_ub, gbase + k)
+                            inv = T.simd.vsel(inv_k, inv, lane_mask(*subs[k]))
             if bn != 1 or is_cast_back:
                 if writes_q:
                     if R == 1:
-                        quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, 0, off, inv, bits_ub)
+                        quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, 0, off, inv, bits_ub, scale)
                     else:
                         for r in T.serial(nv):
                             quant_store(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, r, off, inv, bits_ub)
@@ -462,13 +491,13 @@ def build(spec: TileSpec, tiling: Tiling):
                 compute(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv, bits_ub)
             else:
                 compute(x_ub, d_ub, s_ub, q_ub, code_ub, o_ub, sf_ub, e_ub, gsf_ub, ginv_ub, nv)
-            if (writes_q and fmt == "e2m1" and not is_cast_back) or (writes_sf and spec.packed):
+            if (writes_q and fmt == "e2m1" and not is_cast_back and not fake_quant) or (writes_sf and spec.packed):
                 simt_pack(q_ub, code_ub, e_ub, sfp_ub)
             if writes_sf:
                 store_sf(SF, sf_ub, sfp_ub, rb, col0)
             if writes_q:
-                out_ub = o_ub if is_cast_back else q_ub
-                qc0 = col0 if (fmt == "e4m3" or is_cast_back) else col0 // 2
+                out_ub = o_ub if is_cast_back or fake_quant else q_ub
+                qc0 = col0 if (fmt == "e4m3" or is_cast_back or fake_quant) else col0 // 2
                 if R == 1:
                     T.copy(out_ub[0, 0:wq], Q[row0, qc0: qc0 + wq])
                 else:
@@ -541,6 +570,13 @@ def build(spec: TileSpec, tiling: Tiling):
             kernel_body(X, XS, None, O, None)
 
         return cast_back_kernel
+
+    if fake_quant:  # x read and written in place, nothing else
+        @T.prim_func
+        def fake_quant_kernel(X: X_t):
+            kernel_body(X, None, None, X, None)
+
+        return fake_quant_kernel
 
     Q_t = T.Tensor((Tn, q_cols), q_dtype)
     SF_t = strided(SF_shape, SF_dtype, SSF) if writes_sf else None
