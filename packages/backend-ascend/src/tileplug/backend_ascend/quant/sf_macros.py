@@ -20,9 +20,14 @@ import tilelang.ascend.language as T
 from tvm import tirx
 
 from tileplug.backend_ascend.quant.stochastic_cast import CODE_GRIDS, grid_codes, store_codes
+from tileplug.backend_ascend.quant.transpose_weight_sf import NONFINITE_BYTE, ue8m0_bytes
 from tileplug.backend_ascend.random.vector_ops import VECTOR
 from tileplug.backend_ascend.ub import LANES
 from tileplug.core.quant.formats import QUANT_FORMATS
+from tileplug.core.quant.sf_math import LOSSLESS_HEADROOM
+
+SMALLEST_SCALE_PATTERN = 0x00400000
+"""``2^-127`` (UE8M0 byte 0) as an fp32 pattern: the subnormal a lossless group of byte 0 stores."""
 
 
 def f32_value(value: float) -> float:
@@ -50,13 +55,21 @@ def subgroups(lanes: int, group: int) -> list:
     return [(lo, min(lo + group, lanes)) for lo in range(0, lanes, group)]
 
 
-def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bool):
+def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bool, lossless: bool = False):
     """The macros of one cast configuration: ``abs_bits(v, lanes)`` (int32 bits of ``|v|``,
     lanes past ``lanes`` zero), ``scale_math(amax_bits)`` -> ``(sf, inv, biased exponent)``,
     ``store_group_sf(sf, eb, sf_ub, e_ub, gi)``, ``group_inv(amax_bits, sf_ub, e_ub, gi)`` (a
     group's scales stored, ``inv`` broadcast) and ``store_quantized(q_ub, code_ub, at, y)``
     (``y = x · inv`` saturated to ``fmt`` and stored at index ``at``: e4m3 bytes, or e2m1
-    codes one per byte, packed later)."""
+    codes one per byte, packed later).
+
+    ``lossless`` (``per_block_cast_lossless``, docs/spec.md §11): what is reduced is not
+    ``abs_bits`` of the values but ``scale_keys(s, lanes)`` of their input scales ``s``, the UE8M0
+    byte ``E(s) + 127`` (0..254, 255 = not finite; :func:`~.transpose_weight_sf.ue8m0_bytes`, the
+    byte rule of ``transpose_weight_sf``), and ``scale_math`` takes the group's largest key: biased
+    exponent ``eb = max(key - 6, 0)`` (255 when not finite), ``sf = 2^(eb - 127)`` (+inf),
+    ``inv = 2^(127 - eb)`` (0). The integer max of the keys is the same instruction as the amax's
+    (pad lanes give key 0, the floor anyway)."""
     f32 = T.float32
     fmax = QUANT_FORMATS[fmt].max_value if fmt is not None else 1.0
     rcp = f32_value(1.0 / f32_value(fmax))
@@ -71,7 +84,28 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
             return T.simd.vand(tirx.reinterpret("int32x64", v), keep)
 
     @T.macro
-    def scale_math(amax_bits):
+    def scale_keys(s, lanes):
+        # s: fp32 input scales -> int32 keys E(s) + 127 (255: not finite), lanes past ``lanes`` zero
+        keys = tirx.reinterpret("int32x64", ue8m0_bytes(VECTOR, VECTOR.float_bits(s, "input_scale_bits")))
+        if lanes < LANES:
+            return T.simd.vand(keys, T.simd.vdup(T.int32(NONFINITE_BYTE), "int32"), T.simd.update_mask(lanes, 32))
+        else:
+            return keys
+
+    @T.macro
+    def lossless_scale_math(key):
+        # key: int32 largest E(s) + 127 of a group (0..255). Returns (sf, inv, biased exponent).
+        nonfinite = T.simd.vcmps(key, T.int32(NONFINITE_BYTE), op="eq")
+        shifted = T.simd.vmaxs(T.simd.vadds(key, T.int32(-LOSSLESS_HEADROOM)), T.int32(0))
+        eb = T.simd.vsel(T.simd.vdup(T.int32(NONFINITE_BYTE), "int32"), shifted, nonfinite)
+        # byte 0 is 2^-127, the subnormal pattern 0x00400000; byte 255 is +inf's pattern
+        sf_b = T.simd.vmaxs(T.simd.vshls(eb, T.int32(23)), T.int32(SMALLEST_SCALE_PATTERN))
+        inv_b = T.simd.vshls(T.simd.vsub(T.simd.vdup(T.int32(254), "int32"), eb), T.int32(23))
+        inv = T.simd.vsel(T.simd.vdup(f32(0.0), "float32"), tirx.reinterpret("float32x64", inv_b), nonfinite)
+        return tirx.reinterpret("float32x64", sf_b), inv, eb
+
+    @T.macro
+    def amax_scale_math(amax_bits):
         # amax_bits: int32 bits of the group amax (>= 0, NaN bits above +inf). Returns
         # (sf as fp32, inv, biased exponent) elementwise.
         c = tirx.reinterpret("float32x64", T.simd.vmaxs(amax_bits, T.int32(clamp_bits)))
@@ -92,6 +126,8 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
             sf = T.simd.vdiv(c, mx, precision="vdiv_0ulp_ftz_true")
             inv = T.simd.vdiv(mx, c, precision="vdiv_0ulp_ftz_true")
             return sf, inv, sf
+
+    scale_math = lossless_scale_math if lossless else amax_scale_math
 
     @T.macro
     def store_group_sf(sf, eb, sf_ub, e_ub, gi):
@@ -133,8 +169,8 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
             )
             T.simd.vsts(code_ub[at], T.simd.vcvt(T.simd.vor(mag, sign), "uint8", sat=True), dist="PK4_B32")
 
-    return SimpleNamespace(abs_bits=abs_bits, scale_math=scale_math, store_group_sf=store_group_sf,
-                           group_inv=group_inv, store_quantized=store_quantized)
+    return SimpleNamespace(abs_bits=abs_bits, scale_keys=scale_keys, scale_math=scale_math,
+                           store_group_sf=store_group_sf, group_inv=group_inv, store_quantized=store_quantized)
 
 
 def stochastic_store(fmt: str):

@@ -33,6 +33,10 @@ class TileSpec:
     ``given``: (sf kind, col_major) of precomputed scales. ``out_dtype``: cast_back result.
     ``stochastic``: the narrowing of ``x·inv`` rounds stochastically (docs/spec.md §10.2), element
     ``(t, h)`` with word ``t·H + h`` of the Philox draw under the generator's (seed, offset).
+    ``lossless``: ``per_block_cast_lossless`` (docs/spec.md §11), a mode of the re-quantization of
+    ``qin``: each element is keyed by its input scale's UE8M0 byte ``E(sf_in) + 127`` instead of
+    the bits of ``|x|``, and a group's scale is ``2^max(key_max - 127 - 6, -127)`` (no clamp, no
+    division; ``round_sf`` changes nothing).
     """
 
     kind: str
@@ -49,6 +53,7 @@ class TileSpec:
     given: tuple | None = None
     out_dtype: str | None = None
     stochastic: bool = False
+    lossless: bool = False
     vector_cores: int = 64
     num_buffers: int = VERSIONS
 
@@ -199,6 +204,8 @@ class TileSpec:
             bits.append(f"given={self.given}")
         if self.stochastic:
             bits.append("stochastic")
+        if self.lossless:
+            bits.append("lossless")
         return " ".join(bits)
 
 
