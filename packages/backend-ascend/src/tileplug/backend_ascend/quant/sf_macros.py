@@ -20,14 +20,12 @@ import tilelang.ascend.language as T
 from tvm import tirx
 
 from tileplug.backend_ascend.quant.stochastic_cast import CODE_GRIDS, grid_codes, store_codes
-from tileplug.backend_ascend.quant.transpose_weight_sf import NONFINITE_BYTE, ue8m0_bytes
+from tileplug.backend_ascend.quant.transpose_weight_sf import (EXPONENT_SHIFT, NONFINITE_BYTE, SMALLEST_SCALE_PATTERN,
+                                                               ue8m0_bytes)
 from tileplug.backend_ascend.random.vector_ops import VECTOR
 from tileplug.backend_ascend.ub import LANES
 from tileplug.core.quant.formats import QUANT_FORMATS
 from tileplug.core.quant.sf_math import LOSSLESS_HEADROOM
-
-SMALLEST_SCALE_PATTERN = 0x00400000
-"""``2^-127`` (UE8M0 byte 0) as an fp32 pattern: the subnormal a lossless group of byte 0 stores."""
 
 
 def f32_value(value: float) -> float:
@@ -55,6 +53,26 @@ def subgroups(lanes: int, group: int) -> list:
     return [(lo, min(lo + group, lanes)) for lo in range(0, lanes, group)]
 
 
+def lossless_group_scales(ops, largest_key):
+    """The scales of lossless output groups (docs/spec.md §11) from their largest input key
+    ``E(s) + 127`` (a ``uint32`` register, lanes 0..255, 255 = a scale not finite): ``(sf patterns,
+    inv patterns, biased exponents)``, ``uint32`` registers. Biased exponent ``eb = max(key, 6) - 6``
+    (``e_out + 127`` with ``e_out = max(e_max - 6, -127)``), 255 when not finite; ``sf = 2^(eb - 127)``
+    (byte 0 is the subnormal ``2^-127``, 255 is +inf's pattern); ``inv = 2^(127 - eb)`` (at most
+    ``2^127``, a normal), 0 when not finite. Plain Python over ``ops``
+    (:mod:`~tileplug.backend_ascend.random.vector_ops`), so the tests run it on numpy."""
+    nonfinite = ops.above(largest_key, NONFINITE_BYTE - 1, "nonfinite_group")
+    floored = ops.max_word(largest_key, LOSSLESS_HEADROOM, "key_at_least_headroom")
+    finite_exponent = ops.add_word(floored, (1 << 32) - LOSSLESS_HEADROOM, "finite_biased_exponent")
+    biased = ops.select(nonfinite, ops.splat(NONFINITE_BYTE, "nonfinite_byte"), finite_exponent, "biased_exponent")
+    sf = ops.max_word(ops.shift_left(biased, EXPONENT_SHIFT, "sf_exponent_field"), SMALLEST_SCALE_PATTERN,
+                      "sf_pattern")
+    inverse_exponent = ops.sub(ops.splat(2 * 127, "inverse_bias"), biased, "inverse_biased_exponent")
+    inverse = ops.select(nonfinite, ops.splat(0, "zero_inverse"),
+                         ops.shift_left(inverse_exponent, EXPONENT_SHIFT, "inverse_exponent_field"), "inv_pattern")
+    return sf, inverse, biased
+
+
 def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bool, lossless: bool = False):
     """The macros of one cast configuration: ``abs_bits(v, lanes)`` (int32 bits of ``|v|``,
     lanes past ``lanes`` zero), ``scale_math(amax_bits)`` -> ``(sf, inv, biased exponent)``,
@@ -66,9 +84,9 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
     ``lossless`` (``per_block_cast_lossless``, docs/spec.md §11): what is reduced is not
     ``abs_bits`` of the values but ``scale_keys(s, lanes)`` of their input scales ``s``, the UE8M0
     byte ``E(s) + 127`` (0..254, 255 = not finite; :func:`~.transpose_weight_sf.ue8m0_bytes`, the
-    byte rule of ``transpose_weight_sf``), and ``scale_math`` takes the group's largest key: biased
-    exponent ``eb = max(key - 6, 0)`` (255 when not finite), ``sf = 2^(eb - 127)`` (+inf),
-    ``inv = 2^(127 - eb)`` (0). The integer max of the keys is the same instruction as the amax's
+    byte rule of ``transpose_weight_sf``), and ``scale_math`` takes the group's largest key
+    (:func:`lossless_group_scales`: biased exponent ``eb = max(key - 6, 0)``, 255 when not finite;
+    ``sf = 2^(eb - 127)`` (+inf), ``inv = 2^(127 - eb)`` (0)). The integer max of the keys is the same instruction as the amax's
     (pad lanes give key 0, the floor anyway)."""
     f32 = T.float32
     fmax = QUANT_FORMATS[fmt].max_value if fmt is not None else 1.0
@@ -95,14 +113,9 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
     @T.macro
     def lossless_scale_math(key):
         # key: int32 largest E(s) + 127 of a group (0..255). Returns (sf, inv, biased exponent).
-        nonfinite = T.simd.vcmps(key, T.int32(NONFINITE_BYTE), op="eq")
-        shifted = T.simd.vmaxs(T.simd.vadds(key, T.int32(-LOSSLESS_HEADROOM)), T.int32(0))
-        eb = T.simd.vsel(T.simd.vdup(T.int32(NONFINITE_BYTE), "int32"), shifted, nonfinite)
-        # byte 0 is 2^-127, the subnormal pattern 0x00400000; byte 255 is +inf's pattern
-        sf_b = T.simd.vmaxs(T.simd.vshls(eb, T.int32(23)), T.int32(SMALLEST_SCALE_PATTERN))
-        inv_b = T.simd.vshls(T.simd.vsub(T.simd.vdup(T.int32(254), "int32"), eb), T.int32(23))
-        inv = T.simd.vsel(T.simd.vdup(f32(0.0), "float32"), tirx.reinterpret("float32x64", inv_b), nonfinite)
-        return tirx.reinterpret("float32x64", sf_b), inv, eb
+        sf_bits, inv_bits, eb = lossless_group_scales(VECTOR, tirx.reinterpret("uint32x64", key))
+        return (tirx.reinterpret("float32x64", sf_bits), tirx.reinterpret("float32x64", inv_bits),
+                tirx.reinterpret("int32x64", eb))
 
     @T.macro
     def amax_scale_math(amax_bits):
