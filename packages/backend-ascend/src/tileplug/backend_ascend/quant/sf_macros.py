@@ -86,8 +86,8 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
     byte ``E(s) + 127`` (0..254, 255 = not finite; :func:`~.transpose_weight_sf.ue8m0_bytes`, the
     byte rule of ``transpose_weight_sf``), and ``scale_math`` takes the group's largest key
     (:func:`lossless_group_scales`: biased exponent ``eb = max(key - 6, 0)``, 255 when not finite;
-    ``sf = 2^(eb - 127)`` (+inf), ``inv = 2^(127 - eb)`` (0)). The integer max of the keys is the same instruction as the amax's
-    (pad lanes give key 0, the floor anyway)."""
+    ``sf = 2^(eb - 127)`` (+inf), ``inv = 2^(127 - eb)`` (0)). The integer max of the keys is the
+    same instruction as the amax's (pad lanes give key 0, the floor anyway)."""
     f32 = T.float32
     fmax = QUANT_FORMATS[fmt].max_value if fmt is not None else 1.0
     rcp = f32_value(1.0 / f32_value(fmax))
