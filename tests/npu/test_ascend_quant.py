@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tileplug import core
+from tileplug.core.ops.quant_reblock import lossless_cases
 from tileplug.core.testing import activation, assert_bytes_equal, assert_sf_equal
 
 pytestmark = pytest.mark.npu
@@ -125,6 +126,31 @@ def test_strided_rows_and_nonfinite_groups(hidden):
         q_ref, sf_ref = _reference(core.ops.per_token_cast, x, **kwargs)
         assert_bytes_equal(q, q_ref, "q")
         assert_sf_equal(sf, sf_ref, (1, 128), 4001, hidden, "sf")
+
+
+def _npu_same_strides(t):
+    """``t`` on the NPU with its strides (a column-major scale tensor stays column-major)."""
+    return _npu(t) if t.stride(0) != 1 or t.dim() != 2 or t.shape[0] <= 1 else _npu(t.t().contiguous()).t()
+
+
+@pytest.mark.parametrize("tokens", (1, 3, 4001))
+@pytest.mark.parametrize("case", lossless_cases(), ids=lambda case: case.id)
+def test_per_block_cast_lossless_matches_reference(tokens, case):
+    """Every op-table case the Ascend kernel accepts: q and sf bytes as the reference's on the same
+    e2m1 pair (made by the reference); a declined case is skipped with its reason."""
+    from tileplug.backend_ascend.plugin import kernel_table
+
+    with core.use_backend("reference"), core.config.host_layout("ascend"):
+        (pair,), kwargs = case.arguments(tokens, "cpu")
+        q_ref, sf_ref = core.ops.per_block_cast_lossless(pair, **kwargs)
+    npu_pair = tuple(_npu_same_strides(t) for t in pair)
+    call, _ = core.describe_call(core.ops.per_block_cast_lossless, npu_pair, **kwargs)
+    why = kernel_table()["per_block_cast_lossless"].supports(call)
+    if why is not None:
+        pytest.skip(f"declined on Ascend (the reference serves it): {why}")
+    q, sf = _cpu(_ascend(core.ops.per_block_cast_lossless, npu_pair, **kwargs))
+    assert_bytes_equal(q, q_ref, "q")
+    assert_sf_equal(sf, sf_ref, tuple(kwargs["out_block_size"]), tokens, case.hidden, "sf")
 
 
 def test_declines_e4m3_sf_with_reason():

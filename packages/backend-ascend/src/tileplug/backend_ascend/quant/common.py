@@ -11,6 +11,7 @@ from tileplug.backend_ascend.device import DeviceTarget, UBBudgetError, dispatch
 from tileplug.backend_ascend.lowering import CheckedLowering, CompileCache
 from tileplug.backend_ascend.quant.spec import TileSpec, Tiling
 from tileplug.core.call import QuantMode
+from tileplug.core.contracts.quant_reblock import LOSSLESS
 
 KIND_OF_OP = {"per_token_cast": "token", "per_block_cast": "block", "per_channel_cast": "channel", "cast_back": "back",
               "per_token_cast_and_cast_back": "token"}
@@ -30,9 +31,19 @@ def _sf_kind(encoding) -> str | None:
     return None
 
 
+def kind_of(call) -> str | None:
+    """The tile kind of ``call``'s op (None: no Ascend kernel). ``per_block_cast_lossless`` takes
+    the tile of its output groups ``(bm, bn)``: per token for ``1 x bn``, per channel for
+    ``bm x 1`` (packed UE8M0 pairs two row groups), per block otherwise."""
+    if call.op == LOSSLESS:
+        bm, bn = call.cast.block
+        return "token" if bm == 1 else "channel" if bn == 1 else "block"
+    return KIND_OF_OP.get(call.op)
+
+
 def decline_reason(call) -> str | None:
     """Why the Ascend kernels cannot serve ``call`` (None: they can). Compared fields only."""
-    kind = KIND_OF_OP.get(call.op)
+    kind = kind_of(call)
     if kind is None:
         return f"no Ascend kernel for {call.op}"
     if call.hidden % 16:
@@ -68,7 +79,7 @@ def decline_reason(call) -> str | None:
 def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
     """The kernel specialisation of ``call`` on ``target`` (vector cores; default: the
     lowering stand-in)."""
-    kind = KIND_OF_OP[call.op]
+    kind = kind_of(call)
     cores = (target or lowering_target()).vector_cores
     mode = call.mode
     qin = None
@@ -86,12 +97,15 @@ def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
     if call.given_sf is not None:
         given = (_sf_kind(call.given_sf.encoding), bool(call.given_sf.col_major))
     fake_quant = mode is QuantMode.CAST_AND_CAST_BACK  # x dequantized into itself
+    lossless = call.op == LOSSLESS
     return TileSpec(
         kind=kind, hidden=call.hidden, block=tuple(cast.block), fmt=cast.fmt.name, mode=mode,
-        in_dtype=DTYPE_NAMES[call.input_dtype], round_sf=cast.round_sf, packed=cast.use_packed_ue8m0,
-        col_major=cast.col_major_sf, clamp_min=cast.clamp_min, qin=qin, given=given,
+        in_dtype=DTYPE_NAMES[call.input_dtype],
+        round_sf=cast.round_sf and not lossless,  # a lossless scale is a power of two either way: one kernel
+        packed=cast.use_packed_ue8m0, col_major=cast.col_major_sf, clamp_min=cast.clamp_min, qin=qin, given=given,
         out_dtype=DTYPE_NAMES[call.input_dtype] if fake_quant else None,
-        stochastic=bool(cast.stochastic), e4m3_sf=fake_quant and cast.use_e4m3_sf, vector_cores=cores,
+        stochastic=bool(cast.stochastic), e4m3_sf=fake_quant and cast.use_e4m3_sf, lossless=lossless,
+        vector_cores=cores,
     )
 
 

@@ -20,9 +20,12 @@ import tilelang.ascend.language as T
 from tvm import tirx
 
 from tileplug.backend_ascend.quant.stochastic_cast import CODE_GRIDS, grid_codes, store_codes
+from tileplug.backend_ascend.quant.transpose_weight_sf import (EXPONENT_SHIFT, NONFINITE_BYTE, SMALLEST_SCALE_PATTERN,
+                                                               ue8m0_bytes)
 from tileplug.backend_ascend.random.vector_ops import VECTOR
 from tileplug.backend_ascend.ub import LANES
 from tileplug.core.quant.formats import QUANT_FORMATS
+from tileplug.core.quant.sf_math import LOSSLESS_HEADROOM
 
 
 def f32_value(value: float) -> float:
@@ -50,7 +53,28 @@ def subgroups(lanes: int, group: int) -> list:
     return [(lo, min(lo + group, lanes)) for lo in range(0, lanes, group)]
 
 
-def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bool, e4m3_sf: bool = False):
+def lossless_group_scales(ops, largest_key):
+    """The scales of lossless output groups (docs/spec.md §11) from their largest input key
+    ``E(s) + 127`` (a ``uint32`` register, lanes 0..255, 255 = a scale not finite): ``(sf patterns,
+    inv patterns, biased exponents)``, ``uint32`` registers. Biased exponent ``eb = max(key, 6) - 6``
+    (``e_out + 127`` with ``e_out = max(e_max - 6, -127)``), 255 when not finite; ``sf = 2^(eb - 127)``
+    (byte 0 is the subnormal ``2^-127``, 255 is +inf's pattern); ``inv = 2^(127 - eb)`` (at most
+    ``2^127``, a normal), 0 when not finite. Plain Python over ``ops``
+    (:mod:`~tileplug.backend_ascend.random.vector_ops`), so the tests run it on numpy."""
+    nonfinite = ops.above(largest_key, NONFINITE_BYTE - 1, "nonfinite_group")
+    floored = ops.max_word(largest_key, LOSSLESS_HEADROOM, "key_at_least_headroom")
+    finite_exponent = ops.add_word(floored, (1 << 32) - LOSSLESS_HEADROOM, "finite_biased_exponent")
+    biased = ops.select(nonfinite, ops.splat(NONFINITE_BYTE, "nonfinite_byte"), finite_exponent, "biased_exponent")
+    sf = ops.max_word(ops.shift_left(biased, EXPONENT_SHIFT, "sf_exponent_field"), SMALLEST_SCALE_PATTERN,
+                      "sf_pattern")
+    inverse_exponent = ops.sub(ops.splat(2 * 127, "inverse_bias"), biased, "inverse_biased_exponent")
+    inverse = ops.select(nonfinite, ops.splat(0, "zero_inverse"),
+                         ops.shift_left(inverse_exponent, EXPONENT_SHIFT, "inverse_exponent_field"), "inv_pattern")
+    return sf, inverse, biased
+
+
+def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bool, lossless: bool = False,
+              e4m3_sf: bool = False):
     """The macros of one cast configuration: ``abs_bits(v, lanes)`` (int32 bits of ``|v|``,
     lanes past ``lanes`` zero), ``scale_math(amax_bits)`` -> ``(sf, inv, biased exponent)``,
     ``store_group_sf(sf, eb, sf_ub, e_ub, gi)``, ``group_inv(amax_bits, sf_ub, e_ub, gi)`` (a
@@ -59,7 +83,15 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
     codes one per byte, packed later). Fake quant: ``group_scales(amax_bits)`` -> ``(sf, inv)``
     broadcast, nothing stored, and ``dequantized(y, sf)``: ``float(q) · sf`` in fp32 for the code
     ``q`` that ``store_quantized`` gives ``y``. ``e4m3_sf`` (fake quant only): the scale is
-    ``amax / fmax`` rounded to e4m3 (a non-finite one to NaN), ``inv = 1 / sf``."""
+    ``amax / fmax`` rounded to e4m3 (a non-finite one to NaN), ``inv = 1 / sf``.
+
+    ``lossless`` (``per_block_cast_lossless``, docs/spec.md §11): what is reduced is not
+    ``abs_bits`` of the values but ``scale_keys(s, lanes)`` of their input scales ``s``, the UE8M0
+    byte ``E(s) + 127`` (0..254, 255 = not finite; :func:`~.transpose_weight_sf.ue8m0_bytes`, the
+    byte rule of ``transpose_weight_sf``), and ``scale_math`` takes the group's largest key
+    (:func:`lossless_group_scales`: biased exponent ``eb = max(key - 6, 0)``, 255 when not finite;
+    ``sf = 2^(eb - 127)`` (+inf), ``inv = 2^(127 - eb)`` (0)). The integer max of the keys is the
+    same instruction as the amax's (pad lanes give key 0, the floor anyway)."""
     f32 = T.float32
     fmax = QUANT_FORMATS[fmt].max_value if fmt is not None else 1.0
     rcp = f32_value(1.0 / f32_value(fmax))
@@ -74,7 +106,23 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
             return T.simd.vand(tirx.reinterpret("int32x64", v), keep)
 
     @T.macro
-    def scale_math(amax_bits):
+    def scale_keys(s, lanes):
+        # s: fp32 input scales -> int32 keys E(s) + 127 (255: not finite), lanes past ``lanes`` zero
+        keys = tirx.reinterpret("int32x64", ue8m0_bytes(VECTOR, VECTOR.float_bits(s, "input_scale_bits")))
+        if lanes < LANES:
+            return T.simd.vand(keys, T.simd.vdup(T.int32(NONFINITE_BYTE), "int32"), T.simd.update_mask(lanes, 32))
+        else:
+            return keys
+
+    @T.macro
+    def lossless_scale_math(key):
+        # key: int32 largest E(s) + 127 of a group (0..255). Returns (sf, inv, biased exponent).
+        sf_bits, inv_bits, eb = lossless_group_scales(VECTOR, tirx.reinterpret("uint32x64", key))
+        return (tirx.reinterpret("float32x64", sf_bits), tirx.reinterpret("float32x64", inv_bits),
+                tirx.reinterpret("int32x64", eb))
+
+    @T.macro
+    def amax_scale_math(amax_bits):
         # amax_bits: int32 bits of the group amax (>= 0, NaN bits above +inf). Returns
         # (sf as fp32, inv, biased exponent) elementwise.
         c = tirx.reinterpret("float32x64", T.simd.vmaxs(amax_bits, T.int32(clamp_bits)))
@@ -105,6 +153,8 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
             sf = T.simd.vdiv(c, mx, precision="vdiv_0ulp_ftz_true")
             inv = T.simd.vdiv(mx, c, precision="vdiv_0ulp_ftz_true")
             return sf, inv, sf
+
+    scale_math = lossless_scale_math if lossless else amax_scale_math
 
     @T.macro
     def store_group_sf(sf, eb, sf_ub, e_ub, gi):
@@ -182,9 +232,9 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
             magnitude = tirx.reinterpret("int32x64", T.simd.vmul(steps, step))
             return T.simd.vmul(tirx.reinterpret("float32x64", T.simd.vor(magnitude, sign)), sf)
 
-    return SimpleNamespace(abs_bits=abs_bits, scale_math=scale_math, store_group_sf=store_group_sf,
-                           group_inv=group_inv, store_quantized=store_quantized, group_scales=group_scales,
-                           dequantized=dequantized)
+    return SimpleNamespace(abs_bits=abs_bits, scale_keys=scale_keys, scale_math=scale_math,
+                           store_group_sf=store_group_sf, group_inv=group_inv, store_quantized=store_quantized,
+                           group_scales=group_scales, dequantized=dequantized)
 
 
 def stochastic_store(fmt: str):

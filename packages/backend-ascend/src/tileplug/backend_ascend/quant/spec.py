@@ -35,6 +35,10 @@ class TileSpec:
     ``(t, h)`` with word ``t·H + h`` of the Philox draw under the generator's (seed, offset).
     ``e4m3_sf``: scales rounded to e4m3 (fake quant only: the rounded value multiplies back,
     nothing is stored). Fake quant (mode ``CAST_AND_CAST_BACK``): ``out_dtype`` is x's dtype.
+    ``lossless``: ``per_block_cast_lossless`` (docs/spec.md §11), a mode of the re-quantization of
+    ``qin``: each element is keyed by its input scale's UE8M0 byte ``E(sf_in) + 127`` instead of
+    the bits of ``|x|``, and a group's scale is ``2^max(key_max - 127 - 6, -127)`` (no clamp, no
+    division; ``round_sf`` changes nothing).
     """
 
     kind: str
@@ -52,6 +56,7 @@ class TileSpec:
     out_dtype: str | None = None
     stochastic: bool = False
     e4m3_sf: bool = False
+    lossless: bool = False
     vector_cores: int = 64
     num_buffers: int = VERSIONS
 
@@ -210,6 +215,8 @@ class TileSpec:
             bits.append("stochastic")
         if self.e4m3_sf:
             bits.append("e4m3_sf")
+        if self.lossless:
+            bits.append("lossless")
         return " ".join(bits)
 
 

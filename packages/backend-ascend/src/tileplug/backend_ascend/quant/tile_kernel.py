@@ -28,6 +28,13 @@ built from exponent bits (a non-finite scale gets e = 128: byte 0xFF, sf = +inf,
 The e4m3 clamp to +-448 is a compare-and-select (NaN stays NaN), then a saturating RNE
 convert; e2m1 codes are built arithmetically (the convert unit has no f32->fp4).
 
+Lossless re-blocking (``spec.lossless``, ``per_block_cast_lossless``, docs/spec.md §11): the
+re-quantization of an e2m1 ``(xq, sf)`` input above, with each element keyed by its input scale
+in ``s_ub`` (the UE8M0 byte ``E(s) + 127``, 255 = not finite; :func:`~.sf_macros.sf_macros`'
+``scale_keys``) instead of by ``|x|``: the same integer max over the group, then the group scale
+``2^max(key - 127 - 6, -127)`` from the largest key (``sf_macros``' lossless ``scale_math``), and
+``q = e4m3(d · (s · inv))`` as the re-quantization stores it. The keys read no data value.
+
 Stochastic rounding (``spec.stochastic``, docs/spec.md §10.2; the main casts only): the generator's
 seed and offset words are DMA'd into UB once per core (read only: the public op advances the
 offset after the kernel); per tile, one more ``T.SimdVF`` region (:func:`draw_bits`, before the
@@ -125,6 +132,9 @@ def build(spec: TileSpec, tiling: Tiling):
     assert not stochastic or (writes_q and writes_sf and not precomputed and not is_cast_back), \
         "stochastic rounding is a mode of the main casts"
     assert not fake_quant or (R == 1 and qin is None and not precomputed), "fake quant is a mode of the per-token cast"
+    lossless = spec.lossless
+    assert not lossless or (qin is not None and writes_q and writes_sf and not precomputed and not stochastic), \
+        "lossless re-blocking is a mode of the re-quantization of (xq, sf) inputs"
     f32 = T.float32
 
     Tn = T.dynamic("T")
@@ -166,23 +176,27 @@ def build(spec: TileSpec, tiling: Tiling):
         else:
             return T.simd.vld(x_ub[r, off])
 
-    cast_math = sf_macros(fmt, spec.round_sf, spec.clamp_min, spec.packed, writes_sf, e4m3_sf=spec.e4m3_sf)
+    cast_math = sf_macros(fmt, spec.round_sf, spec.clamp_min, spec.packed, writes_sf, lossless, e4m3_sf=spec.e4m3_sf)
     scale_math, group_inv = cast_math.scale_math, cast_math.group_inv
     store_rounded = stochastic_store(fmt) if stochastic else None
 
     @T.macro
     def abs_bits(x_ub, d_ub, s_ub, r, off, lanes):
-        return cast_math.abs_bits(load_x(x_ub, d_ub, s_ub, r, off), lanes)
+        # what a group reduces with an integer max: the bits of |x|, or (lossless) the input scales' keys
+        if lossless:
+            return cast_math.scale_keys(T.simd.vld(s_ub[r, off]), lanes)
+        else:
+            return cast_math.abs_bits(load_x(x_ub, d_ub, s_ub, r, off), lanes)
 
     @T.macro
     def store_out(o_ub, r, off, y):
-        # fp32 values rounded once to the output dtype (nearest even; fake quant without
-        # saturation, as the row kernels' stores, so inf stays inf as in the reference's
-        # .to(bfloat16); cast_back's rounding is left as it was)
+        # fp32 values rounded once to the output dtype (nearest even, without saturation, as the
+        # row kernels' stores: inf stays inf, as in the reference's .to(bfloat16); cast_back of a
+        # group with an infinite scale saturated to the bf16 maximum before)
         if spec.out_dtype == "float32":
             T.simd.vsts(o_ub[r, off], y)
         else:
-            T.simd.vsts(o_ub[r, off], T.simd.vcvt(y, "bfloat16", round="ROUND_R", sat=not fake_quant, part=0),
+            T.simd.vsts(o_ub[r, off], T.simd.vcvt(y, "bfloat16", round="ROUND_R", sat=False, part=0),
                         dist="PK_B32")
 
     @T.macro
