@@ -82,11 +82,10 @@ def test_lossless_source_holds_the_key_rule_and_the_plain_requantization_does_no
     assert "vdiv" in sources["plain"] and "vcmax" in sources["plain"]
 
 
-def test_lossless_takes_the_tile_of_its_output_groups_and_declines_what_does_not_fit():
+def test_lossless_takes_the_tile_of_its_output_groups():
     """1 x bn groups take the per-token tile, bm x 1 the per-channel tile (two row groups per tile
     with packed UE8M0), others the per-block tile; round_sf does not split the specialisation. The
-    DeepGEMM layout (128 x 128 packed UE8M0 groups: a 256-column tile of 128 rows) is over the UB
-    budget and declined with the plan's size, so the reference serves it."""
+    DeepGEMM layout (128 x 128 packed UE8M0 groups: a 256-column tile of 128 rows) is served."""
     from tileplug.backend_ascend.plugin import kernel_table
     from tileplug.backend_ascend.quant.common import spec_of
 
@@ -98,9 +97,60 @@ def test_lossless_takes_the_tile_of_its_output_groups_and_declines_what_does_not
     assert (channel.kind, channel.rows) == ("channel", 256)
     assert (block.kind, block.rows) == ("block", 128)
     assert not token.round_sf and all(spec.lossless for spec in (token, channel, block))
-    deep_gemm = _call(_case(7168, use_packed_ue8m0="True"))
-    why = kernel.supports(deep_gemm)
-    assert why is not None and "UB plan needs" in why and "lossless" in why, why
+    assert kernel.supports(_call(_case(7168, use_packed_ue8m0="True"))) is None
+
+
+COMPACT_CASES = 15
+"""Op-table lossless cases whose per-element plan (fp32 decoded values and input scales) is over the
+UB budget (about 370 KB), so they take the compact decode; every other case keeps its code."""
+
+
+def test_cases_over_the_per_element_plan_take_the_compact_decode_and_lower():
+    """The 15 op-table cases whose per-element plan does not fit (declined with the plan's size before)
+    take ``TileSpec.compact_decode`` (bf16 decoded values, one fp32 input scale per input group), fit
+    the budget, lower and pass the UB, pipelining and vector checks; no other case takes it. The
+    DeepGEMM MXFP4 case (``1 x 32 -> 128 x 128``, packed UE8M0): its SIMT region stores the decoded
+    values as bf16, the SIMD region widens them (``vlds_unpack<bfloat16_t>`` + ``vcvt<float>``) and
+    loads each input scale broadcast (``vlds_brc_elem<float>``, two groups of 32 lanes per register),
+    and its UB plan is 176224 bytes."""
+    from tileplug.backend_ascend import lowering_checks as checks
+    from tileplug.backend_ascend.device import UBBudgetError
+    from tileplug.backend_ascend.plugin import kernel_table
+    from tileplug.backend_ascend.quant.common import spec_of
+    from tileplug.backend_ascend.quant.lowered import lower_spec
+    from tileplug.backend_ascend.quant.spec import Tiling
+
+    kernel = kernel_table()["per_block_cast_lossless"]
+    compact = []
+    for case in lossless_cases():
+        call = _call(case)
+        spec = spec_of(call)
+        assert kernel.supports(call) is None, case.id
+        if not spec.compact_decode:
+            continue
+        compact.append(case.id)
+        assert spec.qin[0] == "e2m1" and spec.qin[2] > 1 and "compact_decode" in spec.describe()
+        with pytest.raises(UBBudgetError, match="UB plan needs"):
+            Tiling(replace(spec, compact_decode=False))
+        lowered, tiling = lower_spec(spec)
+        assert tiling.plan["d_ub"][1] == "bfloat16", case.id
+        assert tiling.plan["s_ub"][0][1] < tiling.plan["d_ub"][0][1], case.id
+        source = lowered.source
+        ub_ok, ub_detail = checks.check_ub(lowered.compiler_ub_bytes, lowered.primfunc_ub_bytes, tiling.footprint,
+                                           tiling.budget)
+        assert ub_ok, (case.id, ub_detail)
+        assert checks.check_pipelined(source)[0] and checks.check_vector(source)[0], case.id
+        assert "vlds_unpack<bfloat16_t>" in source and "vlds_brc_elem<float>" in source, case.id
+        assert "(bfloat16_t)" in source and LARGEST_FINITE_PATTERN in source, case.id
+    assert len(compact) == COMPACT_CASES, compact
+
+    deep_gemm = spec_of(_call(_case(7168, use_packed_ue8m0="True")))
+    assert deep_gemm.compact_decode and deep_gemm.qin == ("e2m1", 1, 32, "fp32", False)
+    lowered, tiling = lower_spec(deep_gemm)
+    assert (tiling.width, tiling.footprint, tiling.budget) == (256, 176224, 221184)
+    assert tiling.plan["d_ub"] == ((128, 256), "bfloat16", 1)
+    assert tiling.plan["s_ub"] == ((128, 8), "float32", 1)
+    assert lowered.source.count("vlds_brc_elem<float>") >= 4
 
 
 def _emulated_group_scales(scales: torch.Tensor, block: tuple[int, int]):

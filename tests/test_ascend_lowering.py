@@ -150,9 +150,8 @@ def test_the_grid_covers_every_case_of_the_op_table():
     tests/test_ascend_stochastic_quant_lowering.py): e4m3-stored sf, scales stored in a layout that is not
     Ascend's, or a UB plan over budget (per-block re-quantization of a UE8M0-scaled 1 x 128
     input: 401504 bytes at the narrowest tile, so it falls through to the reference; see
-    docs/ascend-backend.md; per_block_cast_lossless into 128-row groups whose tile must span 256
-    columns -- packed UE8M0 pairs, a UE8M0-scaled 1 x 128 input -- or into packed 128 x 1 groups:
-    about 370 KB); for the fused RMSNorm + cast: 3-D input, e2m1, packed UE8M0, or
+    docs/ascend-backend.md; every per_block_cast_lossless case is lowered: the 15 whose per-element
+    plan is about 370 KB take the compact decode, tests/test_ascend_lossless_lowering.py); for the fused RMSNorm + cast: 3-D input, e2m1, packed UE8M0, or
     the cast's own declines. Every norm and RoPE case the fused-cast rules leave is lowered, every
     topk_gate, moe_topk_gate_backward, normalize_weight, moe_expert_counts, moe_permute and moe_unpermute case
     too, every moe_topk_gate case (group-limited routing included), and every swiglu and swiglu_backward case
@@ -170,6 +169,7 @@ def test_the_grid_covers_every_case_of_the_op_table():
                "moe_unpermute[", "swiglu[", "swiglu_backward[",
                "fill_rand[", "fill_randn[")
     assert not [case for case in DECLINED if case.startswith(row_ops)]
+    assert not [case for case in DECLINED if case.startswith("per_block_cast_lossless[")]
 
 
 # ---------------------------------------------------------------------- the checks can fail

@@ -5,6 +5,8 @@ launching. Lowering itself, memoised on disk, is :mod:`tileplug.backend_ascend.q
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from tileplug.backend_ascend.device import DeviceTarget, UBBudgetError, dispatch_target, lowering_target
@@ -98,7 +100,7 @@ def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
         given = (_sf_kind(call.given_sf.encoding), bool(call.given_sf.col_major))
     fake_quant = mode is QuantMode.CAST_AND_CAST_BACK  # x dequantized into itself
     lossless = call.op == LOSSLESS
-    return TileSpec(
+    spec = TileSpec(
         kind=kind, hidden=call.hidden, block=tuple(cast.block), fmt=cast.fmt.name, mode=mode,
         in_dtype=DTYPE_NAMES[call.input_dtype],
         round_sf=cast.round_sf and not lossless,  # a lossless scale is a power of two either way: one kernel
@@ -107,6 +109,20 @@ def spec_of(call, target: DeviceTarget | None = None) -> TileSpec:
         stochastic=bool(cast.stochastic), e4m3_sf=fake_quant and cast.use_e4m3_sf, lossless=lossless,
         vector_cores=cores,
     )
+    if lossless and qin[0] == "e2m1" and qin[2] > 1 and not _fits(spec):
+        # bf16 decoded values and one fp32 input scale per input group (TileSpec.compact_decode),
+        # only where the per-element plan does not fit: the other specialisations keep their code
+        spec = replace(spec, compact_decode=True)
+    return spec
+
+
+def _fits(spec: TileSpec) -> bool:
+    """Whether some tile width of ``spec`` fits the UB budget."""
+    try:
+        spec.width()
+    except UBBudgetError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------- Backend.lower

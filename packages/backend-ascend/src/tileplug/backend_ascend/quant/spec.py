@@ -39,6 +39,11 @@ class TileSpec:
     ``qin``: each element is keyed by its input scale's UE8M0 byte ``E(sf_in) + 127`` instead of
     the bits of ``|x|``, and a group's scale is ``2^max(key_max - 127 - 6, -127)`` (no clamp, no
     division; ``round_sf`` changes nothing).
+    ``compact_decode`` (lossless e2m1 inputs with input groups ``1 x ibn``, ``ibn > 1``, whose
+    per-element plan is over the UB budget; set by ``common.spec_of``): the decoded values ``d_ub``
+    ``[R, wp]`` are bf16 (every e2m1 value is exact in bf16; widened to fp32 on load) and the input
+    scales ``s_ub`` ``[R, ceil(wp / ibn)]`` fp32 are one per input group of the row, broadcast onto
+    their lanes on load; the products are the same fp32 ``d · (s · inv)``.
     """
 
     kind: str
@@ -57,6 +62,7 @@ class TileSpec:
     stochastic: bool = False
     e4m3_sf: bool = False
     lossless: bool = False
+    compact_decode: bool = False
     vector_cores: int = 64
     num_buffers: int = VERSIONS
 
@@ -138,8 +144,12 @@ class TileSpec:
                 nsi = ceil_div(wp, ibn)
             sdt = "int16" if skind == "ue8m0" else "float32"
             p["sfin_ub"] = ((R, align(nsi, UB_ALIGN // ITEMSIZE[sdt])), sdt, V)
-            p["d_ub"] = ((R, wp), "float32", 1)
-            p["s_ub"] = ((R, wp), "float32", 1)
+            if self.compact_decode:
+                p["d_ub"] = ((R, wp), "bfloat16", 1)
+                p["s_ub"] = ((R, align(ceil_div(wp, ibn), UB_ALIGN // ITEMSIZE["float32"])), "float32", 1)
+            else:
+                p["d_ub"] = ((R, wp), "float32", 1)
+                p["s_ub"] = ((R, wp), "float32", 1)
         ng = ceil_div(width, bn) if not self.is_cast_back else 0
         ng64 = align(max(ng, 1), LANES)
         if self.given is not None:
@@ -217,6 +227,8 @@ class TileSpec:
             bits.append("e4m3_sf")
         if self.lossless:
             bits.append("lossless")
+        if self.compact_decode:
+            bits.append("compact_decode")
         return " ".join(bits)
 
 

@@ -34,6 +34,11 @@ in ``s_ub`` (the UE8M0 byte ``E(s) + 127``, 255 = not finite; :func:`~.sf_macros
 ``scale_keys``) instead of by ``|x|``: the same integer max over the group, then the group scale
 ``2^max(key - 127 - 6, -127)`` from the largest key (``sf_macros``' lossless ``scale_math``), and
 ``q = e4m3(d · (s · inv))`` as the re-quantization stores it. The keys read no data value.
+With ``spec.compact_decode`` (where the plan above is over the UB budget) the SIMT region stores
+``d`` as bf16 ``[R, W]`` (every e2m1 value is exact in bf16) and ``s`` once per input group of each
+row ``[R, ceil(W / ibn)]``; the SIMD region widens ``d`` on load (``UNPK_B16`` + convert, exact) and
+loads ``s`` broadcast (``BRC_B32``, one load per input group of the register, lane-masked selects),
+so keys and products are those of the per-element buffers.
 
 Stochastic rounding (``spec.stochastic``, docs/spec.md §10.2; the main casts only): the generator's
 seed and offset words are DMA'd into UB once per core (read only: the public op advances the
@@ -167,10 +172,37 @@ def build(spec: TileSpec, tiling: Tiling):
     SXS, SGS, SSF = T.dynamic("SXS"), T.dynamic("SGS"), T.dynamic("SSF")
 
     # ---------------------------------------------------------------- SIMD helpers
+    compact = spec.compact_decode
+    assert not compact or (lossless and qin[0] == "e2m1" and qin[2] > 1), \
+        "the compact decode is a mode of lossless e2m1 inputs with 1 x ibn (ibn > 1) input groups"
+    scale_groups = _subgroups(LANES, qin[2]) if compact else []  # (lo, hi) lanes of each input group
+
+    @T.macro
+    def decoded(d_ub, r, off):
+        # the decoded input values of a register as fp32 (compact: bf16 in UB, widened exactly)
+        if compact:
+            return T.simd.vcvt(T.simd.vld(d_ub[r, off], dist="UNPK_B16"), "float32", part=0)
+        else:
+            return T.simd.vld(d_ub[r, off])
+
+    @T.macro
+    def input_scales(s_ub, r, off):
+        # the input scale of each lane of a register (compact: one per input group of ibn columns,
+        # broadcast onto its lanes; off is a multiple of 64 and of ibn)
+        if compact:
+            ibn = qin[2]
+            s = T.simd.alloc_var("float32")
+            s = T.simd.vld(s_ub[r, off // ibn], dist="BRC_B32")
+            for k in _rest(scale_groups):
+                s = T.simd.vsel(T.simd.vld(s_ub[r, off // ibn + k], dist="BRC_B32"), s, lane_mask(*scale_groups[k]))
+            return s
+        else:
+            return T.simd.vld(s_ub[r, off])
+
     @T.macro
     def load_x(x_ub, d_ub, s_ub, r, off):
         if qin is not None:
-            return T.simd.vmul(T.simd.vld(d_ub[r, off]), T.simd.vld(s_ub[r, off]))
+            return T.simd.vmul(decoded(d_ub, r, off), input_scales(s_ub, r, off))
         elif in_bf16:
             return T.simd.vcvt(T.simd.vld(x_ub[r, off], dist="UNPK_B16"), "float32", part=0)
         else:
@@ -184,7 +216,7 @@ def build(spec: TileSpec, tiling: Tiling):
     def abs_bits(x_ub, d_ub, s_ub, r, off, lanes):
         # what a group reduces with an integer max: the bits of |x|, or (lossless) the input scales' keys
         if lossless:
-            return cast_math.scale_keys(T.simd.vld(s_ub[r, off]), lanes)
+            return cast_math.scale_keys(input_scales(s_ub, r, off), lanes)
         else:
             return cast_math.abs_bits(load_x(x_ub, d_ub, s_ub, r, off), lanes)
 
@@ -208,7 +240,7 @@ def build(spec: TileSpec, tiling: Tiling):
             store_out(o_ub, r, off, cast_math.dequantized(T.simd.vmul(load_x(x_ub, d_ub, s_ub, r, off), inv), sf))
         else:
             if qin is not None:
-                y = T.simd.vmul(T.simd.vld(d_ub[r, off]), T.simd.vmul(T.simd.vld(s_ub[r, off]), inv))
+                y = T.simd.vmul(decoded(d_ub, r, off), T.simd.vmul(input_scales(s_ub, r, off), inv))
             else:
                 y = T.simd.vmul(load_x(x_ub, d_ub, s_ub, r, off), inv)
             if stochastic:
@@ -369,8 +401,13 @@ def build(spec: TileSpec, tiling: Tiling):
                                 T.Cast("float32", mag) * f32(0.5),
                                 T.if_then_else(mag < 6, T.Cast("float32", mag - 2), T.Cast("float32", (mag - 4) * 2)),
                             )
-                            d_ub[r, k] = T.if_then_else((code & 8) != 0, -val, val)
-                        if skind == "fp32":
+                            if compact:
+                                d_ub[r, k] = T.Cast("bfloat16", T.if_then_else((code & 8) != 0, -val, val))
+                            else:
+                                d_ub[r, k] = T.if_then_else((code & 8) != 0, -val, val)
+                        if compact:
+                            pass  # the input scales: one per input group, below
+                        elif skind == "fp32":
                             if ibn == 1:
                                 s_ub[r, k] = sfin_ub[r, k]
                             else:
@@ -383,6 +420,16 @@ def build(spec: TileSpec, tiling: Tiling):
                                 raw = T.Cast("int32", sfin_ub[r, k // ibn // 2]) & 0xFFFF
                                 shift = ((k // ibn) % 2) * 8
                             s_ub[r, k] = decode_sf_byte((raw >> shift) & 0xFF)
+                    if compact:
+                        ngi = ceil_div(w, ibn)  # input groups of a tile row
+                        for i in T.Parallel(R * ngi, coalesced_width=T.int32(1)):
+                            r = i // ngi
+                            g = i % ngi
+                            if skind == "fp32":
+                                s_ub[r, g] = sfin_ub[r, g]
+                            else:
+                                raw = T.Cast("int32", sfin_ub[r, g // 2]) & 0xFFFF
+                                s_ub[r, g] = decode_sf_byte((raw >> ((g % 2) * 8)) & 0xFF)
                 if given is not None and given[0] == "ue8m0":
                     for j in T.Parallel(ng, coalesced_width=T.int32(1)):
                         graw = T.Cast("int32", graw_ub[j // 2]) & 0xFFFF
