@@ -5,9 +5,9 @@ Nothing here imports TileLang.
 
 The kernel takes the scales and both outputs as the op hands them out (no view is made on the
 host: five views per weight, a few µs of host time each, were more than the launch), so it is
-specialised on the block size,
-on stacked ``[G, R, C]`` scales or not and on ``transpose_sf1`` (another view of the same
-integers); it writes in the outputs' memory order, ``[G, P, N]`` (sf0) and ``[G, P, K]`` (sf1).
+specialised on the block size, on stacked ``[G, R, C]`` scales or not and on ``transpose_sf1``
+(another view of the same integers); it writes in the outputs' memory order, ``[G, P, N]``
+(sf0) and ``[G, P, K]`` (sf1).
 Every store is 128 bits: core hands out 16-byte aligned outputs (fresh, or an ``out=`` it
 checked), and each row of ``N`` or ``K`` integers, a multiple of 16, starts aligned.
 """
