@@ -117,22 +117,35 @@ def group_scale(amax_bits, clamp_min_bits, fmt_max, fmt_rcp, round_sf, e4m3_sf, 
 NONFINITE_KEY = 255  # the lossless key of a non-finite input scale (UE8M0's "no value" byte)
 
 
-@T.macro
+MANTISSA_MASK = 0x7FFFFF
+MAGNITUDE_MASK = 0x7FFFFFFF
+SUBNORMAL_HALF = 0x400000
+"""A subnormal mantissa above 2^22 is a scale above 2^-127: ceil(log2 s) = -126."""
+
+
+def ue8m0_byte(scale):
+    """The UE8M0 byte (uint32 in [0, 255]) of fp32 ``scale``, from its bit pattern ``b``
+    (exponent field ``E``, mantissa ``m``): ``E + (m ≠ 0)`` for a normal positive scale
+    (``ceil(log2 s) + 127``; 254 with ``m ≠ 0`` gives 255, the marker of a scale above 2^127);
+    for a subnormal one 1 when ``m > 2^22`` (its ``ceil(log2 s)`` is −126) else 0 (clamped at
+    −127, zero of either sign too); 0xFF for a NaN, an infinity or a negative nonzero scale.
+    This is ``e + 127`` of core's ``given_scale_exponent`` (``transpose_weight_sf``'s byte, and
+    the key of a lossless re-blocking)."""
+    bits = T.reinterpret(scale, "uint32")
+    magnitude = bits & T.uint32(MAGNITUDE_MASK)
+    exponent = T.shift_right(magnitude, T.uint32(23))
+    mantissa = magnitude & T.uint32(MANTISSA_MASK)
+    normal = exponent + T.if_then_else(mantissa != T.uint32(0), T.uint32(1), T.uint32(0))
+    subnormal = T.if_then_else(mantissa > T.uint32(SUBNORMAL_HALF), T.uint32(1), T.uint32(0))
+    invalid = T.Or(magnitude >= T.uint32(F32_INF_BITS), T.And(bits != magnitude, magnitude != T.uint32(0)))
+    return T.if_then_else(invalid, T.uint32(NONFINITE_KEY), T.if_then_else(exponent > T.uint32(0), normal, subnormal))
+
+
 def lossless_key(scale):
-    """``e + 127`` of the exponent core's ``given_scale_exponent`` gives an fp32 input scale:
-    ``ceil(log2 s)`` clamped at -127 (zero of either sign and every value up to 2^-127 give
-    key 0), 255 for NaN, ±inf, negative values and values above 2^127. Keys order as the
-    exponents do, so a group's largest key is its largest exponent (and 255 wins)."""
-    bits = T.reinterpret(scale, "int32")
-    return T.if_then_else(
-        (bits & 0x7FFFFFFF) == 0,  # ±0
-        0,
-        T.if_then_else(
-            bits < 0,  # negative, -inf and negative NaNs
-            NONFINITE_KEY,
-            T.if_then_else(bits <= 0x00400000, 0, T.min(T.shift_right(bits - 1, 23) + 1, NONFINITE_KEY)),
-        ),
-    )
+    """The key of an element in a lossless re-blocking: its input scale's UE8M0 byte
+    (:func:`ue8m0_byte`) as int32, 0..255. Keys order as the exponents do, so a group's largest
+    key is its largest exponent (and 255, a scale that is not finite, wins)."""
+    return T.cast(ue8m0_byte(scale), "int32")
 
 
 @T.macro

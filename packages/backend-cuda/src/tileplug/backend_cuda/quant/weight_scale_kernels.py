@@ -15,16 +15,14 @@ share one weight block row (sf0) or column (sf1) and one packed value, read from
 gather the L1 serves: the scales are ``bs²`` times smaller than the weights). The outputs
 dominate the bytes: ``N·P0 + K·P1`` integers against ``R·C`` scales.
 
-The byte of a scale, from its fp32 pattern ``b`` (exponent field ``E``, mantissa ``m``):
-``E + (m ≠ 0)`` for a normal positive scale (``ceil(log2 s) + 127``; 254 with ``m ≠ 0`` gives
-255, the marker of a scale above 2^127); for a subnormal one 1 when ``m > 2^22`` (its
-``ceil(log2 s)`` is −126) else 0 (clamped at −127, zero of either sign too); 0xFF for a NaN,
-an infinity or a negative nonzero scale.
+The byte of a scale is ``sf_math.ue8m0_byte``, from the scale's fp32 bit pattern.
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
 
 import tilelang.language as T
+
+from tileplug.backend_cuda.quant.sf_math import ue8m0_byte
 
 THREADS = 256
 INTS_PER_STORE = 4
@@ -36,26 +34,6 @@ the 7.3 MB in 8.25 µs, 16 per thread (four 128-bit stores) in 8.12 µs, but 1.9
 1.46 at T = 128: 4 kept."""
 PACK = 4
 """UE8M0 bytes per int32 (the CUDA layout's pack factor)."""
-MANTISSA_MASK = 0x7FFFFF
-MAGNITUDE_MASK = 0x7FFFFFFF
-INFINITY_BITS = 0x7F800000
-SUBNORMAL_HALF = 0x400000
-"""A subnormal mantissa above 2^22 is a scale above 2^-127: ceil(log2 s) = -126."""
-MARKER = 0xFF
-
-
-def ue8m0_byte(scale):
-    """The UE8M0 byte (uint32 in [0, 255]) of fp32 ``scale``, from its bit pattern."""
-    bits = T.reinterpret(scale, "uint32")
-    magnitude = bits & T.uint32(MAGNITUDE_MASK)
-    exponent = T.shift_right(magnitude, T.uint32(23))
-    mantissa = magnitude & T.uint32(MANTISSA_MASK)
-    normal = exponent + T.if_then_else(mantissa != T.uint32(0), T.uint32(1), T.uint32(0))
-    subnormal = T.if_then_else(mantissa > T.uint32(SUBNORMAL_HALF), T.uint32(1), T.uint32(0))
-    invalid = T.Or(magnitude >= T.uint32(INFINITY_BITS), T.And(bits != magnitude, magnitude != T.uint32(0)))
-    return T.if_then_else(invalid, T.uint32(MARKER), T.if_then_else(exponent > T.uint32(0), normal, subnormal))
-
-
 def build(spec):
     """The ``T.prim_func`` of a ``transpose_weight_sf.WeightScaleSpec``: buffers ``(scales, sf0,
     sf1)`` exactly as the op hands them out, so the host makes no view: ``scales [G, R, C]``
