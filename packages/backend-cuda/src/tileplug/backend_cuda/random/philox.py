@@ -35,6 +35,12 @@ def low_word(value):
     return T.cast(value, "uint32")
 
 
+def multiply_high(word, multiplier: int):
+    """The high 32 bits of the 64-bit product of uint32 ``word`` and the constant ``multiplier``
+    (``__umulhi``: with the low half's 32-bit product, one 32 × 32 → 64-bit multiply)."""
+    return T.call_extern("uint32", "__umulhi", word, T.uint32(multiplier))
+
+
 def high_word(value):
     """The high 32 bits of a 64-bit integer expression, as uint32."""
     return T.cast(T.shift_right(T.cast(value, "uint64"), WORD_BITS), "uint32")
@@ -46,8 +52,8 @@ def philox_block(seed, offset, block, words):
     ``seed`` (``seed`` / ``offset``: the int64 values read from the generator's tensors,
     ``block``: the block's 64-bit index)."""
     key = T.alloc_local((2,), "uint32")
-    product = T.alloc_local((2,), "uint64")
-    spare = T.alloc_local((2,), "uint32")
+    high = T.alloc_local((2,), "uint32")
+    low = T.alloc_local((2,), "uint32")
     key[0] = low_word(seed)
     key[1] = high_word(seed)
     words[0] = low_word(block)
@@ -58,14 +64,14 @@ def philox_block(seed, offset, block, words):
         if index > 0:
             key[0] = key[0] + T.uint32(WEYL_CONSTANTS[0])
             key[1] = key[1] + T.uint32(WEYL_CONSTANTS[1])
-        product[0] = T.cast(words[0], "uint64") * T.uint64(MULTIPLIERS[0])
-        product[1] = T.cast(words[2], "uint64") * T.uint64(MULTIPLIERS[1])
-        spare[0] = words[1]
-        spare[1] = words[3]
-        words[0] = high_word(product[1]) ^ spare[0] ^ key[0]
-        words[1] = low_word(product[1])
-        words[2] = high_word(product[0]) ^ spare[1] ^ key[1]
-        words[3] = low_word(product[0])
+        high[0] = multiply_high(words[0], MULTIPLIERS[0])
+        high[1] = multiply_high(words[2], MULTIPLIERS[1])
+        low[0] = words[0] * T.uint32(MULTIPLIERS[0])
+        low[1] = words[2] * T.uint32(MULTIPLIERS[1])
+        words[0] = high[1] ^ words[1] ^ key[0]
+        words[2] = high[0] ^ words[3] ^ key[1]
+        words[1] = low[1]
+        words[3] = low[0]
 
 
 class RunLayout:
