@@ -500,16 +500,19 @@ WEIGHT_SCALES = [name for name, _ in GRID if name.startswith("transpose_weight_s
 
 @pytest.mark.parametrize("name", WEIGHT_SCALES)
 def test_weight_scales_store_only_128_bits_at_a_time(name: str, compiled_grid: dict[str, dict]) -> None:
-    """``transpose_weight_sf`` writes sf0 and sf1 with 128-bit stores only (every row of N or K
-    integers starts 16-byte aligned), one kernel per block size, stacked scales or not, and sf1 view."""
+    """``transpose_weight_sf`` writes sf0 and sf1 with one 128-bit store only (every row of N or K
+    integers starts 16-byte aligned; the output row's pointer is picked per CTA), one kernel per
+    block size, weight-slot capacity and rank of the first weight's scales."""
     result = compiled_grid[name]
     assert result["ok"], result.get("error")
-    for buffer in ("sf0", "sf1"):
-        assert re.search(r"\*\(int4\*\)\(" + buffer + r" \+", result["source"]), buffer
-        assert not re.search(r"(?<![\w.])" + buffer + r"\[", result["source"]), buffer
-    assert all(re.fullmatch(r"transpose_weight_sf_bs(16|32|64|128)(_g)?(_sf1t)?_t256", n) for n in WEIGHT_SCALES)
-    plain = {f"transpose_weight_sf_bs{block}{view}_t256" for block in (16, 32, 64, 128) for view in ("", "_sf1t")}
-    assert plain | {"transpose_weight_sf_bs128_g_t256", "transpose_weight_sf_bs32_g_sf1t_t256"} <= set(WEIGHT_SCALES)
+    source = result["source"]
+    assert len(re.findall(r"\(\(int4\*\)out\)\[", source)) == 1
+    assert not re.search(r"\(\((?:int|uint|float)\*\)out\)\[|(?<![\w.])out\[", source)
+    assert all(re.fullmatch(r"transpose_weight_sf_bs(16|32|64|128)_w(1|2|4|8|16|32|64)(_g)?_t256", n)
+               for n in WEIGHT_SCALES)
+    assert {f"transpose_weight_sf_bs{block}_w1_t256" for block in (16, 32, 64, 128)} <= set(WEIGHT_SCALES)
+    assert {"transpose_weight_sf_bs128_w1_g_t256", "transpose_weight_sf_bs32_w4_g_t256",
+            "transpose_weight_sf_bs128_w4_t256"} <= set(WEIGHT_SCALES)
 
 
 def test_element_cast_grid_holds_every_pair_in_both_forms() -> None:

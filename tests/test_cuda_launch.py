@@ -186,12 +186,16 @@ def test_concurrent_first_calls_build_one_launcher(monkeypatch) -> None:
 # ---------------------------------------------------------------------- transpose_weight_sf
 
 
-def _weight_scale_kernel(spec):
-    """The CUDA ``transpose_weight_sf`` kernel of ``spec`` emulated in Python: the byte rule on
-    the scales' bit patterns (weight_scale_kernels.ue8m0_byte) and the packing into the outputs'
-    ``[G, P, M]`` memory order; it takes the tensors as the op returns them (the rank and sf1
-    view its spec names), as the compiled kernel's signature does."""
-    block = spec.block_size
+def _weight_scale_kernel(tensors: list[torch.Tensor], launches: list):
+    """The CUDA ``transpose_weight_sf`` kernel emulated in Python (``jit.entry``'s stand-in):
+    it takes the arguments of the compiled kernel — weight 0's scales (the anchor), the grid's
+    chunk and weight extents, then each weight slot's three data pointers and ``G, R, C`` — and
+    finds the tensors behind the pointers among ``tensors``. Its byte rule works on the scales'
+    bit patterns (weight_scale_kernels.ue8m0_byte) and it packs into the outputs' ``[G, P, M]``
+    memory order. Each launch's spec and arguments are appended to ``launches``."""
+    from tileplug.backend_cuda.quant import weight_scale_kernels
+
+    by_address = {tensor.data_ptr(): tensor for tensor in tensors if tensor.numel()}
 
     def byte(bits: torch.Tensor) -> torch.Tensor:
         magnitude = bits & 0x7FFFFFFF
@@ -207,20 +211,34 @@ def _weight_scale_kernel(spec):
         words = sum(padded[..., i::4] << (8 * i) for i in range(4))
         return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
 
-    def run(scales: torch.Tensor, sf0: torch.Tensor, sf1: torch.Tensor) -> None:
-        assert scales.dim() == sf0.dim() == sf1.dim() == (3 if spec.groups else 2)
-        if not spec.groups:
-            scales, sf0, sf1 = scales.unsqueeze(0), sf0.unsqueeze(0), sf1.unsqueeze(0)
-        sf0 = sf0.transpose(1, 2)  # [G, N, P0] strides (N·P0, 1, N): memory order [G, P0, N]
-        sf1 = sf1 if spec.transpose_sf1 else sf1.transpose(1, 2)
-        groups, rows, cols = scales.shape
-        assert scales.is_contiguous() and sf0.is_contiguous() and sf1.is_contiguous()
-        assert sf0.shape == (groups, -(-cols // 4), rows * block) and sf1.shape == (groups, -(-rows // 4), cols * block)
-        values = byte(scales.view(torch.int32).long() & 0xFFFFFFFF)
-        sf0.copy_(packed(values, sf0.shape[1]).repeat_interleave(block, dim=1).transpose(1, 2))
-        sf1.copy_(packed(values.transpose(1, 2), sf1.shape[1]).repeat_interleave(block, dim=1).transpose(1, 2))
+    def memory_order(tensor: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
+        """The ``[G, P, M]`` integers ``tensor`` holds in memory order (a view of its storage)."""
+        return tensor.as_strided(shape, (shape[1] * shape[2], shape[2], 1))
 
-    return run
+    def entry(spec):
+        count = weight_scale_kernels.WEIGHT_ARGUMENTS.__len__()
+
+        def run(anchor: torch.Tensor, grid_chunks: int, weights: int, *slots: int) -> None:
+            launches.append((spec, anchor, grid_chunks, weights, slots))
+            assert len(slots) == count * spec.capacity and weights <= spec.capacity
+            assert anchor.dim() == (3 if spec.anchor_groups else 2) and anchor.data_ptr() == slots[0]
+            assert not any(slots[count * weights:]), "unused slots are zeros"
+            block = spec.block_size
+            for slot in range(weights):
+                scales_at, sf0_at, sf1_at, groups, rows, cols = slots[count * slot: count * (slot + 1)]
+                assert weight_scale_kernels.chunks(block, (groups, rows, cols)) <= grid_chunks
+                scales = by_address[scales_at]
+                assert scales.is_contiguous() and scales.numel() == groups * rows * cols
+                scales = scales.reshape(groups, rows, cols)
+                sf0 = memory_order(by_address[sf0_at], (groups, -(-cols // 4), rows * block))
+                sf1 = memory_order(by_address[sf1_at], (groups, -(-rows // 4), cols * block))
+                values = byte(scales.view(torch.int32).long() & 0xFFFFFFFF)
+                sf0.copy_(packed(values, sf0.shape[1]).repeat_interleave(block, dim=1).transpose(1, 2))
+                sf1.copy_(packed(values.transpose(1, 2), sf1.shape[1]).repeat_interleave(block, dim=1).transpose(1, 2))
+
+        return run
+
+    return entry
 
 
 def _special_scales(shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -239,24 +257,25 @@ def _special_scales(shape: tuple[int, ...], seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("transpose_sf1", (False, True))
 def test_transpose_weight_sf_launcher_and_byte_rule_match_the_reference(monkeypatch, block: int,
                                                                         transpose_sf1: bool) -> None:
-    """The launcher hands every weight's tensors over as they are (2-D and stacked scales, either
-    sf1 view, each to its specialisation, an empty weight skipped) and the kernel's integer byte rule gives the
-    reference's bytes on zeros, subnormals around 2^-127, 2^127 and above, infinities, NaN and
-    negative scales."""
+    """The launcher hands every weight to one launch (2-D and stacked scales, either sf1 view, as
+    data pointers and sizes; an empty weight left out, the unused slot zeros) and the kernel's
+    integer byte rule gives the reference's bytes on zeros, subnormals around 2^-127, 2^127 and
+    above, infinities, NaN and negative scales."""
     from tileplug.backend_cuda import jit
     from tileplug.core.testing import assert_bytes_equal
 
-    monkeypatch.setattr(jit, "entry", _weight_scale_kernel)
     weights = (_special_scales((7, 9), block), _special_scales((3, 5, 4), block + 1), torch.empty(0, 4),
                _special_scales((1, 1), block + 2))
     kernel, call, inputs = _call(ops.transpose_weight_sf, weights, block, transpose_sf1)
-    view = "_sf1t" if transpose_sf1 else ""
     assert kernel.supports(call) is None and [s.name for s in kernel.specs(call)] == [
-        f"transpose_weight_sf_bs{block}{view}_t256", f"transpose_weight_sf_bs{block}_g{view}_t256"]
+        f"transpose_weight_sf_bs{block}_w4_t256"]  # three weights to write: four slots, a 2-D first weight
     outputs = call.allocation_plan(CUDA_LAYOUT).allocate(0, torch.device("cpu"))
     for tensor in outputs:
         tensor.fill_(-1)
+    launches = []
+    monkeypatch.setattr(jit, "entry", _weight_scale_kernel([*weights, *outputs], launches))
     type(kernel)().prepare(call)(inputs, outputs)
+    assert len(launches) == 1 and launches[0][3] == 3  # one launch, the empty weight left out
     with core.use_backend("reference"):
         want = ops.transpose_weight_sf(weights, block, transpose_sf1)
     for index, (have, expected) in enumerate(zip(outputs, want)):

@@ -1,15 +1,15 @@
 """CUDA ``transpose_weight_sf`` (docs/spec.md §11): weights' fp32 block scales → the packed
-UE8M0, MN-major ``sf0`` / ``sf1`` DeepGEMM reads. One launch per scale tensor writes both of its
-outputs (``weight_scale_kernels`` holds the TileLang kernel); G, R and C are runtime values.
-Nothing here imports TileLang.
+UE8M0, MN-major ``sf0`` / ``sf1`` DeepGEMM reads. One launch writes every output of every
+weight of a call (``weight_scale_kernels`` holds the TileLang kernel). Nothing here imports
+TileLang.
 
-The kernel takes the scales and both outputs as the op hands them out (no view is made on the
-host: five views per weight, a few µs of host time each, were more than the launch), so it is
-specialised on the block size, on stacked ``[G, R, C]`` scales or not and on ``transpose_sf1``
-(another view of the same integers); it writes in the outputs' memory order, ``[G, P, N]``
-(sf0) and ``[G, P, K]`` (sf1).
-Every store is 128 bits: core hands out 16-byte aligned outputs (fresh, or an ``out=`` it
-checked), and each row of ``N`` or ``K`` integers, a multiple of 16, starts aligned.
+The kernel takes each weight as its three data pointers and its ``G``, ``R``, ``C`` (scalar
+arguments: no view, no tensor check per weight on the host), so it is specialised only on the
+block size, on a capacity of weight slots (the call's weight count rounded up to a power of
+two; the unused slots are zeros and get no CTA) and on the rank of the first weight's scales,
+the one tensor it takes (the launch's device and stream). Core hands out outputs it allocated
+or checked (``out=``): 16-byte aligned, of the layout the kernel writes. An empty weight has
+nothing to write and is left out of the launch.
 """
 
 from __future__ import annotations
@@ -21,17 +21,19 @@ from tileplug.backend_cuda import jit
 from tileplug.core.contracts.quant_reblock import WeightScaleCall
 
 Launcher = Callable[[Any, Any], None]
+SLOT_ARGUMENTS = 6
+"""Scalar arguments per weight slot (``weight_scale_kernels.WEIGHT_ARGUMENTS``)."""
 
 
 @dataclass(frozen=True)
 class WeightScaleSpec:
-    """``block_size``: the weight block side (16, 32, 64, 128); ``groups``: stacked
-    ``[G, R, C]`` scales (else ``[R, C]``); ``transpose_sf1``: sf1 handed out as its
-    ``[*g, P1, K]`` view. The kernel takes the tensors as the op returns them."""
+    """``block_size``: the weight block side (16, 32, 64, 128); ``capacity``: weight slots of
+    the launch (a power of two); ``anchor_groups``: the first weight's scales are stacked
+    ``[G, R, C]`` (else ``[R, C]``)."""
 
     block_size: int
-    groups: bool = False
-    transpose_sf1: bool = False
+    capacity: int = 1
+    anchor_groups: bool = False
 
     def build(self):
         """The TileLang ``PrimFunc`` (``tileplug.backend_cuda.jit``)."""
@@ -41,8 +43,8 @@ class WeightScaleSpec:
 
     @property
     def name(self) -> str:
-        return (f"transpose_weight_sf_bs{self.block_size}{'_g' if self.groups else ''}"
-                f"{'_sf1t' if self.transpose_sf1 else ''}_t256")
+        return (f"transpose_weight_sf_bs{self.block_size}_w{self.capacity}{'_g' if self.anchor_groups else ''}"
+                "_t256")
 
     @property
     def vector_buffers(self) -> tuple[str, ...]:
@@ -59,15 +61,20 @@ class TransposeWeightSf:
     def supports(self, call: WeightScaleCall) -> str | None:
         return None  # every block size and shape of the contract (int64 indices)
 
-    def _spec(self, call: WeightScaleCall, groups: bool) -> WeightScaleSpec:
-        return WeightScaleSpec(call.block_size, groups, call.transpose_sf1)
+    @staticmethod
+    def _written(call: WeightScaleCall) -> list[int]:
+        """The weights with something to write."""
+        return [index for index, shape in enumerate(call.shapes) if 0 not in shape]
 
     def spec(self, call: WeightScaleCall) -> WeightScaleSpec:
-        """The specialisation of the call's first weight (``specs``: every one it runs)."""
-        return self.specs(call)[0]
+        """The one launch's specialisation (a call whose every weight is empty launches nothing;
+        its spec is that of one 2-D weight)."""
+        written = self._written(call) or [0]
+        capacity = 1 << (len(written) - 1).bit_length()
+        return WeightScaleSpec(call.block_size, capacity, len(call.shapes[written[0]]) == 3)
 
     def specs(self, call: WeightScaleCall) -> list[WeightScaleSpec]:
-        return list(dict.fromkeys(self._spec(call, len(shape) == 3) for shape in call.shapes))
+        return [self.spec(call)]
 
     def source(self, call: WeightScaleCall, arch: str = jit.DEFAULT_ARCH) -> str:
         return jit.lower_source(self.spec(call), arch)
@@ -76,12 +83,21 @@ class TransposeWeightSf:
         self.prepare(call)(inputs, outputs)
 
     def prepare(self, call: WeightScaleCall) -> Launcher:
-        entries = {spec: jit.entry(spec) for spec in self.specs(call)}
-        weights = [(index, entries[self._spec(call, len(shape) == 3)])
-                   for index, shape in enumerate(call.shapes) if 0 not in shape]
+        from tileplug.backend_cuda.quant.weight_scale_kernels import chunks, weight_arguments
+
+        written = self._written(call)
+        if not written:
+            return lambda inputs, outputs: None
+        spec = self.spec(call)
+        layout = jit.entry(spec)
+        grid = [max(chunks(call.block_size, call.shapes[index]) for index in written), len(written)]
+        unused = [0] * (SLOT_ARGUMENTS * (spec.capacity - len(written)))
+        first = written[0]
 
         def launch(inputs: Any, outputs: Any) -> None:
-            for index, layout in weights:
-                layout(inputs[index], outputs[2 * index], outputs[2 * index + 1])
+            arguments = [inputs[first], *grid]
+            for index in written:
+                arguments += weight_arguments(inputs[index], outputs[2 * index], outputs[2 * index + 1])
+            layout(*arguments, *unused)
 
         return launch
