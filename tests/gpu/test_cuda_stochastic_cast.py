@@ -144,3 +144,24 @@ def test_nearest_cast_bytes_equal_the_reference(source, target, count, x_shift, 
             ops.nearest_cast(storage[result_shift:], x)
         results.append(storage[result_shift:])
     assert_bytes_equal(cpu_copy(results[0]), cpu_copy(results[1]), what=f"{count} values", nan_equal=True)
+
+
+@pytest.mark.parametrize("shape", [(), (3, 7), (2, 3, 5), (2, 1, 3, 7), (4097, 3), (3, 4097, 1)],
+                         ids=lambda shape: "x".join(map(str, shape)) or "0-d")
+def test_every_rank_casts_as_the_reference(shape) -> None:
+    """A tensor of rank 1–3 reaches the kernel of its rank as it is, another rank flat: the same
+    bytes as the reference for both ops either way (element i still takes word i)."""
+    count = 1
+    for size in shape:
+        count *= size
+    for source, target in PAIRS:
+        x = _inputs(count, source, seed=count + len(shape)).view(shape)
+        have, want = torch.empty(shape, dtype=target, device=DEVICE), torch.empty(shape, dtype=target, device=DEVICE)
+        _run("cuda", have, x, seed=5, offset=3)
+        _run("reference", want, x, seed=5, offset=3)
+        assert_bytes_equal(cpu_copy(have), cpu_copy(want), what=f"stochastic {shape}", nan_equal=True)
+        with use_backend("cuda"):
+            ops.nearest_cast(have, x)
+        with use_backend("reference"):
+            ops.nearest_cast(want, x)
+        assert_bytes_equal(cpu_copy(have), cpu_copy(want), what=f"nearest {shape}", nan_equal=True)

@@ -19,7 +19,7 @@ roundings are a few integer operations:
   times ``2^(e − 3)`` it is an e4m3 value, which the store converts exactly. e2m1: 6, 1
   mantissa bit, smallest exponent 0.
 
-The sign is the input's (−0 stays −0), NaN stays NaN (found from its bits: TVM folds
+The sign is the input's (−0 stays −0), NaN stays NaN (found by CUDA's ``isnan``: TVM folds
 ``x != x`` to false). ``ieee_*`` arithmetic: no contraction into FMAs, no fast-math rewrites.
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
@@ -35,7 +35,6 @@ FRACTION_BITS = 24
 """The fixed point of ``floor(p · 2^24)``: one unit of the target's last place is ``2^24``."""
 WORD_BITS = 32
 SIGN_BIT = 0x80000000
-MAGNITUDE_BITS = 0x7FFFFFFF
 BF16_DROPPED_BITS = 16
 BF16_KEPT_BITS = 0xFFFF0000
 GRIDS = {"e4m3": (448.0, 3, -6), "e2m1": (6.0, 1, 0)}
@@ -43,7 +42,6 @@ GRIDS = {"e4m3": (448.0, 3, -6), "e2m1": (6.0, 1, 0)}
 rounding steps through (a subnormal range shares the smallest normal exponent's step)."""
 FP32_BIAS = 127
 FP32_MANTISSA_BITS = 23
-FP32_INFINITY = 0x7F800000
 
 
 def power_of_two(exponent):
@@ -52,8 +50,10 @@ def power_of_two(exponent):
 
 
 def is_nan(value):
-    """fp32 ``value`` is a NaN, from its bits (``value != value`` is folded away as false)."""
-    return (T.reinterpret(value, "uint32") & T.uint32(MAGNITUDE_BITS)) > T.uint32(FP32_INFINITY)
+    """fp32 ``value`` is a NaN: CUDA's ``isnan``, one floating-point compare (``value != value`` is
+    folded away as false; the test on the bits took a mask and an integer compare: one instruction
+    an element more in the stochastic e4m3 kernels, whose speed is their instruction count)."""
+    return T.call_extern("bool", "isnan", value)
 
 
 def with_sign_of(magnitude, value):
@@ -101,18 +101,37 @@ def grid_rounding(grid: str):
 round_to_e4m3 = grid_rounding("e4m3")
 
 
+def tensor_shape(spec):
+    """``(shape, N)``: the shape ``x`` and ``result`` have as the kernel takes them (``spec.ndim``
+    runtime sizes: the launcher makes no flat view) and their element count, int64."""
+    if spec.ndim == 1:
+        count = T.dynamic("N", "int64")
+        return (count,), count
+    sizes = tuple(T.dynamic(f"D{axis}") for axis in range(spec.ndim))
+    count = T.cast(sizes[0], "int64")
+    for size in sizes[1:]:
+        count = count * T.cast(size, "int64")
+    return sizes, count
+
+
+def flat(buffer, count, dtype: str, ndim: int):
+    """A contiguous ``buffer``'s elements as one row of ``count`` (the buffer itself when 1-D)."""
+    return buffer if ndim == 1 else T.decl_buffer((count,), dtype, data=buffer.data)
+
+
 def build_nearest(spec):
     """The ``T.prim_func`` of a ``nearest_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``):
-    buffers ``(result [N], x [N])``."""
-    N = T.dynamic("N", "int64")
+    buffers ``(result, x)`` of :func:`tensor_shape`, contiguous."""
+    SHAPE, N = tensor_shape(spec)
     layout = RunLayout(spec, N)
-    RUN, THREADS = layout.RUN, layout.THREADS
+    RUN, THREADS, NDIM = layout.RUN, layout.THREADS, spec.ndim
     SOURCE, TARGET = spec.source, spec.target
 
     @T.prim_func
-    def kernel(result: T.Tensor((N,), TARGET), x: T.Tensor((N,), SOURCE)):
+    def kernel(result: T.Tensor(SHAPE, TARGET), x: T.Tensor(SHAPE, SOURCE)):
         with T.Kernel(layout.grid(N), threads=THREADS) as bx:
             tx = T.get_thread_binding()
+            result, x = flat(result, N, TARGET, NDIM), flat(x, N, SOURCE, NDIM)  # one row of N
             values = T.alloc_local((RUN,), SOURCE)
             run = T.alloc_local((RUN,), "float32")
             thread = T.cast(bx, "int64") * THREADS + tx
@@ -128,19 +147,20 @@ def build_nearest(spec):
 
 def build_stochastic(spec):
     """The ``T.prim_func`` of a ``stochastic_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``): buffers
-    ``(result [N], x [N], seed [1], offset [1])``; it reads the offset, the second launch
-    advances it."""
-    N = T.dynamic("N", "int64")
+    ``(result, x)`` of :func:`tensor_shape`, contiguous, then ``seed [1]``, ``offset [1]``; it reads the
+    offset, the second launch advances it."""
+    SHAPE, N = tensor_shape(spec)
     layout = RunLayout(spec, N)
-    BLOCKS, RUN, THREADS = layout.BLOCKS, layout.RUN, layout.THREADS
+    BLOCKS, RUN, THREADS, NDIM = layout.BLOCKS, layout.RUN, layout.THREADS, spec.ndim
     SOURCE, TARGET = spec.source, spec.target
     round_value = round_to_bf16 if TARGET == "bfloat16" else round_to_e4m3
     seed_t, offset_t = state_buffers()
 
     @T.prim_func
-    def kernel(result: T.Tensor((N,), TARGET), x: T.Tensor((N,), SOURCE), seed: seed_t, offset: offset_t):
+    def kernel(result: T.Tensor(SHAPE, TARGET), x: T.Tensor(SHAPE, SOURCE), seed: seed_t, offset: offset_t):
         with T.Kernel(layout.grid(N), threads=THREADS) as bx:
             tx = T.get_thread_binding()
+            result, x = flat(result, N, TARGET, NDIM), flat(x, N, SOURCE, NDIM)  # one row of N
             words = T.alloc_local((4,), "uint32")
             values = T.alloc_local((RUN,), SOURCE)
             run = T.alloc_local((RUN,), "float32")
