@@ -149,8 +149,8 @@ def test_nearest_cast_bytes_equal_the_reference(source, target, count, x_shift, 
 @pytest.mark.parametrize("shape", [(), (3, 7), (2, 3, 5), (2, 1, 3, 7), (4097, 3), (3, 4097, 1)],
                          ids=lambda shape: "x".join(map(str, shape)) or "0-d")
 def test_every_rank_casts_as_the_reference(shape) -> None:
-    """A tensor of rank 1–3 reaches the kernel of its rank as it is, another rank flat: the same
-    bytes as the reference for both ops either way (element i still takes word i)."""
+    """Tensors of every rank (the launcher views them flat): the same bytes as the reference for
+    both ops (element i of the row-major order takes word i)."""
     count = 1
     for size in shape:
         count *= size

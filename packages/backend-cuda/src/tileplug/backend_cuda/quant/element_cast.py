@@ -7,9 +7,7 @@ run of ``x``, converts it (``element_kernels`` holds the TileLang kernels) and s
 stochastic cast draws Philox blocks ``i·R/4 …`` for its run (element ``j`` rounds with word
 ``j``) and advances the offset by the one-thread launch after it (as ``fill_rand``). 128-bit
 loads and stores when ``x`` and ``result`` are both 16-byte aligned (checked per call),
-element by element otherwise. The kernels take tensors of rank 1 to 3 as they are (their
-contiguous elements read as one row), so the launcher makes no view for them. Nothing here
-imports TileLang.
+element by element otherwise. Nothing here imports TileLang.
 """
 
 from __future__ import annotations
@@ -30,23 +28,18 @@ RUN_BYTES = 16
 """Bytes of the narrower of ``x`` and ``result`` one thread moves: one 128-bit access."""
 
 Launcher = Callable[[Any, Any], None]
-TAKEN_RANKS = (1, 2, 3)
-"""Ranks of ``x`` the kernels take as they are (a view costs the host microseconds a call; the
-kernel reads the contiguous elements as one row either way); any other rank is viewed flat."""
 
 
 @dataclass(frozen=True)
 class ElementCastSpec:
     """``op``: nearest_cast / stochastic_cast; ``source`` / ``target``: TileLang dtypes of ``x``
-    and ``result``; ``vectorize``: 128-bit loads and stores of whole runs; ``ndim``: the rank the
-    kernel takes ``x`` and ``result`` with (1 to :data:`TAKEN_RANKS`' largest; another rank is
-    passed flat). The sizes are runtime values."""
+    and ``result``; ``vectorize``: 128-bit loads and stores of whole runs. The element count
+    is a runtime value."""
 
     op: str
     source: str
     target: str
     vectorize: bool = True
-    ndim: int = 1
 
     def build(self):
         """The TileLang ``PrimFunc`` (``tileplug.backend_cuda.jit``)."""
@@ -74,8 +67,7 @@ class ElementCastSpec:
     @property
     def name(self) -> str:
         form = "v128" if self.vectorize else "scalar"
-        rank = f"_d{self.ndim}" if self.ndim > 1 else ""
-        return f"{self.op}_{SHORT_NAMES[self.source]}_to_{SHORT_NAMES[self.target]}_{form}{rank}_t{THREADS}"
+        return f"{self.op}_{SHORT_NAMES[self.source]}_to_{SHORT_NAMES[self.target]}_{form}_t{THREADS}"
 
 
 class ElementCast:
@@ -88,13 +80,13 @@ class ElementCast:
     def supports(self, call: Any) -> str | None:
         return None  # every pair of the contract, any element count (int64 indices)
 
-    def spec(self, call: Any, vectorize: bool = True, ndim: int = 1) -> ElementCastSpec:
-        return ElementCastSpec(self.op, TL_DTYPES[call.source], TL_DTYPES[call.target], vectorize, ndim)
+    def spec(self, call: Any, vectorize: bool = True) -> ElementCastSpec:
+        return ElementCastSpec(self.op, TL_DTYPES[call.source], TL_DTYPES[call.target], vectorize)
 
     def specs(self, call: Any) -> list:
-        """The two load/store forms for each taken rank (and the offset's advance)."""
-        return ([self.spec(call, vectorize, ndim) for ndim in TAKEN_RANKS for vectorize in (True, False)]
-                + ([RandomKernelSpec(ADVANCE)] if self.advances else []))
+        """The two load/store forms (and the offset's advance)."""
+        return [self.spec(call), self.spec(call, vectorize=False)] + ([RandomKernelSpec(ADVANCE)] if self.advances
+                                                                      else [])
 
     def source(self, call: Any, arch: str = jit.DEFAULT_ARCH) -> str:
         specs = [self.spec(call)] + ([RandomKernelSpec(ADVANCE)] if self.advances else [])
@@ -104,26 +96,19 @@ class ElementCast:
         self.prepare(call)(inputs, outputs)
 
     def prepare(self, call: Any) -> Launcher:
-        casts: dict[int, AlignedEntry] = {}
-
-        def cast_of(ndim: int) -> AlignedEntry:
-            """The kernel pair of rank ``ndim``, loaded at its first call."""
-            cast = casts.get(ndim)
-            if cast is None:
-                cast = casts[ndim] = AlignedEntry(self.spec(call, ndim=ndim), self.spec(call, False, ndim))
-            return cast
-
-        def run(result: Any, x: Any, *state: Any) -> None:
-            if x.dim() not in TAKEN_RANKS:
-                result, x = result.view(-1), x.view(-1)
-            cast_of(x.dim())((result.data_ptr() | x.data_ptr()) % VECTOR_BYTES == 0, result, x, *state)
-
+        cast = AlignedEntry(self.spec(call), self.spec(call, vectorize=False))
         if not self.advances:
-            return lambda inputs, outputs: run(inputs.result, inputs.x)
+
+            def launch(inputs: Any, outputs: Any) -> None:
+                result, x = inputs.result.view(-1), inputs.x.view(-1)
+                cast((result.data_ptr() | x.data_ptr()) % VECTOR_BYTES == 0, result, x)
+
+            return launch
         advance = jit.entry(RandomKernelSpec(ADVANCE))
 
         def launch_and_advance(inputs: Any, outputs: Any) -> None:
-            run(inputs.result, inputs.x, inputs.seed, inputs.offset)
+            result, x = inputs.result.view(-1), inputs.x.view(-1)
+            cast((result.data_ptr() | x.data_ptr()) % VECTOR_BYTES == 0, result, x, inputs.seed, inputs.offset)
             advance(inputs.offset)
 
         return launch_and_advance

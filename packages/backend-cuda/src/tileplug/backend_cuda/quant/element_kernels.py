@@ -103,37 +103,18 @@ def grid_rounding(grid: str):
 round_to_e4m3 = grid_rounding("e4m3")
 
 
-def tensor_shape(spec):
-    """``(shape, N)``: the shape ``x`` and ``result`` have as the kernel takes them (``spec.ndim``
-    runtime sizes: the launcher makes no flat view) and their element count, int64."""
-    if spec.ndim == 1:
-        count = T.dynamic("N", "int64")
-        return (count,), count
-    sizes = tuple(T.dynamic(f"D{axis}") for axis in range(spec.ndim))
-    count = T.cast(sizes[0], "int64")
-    for size in sizes[1:]:
-        count = count * T.cast(size, "int64")
-    return sizes, count
-
-
-def flat(buffer, count, dtype: str, ndim: int):
-    """A contiguous ``buffer``'s elements as one row of ``count`` (the buffer itself when 1-D)."""
-    return buffer if ndim == 1 else T.decl_buffer((count,), dtype, data=buffer.data)
-
-
 def build_nearest(spec):
     """The ``T.prim_func`` of a ``nearest_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``):
-    buffers ``(result, x)`` of :func:`tensor_shape`, contiguous."""
-    SHAPE, N = tensor_shape(spec)
+    buffers ``(result [N], x [N])``."""
+    N = T.dynamic("N", "int64")
     layout = RunLayout(spec, N)
-    RUN, THREADS, NDIM = layout.RUN, layout.THREADS, spec.ndim
+    RUN, THREADS = layout.RUN, layout.THREADS
     SOURCE, TARGET = spec.source, spec.target
 
     @T.prim_func
-    def kernel(result: T.Tensor(SHAPE, TARGET), x: T.Tensor(SHAPE, SOURCE)):
+    def kernel(result: T.Tensor((N,), TARGET), x: T.Tensor((N,), SOURCE)):
         with T.Kernel(layout.grid(N), threads=THREADS) as bx:
             tx = T.get_thread_binding()
-            result, x = flat(result, N, TARGET, NDIM), flat(x, N, SOURCE, NDIM)  # one row of N
             values = T.alloc_local((RUN,), SOURCE)
             run = T.alloc_local((RUN,), "float32")
             thread = T.cast(bx, "int64") * THREADS + tx
@@ -149,20 +130,19 @@ def build_nearest(spec):
 
 def build_stochastic(spec):
     """The ``T.prim_func`` of a ``stochastic_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``): buffers
-    ``(result, x)`` of :func:`tensor_shape`, contiguous, then ``seed [1]``, ``offset [1]``; it reads the
-    offset, the second launch advances it."""
-    SHAPE, N = tensor_shape(spec)
+    ``(result [N], x [N], seed [1], offset [1])``; it reads the offset, the second launch
+    advances it."""
+    N = T.dynamic("N", "int64")
     layout = RunLayout(spec, N)
-    BLOCKS, RUN, THREADS, NDIM = layout.BLOCKS, layout.RUN, layout.THREADS, spec.ndim
+    BLOCKS, RUN, THREADS = layout.BLOCKS, layout.RUN, layout.THREADS
     SOURCE, TARGET = spec.source, spec.target
     round_value = round_to_bf16 if TARGET == "bfloat16" else round_to_e4m3
     seed_t, offset_t = state_buffers()
 
     @T.prim_func
-    def kernel(result: T.Tensor(SHAPE, TARGET), x: T.Tensor(SHAPE, SOURCE), seed: seed_t, offset: offset_t):
+    def kernel(result: T.Tensor((N,), TARGET), x: T.Tensor((N,), SOURCE), seed: seed_t, offset: offset_t):
         with T.Kernel(layout.grid(N), threads=THREADS) as bx:
             tx = T.get_thread_binding()
-            result, x = flat(result, N, TARGET, NDIM), flat(x, N, SOURCE, NDIM)  # one row of N
             words = T.alloc_local((4,), "uint32")
             values = T.alloc_local((RUN,), SOURCE)
             run = T.alloc_local((RUN,), "float32")
