@@ -281,3 +281,26 @@ def test_transpose_weight_sf_launcher_and_byte_rule_match_the_reference(monkeypa
     for index, (have, expected) in enumerate(zip(outputs, want)):
         if expected.numel():
             assert_bytes_equal(have, expected, f"output {index}", strides=True)
+
+
+def test_transpose_weight_sf_launches_once_per_64_weights(monkeypatch) -> None:
+    """70 weights: one launch of 64 slots and one of 8 (6 used), each weight in exactly one, with the
+    reference's bytes; the grid's x extent covers the launch's largest weight."""
+    from tileplug.backend_cuda import jit
+    from tileplug.core.testing import assert_bytes_equal
+
+    weights = tuple(_special_scales((1 + index % 5, 2 + index % 3), index) for index in range(70))
+    kernel, call, inputs = _call(ops.transpose_weight_sf, weights, 32)
+    assert [s.name for s in kernel.specs(call)] == ["transpose_weight_sf_bs32_w64_t256", "transpose_weight_sf_bs32_w8_t256"]
+    outputs = call.allocation_plan(CUDA_LAYOUT).allocate(0, torch.device("cpu"))
+    for tensor in outputs:
+        tensor.fill_(-1)
+    launches = []
+    monkeypatch.setattr(jit, "entry", _weight_scale_kernel([*weights, *outputs], launches))
+    type(kernel)().prepare(call)(inputs, outputs)
+    assert [(spec.capacity, count) for spec, _, _, count, _ in launches] == [(64, 64), (8, 6)]
+    assert launches[1][1] is weights[64]  # the second launch's anchor: its first weight
+    with core.use_backend("reference"):
+        want = ops.transpose_weight_sf(weights, 32)
+    for index, (have, expected) in enumerate(zip(outputs, want)):
+        assert_bytes_equal(have, expected, f"output {index}", strides=True)

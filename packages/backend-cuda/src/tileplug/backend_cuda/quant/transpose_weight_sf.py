@@ -1,13 +1,14 @@
 """CUDA ``transpose_weight_sf`` (docs/spec.md §11): weights' fp32 block scales → the packed
-UE8M0, MN-major ``sf0`` / ``sf1`` DeepGEMM reads. One launch writes every output of every
-weight of a call (``weight_scale_kernels`` holds the TileLang kernel). Nothing here imports
+UE8M0, MN-major ``sf0`` / ``sf1`` DeepGEMM reads. One launch writes every output of up to
+64 weights of a call (``weight_scale_kernels`` holds the TileLang kernel). Nothing here imports
 TileLang.
 
 The kernel takes each weight as its three data pointers and its ``G``, ``R``, ``C`` (scalar
 arguments: no view, no tensor check per weight on the host), so it is specialised only on the
-block size, on a capacity of weight slots (the call's weight count rounded up to a power of
+block size, on a capacity of weight slots (the launch's weight count rounded up to a power of
 two; the unused slots are zeros and get no CTA) and on the rank of the first weight's scales,
-the one tensor it takes (the launch's device and stream). Core hands out outputs it allocated
+the one tensor it takes (the launch's device and stream). A launch takes up to
+:data:`MOST_SLOTS` weights. Core hands out outputs it allocated
 or checked (``out=``): 16-byte aligned, of the layout the kernel writes. An empty weight has
 nothing to write and is left out of the launch.
 """
@@ -23,6 +24,10 @@ from tileplug.core.contracts.quant_reblock import WeightScaleCall
 Launcher = Callable[[Any, Any], None]
 SLOT_ARGUMENTS = 6
 """Scalar arguments per weight slot (``weight_scale_kernels.WEIGHT_ARGUMENTS``)."""
+MOST_SLOTS = 64
+"""Weights one launch takes at most (a call with more launches once per 64). Every slot adds 36
+bytes of kernel arguments (CUDA takes 32 KB) and a leaf to six select trees: 64 slots lower in
+about 3 s and 256 in 20 s (2-core machine), so 64 bounds the first call's compile."""
 
 
 @dataclass(frozen=True)
@@ -62,19 +67,26 @@ class TransposeWeightSf:
         return None  # every block size and shape of the contract (int64 indices)
 
     @staticmethod
-    def _written(call: WeightScaleCall) -> list[int]:
-        """The weights with something to write."""
-        return [index for index, shape in enumerate(call.shapes) if 0 not in shape]
+    def _launches(call: WeightScaleCall) -> list[list[int]]:
+        """The weights of each launch: those with something to write, :data:`MOST_SLOTS` at a time
+        (none for a call whose every weight is empty)."""
+        written = [index for index, shape in enumerate(call.shapes) if 0 not in shape]
+        return [written[start:start + MOST_SLOTS] for start in range(0, len(written), MOST_SLOTS)]
+
+    @staticmethod
+    def _spec_of(call: WeightScaleCall, weights: list[int]) -> WeightScaleSpec:
+        """The specialisation of a launch of ``weights``: slots for their count rounded up to a
+        power of two, the first one's rank."""
+        return WeightScaleSpec(call.block_size, 1 << (len(weights) - 1).bit_length(), len(call.shapes[weights[0]]) == 3)
 
     def spec(self, call: WeightScaleCall) -> WeightScaleSpec:
-        """The one launch's specialisation (a call whose every weight is empty launches nothing;
-        its spec is that of one 2-D weight)."""
-        written = self._written(call) or [0]
-        capacity = 1 << (len(written) - 1).bit_length()
-        return WeightScaleSpec(call.block_size, capacity, len(call.shapes[written[0]]) == 3)
+        """The first launch's specialisation (that of one 2-D weight for a call whose every weight is
+        empty, which launches nothing)."""
+        return self.specs(call)[0]
 
     def specs(self, call: WeightScaleCall) -> list[WeightScaleSpec]:
-        return [self.spec(call)]
+        launches = self._launches(call) or [[0]]
+        return list(dict.fromkeys(self._spec_of(call, weights) for weights in launches))
 
     def source(self, call: WeightScaleCall, arch: str = jit.DEFAULT_ARCH) -> str:
         return jit.lower_source(self.spec(call), arch)
@@ -85,19 +97,18 @@ class TransposeWeightSf:
     def prepare(self, call: WeightScaleCall) -> Launcher:
         from tileplug.backend_cuda.quant.weight_scale_kernels import chunks, weight_arguments
 
-        written = self._written(call)
-        if not written:
-            return lambda inputs, outputs: None
-        spec = self.spec(call)
-        layout = jit.entry(spec)
-        grid = [max(chunks(call.block_size, call.shapes[index]) for index in written), len(written)]
-        unused = [0] * (SLOT_ARGUMENTS * (spec.capacity - len(written)))
-        first = written[0]
+        launches = []
+        for weights in self._launches(call):
+            spec = self._spec_of(call, weights)
+            grid = [max(chunks(call.block_size, call.shapes[index]) for index in weights), len(weights)]
+            unused = [0] * (SLOT_ARGUMENTS * (spec.capacity - len(weights)))
+            launches.append((jit.entry(spec), weights, grid, unused))
 
         def launch(inputs: Any, outputs: Any) -> None:
-            arguments = [inputs[first], *grid]
-            for index in written:
-                arguments += weight_arguments(inputs[index], outputs[2 * index], outputs[2 * index + 1])
-            layout(*arguments, *unused)
+            for layout, weights, grid, unused in launches:
+                arguments = [inputs[weights[0]], *grid]
+                for index in weights:
+                    arguments += weight_arguments(inputs[index], outputs[2 * index], outputs[2 * index + 1])
+                layout(*arguments, *unused)
 
         return launch
