@@ -171,10 +171,17 @@ def test_scalar_variants_of_the_op_table_lower_and_compile() -> None:
     (576, 64, 2, torch.bfloat16, 0.0), (128, 64, 8, torch.float32, 1.0), (2048, 128, 1, torch.bfloat16, 0.0),
 ])
 def test_rms_norm_rope_runs_the_rms_norm_kernels_norm(head_dim, rotary, heads, dtype, offset) -> None:
-    """The fused kernel's norm is built from the very ``NormKernelSpec`` the CUDA ``rms_norm``
-    kernel uses for the same per-head ``x`` (same tile, constants, reduction): the
-    precondition of fused ≡ unfused bytewise (checked on the GPU)."""
+    """The fused kernel's norm is the ``NormKernelSpec`` the CUDA ``rms_norm`` kernel uses for the
+    same per-head ``x`` (same constants, same macros) on the fused kernel's own row tile
+    (``rope.spec.head_tile``), whose reduction adds in the reference's order as every tile's does
+    (emulated here bit for bit): the precondition of fused ≡ unfused bytewise (checked on the GPU)."""
     import dataclasses
+
+    from test_cuda_norm_host import emulate_row_sum
+
+    from tileplug.backend_cuda.norm.spec import vector_width
+    from tileplug.backend_cuda.rope.spec import head_tile
+    from tileplug.core.norm.formulas import row_sum
 
     x = torch.zeros(3, heads, head_dim, dtype=dtype)
     weight = torch.ones(head_dim, dtype=dtype)
@@ -183,10 +190,49 @@ def test_rms_norm_rope_runs_the_rms_norm_kernels_norm(head_dim, rotary, heads, d
     assert fused.supports(call) is None
     norm_call, _ = describe_call("rms_norm", x, weight, eps=1e-5, weight_offset=offset)
     assert _KERNELS["rms_norm"].supports(norm_call) is None
+    tile = head_tile(head_dim, rotary, dtype, False)
     for vectorize in (None, False):
         ours = fused.spec(call, vectorize=vectorize).norm
         theirs = _KERNELS["rms_norm"].spec(dataclasses.replace(norm_call, alignment=16 if vectorize is None else 2))
-        assert ours == theirs, (ours, theirs)
+        assert ours == dataclasses.replace(theirs, tile=tile), (ours, theirs)
+    generator = torch.Generator().manual_seed(head_dim)
+    terms = torch.randn(4, head_dim, generator=generator) * torch.exp(4 * torch.randn(4, head_dim, generator=generator))
+    actual = emulate_row_sum(terms, head_dim, tile, vector_width(dtype))
+    assert torch.equal(actual.view(torch.int32), row_sum(terms).view(torch.int32)), tile
+
+
+@pytest.mark.parametrize("head_dim,rotary,dtype,interleaved,tile", [
+    (128, 128, torch.bfloat16, False, (4, 32, 4)),  # 32 values a lane; NeoX halves 64 apart: lane 4·8 divides 64
+    (128, 64, torch.bfloat16, False, (4, 32, 4)),  # R/2 = 32 = 4 lanes × 8
+    (64, 64, torch.bfloat16, False, (2, 64, 4)),
+    (192, 64, torch.float16, False, (4, 32, 6)),  # 8 lanes would hold 24 values; R/2 = 32 needs 4
+    (128, 128, torch.float32, False, (4, 32, 8)),
+    (128, 128, torch.bfloat16, True, (4, 32, 4)),  # GPT-J: no pairing constraint
+    (576, 64, torch.bfloat16, False, (32, 4, 3)),  # R/2 = 32 would need 4 lanes × 18 vectors: rms_norm's tile
+    (2048, 128, torch.bfloat16, False, (128, 1, 2)),  # a row of 4 warps: rms_norm's tile
+    (100, 100, torch.bfloat16, False, (16, 8, 1)),  # D not whole vectors: rms_norm's tile
+])
+def test_head_tile(head_dim, rotary, dtype, interleaved, tile) -> None:
+    """The fused kernel's tile: about 32 values a lane where a head fits a warp, NeoX pairs within
+    a lane where that stays within 64 values; rms_norm's tile otherwise."""
+    from tileplug.backend_cuda.rope.spec import head_tile
+
+    chosen = head_tile(head_dim, rotary, dtype, interleaved)
+    assert (chosen.lanes, chosen.rows, chosen.chunks) == tile
+
+
+def test_neox_pairs_within_a_lane_use_no_shared_memory() -> None:
+    """Where the tile puts both halves of a NeoX pair in one lane the kernel exchanges nothing
+    through shared memory (and still does where it cannot: D = 576, R = 64)."""
+    fused = _KERNELS["rms_norm_rope"]
+    sources = {}
+    for head_dim, rotary, heads in ((128, 128, 8), (576, 64, 2)):
+        x = torch.zeros(3, heads, head_dim, dtype=torch.bfloat16)
+        call, _ = describe_call("rms_norm_rope", x, torch.ones(head_dim, dtype=torch.bfloat16),
+                                torch.zeros(10, rotary), positions=torch.zeros(3, dtype=torch.int64))
+        sources[head_dim] = jit.lower_source(fused.spec(call))
+    assert "__shared__" not in sources[128] and "__syncwarp" not in sources[128]
+    assert "__shared__" in sources[576]
 
 
 def test_fused_cast_groups_must_not_straddle_heads() -> None:

@@ -47,7 +47,12 @@ class RowCast:
         GROUP_LANES = min(GROUP // VEC, rows.LANES)  # lanes holding one group's values (fewer: the row is shorter)
         GROUP_STEPS = [d for d in (16, 8, 4, 2, 1) if d < GROUP_LANES]
         LANES_PER_GROUP = GROUP // VEC
-        CHUNK_INDICES, VALUE_INDICES = list(range(rows.CHUNKS)), list(range(VEC))  # unrolled while tracing
+        # a group wider than a chunk's lanes (a tile of few lanes, ``rope.spec.head_tile``) is the same
+        # columns of GROUP_CHUNKS consecutive chunks of every lane: their amax is merged in registers first
+        GROUP_CHUNKS = max(1, min(GROUP // (rows.LANES * VEC), rows.CHUNKS))
+        GROUPS = [list(range(first, min(first + GROUP_CHUNKS, rows.CHUNKS)))
+                  for first in range(0, rows.CHUNKS, GROUP_CHUNKS)]  # each group's chunks (unrolled while tracing)
+        VALUE_INDICES = list(range(VEC))
 
         def amax_key(yv, i, inside):
             """int32 amax key of output value ``i`` (the bits of |y|; 0 past D)."""
@@ -68,40 +73,52 @@ class RowCast:
                 sf[t, gc] = value
 
         @T.macro
+        def quantize(yv, q, t, n, lane, valid, inv, g, qv, k):
+            """``q`` of the thread's vector ``k`` in group ``g``: ``saturate(float(y) · inv[g])``."""
+            col = rows.column(k, lane)
+            flat = flat_column(n, col)
+            if E2M1:
+                for j in T.unroll(VEC // 2):
+                    qv[j] = sf_math.e2m1_pair(T.cast(yv[k * VEC + 2 * j], "float32") * inv[g],
+                                              T.cast(yv[k * VEC + 2 * j + 1], "float32") * inv[g])
+            else:
+                for j in T.vectorized(VEC):
+                    qv[j] = T.cast(T.cast(yv[k * VEC + j], "float32") * inv[g], "float8_e4m3fn")
+            if vectorize:
+                if valid and col < D:
+                    for j in T.vectorized(VEC // VPB):
+                        q[t, flat // VPB + j] = qv[j]
+            else:
+                for j in T.unroll(VEC // VPB):
+                    if valid and col + j * VPB < D:
+                        q[t, flat // VPB + j] = qv[j]
+
+        @T.macro
         def cast(yv, q, sf, t, n, lane, valid, amax, inv, qv, kept=True):
             """Scales and quantized bytes of the thread's values ``yv`` of row ``n`` of token ``t``
             (``amax`` / ``inv``: ``chunks`` registers each, ``qv``: one vector of ``q``); where
             ``kept`` is false (a padding row of the SwiGLU cast) the row's scales are stored as 0."""
-            for k in CHUNK_INDICES:
-                amax[k] = 0
-                for j in VALUE_INDICES:
-                    amax[k] = T.max(amax[k], amax_key(yv, k * VEC + j, rows.in_row(k, j, lane)))
+            for chunks in GROUPS:
+                g = chunks[0]  # the group's first chunk holds its amax, inverse and scale
+                for k in chunks:
+                    amax[k] = 0
+                    for j in VALUE_INDICES:
+                        amax[k] = T.max(amax[k], amax_key(yv, k * VEC + j, rows.in_row(k, j, lane)))
+                for k in chunks[1:]:
+                    amax[g] = T.max(amax[g], amax[k])
                 for d in GROUP_STEPS:
-                    amax[k] = T.max(amax[k], T.shfl_xor(amax[k], d))
-                inv[k] = sf_math.group_inverse(amax[k], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF)
-                col = rows.column(k, lane)
+                    amax[g] = T.max(amax[g], T.shfl_xor(amax[g], d))
+                inv[g] = sf_math.group_inverse(amax[g], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF)
+                col = rows.column(g, lane)
                 flat = flat_column(n, col)
                 if valid and col < D and lane % LANES_PER_GROUP == 0:
-                    scale = sf_math.group_scale(amax[k], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED)
+                    scale = sf_math.group_scale(amax[g], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, PACKED)
                     if kept is True:
                         store_scale(sf, t, flat // GROUP, scale)
                     else:
                         store_scale(sf, t, flat // GROUP, T.if_then_else(kept, scale, T.cast(0, SF_STORED)))
-                if E2M1:
-                    for j in T.unroll(VEC // 2):
-                        qv[j] = sf_math.e2m1_pair(T.cast(yv[k * VEC + 2 * j], "float32") * inv[k],
-                                                  T.cast(yv[k * VEC + 2 * j + 1], "float32") * inv[k])
-                else:
-                    for j in T.vectorized(VEC):
-                        qv[j] = T.cast(T.cast(yv[k * VEC + j], "float32") * inv[k], "float8_e4m3fn")
-                if vectorize:
-                    if valid and col < D:
-                        for j in T.vectorized(VEC // VPB):
-                            q[t, flat // VPB + j] = qv[j]
-                else:
-                    for j in T.unroll(VEC // VPB):
-                        if valid and col + j * VPB < D:
-                            q[t, flat // VPB + j] = qv[j]
+                for k in chunks:
+                    quantize(yv, q, t, n, lane, valid, inv, g, qv, k)
 
         self.cast = cast
 

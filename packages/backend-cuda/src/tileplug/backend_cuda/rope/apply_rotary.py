@@ -22,7 +22,6 @@ heads), any strides but the unit last one; ``cache`` fp32 ``[L, R]`` (row stride
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +36,7 @@ from tileplug.backend_cuda.rope.spec import (
     can_vectorize,
     default_warps,
     slots_per_head,
+    tuning_override,
     values_per_vector,
 )
 from tileplug.core.call import NoOutputs
@@ -205,11 +205,6 @@ def build_kernel(spec: RotarySpec):
 # ---------------------------------------------------------------------- the kernel object
 
 
-def _override(variable: str, default: int) -> int:
-    text = os.environ.get(variable)
-    return int(text) if text else default
-
-
 class ApplyRotary:
     """The CUDA ``apply_rotary`` kernel: ``supports``, ``spec``, ``source``, ``prepare``."""
 
@@ -233,8 +228,8 @@ class ApplyRotary:
         return RotarySpec(
             dtype, call.rotary_dim, call.interleaved, call.conjugate, call.key_heads is not None, call.batched,
             TL_POSITIONS[call.positions_dtype], vector,
-            warps=default_warps(slots, _override("TILEPLUG_CUDA_ROPE_WARPS", WARPS)),
-            heads_per_step=_override("TILEPLUG_CUDA_ROPE_HEADS", HEADS_PER_STEP),
+            warps=default_warps(slots, tuning_override("TILEPLUG_CUDA_ROPE_WARPS", WARPS)),
+            heads_per_step=tuning_override("TILEPLUG_CUDA_ROPE_HEADS", HEADS_PER_STEP),
         )
 
     def specs(self, call: RotaryCall) -> list[RotarySpec]:

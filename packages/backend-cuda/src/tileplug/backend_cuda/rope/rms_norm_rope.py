@@ -62,6 +62,11 @@ def build_kernel(spec: NormRopeSpec):
     # entry when the cache row is not 16-byte aligned)
     ROPE_VECTOR = norm.vectorize and HALF % VEC == 0
     PAIRS_PER_VECTOR = VEC // 2 if GPTJ else VEC
+    # NeoX pairs within one thread (``rope.spec.head_tile``): vector k < PAIR_CHUNKS of a lane holds the
+    # first halves of VEC pairs, its vector k + PAIR_CHUNKS their second halves (None: the shared exchange)
+    CHUNK_COLUMNS = rows.LANES * VEC
+    PAIR_CHUNKS = HALF // CHUNK_COLUMNS if not GPTJ and HALF % CHUNK_COLUMNS == 0 else None
+    EXCHANGE = not GPTJ and PAIR_CHUNKS is None
     CHUNKS, VALUES = list(range(rows.CHUNKS)), list(range(VEC))  # unrolled while tracing
     L, CS, PS = T.dynamic("L"), T.dynamic("CS"), T.dynamic("PS")
 
@@ -75,7 +80,7 @@ def build_kernel(spec: NormRopeSpec):
     STRIDES = aligned_strides(norm, x_t, *((y_t,) if WRITE_Y else ()))
     if quant is not None:
         D, HEADS = norm.hidden, norm.heads
-        assert D % quant.group == 0 and rows.LANES * VEC % quant.group == 0
+        assert D % quant.group == 0
         # the per-token cast of the rotated row: the fused norm cast's own macro (same bytes as
         # this backend's per_token_cast of y)
         cast = RowCast(quant, rows, IN, VEC, D, HEADS, norm.vectorize)
@@ -92,6 +97,37 @@ def build_kernel(spec: NormRopeSpec):
         else:
             cn[0] = nan_f32()
             cn[1] = nan_f32()
+
+    @T.macro
+    def rotate_pairs(cache, position, inside, yv, lane, valid):
+        """NeoX on pairs a thread holds both halves of: vector ``k`` (columns ``col … col + VEC``,
+        all below ``R/2``) and vector ``k + PAIR_CHUNKS`` (``col + R/2 …``) share one set of cos /
+        sin (one vector load per half of the cache row where the spec vectorizes)."""
+        # c, n: cos and sin of the vector's VEC pairs
+        c = T.alloc_local((VEC,), "float32")
+        n = T.alloc_local((VEC,), "float32")
+        for k in range(PAIR_CHUNKS):
+            col = rows.column(k, lane)
+            if valid:
+                if inside:
+                    if ROPE_VECTOR:
+                        for j in T.vectorized(VEC):
+                            c[j] = cache[position, col + j]
+                        for j in T.vectorized(VEC):
+                            n[j] = cache[position, HALF + col + j]
+                    else:
+                        for j in T.unroll(VEC):
+                            c[j] = cache[position, col + j]
+                            n[j] = cache[position, HALF + col + j]
+                else:
+                    for j in T.unroll(VEC):
+                        c[j] = nan_f32()
+                        n[j] = nan_f32()
+                for j in VALUES:
+                    first = T.cast(yv[k * VEC + j], "float32")
+                    second = T.cast(yv[(k + PAIR_CHUNKS) * VEC + j], "float32")
+                    yv[k * VEC + j] = T.cast(rotated_first(first, second, c[j], n[j]), IN)
+                    yv[(k + PAIR_CHUNKS) * VEC + j] = T.cast(rotated_second(first, second, c[j], n[j]), IN)
 
     @T.macro
     def rotate_vectors(cache, position, inside, pairs, yv, lane, valid, tx):
@@ -173,7 +209,7 @@ def build_kernel(spec: NormRopeSpec):
             s, rv, wv, yv, terms, acc, tree = RmsNormMacros.locals(norm, rows)
             position = T.alloc_var("int64")
             rms.normalize(x, weight, None, None, None, s, rv, wv, yv, terms, acc, tree, t, n, lane, valid, tx)
-            if not GPTJ:  # NeoX partners sit in other lanes of the row: exchange through shared memory
+            if EXCHANGE:  # NeoX partners sit in other lanes of the row: exchange through shared memory
                 pairs = T.alloc_shared((ROWS * R,), IN)
                 row = rows.slot(tx)
                 for k in CHUNKS:
@@ -194,10 +230,12 @@ def build_kernel(spec: NormRopeSpec):
                 else:
                     position = T.cast(positions[t], "int64") + offset
             inside = position >= 0 and position < T.cast(L, "int64")
-            if ROPE_VECTOR:
-                rotate_vectors(cache, position, inside, pairs if not GPTJ else None, yv, lane, valid, tx)
+            if PAIR_CHUNKS is not None:
+                rotate_pairs(cache, position, inside, yv, lane, valid)
+            elif ROPE_VECTOR:
+                rotate_vectors(cache, position, inside, pairs if EXCHANGE else None, yv, lane, valid, tx)
             else:
-                rotate_values(cache, position, inside, pairs if not GPTJ else None, yv, lane, valid, tx)
+                rotate_values(cache, position, inside, pairs if EXCHANGE else None, yv, lane, valid, tx)
             if WRITE_Y:
                 rows.store_row(y, yv, t, n, lane, valid)
             if quant is not None:
@@ -276,14 +314,15 @@ class RmsNormRope:
     def spec(self, call: NormRopeCall, vectorize: bool | None = None) -> NormRopeSpec:
         """The specialisation serving ``call``: 128-bit rows where ``D`` allows (``vectorize``
         None or True; the launcher checks the pointers and strides per call), else scalar."""
-        from tileplug.backend_cuda.norm.spec import NormKernelSpec, row_tile, vector_width
+        from tileplug.backend_cuda.norm.spec import NormKernelSpec, vector_width
+        from tileplug.backend_cuda.rope.spec import head_tile
 
         vector = call.head_dim % vector_width(call.dtype) == 0 and vectorize is not False
         norm = NormKernelSpec(
             op="rms_norm", hidden=call.head_dim, heads=call.heads, in_dtype=TL_DTYPES[call.dtype],
             weight_dtype=TL_DTYPES[call.weight_dtype], bias_dtype=None, residual=False, stats=False,
             eps=float(call.eps), weight_offset=float(call.weight_offset), out_scale=1.0, vectorize=vector,
-            tile=row_tile(call.head_dim, call.dtype),
+            tile=head_tile(call.head_dim, call.rotary_dim, call.dtype, call.interleaved),
         )
         quant = None
         cast = call.cast

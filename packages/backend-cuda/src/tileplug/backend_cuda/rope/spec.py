@@ -13,6 +13,7 @@ largest power of two ≤ ``V`` dividing ``R/2`` and reads each pair's two channe
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,50 @@ TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32
 TL_POSITIONS = {None: None, torch.int32: "int32", torch.int64: "int64"}
 VECTOR_BYTES = 16
 MAX_THREADS = 1024
+HEAD_VALUES = 32
+"""Values of a head one thread of the fused ``rms_norm_rope`` kernel aims to hold
+(``TILEPLUG_CUDA_NORM_ROPE_VALUES`` overrides, for tuning; see :func:`head_tile`)."""
+
+
+def tuning_override(variable: str, default: int) -> int:
+    """``default``, or the integer the environment variable ``variable`` holds (a tuning knob)."""
+    text = os.environ.get(variable)
+    return int(text) if text else default
+
+
+def head_tile(head_dim: int, rotary_dim: int, dtype: torch.dtype, interleaved: bool):
+    """The row tile of the fused ``rms_norm_rope`` kernel (``norm.spec.RowTile``, None: a head
+    too long for one CTA).
+
+    ``rms_norm``'s tile of a ``D``-row gives a small head one vector per lane; the fused
+    kernel's per-row work (the position, the statistic's square root and division, the
+    reduction's shuffles) is then spread over 8 values a thread, and it issues more
+    instructions than the memory system can use. Where ``D`` is a whole number of vectors and
+    a row fits one warp, this tile keeps 4 warps per CTA but gives a lane ``HEAD_VALUES``
+    values (fewer lanes per row, more rows per CTA). For NeoX pairing the lanes also divide
+    ``R/2 / VEC``: lane ``l``'s vector ``k < R/2 / (lanes·VEC)`` and its vector ``k + R/2 /
+    (lanes·VEC)`` are then the two halves of the same pairs, so the pair exchange needs no
+    shared memory. The statistic is the reference's tree on any tile (``norm.rows``), so the
+    bytes are ``rms_norm``'s whatever the tile."""
+    from tileplug.backend_cuda.norm.spec import SMALL_ROW_THREADS, RowTile, row_tile, vector_width
+
+    tile = row_tile(head_dim, dtype)
+    vec = vector_width(dtype)
+    if tile is None or tile.lanes > 32 or tile.rows == 1 or head_dim % vec:
+        return tile
+    vectors = head_dim // vec
+    target = max(1, tuning_override("TILEPLUG_CUDA_NORM_ROPE_VALUES", HEAD_VALUES) // vec)  # vectors per lane
+    lanes = tile.lanes
+    while lanes > 1 and -(-vectors // (lanes // 2)) <= target:
+        lanes //= 2
+    half = rotary_dim // 2
+    if not interleaved and half % vec == 0:
+        paired = lanes  # the most lanes dividing R/2 / VEC (pairs within a thread), unless that holds too much
+        while (half // vec) % paired:
+            paired //= 2
+        if -(-vectors // paired) <= 2 * target:
+            lanes = paired
+    return RowTile(lanes, SMALL_ROW_THREADS // lanes, -(-vectors // lanes))
 
 
 def values_per_vector(dtype: str) -> int:
