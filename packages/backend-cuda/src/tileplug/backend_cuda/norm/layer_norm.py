@@ -23,7 +23,7 @@ from tileplug.backend_cuda.norm.rows import (
     statistic_buffer,
     vector_buffer,
 )
-from tileplug.backend_cuda.norm.spec import NormKernelSpec
+from tileplug.backend_cuda.norm.spec import NormKernelSpec, layer_norm_threads_per_sm
 
 
 def build(spec: NormKernelSpec):
@@ -63,6 +63,8 @@ def build(spec: NormKernelSpec):
     def kernel(x: x_t, weight: w_t, bias: b_t, residual: r_t, y: y_t, residual_out: ro_t, mean: mean_t,
                rstd: rstd_t):
         with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+            if rows.ROWS == 1:  # a long row: cap the registers so that several rows share an SM
+                T.annotate_min_blocks_per_sm(max(1, layer_norm_threads_per_sm() // rows.THREADS))
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
             tx = T.get_thread_binding()

@@ -51,6 +51,19 @@ of 7 warps per SM. Measured on the H200 (rms_norm_backward, T = 65536): 1 → 14
 the kernel index off (the index key does not see the variable)."""
 
 
+LAYER_NORM_THREADS_PER_SM = 672
+"""Threads of a long-row ``layer_norm`` an SM should hold at once: the kernel asks ptxas for
+``LAYER_NORM_THREADS_PER_SM // threads`` CTAs per SM (at D = 7168 bf16, 3 CTAs of 224
+threads: 80 registers, 24 bytes spilled, where 103 registers left room for 2).
+``TILEPLUG_CUDA_LAYER_NORM_THREADS_PER_SM`` overrides, for tuning."""
+
+
+def layer_norm_threads_per_sm() -> int:
+    import os
+
+    return int(os.environ.get("TILEPLUG_CUDA_LAYER_NORM_THREADS_PER_SM", LAYER_NORM_THREADS_PER_SM))
+
+
 def backward_ctas_per_sm() -> int:
     import os
 
