@@ -253,6 +253,31 @@ def _special_scales(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return torch.where(torch.rand(shape, generator=generator) < 0.5, picks, random)
 
 
+def _launch_weight_scales(monkeypatch, kernel, call, inputs, weights) -> tuple:
+    """(outputs, launches): the CUDA launcher of ``call`` run on CPU tensors through the emulated
+    kernel (``_weight_scale_kernel``), its outputs allocated as the op does and pre-filled with -1."""
+    from tileplug.backend_cuda import jit
+
+    outputs = call.allocation_plan(CUDA_LAYOUT).allocate(0, torch.device("cpu"))
+    for tensor in outputs:
+        tensor.fill_(-1)
+    launches: list = []
+    monkeypatch.setattr(jit, "entry", _weight_scale_kernel([*weights, *outputs], launches))
+    type(kernel)().prepare(call)(inputs, outputs)
+    return outputs, launches
+
+
+def _assert_reference_weight_scales(outputs, weights, block: int, transpose_sf1: bool) -> None:
+    """Every non-empty output bytewise (strides too) the reference's ``transpose_weight_sf``."""
+    from tileplug.core.testing import assert_bytes_equal
+
+    with core.use_backend("reference"):
+        want = ops.transpose_weight_sf(weights, block, transpose_sf1)
+    for index, (have, expected) in enumerate(zip(outputs, want)):
+        if expected.numel():
+            assert_bytes_equal(have, expected, f"output {index}", strides=True)
+
+
 @pytest.mark.parametrize("block", (16, 32, 64, 128))
 @pytest.mark.parametrize("transpose_sf1", (False, True))
 def test_transpose_weight_sf_launcher_and_byte_rule_match_the_reference(monkeypatch, block: int,
@@ -261,46 +286,23 @@ def test_transpose_weight_sf_launcher_and_byte_rule_match_the_reference(monkeypa
     data pointers and sizes; an empty weight left out, the unused slot zeros) and the kernel's
     integer byte rule gives the reference's bytes on zeros, subnormals around 2^-127, 2^127 and
     above, infinities, NaN and negative scales."""
-    from tileplug.backend_cuda import jit
-    from tileplug.core.testing import assert_bytes_equal
-
     weights = (_special_scales((7, 9), block), _special_scales((3, 5, 4), block + 1), torch.empty(0, 4),
                _special_scales((1, 1), block + 2))
     kernel, call, inputs = _call(ops.transpose_weight_sf, weights, block, transpose_sf1)
     assert kernel.supports(call) is None and [s.name for s in kernel.specs(call)] == [
         f"transpose_weight_sf_bs{block}_w4_t256"]  # three weights to write: four slots, a 2-D first weight
-    outputs = call.allocation_plan(CUDA_LAYOUT).allocate(0, torch.device("cpu"))
-    for tensor in outputs:
-        tensor.fill_(-1)
-    launches = []
-    monkeypatch.setattr(jit, "entry", _weight_scale_kernel([*weights, *outputs], launches))
-    type(kernel)().prepare(call)(inputs, outputs)
+    outputs, launches = _launch_weight_scales(monkeypatch, kernel, call, inputs, weights)
     assert len(launches) == 1 and launches[0][3] == 3  # one launch, the empty weight left out
-    with core.use_backend("reference"):
-        want = ops.transpose_weight_sf(weights, block, transpose_sf1)
-    for index, (have, expected) in enumerate(zip(outputs, want)):
-        if expected.numel():
-            assert_bytes_equal(have, expected, f"output {index}", strides=True)
+    _assert_reference_weight_scales(outputs, weights, block, transpose_sf1)
 
 
 def test_transpose_weight_sf_launches_once_per_64_weights(monkeypatch) -> None:
     """70 weights: one launch of 64 slots and one of 8 (6 used), each weight in exactly one, with the
     reference's bytes; the grid's x extent covers the launch's largest weight."""
-    from tileplug.backend_cuda import jit
-    from tileplug.core.testing import assert_bytes_equal
-
     weights = tuple(_special_scales((1 + index % 5, 2 + index % 3), index) for index in range(70))
     kernel, call, inputs = _call(ops.transpose_weight_sf, weights, 32)
     assert [s.name for s in kernel.specs(call)] == ["transpose_weight_sf_bs32_w64_t256", "transpose_weight_sf_bs32_w8_t256"]
-    outputs = call.allocation_plan(CUDA_LAYOUT).allocate(0, torch.device("cpu"))
-    for tensor in outputs:
-        tensor.fill_(-1)
-    launches = []
-    monkeypatch.setattr(jit, "entry", _weight_scale_kernel([*weights, *outputs], launches))
-    type(kernel)().prepare(call)(inputs, outputs)
+    outputs, launches = _launch_weight_scales(monkeypatch, kernel, call, inputs, weights)
     assert [(spec.capacity, count) for spec, _, _, count, _ in launches] == [(64, 64), (8, 6)]
     assert launches[1][1] is weights[64]  # the second launch's anchor: its first weight
-    with core.use_backend("reference"):
-        want = ops.transpose_weight_sf(weights, 32)
-    for index, (have, expected) in enumerate(zip(outputs, want)):
-        assert_bytes_equal(have, expected, f"output {index}", strides=True)
+    _assert_reference_weight_scales(outputs, weights, 32, False)
