@@ -99,6 +99,25 @@ def build_kernel(spec: NormRopeSpec):
             cn[1] = nan_f32()
 
     @T.macro
+    def cos_sin_run(cache, position, inside, first, count, vector, c, n):
+        """``c[j]`` / ``n[j]`` = cos / sin of pairs ``first + j``, ``j < count`` (``vector``: one vector
+        load per half of the cache row; NaN, never read, when the position is outside)."""
+        if inside:
+            if vector:
+                for j in T.vectorized(count):
+                    c[j] = cache[position, first + j]
+                for j in T.vectorized(count):
+                    n[j] = cache[position, HALF + first + j]
+            else:
+                for j in T.unroll(count):
+                    c[j] = cache[position, first + j]
+                    n[j] = cache[position, HALF + first + j]
+        else:
+            for j in T.unroll(count):
+                c[j] = nan_f32()
+                n[j] = nan_f32()
+
+    @T.macro
     def rotate_pairs(cache, position, inside, yv, lane, valid):
         """NeoX on pairs a thread holds both halves of: vector ``k`` (columns ``col … col + VEC``,
         all below ``R/2``) and vector ``k + PAIR_CHUNKS`` (``col + R/2 …``) share one set of cos /
@@ -109,20 +128,7 @@ def build_kernel(spec: NormRopeSpec):
         for k in range(PAIR_CHUNKS):
             col = rows.column(k, lane)
             if valid:
-                if inside:
-                    if ROPE_VECTOR:
-                        for j in T.vectorized(VEC):
-                            c[j] = cache[position, col + j]
-                        for j in T.vectorized(VEC):
-                            n[j] = cache[position, HALF + col + j]
-                    else:
-                        for j in T.unroll(VEC):
-                            c[j] = cache[position, col + j]
-                            n[j] = cache[position, HALF + col + j]
-                else:
-                    for j in T.unroll(VEC):
-                        c[j] = nan_f32()
-                        n[j] = nan_f32()
+                cos_sin_run(cache, position, inside, col, VEC, ROPE_VECTOR, c, n)
                 for j in VALUES:
                     first = T.cast(yv[k * VEC + j], "float32")
                     second = T.cast(yv[(k + PAIR_CHUNKS) * VEC + j], "float32")
@@ -143,15 +149,7 @@ def build_kernel(spec: NormRopeSpec):
             col = rows.column(k, lane)
             if valid and col < R:
                 first = T.truncmod(col, HALF) if not GPTJ else col // 2  # cache column of the vector's first pair
-                if inside:
-                    for j in T.vectorized(PAIRS_PER_VECTOR):
-                        c[j] = cache[position, first + j]
-                    for j in T.vectorized(PAIRS_PER_VECTOR):
-                        n[j] = cache[position, HALF + first + j]
-                else:
-                    for j in T.unroll(PAIRS_PER_VECTOR):
-                        c[j] = nan_f32()
-                        n[j] = nan_f32()
+                cos_sin_run(cache, position, inside, first, PAIRS_PER_VECTOR, True, c, n)
                 if GPTJ:
                     for j in VALUES[::2]:
                         x1 = T.cast(yv[k * VEC + j], "float32")
