@@ -21,7 +21,7 @@ def main() -> int:
     from tileplug.core import ops
     from tileplug.core.benchmark import bench_cases, host_seconds_per_call
 
-    device = torch.device("cuda")
+    device = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cuda")  # cpu: a smoke run on the reference
     args, kwargs = bench_cases()["rms_norm_rope"].arguments(1, 7168, torch.bfloat16, device)
     row = args[0].reshape(1, -1)
     calls = {
@@ -35,10 +35,11 @@ def main() -> int:
     cast = calls["rms_norm_rope_per_token_cast"]
     profile = cProfile.Profile()
     profile.enable()
-    for _ in range(3000):
+    for _ in range(3000 if device.type == "cuda" else 20):
         cast()
     profile.disable()
-    torch.cuda.synchronize()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
     print(text.getvalue())
