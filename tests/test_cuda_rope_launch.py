@@ -307,3 +307,86 @@ def test_rms_norm_rope_takes_the_vector_entry_only_with_an_aligned_cache(monkeyp
         used = [name for name, r in made.items() if len(r.calls) > before.get(name, 0)]
         assert used == [expected], (cache.stride(), cache.data_ptr() % 16, used)
         assert made[expected].calls[-1][2] is cache
+
+
+HEAD_DIMS = (32, 48, 64, 80, 96, 128, 160, 192, 256, 320, 512, 576, 1024)
+HEAD_CASES = [(head_dim, rotary, dtype, interleaved)
+              for head_dim in HEAD_DIMS
+              for rotary in sorted({head_dim, head_dim // 2 - head_dim // 2 % 2, 64, 32, 2} - {0})
+              if rotary <= head_dim
+              for dtype in (torch.bfloat16, torch.float32) for interleaved in (False, True)]
+
+
+def _lane_columns(tile, vec: int, lane: int, chunk: int) -> range:
+    return range((chunk * tile.lanes + lane) * vec, (chunk * tile.lanes + lane + 1) * vec)
+
+
+@pytest.mark.parametrize("head_dim,rotary,dtype,interleaved", HEAD_CASES,
+                         ids=[f"D{d}-R{r}-{str(t)[6:]}-{'gptj' if i else 'neox'}" for d, r, t, i in HEAD_CASES])
+def test_head_tile_covers_the_head_and_pairs_within_a_lane(head_dim, rotary, dtype, interleaved) -> None:
+    """On every head size a model uses (and odd ones) the fused kernel's tile covers the head
+    within one CTA, adds in the reference's order (emulated bit for bit), and where it pairs NeoX
+    halves inside a lane (``pair_chunks``) lane ``l``'s vector ``k + P`` holds exactly the partners
+    of its vector ``k``, every pair of the rotated channels once."""
+    from test_cuda_norm_host import emulate_row_sum
+
+    from tileplug.backend_cuda.norm.spec import row_tile, vector_width
+    from tileplug.backend_cuda.rope.spec import head_tile, pair_chunks
+    from tileplug.core.norm.formulas import row_sum
+
+    tile = head_tile(head_dim, rotary, dtype, interleaved)
+    vec = vector_width(dtype)
+    assert tile is not None and tile.lanes * tile.chunks * vec >= head_dim and tile.threads <= 1024
+    if row_tile(head_dim, dtype).rows > 1:
+        assert tile.threads == 128 and tile.lanes <= 32
+    generator = torch.Generator().manual_seed(head_dim * 7 + rotary)
+    terms = torch.randn(2, head_dim, generator=generator) * torch.exp(4 * torch.randn(2, head_dim, generator=generator))
+    assert torch.equal(emulate_row_sum(terms, head_dim, tile, vec).view(torch.int32), row_sum(terms).view(torch.int32))
+    pairs = pair_chunks(rotary, tile.lanes, vec, interleaved)
+    if interleaved or (rotary // 2) % vec:
+        assert pairs is None
+        return
+    if pairs is None:  # the exchange through shared memory: only where pairing would hold > 64 values a lane
+        assert (rotary // 2) % (tile.lanes * vec)
+        return
+    half = rotary // 2
+    firsts = []
+    for lane in range(tile.lanes):
+        for chunk in range(pairs):
+            own, partner = _lane_columns(tile, vec, lane, chunk), _lane_columns(tile, vec, lane, chunk + pairs)
+            assert own[-1] < half and list(partner) == [column + half for column in own]
+            firsts.extend(own)
+    assert sorted(firsts) == list(range(half))
+
+
+GROUP_CASES = [(head_dim, dtype, group) for head_dim in HEAD_DIMS for dtype in (torch.bfloat16, torch.float32)
+               for group in (16, 32, 64, 128) if head_dim % group == 0]
+
+
+@pytest.mark.parametrize("head_dim,dtype,group", GROUP_CASES,
+                         ids=[f"D{d}-{str(t)[6:]}-g{g}" for d, t, g in GROUP_CASES])
+def test_cast_groups_are_whole_on_the_head_tile(head_dim, dtype, group) -> None:
+    """``row_cast.group_layout`` on the fused kernel's tile: the columns a thread's group reads
+    (its chunks, over the lanes its shuffles reach) are exactly the ``group`` columns of one
+    quantization group, the one its first chunk's column names (where the scale is stored)."""
+    from tileplug.backend_cuda.norm.row_cast import group_layout
+    from tileplug.backend_cuda.norm.spec import vector_width
+    from tileplug.backend_cuda.rope.spec import head_tile
+
+    vec = vector_width(dtype)
+    tile = head_tile(head_dim, head_dim, dtype, False)
+    groups, steps = group_layout(group, tile.lanes, vec, tile.chunks)
+    assert sorted(chunk for chunks in groups for chunk in chunks) == list(range(tile.chunks))
+    for lane in range(tile.lanes):
+        reached = {lane}
+        for distance in steps:
+            reached |= {other ^ distance for other in reached}
+        assert all(other < tile.lanes for other in reached)
+        for chunks in groups:
+            first = _lane_columns(tile, vec, lane, chunks[0])[0]
+            if first >= head_dim:
+                continue
+            columns = {column for other in reached for chunk in chunks
+                       for column in _lane_columns(tile, vec, other, chunk) if column < head_dim}
+            start = first // group * group
+            assert columns == set(range(start, min(start + group, head_dim))), (lane, chunks)

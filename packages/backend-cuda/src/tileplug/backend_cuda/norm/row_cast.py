@@ -8,8 +8,10 @@ group with xor shuffles (a max: any order gives the same bits), ``group_inverse`
 ``group_scale``, ``q = saturate(float(y) · inv)`` (e4m3 by the hardware's saturating
 conversion, e2m1 by ``sf_math.e2m1_pair``). A group never leaves a row's lanes: a vector of
 a row is ``VEC`` consecutive columns, ``VEC`` divides the group, and a group's vectors sit in
-adjacent lanes of one chunk (``rows``' layout). A partial last group's amax covers its valid
-columns only. Row ``n`` of token ``t`` is columns ``n·D …`` of the quantized ``[T, N·D]``
+adjacent lanes of one chunk (``rows``' layout) — or, where a chunk's lanes span fewer columns
+than a group (the fused QK kernel's tile of few lanes), in consecutive whole chunks of every
+lane, whose amax is merged in registers before the shuffles (:func:`group_layout`). A partial
+last group's amax covers its valid columns only. Row ``n`` of token ``t`` is columns ``n·D …`` of the quantized ``[T, N·D]``
 row (``heads`` None: a 2-D input, the row itself).
 
 No ``from __future__ import annotations``: TileLang evaluates the macro annotations.
@@ -21,6 +23,19 @@ from tileplug.backend_cuda.quant import sf_math
 from tileplug.core.quant.formats import QUANT_FORMATS
 
 SF_DTYPES = {"fp32": "float32", "e4m3": "float8_e4m3fn", "ue8m0": "uint8"}
+
+
+def group_layout(group: int, lanes: int, vec: int, chunks: int) -> tuple[list[list[int]], list[int]]:
+    """(the chunk lists of a thread's groups, the xor distances of the lanes' shuffles) for groups
+    of ``group`` columns on a row tile of ``lanes`` lanes of ``chunks`` vectors of ``vec``: a group
+    of at most ``lanes · vec`` columns is ``group / vec`` adjacent lanes of one chunk (each chunk
+    its own group list, shuffled over those lanes); a wider one is ``group / (lanes · vec)``
+    consecutive chunks of every lane (shuffled over all ``lanes``)."""
+    group_lanes = min(group // vec, lanes)  # lanes holding one group's values (fewer: the row is shorter)
+    steps = [d for d in (16, 8, 4, 2, 1) if d < group_lanes]
+    per_group = max(1, min(group // (lanes * vec), chunks))
+    groups = [list(range(first, min(first + per_group, chunks))) for first in range(0, chunks, per_group)]
+    return groups, steps
 
 
 class RowCast:
@@ -44,14 +59,8 @@ class RowCast:
         PACKED = quant.sf_kind == "ue8m0"
         SF_COL = quant.sf_col_major
         GROUP = quant.group
-        GROUP_LANES = min(GROUP // VEC, rows.LANES)  # lanes holding one group's values (fewer: the row is shorter)
-        GROUP_STEPS = [d for d in (16, 8, 4, 2, 1) if d < GROUP_LANES]
         LANES_PER_GROUP = GROUP // VEC
-        # a group wider than a chunk's lanes (a tile of few lanes, ``rope.spec.head_tile``) is the same
-        # columns of GROUP_CHUNKS consecutive chunks of every lane: their amax is merged in registers first
-        GROUP_CHUNKS = max(1, min(GROUP // (rows.LANES * VEC), rows.CHUNKS))
-        GROUPS = [list(range(first, min(first + GROUP_CHUNKS, rows.CHUNKS)))
-                  for first in range(0, rows.CHUNKS, GROUP_CHUNKS)]  # each group's chunks (unrolled while tracing)
+        GROUPS, GROUP_STEPS = group_layout(GROUP, rows.LANES, VEC, rows.CHUNKS)  # (unrolled while tracing)
         VALUE_INDICES = list(range(VEC))
 
         def amax_key(yv, i, inside):

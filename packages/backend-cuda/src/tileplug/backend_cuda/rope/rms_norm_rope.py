@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from tileplug.backend_cuda import jit
-from tileplug.backend_cuda.rope.spec import TL_DTYPES, TL_POSITIONS, NormRopeSpec
+from tileplug.backend_cuda.rope.spec import TL_DTYPES, TL_POSITIONS, NormRopeSpec, pair_chunks
 from tileplug.core.contracts.rope import NormRopeCall, NormRopeInputs, NormRopeOutputs
 
 Launcher = Callable[[NormRopeInputs, NormRopeOutputs], None]
@@ -64,8 +64,7 @@ def build_kernel(spec: NormRopeSpec):
     PAIRS_PER_VECTOR = VEC // 2 if GPTJ else VEC
     # NeoX pairs within one thread (``rope.spec.head_tile``): vector k < PAIR_CHUNKS of a lane holds the
     # first halves of VEC pairs, its vector k + PAIR_CHUNKS their second halves (None: the shared exchange)
-    CHUNK_COLUMNS = rows.LANES * VEC
-    PAIR_CHUNKS = HALF // CHUNK_COLUMNS if not GPTJ and HALF % CHUNK_COLUMNS == 0 else None
+    PAIR_CHUNKS = pair_chunks(R, rows.LANES, VEC, GPTJ)
     EXCHANGE = not GPTJ and PAIR_CHUNKS is None
     CHUNKS, VALUES = list(range(rows.CHUNKS)), list(range(VEC))  # unrolled while tracing
     L, CS, PS = T.dynamic("L"), T.dynamic("CS"), T.dynamic("PS")

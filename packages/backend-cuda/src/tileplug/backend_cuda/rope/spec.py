@@ -69,6 +69,17 @@ def head_tile(head_dim: int, rotary_dim: int, dtype: torch.dtype, interleaved: b
     return RowTile(lanes, SMALL_ROW_THREADS // lanes, -(-vectors // lanes))
 
 
+def pair_chunks(rotary_dim: int, lanes: int, vec: int, interleaved: bool) -> int | None:
+    """NeoX pairs within one thread on a row tile of ``lanes`` lanes of ``vec``-value vectors: the
+    ``P`` such that a lane's vector ``k < P`` holds the first halves of ``vec`` pairs and its vector
+    ``k + P`` their second halves (``R/2`` a multiple of ``lanes · vec``); None where the pairs
+    straddle lanes (or GPT-J, whose pairs lie within a vector)."""
+    half, columns = rotary_dim // 2, lanes * vec
+    if interleaved or half % columns:
+        return None
+    return half // columns
+
+
 def values_per_vector(dtype: str) -> int:
     """Values of ``dtype`` in one 128-bit load."""
     return VECTOR_BYTES // (4 if dtype == "float32" else 2)
