@@ -158,16 +158,29 @@ def test_rms_norm_matches_the_formula_in_fp64_within_an_ulp(dtype):
     assert_within_ulps(y, exact.to(dtype), 1 if dtype != F32 else 4)
 
 
+LAYER_NORM_SEED = 5
+
+
 @pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=str)
 def test_layer_norm_matches_the_formula_in_fp64_within_an_ulp(dtype):
     x = activation(9, 1536, dtype, seed=3)
-    weight, bias = torch.randn(1536).to(dtype), torch.randn(1536).to(dtype)
+    generator = torch.Generator().manual_seed(LAYER_NORM_SEED)  # the global stream depends on the tests before
+    weight, bias = torch.randn(1536, generator=generator).to(dtype), torch.randn(1536, generator=generator).to(dtype)
     y = ops.layer_norm(x, weight, bias)
     s = x.double()
     exact = (s - s.mean(-1, keepdim=True)) * torch.rsqrt(s.var(-1, unbiased=False, keepdim=True) + 1e-5)
     expected = exact * weight.double() + bias.double()
     if dtype != F32:
-        assert_within_ulps(y, expected.to(dtype), 1)
+        # where + bias cancels to near 0 the fp32 roundings of its terms (|x̂·w| + |b|, 2^-24 each)
+        # can pass an ulp of the output (an fp16 subnormal ulp is 2^-24): those elements are held to
+        # an ulp plus the terms' fp32 error; every other element to one ulp of the output dtype
+        terms = (exact * weight.double()).abs() + bias.double().abs()
+        cancelled = expected.abs() < terms * 2.0**-10
+        assert cancelled.sum() <= y.numel() // 100, int(cancelled.sum())
+        assert_within_ulps(y[~cancelled], expected.to(dtype)[~cancelled], 1)
+        info = torch.finfo(dtype)  # an ulp of the output: at most eps·|y|, or eps·smallest_normal below it
+        bound = expected.abs() * info.eps + info.smallest_normal * info.eps + terms * 2.0**-21
+        assert ((y.double() - expected).abs() <= bound)[cancelled].all()
     else:  # fp32 output: the few fp32 roundings count, and + bias cancels near 0 (ulps are meaningless there)
         torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
 

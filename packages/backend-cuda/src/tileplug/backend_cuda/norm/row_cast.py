@@ -11,8 +11,8 @@ a row is ``VEC`` consecutive columns, ``VEC`` divides the group, and a group's v
 adjacent lanes of one chunk (``rows``' layout) — or, where a chunk's lanes span fewer columns
 than a group (the fused QK kernel's tile of few lanes), in consecutive whole chunks of every
 lane, whose amax is merged in registers before the shuffles (:func:`group_layout`). A partial
-last group's amax covers its valid columns only. Row ``n`` of token ``t`` is columns ``n·D …`` of the quantized ``[T, N·D]``
-row (``heads`` None: a 2-D input, the row itself).
+last group's amax covers its valid columns only. Row ``n`` of token ``t`` is columns ``n·D …``
+of the quantized ``[T, N·D]`` row (``heads`` None: a 2-D input, the row itself).
 
 No ``from __future__ import annotations``: TileLang evaluates the macro annotations.
 """

@@ -56,7 +56,8 @@ LAYER_NORM_THREADS_PER_SM = 672
 ``LAYER_NORM_THREADS_PER_SM // threads`` CTAs per SM (at D = 7168 bf16, 3 CTAs of 224
 threads: 80 registers, 24 bytes spilled, where 103 registers left room for 2: 733 → 569 µs at
 T = 65536 on the H200). Rows with a residual keep ptxas' choice (the cap spilled 284 bytes).
-``TILEPLUG_CUDA_LAYER_NORM_THREADS_PER_SM`` overrides, for tuning."""
+``TILEPLUG_CUDA_LAYER_NORM_THREADS_PER_SM`` overrides, for tuning, with the kernel index off or
+one of its own (the index key does not see the variable)."""
 
 
 def layer_norm_threads_per_sm() -> int:

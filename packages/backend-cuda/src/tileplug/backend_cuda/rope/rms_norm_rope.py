@@ -4,25 +4,30 @@
 Bytewise equal to this backend's ``rms_norm`` on the 3-D ``x`` followed by its
 ``apply_rotary`` on the result (SPEC §4, fusion rule), by construction:
 
-- the norm is the ``rms_norm`` kernel's own code: its row tile (``norm.rows.RowMacros``:
+- the norm is the ``rms_norm`` kernel's own code: its row macros (``norm.rows.RowMacros``:
   a head is a row, lane ``l`` of a row holding the vectors ``k·lanes + l``) and its
-  ``RmsNormMacros.normalize`` (the same reduction tree and fp32 operation order), on the
-  ``NormKernelSpec`` the ``rms_norm`` kernel would use for this ``x``;
+  ``RmsNormMacros.normalize`` (the reference's reduction tree and fp32 operation order), on
+  the ``NormKernelSpec`` the ``rms_norm`` kernel would use for this ``x`` but for its row tile:
+  the fused kernel's own ``rope.spec.head_tile`` (about 32 values a lane), on which the sum
+  adds in the same order as on every tile;
 - the rotation is ``rotation.rotated_first`` / ``rotated_second``, the macros of
   ``apply_rotary``, on the rounded ``y`` values.
 
 The pair exchange stays on chip: a GPT-J pair ``(2p, 2p + 1)`` is two adjacent values of
-one thread's vector; a NeoX pair ``(p, p + R/2)`` lives in two lanes of the row, so each
-row's rotated channels go through shared memory (written, one barrier — a warp's when a
-row's lanes fit one warp — then each thread reads its values' partners). A position
-outside ``[0, L)`` is never read from the cache: that token's rotated channels become NaN.
+one thread's vector; a NeoX pair ``(p, p + R/2)`` is, where the head tile allows
+(``rope.spec.pair_chunks``: ``R/2`` a multiple of a chunk's columns), two vectors of one
+lane, else in two lanes of the row, whose rotated channels then go through shared memory
+(written, one barrier — a warp's when a row's lanes fit one warp — then each thread reads
+its values' partners). A position outside ``[0, L)`` is never read from the cache: that
+token's rotated channels become NaN.
 
 ``rms_norm_rope_per_token_cast`` then casts the rotated ``y`` (still in registers) per token
 over ``y.view(T, N·D)``, bytewise as this backend's ``per_token_cast`` of that ``y``: groups
 of ``g`` columns never straddle two heads (``D`` a multiple of ``g``, else declined), so a
-group is ``g / VEC`` adjacent lanes of one chunk of a head's row, reduced on chip with xor
-shuffles of the amax bits (a max: the same bits in any order), then the quant family's
-scale macros: the fused norm cast's own macro (``norm.row_cast.RowCast``).
+group is ``g / VEC`` adjacent lanes of one chunk of a head's row, or whole consecutive chunks
+of its lanes (``norm.row_cast.group_layout``), reduced on chip with xor shuffles of the amax
+bits (a max: the same bits in any order), then the quant family's scale macros: the fused
+norm cast's own macro (``norm.row_cast.RowCast``).
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
