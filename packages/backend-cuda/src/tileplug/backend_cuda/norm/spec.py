@@ -27,6 +27,7 @@ are rows above 12288 values that no tile covers exactly (their reduction buffer 
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -60,16 +61,19 @@ T = 65536 on the H200). Rows with a residual keep ptxas' choice (the cap spilled
 one of its own (the index key does not see the variable)."""
 
 
-def layer_norm_threads_per_sm() -> int:
-    import os
+def tuning_override(variable: str, default: int) -> int:
+    """``default``, or the integer the environment variable ``variable`` holds (a tuning knob of
+    the CUDA kernels' geometry; unset or empty: ``default``)."""
+    text = os.environ.get(variable)
+    return int(text) if text else default
 
-    return int(os.environ.get("TILEPLUG_CUDA_LAYER_NORM_THREADS_PER_SM", LAYER_NORM_THREADS_PER_SM))
+
+def layer_norm_threads_per_sm() -> int:
+    return tuning_override("TILEPLUG_CUDA_LAYER_NORM_THREADS_PER_SM", LAYER_NORM_THREADS_PER_SM)
 
 
 def backward_ctas_per_sm() -> int:
-    import os
-
-    return int(os.environ.get("TILEPLUG_CUDA_NORM_BACKWARD_CTAS", BACKWARD_CTAS_PER_SM))
+    return tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_CTAS", BACKWARD_CTAS_PER_SM)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from tileplug.backend_cuda import jit
+from tileplug.backend_cuda.norm.spec import tuning_override
 from tileplug.backend_cuda.rope.spec import (
     MAX_THREADS,
     TL_DTYPES,
@@ -36,7 +37,6 @@ from tileplug.backend_cuda.rope.spec import (
     can_vectorize,
     default_warps,
     slots_per_head,
-    tuning_override,
     values_per_vector,
 )
 from tileplug.core.call import NoOutputs

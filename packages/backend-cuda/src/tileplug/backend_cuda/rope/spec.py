@@ -13,11 +13,12 @@ largest power of two ≤ ``V`` dividing ``R/2`` and reads each pair's two channe
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from tileplug.backend_cuda.norm.spec import tuning_override
 
 TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 TL_POSITIONS = {None: None, torch.int32: "int32", torch.int64: "int64"}
@@ -26,12 +27,6 @@ MAX_THREADS = 1024
 HEAD_VALUES = 32
 """Values of a head one thread of the fused ``rms_norm_rope`` kernel aims to hold
 (``TILEPLUG_CUDA_NORM_ROPE_VALUES`` overrides, for tuning; see :func:`head_tile`)."""
-
-
-def tuning_override(variable: str, default: int) -> int:
-    """``default``, or the integer the environment variable ``variable`` holds (a tuning knob)."""
-    text = os.environ.get(variable)
-    return int(text) if text else default
 
 
 def head_tile(head_dim: int, rotary_dim: int, dtype: torch.dtype, interleaved: bool):
@@ -52,7 +47,7 @@ def head_tile(head_dim: int, rotary_dim: int, dtype: torch.dtype, interleaved: b
 
     tile = row_tile(head_dim, dtype)
     vec = vector_width(dtype)
-    if tile is None or tile.lanes > 32 or tile.rows == 1 or head_dim % vec:
+    if tile is None or tile.rows == 1 or head_dim % vec:  # a long row (one per CTA), or no whole vectors
         return tile
     vectors = head_dim // vec
     target = max(1, tuning_override("TILEPLUG_CUDA_NORM_ROPE_VALUES", HEAD_VALUES) // vec)  # vectors per lane
