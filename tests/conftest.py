@@ -18,6 +18,21 @@ def _cuda_reason() -> str | None:
     return None
 
 
+def _multigpu_reason() -> str | None:
+    import torch
+
+    single = _cuda_reason()
+    if single is not None:
+        return single
+    count = torch.cuda.device_count()
+    if count < 2:
+        return f"fewer than 2 GPUs visible ({count}); the multi-GPU tests need a host with two or more"
+    low = [i for i in range(count) if torch.cuda.get_device_capability(i) < (9, 0)]
+    if low:
+        return f"GPU(s) {low} of compute capability below 9.0"
+    return None
+
+
 def _npu_reason() -> str | None:
     if not os.path.exists("/dev/davinci_manager"):
         return "no Ascend NPU here (/dev/davinci_manager absent); these tests run unchanged on an Ascend 950 host"
@@ -65,6 +80,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    multigpu = [item for item in items if "multigpu" in item.keywords]
+    if multigpu:  # they carry 'gpu' too: on a host with one GPU they are skipped with the reason
+        why = _multigpu_reason()
+        if why is not None:
+            for item in multigpu:
+                item.add_marker(pytest.mark.skip(reason=why))
     if shutil.which("nvcc") is None:  # compile-only tests: skipped (they need no device, only nvcc)
         for item in items:
             if "nvcc" in item.keywords:

@@ -6,10 +6,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tileplug.core import CUDA_LAYOUT, Backend, deferred_kernel_table, hookimpl
+from tileplug.core import CUDA_LAYOUT, Backend, DeferredKernel, deferred_kernel_table, hookimpl
+from tileplug.backend_cuda.devices import MIN_COMPUTE_CAPABILITY, launcher_for
 
 PRIORITY = 100
-MIN_COMPUTE_CAPABILITY = (9, 0)
 
 
 def probe() -> str | None:
@@ -163,7 +163,15 @@ def precompile(calls: Sequence[Any], workers: int | None = None) -> int:
     return jit.precompile(specs, arch=arch, workers=workers, load=False)
 
 
-_KERNELS = deferred_kernel_table("tileplug.backend_cuda")
+class DeviceKernel(DeferredKernel):
+    """A kernel of this backend: its launchers run on their tensors' device
+    (``devices.launcher_for``: the kernel's own launcher on a one-GPU host)."""
+
+    def prepare(self, call: Any):
+        return launcher_for(super().prepare, call)
+
+
+_KERNELS = deferred_kernel_table("tileplug.backend_cuda", kernel_type=DeviceKernel)
 """Op -> kernel of every family (``<family>.make_kernels()``), each family's modules imported at
 its first use: a first call imports its own family only."""
 

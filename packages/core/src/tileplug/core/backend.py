@@ -179,11 +179,14 @@ class DeferredKernel:
         return f"DeferredKernel({self.module}[{self.key!r}])"
 
 
-def deferred_kernel_table(package: str, families: Sequence[str] | None = None) -> dict[str, DeferredKernel]:
+def deferred_kernel_table(package: str, families: Sequence[str] | None = None,
+                          kernel_type: type[DeferredKernel] | None = None) -> dict[str, DeferredKernel]:
     """Kernel-table key -> :class:`DeferredKernel` of ``family_kernels(f"{package}.{family}")[key]``
     for every op of the op table in ``families`` (default: every family) whose family module
     ``package.<family>`` exists (located, not imported): a family the package has no module for
-    has no kernels (``tileplug info`` shows '-'); an op its module lacks declines, saying so."""
+    has no kernels (``tileplug info`` shows '-'); an op its module lacks declines, saying so.
+    ``kernel_type``: a subclass of :class:`DeferredKernel` to make them (e.g. one whose
+    ``prepare`` wraps every launcher of the backend)."""
     import importlib.util
 
     from tileplug.core import opdefs
@@ -200,7 +203,7 @@ def deferred_kernel_table(package: str, families: Sequence[str] | None = None) -
             except (ImportError, ValueError):
                 present[module] = False
         if present[module]:
-            table[opdef.kernel] = DeferredKernel(module, opdef.kernel)
+            table[opdef.kernel] = (kernel_type or DeferredKernel)(module, opdef.kernel)
     return table
 
 

@@ -104,7 +104,8 @@ def median_seconds(fn: Callable[[], Any], device: torch.device, min_time: float 
     """Median time of ``fn``. CUDA: device time between CUDA events around each call, L2
     flushed (clean) before each one (``flush_l2``); other devices: synchronised wall time."""
     if device.type == "cuda":
-        return _cuda_event_median(fn, device, min_time, max_repeat)
+        with torch.cuda.device(device):  # events and the flush on the timed device's stream, whatever is current
+            return _cuda_event_median(fn, device, min_time, max_repeat)
     fn()
     synchronize(device)
     samples: list[float] = []
@@ -161,7 +162,14 @@ def graph_seconds_per_call(fn: Callable[..., Any], args: tuple, kwargs: dict, de
                            ledger_bytes: int, replays: int = 20) -> tuple[float, int]:
     """(seconds per call, calls per graph) of ``fn(*args, **kwargs)`` captured in one CUDA
     graph over distinct copies of the arguments, ``GRAPH_WORKING_SET`` bytes in all (at most
-    ``GRAPH_MAX_CALLS`` calls), replayed back to back: the kernel alone, no host time."""
+    ``GRAPH_MAX_CALLS`` calls), replayed back to back: the kernel alone, no host time.
+    Captured and timed with ``device`` current (a capture stream is the current device's)."""
+    with torch.cuda.device(device):
+        return _graph_seconds_per_call(fn, args, kwargs, device, ledger_bytes, replays)
+
+
+def _graph_seconds_per_call(fn: Callable[..., Any], args: tuple, kwargs: dict, device: torch.device,
+                            ledger_bytes: int, replays: int) -> tuple[float, int]:
     from tileplug.core.testing import moved
 
     calls = max(2, min(GRAPH_MAX_CALLS, -(-GRAPH_WORKING_SET // max(ledger_bytes, 1))))

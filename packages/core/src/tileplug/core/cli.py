@@ -711,7 +711,11 @@ def command_bench(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _bench_dry_run(args, device, [cases[n] for n in chosen], tokens_list, dtype, backends, dispatch_cases)
     log = (lambda text: print(text, file=sys.stderr)) if args.verbose else (lambda text: None)
-    report = benchmark.BenchReport(device.type, benchmark.device_name(device), benchmark.copy_bandwidth(device),
+    if device.type == "cuda" and device.index is not None:
+        # tileplug's ops launch on their tensors' device whatever is current, but the peers
+        # (Triton kernels, torch.compile) launch on the current device: make it the timed one
+        torch.cuda.set_device(device)
+    report = benchmark.BenchReport(str(device), benchmark.device_name(device), benchmark.copy_bandwidth(device),
                                    torch.__version__)
     if with_compile:
         # The peer gets a fresh dynamo cache per op case and room to specialise on every
@@ -919,7 +923,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--hidden", type=_positive, default=7168)
 
     bench = commands.add_parser("bench", help="every op's bench cases x sizes on every available backend")
-    bench.add_argument("--device", help="cpu, cuda, npu (default: the best available)")
+    bench.add_argument("--device", help="cpu, cuda, cuda:1, npu (default: the best available)")
     bench.add_argument("--ops", type=_names, help="comma-separated bench case names (default: all)")
     bench.add_argument("--tokens", type=_counts, default=[1, 16, 128, 1024], help="comma-separated token counts")
     bench.add_argument("--hidden", type=_positive, default=7168)

@@ -80,15 +80,15 @@ def _dtype(op: str, dtype: Any) -> torch.dtype:
     return dtype
 
 
-def generator_of_draw(op: str, generator: Generator | None, device: Any) -> Generator:
-    """The generator a draw uses: the one given (on ``device`` when a device is named), else
-    the default of ``device`` (cpu when None)."""
+def generator_of_draw(op: str, generator: Generator | None, device: Any, of: str = "the draw") -> Generator:
+    """The generator a draw uses: the one given (on ``device``, the device of ``of``, when a
+    device is named), else the default of ``device`` (cpu when None)."""
     if generator is None:
         return default_generator("cpu" if device is None else device)
     if not isinstance(generator, Generator):
         raise ContractError(op, "generator", "a tileplug.core.random.Generator or None", describe(generator))
     if device is not None and _device(op, device) != generator.device:
-        raise ContractError(op, "generator", f"a generator on the device of the draw ({_device(op, device)})",
+        raise ContractError(op, "generator", f"a generator on {_device(op, device)}, the device of {of}",
                             repr(generator))
     return generator
 

@@ -14,7 +14,7 @@ def describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return (
             f"tensor(shape={tuple(value.shape)}, dtype={value.dtype}, "
-            f"stride={tuple(value.stride())}, device={value.device.type})"
+            f"stride={tuple(value.stride())}, device={value.device})"
         )
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -62,6 +62,8 @@ def check_block(op: str, name: str, value: Any, rows: tuple[int, ...], cols: tup
     raise ContractError(op, name, f"a pair (bm, bn) with bm in {rows} and bn in {cols}", describe(value))
 
 
-def check_same_device(op: str, name: str, tensor: torch.Tensor, device: torch.device) -> None:
+def check_same_device(op: str, name: str, tensor: torch.Tensor, device: torch.device, of: str = "x") -> None:
+    """``tensor`` on ``device``, the device of the argument ``of`` (every tensor of a call on one
+    device: a kernel launches on that device, and mixing devices would read another GPU's memory)."""
     if tensor.device != device:
-        raise ContractError(op, name, f"a tensor on {device}", describe(tensor))
+        raise ContractError(op, name, f"a tensor on {device}, the device of {of}", describe(tensor))

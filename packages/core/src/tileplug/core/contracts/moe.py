@@ -489,19 +489,19 @@ def _check_table(op: str, name: str, value: Any, dtypes: tuple[torch.dtype, ...]
 
 
 def _check_rows_like(op: str, name: str, value: Any, tokens: int, width: int | None, dtypes: tuple[torch.dtype, ...],
-                     device: torch.device, what: str) -> torch.Tensor:
-    """A ``[T, width]`` companion tensor (``width`` None: any ≥ 1) on ``device``."""
+                     device: torch.device, what: str, of: str) -> torch.Tensor:
+    """A ``[T, width]`` companion tensor (``width`` None: any ≥ 1) on ``device``, the device of ``of``."""
     tensor = _check_table(op, name, value, dtypes, what)
     if tensor.shape[0] != tokens or (width is not None and tensor.shape[1] != width):
         shape = f"[{tokens}, {'K' if width is None else width}]"
         raise ContractError(op, name, f"a tensor of shape {shape} (one row per token)", describe(tensor))
-    check_same_device(op, name, tensor, device)
+    check_same_device(op, name, tensor, device, of)
     return tensor
 
 
 def _check_vector(op: str, name: str, value: Any, length: int, dtypes: tuple[torch.dtype, ...],
-                  device: torch.device, what: str) -> torch.Tensor | None:
-    """None, or a contiguous 1-D ``[length]`` tensor of one of ``dtypes`` on ``device``."""
+                  device: torch.device, what: str, of: str) -> torch.Tensor | None:
+    """None, or a contiguous 1-D ``[length]`` tensor of one of ``dtypes`` on ``device``, the device of ``of``."""
     if value is None:
         return None
     tensor = check_tensor(op, name, value)
@@ -509,7 +509,7 @@ def _check_vector(op: str, name: str, value: Any, length: int, dtypes: tuple[tor
         raise ContractError(op, name, f"a 1-D tensor of shape [{length}] ({what})", describe(tensor))
     if tensor.dtype not in dtypes:
         raise ContractError(op, name, f"dtype in ({_names(dtypes)})", describe(tensor))
-    check_same_device(op, name, tensor, device)
+    check_same_device(op, name, tensor, device, of)
     if length > 1 and tensor.stride(0) != 1:
         raise ContractError(op, name, "unit stride (a contiguous vector)", describe(tensor))
     return tensor
@@ -568,7 +568,7 @@ def _checked_moe_topk_gate(logits: Any, num_topk: Any, scoring: Any, bias: Any, 
     logits = _check_table(op, "logits", logits, LOGITS_DTYPES, "[T, E] logits")
     tokens, experts, device = int(logits.shape[0]), int(logits.shape[1]), logits.device
     scoring = check_scoring(op, scoring)
-    bias = _check_vector(op, "bias", bias, experts, (torch.float32,), device, "E, the logits' width")
+    bias = _check_vector(op, "bias", bias, experts, (torch.float32,), device, "E, the logits' width", of="logits")
     groups = check_int(op, "num_groups", num_groups, 1, experts)
     if experts % groups:
         raise ContractError(op, "num_groups", f"a divisor of E = {experts} (equal contiguous groups)", describe(groups))
@@ -583,7 +583,7 @@ def _checked_moe_topk_gate(logits: Any, num_topk: Any, scoring: Any, bias: Any, 
     renormalize = check_bool(op, "renormalize", renormalize)
     scaling = _check_scaling(op, routed_scaling_factor)
     shared = check_int(op, "num_shared_experts", num_shared_experts, 0)
-    mask = _check_vector(op, "mask", mask, tokens, (torch.bool,), device, "T, one flag per token")
+    mask = _check_vector(op, "mask", mask, tokens, (torch.bool,), device, "T, one flag per token", of="logits")
     scores = check_bool(op, "return_scores", return_scores)
     return MoeGateCall(op, device.type, op, experts, k, scoring, logits.dtype, bias is not None, groups,
                        chosen_groups, renormalize, scaling, shared, mask is not None, scores,
@@ -596,16 +596,16 @@ def _checked_moe_topk_gate_backward(scores: Any, topk_idx: Any, topk_weights: An
     op = MOE_TOPK_GATE_BACKWARD
     scores = _check_table(op, "scores", scores, WEIGHT_DTYPES, "[T, E] scores (the forward's)")
     tokens, device = int(scores.shape[0]), scores.device
-    topk_idx = _check_rows_like(op, "topk_idx", topk_idx, tokens, None, INDEX_DTYPES, device, "[T, K] index")
+    topk_idx = _check_rows_like(op, "topk_idx", topk_idx, tokens, None, INDEX_DTYPES, device, "[T, K] index", of="scores")
     slots = int(topk_idx.shape[1])
     for name, value in (("topk_weights", topk_weights), ("grad_topk_weights", grad_topk_weights)):
-        tensor = _check_rows_like(op, name, value, tokens, slots, WEIGHT_DTYPES, device, "[T, K] weight")
+        tensor = _check_rows_like(op, name, value, tokens, slots, WEIGHT_DTYPES, device, "[T, K] weight", of="scores")
         if tensor.dtype != scores.dtype:
             raise ContractError(op, name, f"dtype {scores.dtype} (the scores')", describe(tensor))
     scoring = check_scoring(op, scoring)
     renormalize = check_bool(op, "renormalize", renormalize)
     scaling = _check_scaling(op, routed_scaling_factor)
-    mask = _check_vector(op, "mask", mask, tokens, (torch.bool,), device, "T, one flag per token")
+    mask = _check_vector(op, "mask", mask, tokens, (torch.bool,), device, "T, one flag per token", of="scores")
     return MoeGateBackwardCall(op, device.type, op, int(scores.shape[1]), slots, scoring, scores.dtype,
                                topk_idx.dtype, renormalize, scaling, mask is not None, **_base(op, scores))
 
@@ -624,7 +624,7 @@ def _checked_moe_permute(x: Any, topk_idx: Any, num_experts: Any, alignment: Any
     x = _check_table(op, "x", x, ROW_DTYPES + QUANTIZED_ROW_DTYPES, "[T, H] row")
     tokens, device = int(x.shape[0]), x.device
     quantized = x.dtype in QUANTIZED_ROW_DTYPES
-    topk_idx = _check_rows_like(op, "topk_idx", topk_idx, tokens, None, INDEX_DTYPES, device, "[T, K] index")
+    topk_idx = _check_rows_like(op, "topk_idx", topk_idx, tokens, None, INDEX_DTYPES, device, "[T, K] index", of="x")
     experts = check_int(op, "num_experts", num_experts, 1)
     align = check_int(op, "alignment", alignment, 1)
     sf_dtype = sf_width = None
@@ -637,7 +637,7 @@ def _checked_moe_permute(x: Any, topk_idx: Any, num_experts: Any, alignment: Any
         if sf.dim() == 2 and sf.shape[1] > 1 and sf.stride(1) != 1:
             raise ContractError(op, "x_sf", "row-major scale rows [T, F] (unit stride on the last dim; pass a "
                                 "column-major sf as .contiguous())", describe(sf))
-        sf = _check_rows_like(op, "x_sf", sf, tokens, None, SF_DTYPES, device, "[T, F] scale")
+        sf = _check_rows_like(op, "x_sf", sf, tokens, None, SF_DTYPES, device, "[T, F] scale", of="x")
         sf_dtype, sf_width = sf.dtype, int(sf.shape[1])
         alignment_bytes = min(alignment_bytes, byte_alignment(sf))
     elif quantized:
@@ -651,10 +651,10 @@ def _checked_moe_unpermute(y_expanded: Any, permutation: Any, topk_weights: Any,
     y_expanded = _check_table(op, "y_expanded", y_expanded, ROW_DTYPES, "[R, H] expanded row")
     device = y_expanded.device
     permutation = _check_table(op, "permutation", permutation, INDEX_DTYPES, "[T, K] row index")
-    check_same_device(op, "permutation", permutation, device)
+    check_same_device(op, "permutation", permutation, device, of="y_expanded")
     tokens, slots = int(permutation.shape[0]), int(permutation.shape[1])
     topk_weights = _check_rows_like(op, "topk_weights", topk_weights, tokens, slots, (torch.float32,), device,
-                                    "[T, K] weight")
+                                    "[T, K] weight", of="y_expanded")
     if num_tokens.__class__ is not int or num_tokens != tokens:
         raise ContractError(op, "num_tokens", f"the token count T = {tokens} (permutation's rows)",
                             describe(num_tokens))

@@ -247,16 +247,17 @@ def _sf_is_col_major(sf: torch.Tensor) -> bool | None:
 
 
 def _check_sf_tensor(
-    op: str, name: str, sf: Any, device: torch.device, block: tuple[int, int], tokens: int, hidden: int
+    op: str, name: str, sf: Any, device: torch.device, block: tuple[int, int], tokens: int, hidden: int, of: str
 ) -> tuple[layouts.SfEncoding, bool]:
-    """An sf tensor for ``block`` groups of a [tokens, hidden] tensor; layout read off dtype and strides."""
+    """An sf tensor for ``block`` groups of a [tokens, hidden] tensor, on ``device`` (the device of
+    ``of``); layout read off dtype and strides."""
     sf = check_tensor(op, name, sf)
     if sf.dim() != 2:
         raise ContractError(op, name, "a 2-D scale tensor", describe(sf))
     encoding = layouts.encoding_of_dtype(sf.dtype)
     if encoding is None:
         raise ContractError(op, name, "scales of dtype float32, float8_e4m3fn, int32 or int16", describe(sf))
-    check_same_device(op, name, sf, device)
+    check_same_device(op, name, sf, device, of)
     rows, cols = ceil_div(tokens, block[0]), ceil_div(hidden, block[1])
     shape = layouts.storage_shape(encoding, layouts.pack_axis_of_block(block), rows, cols)
     if tuple(sf.shape) != shape:
@@ -307,7 +308,7 @@ def read_quant_input(
         else:
             block = check_block(op, block_argument, input_block, INPUT_BLOCK_SIDES, INPUT_BLOCK_SIDES)
         hidden = int(xq.shape[1]) * fmt.values_per_byte  # int(): a traced (symbolic) H is specialised
-        encoding, col_major = _check_sf_tensor(op, "x", x[1], xq.device, block, xq.shape[0], hidden)
+        encoding, col_major = _check_sf_tensor(op, "x", x[1], xq.device, block, xq.shape[0], hidden, "x's data")
         return xq, x[1], hidden, QuantizedInput(fmt, block, encoding, col_major)
     tensor = check_matrix(op, "x", x, FLOAT_INPUT_DTYPES, "bf16/fp32")
     if input_block is not None:
@@ -560,7 +561,7 @@ def _checked_cast_call(
     tokens = data.shape[0]
     given = None
     if mode is MODE_PRECOMPUTED_SF:
-        encoding, sf_col_major = _check_sf_tensor(name, "sf", sf, data.device, block, tokens, hidden)
+        encoding, sf_col_major = _check_sf_tensor(name, "sf", sf, data.device, block, tokens, hidden, "x")
         given = GivenScales(encoding, sf_col_major)
     call = QuantCall(
         op, data.device.type, name, mode, hidden, data.dtype, cast, quantized_input, given, None,
@@ -588,7 +589,7 @@ def with_stochastic_rounding(name: str, call: QuantCall, inputs: QuantInputs, st
         raise ContractError(name, "generator", "None (deterministic rounding draws no bits)", describe(generator))
     from tileplug.core.random import generator_of_draw
 
-    state = generator_of_draw(name, generator, call.device)
+    state = generator_of_draw(name, generator, call.device, "x")
     cast = _stochastic_casts.get(call.cast)
     if cast is None:
         cast = _stochastic_casts.setdefault(call.cast, dataclasses.replace(call.cast, stochastic=True))

@@ -217,7 +217,7 @@ def _checked_transpose_weight_sf(tensors: Any, block_size: Any, transpose_sf1: A
         if device is None:
             device = tensor.device
         else:
-            check_same_device(name, "sf", tensor, device)
+            check_same_device(name, "sf", tensor, device, of="the first scale tensor")
         shapes.append(tuple(int(size) for size in tensor.shape))
     current = config.current()
     rows = sum(_numel(shape[:-1]) for shape in shapes) * block

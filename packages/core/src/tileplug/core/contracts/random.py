@@ -71,7 +71,7 @@ def check_state(op: str, name: str, state: Any, device: torch.device) -> torch.T
     if not isinstance(state, torch.Tensor) or state.dtype != torch.int64 or state.shape != (1,):
         raise ContractError(op, name, "an int64 tensor of shape (1,) (a generator's state)", describe(state))
     if state.device != device:
-        raise ContractError(op, name, f"a tensor on the values' device {device}", describe(state))
+        raise ContractError(op, name, f"a tensor on {device}, the device of values", describe(state))
     return state
 
 

@@ -221,7 +221,7 @@ def _check_cache(op: str, value: Any, head_dim: int, device: torch.device) -> in
                             "(columns: R/2 cos, then R/2 sin)", describe(cache))
     if cache.stride(1) != 1:
         raise ContractError(op, "cos_sin_cache", "unit stride on the last dim", describe(cache))
-    check_same_device(op, "cos_sin_cache", cache, device)
+    check_same_device(op, "cos_sin_cache", cache, device, of="the rotated tensor")
     return rotary
 
 
@@ -235,7 +235,7 @@ def _check_positions(op: str, value: Any, leading: tuple[int, ...], device: torc
         names = "[T]" if len(leading) == 1 else "[B, S]"
         raise ContractError(op, "positions", f"shape {names} = {list(leading)} (one position per token)",
                             describe(positions))
-    check_same_device(op, "positions", positions, device)
+    check_same_device(op, "positions", positions, device, of="the rotated tensor")
     return positions.dtype
 
 
@@ -327,7 +327,7 @@ def _checked_rotary(name: str, query: Any, cos_sin_cache: Any, key: Any, positio
             dims = "[T, Nk, D]" if query.dim() == 3 else "[B, S, Nk, D]"
             raise ContractError(name, "key", f"a {dims} tensor with the query's leading dims {list(leading)} "
                                 f"and D = {head_dim}", describe(key))
-        check_same_device(name, "key", key, device)
+        check_same_device(name, "key", key, device, of="query")
         if share_memory(query, key):
             raise ContractError(name, "key", "a tensor sharing no memory with query (both are written in place)",
                                 describe(key))

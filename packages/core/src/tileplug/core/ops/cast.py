@@ -90,7 +90,7 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False,
                             "bfloat16 → float8_e4m3fn", f"{x.dtype} → {dtype}")
     from tileplug.core.random import generator_of_draw
 
-    generator = generator_of_draw("cast", generator, x.device)
+    generator = generator_of_draw("cast", generator, x.device, "x")
     result = torch.empty(x.shape, dtype=dtype, device=x.device)
     stochastic_cast(result, x if x.is_contiguous() else x.contiguous(), generator.seed_state, generator.offset_state)
     return result
