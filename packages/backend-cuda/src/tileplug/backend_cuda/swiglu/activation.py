@@ -30,6 +30,8 @@ contracted into an FMA (``ieee_*`` where an addition follows a product).
 No ``from __future__ import annotations``: TileLang evaluates the macro annotations.
 """
 
+import math
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 import tilelang.language as T
@@ -58,10 +60,88 @@ SCALE_BITS = 64
 subnormal range are rounded once, by the final ``· 2^-64``."""
 
 
-def sigmoid_correctly_rounded(g):
-    """fp32 ``sigmoid(g)`` correctly rounded (but for a double rounding at a near-tie): in fp64."""
+def sigmoid_library_fp64(g):
+    """fp32 ``sigmoid(g)``: ``1 / (1 + exp(−g))`` in fp64 with CUDA's ``exp`` and IEEE division,
+    rounded once — the operations of PyTorch's fp64 sigmoid on the GPU, which the reference
+    rounds to fp32 (its bits, but for a double rounding at a near-tie of both)."""
     wide = T.cast(g, "float64")
     return T.cast(T.float64(1.0) / (T.float64(1.0) + T.exp(T.float64(0.0) - wide)), "float32")
+
+
+EXP_STEPS = 8
+"""``e^-a = 2^(-k/8) · e^x`` with ``k = rint(a · 8 / ln 2)`` and ``|x| <= ln 2 / 16``."""
+STEP_HIGH = 0.08664339756995787
+"""``ln 2 / 8`` with the low 12 bits of its significand cleared: ``k · STEP_HIGH`` is exact for ``k < 2^12``
+(``a <= 110`` gives ``k <= 1270``)."""
+STEP_LOW = 3.529411320378947e-14
+"""``ln 2 / 8 − STEP_HIGH`` (rounded to fp64)."""
+STEP_POWERS = tuple(float(Decimal(2) ** (Decimal(-j) / EXP_STEPS)) for j in range(EXP_STEPS))
+"""``2^(-j/8)``, ``j < 8``, correctly rounded to fp64."""
+EXP_TAYLOR = tuple(1.0 / math.factorial(n) for n in range(9))
+"""``e^x`` to ``x^8`` (the next term is below 2^-59 for ``|x| <= ln 2 / 16``)."""
+MAGIC64 = 6755399441055744.0
+"""1.5 · 2^52: adding it rounds an fp64 value below 2^51 to an integer, held in the low bits."""
+FP32_TAIL_BITS = 29
+"""fp64 significand bits below fp32's: a normal fp32 ulp is ``2^29`` fp64 ulps."""
+TIE_MARGIN = 64
+"""fp64 ulps around an fp32 rounding midpoint in which the reduced sigmoid defers to
+:func:`sigmoid_library_fp64`: both fp64 values are within a few ulps of ``sigmoid(g)``, so
+outside this margin they round to the same fp32 (taken on ``2 · 64 / 2^29 ≈ 2.4·10^-7`` of values)."""
+
+
+@T.macro
+def sigmoid_fp64(g, s, i):
+    """``s[i]`` = fp32 ``sigmoid(g)``, the bits of :func:`sigmoid_library_fp64` at about half its
+    fp64 work and without its slow-path calls.
+
+    ``E = e^-|g|`` (``|g|`` capped at 110, where fp32 ``sigmoid`` is 0 or 1) is ``2^(-k/8) · e^x``:
+    ``k = rint(|g| · 8 / ln 2)`` by the magic-number rounding, ``x = k · ln2/8 − |g|`` (two FMAs,
+    the first exact), ``e^x`` by its Taylor polynomial, ``2^(-k/8)`` a table entry whose exponent
+    field drops by ``k >> 3``. ``sigmoid = N / (1 + E)`` with ``N = 1`` (``g >= 0``) or ``E``: an
+    fp32 reciprocal seed and two FMA residual corrections. The fp64 value is then within a few
+    ulps of ``sigmoid(g)``; where its fp32 rounding could differ from the library formula's — within
+    :data:`TIE_MARGIN` fp64 ulps of an fp32 midpoint, or below fp32's normal range (``g < −87.3``) —
+    the library formula decides. NaN stays NaN."""
+    # named registers: each value below is used more than once
+    size, scaled, steps, x, power, denominator, numerator = (T.alloc_var("float64") for _ in range(7))
+    seed, quotient, residual = (T.alloc_var("float64") for _ in range(3))
+    k = T.alloc_var("int32")
+    tail = T.alloc_var("int64")
+    size = T.cast(T.min(T.abs(g), T.float32(SATURATION)), "float64")
+    scaled = _fma64(size, T.float64(EXP_STEPS / math.log(2)), T.float64(MAGIC64))
+    steps = T.call_extern("float64", "__dsub_rn", scaled, T.float64(MAGIC64))
+    k = T.cast(T.bitwise_and(T.reinterpret(scaled, "int64"), T.int64(0xFFFF)), "int32")
+    x = _fma64(steps, T.float64(STEP_HIGH), T.float64(0.0) - size)
+    x = _fma64(steps, T.float64(STEP_LOW), x)
+    poly = T.float64(EXP_TAYLOR[-1])
+    for term in reversed(EXP_TAYLOR[:-1]):
+        poly = _fma64(poly, x, T.float64(term))
+    entry = T.float64(STEP_POWERS[EXP_STEPS - 1])
+    for j in reversed(range(EXP_STEPS - 1)):
+        entry = T.if_then_else(T.bitwise_and(k, EXP_STEPS - 1) == j, T.float64(STEP_POWERS[j]), entry)
+    scaled_entry = T.reinterpret(T.reinterpret(entry, "int64") - T.shift_left(T.cast(T.shift_right(k, 3), "int64"), 52),
+                                 "float64")
+    power = T.call_extern("float64", "__dmul_rn", scaled_entry, poly)
+    denominator = T.call_extern("float64", "__dadd_rn", T.float64(1.0), power)
+    numerator = T.if_then_else(g < T.float32(0.0), power, T.float64(1.0))
+    seed = T.cast(T.call_extern("float32", "__fdividef", T.float32(1.0), T.cast(denominator, "float32")), "float64")
+    quotient = T.call_extern("float64", "__dmul_rn", numerator, seed)
+    residual = _fma64(T.float64(0.0) - denominator, quotient, numerator)
+    quotient = _fma64(residual, seed, quotient)
+    residual = _fma64(T.float64(0.0) - denominator, quotient, numerator)
+    quotient = _fma64(residual, seed, quotient)
+    tail = T.bitwise_and(T.reinterpret(quotient, "int64"), T.int64((1 << FP32_TAIL_BITS) - 1)) - T.int64(
+        1 << (FP32_TAIL_BITS - 1))
+    s[i] = T.cast(quotient, "float32")
+    if g != g:
+        s[i] = g
+    elif quotient < T.float64(2.0 ** -126) or (tail <= T.int64(TIE_MARGIN) and tail >= T.int64(-TIE_MARGIN)):
+        s[i] = sigmoid_library_fp64(g)
+
+
+def _fma64(a, b, c):
+    """``a · b + c`` in fp64, rounded once."""
+    return T.call_extern("float64", "__fma_rn", a, b, c)
 
 
 GUARD = -80.0
@@ -77,6 +157,22 @@ def sigmoid_guarded(g):
     main = T.call_extern("float32", "__fdividef", T.float32(1.0),
                          T.float32(1.0) + T.call_extern("float32", "__expf", T.float32(0.0) - bounded))
     return T.if_then_else(g > T.float32(GUARD), main, T.exp(g))  # exp(NaN) is NaN
+
+
+LOW_SHIFT = 44.361419555836500
+"""``64 · ln 2``: below :data:`GUARD`, ``e^g = e^(g + 64 ln 2) · 2^-64`` keeps the hardware
+exponential's result normal (it flushes below 2^-126) and rounds once into fp32's subnormals."""
+
+
+def sigmoid_branchless(g):
+    """:func:`sigmoid_guarded` without a branch: one ``__expf`` of ``−g`` above :data:`GUARD` (the
+    same value) or of ``g + 64 ln 2`` below it, then ``1 / (1 + e)`` or ``e · 2^-64`` selected.
+    Below the guard the argument's rounding and ``__expf`` put ``s`` within about 2^-16 relative of
+    ``e^g``, far inside a bf16 ulp of ``y``; NaN gives NaN (the second form)."""
+    above = g > T.float32(GUARD)
+    power = T.call_extern("float32", "__expf", T.if_then_else(above, T.float32(0.0) - g, g + T.float32(LOW_SHIFT)))
+    return T.if_then_else(above, T.call_extern("float32", "__fdividef", T.float32(1.0), T.float32(1.0) + power),
+                          power * T.float32(2.0 ** -64))
 
 
 @T.macro
@@ -199,10 +295,14 @@ class SwigluMacros:
             for i in T.unroll(VALUES):
                 g[i] = gate_value(T.cast(gate[i], "float32"))
                 u[i] = up_value(T.cast(up[i], "float32"))
-                if SIGMOID == "exact":
-                    s[i] = sigmoid_correctly_rounded(g[i])
+                if SIGMOID == "reduced":
+                    sigmoid_fp64(g[i], s, i)
+                elif SIGMOID == "library":
+                    s[i] = sigmoid_library_fp64(g[i])
                 elif SIGMOID == "guarded":
                     s[i] = sigmoid_guarded(g[i])
+                elif SIGMOID == "branchless":
+                    s[i] = sigmoid_branchless(g[i])
                 else:
                     sigmoid_fp32(g[i], s, i)
 

@@ -28,6 +28,7 @@ from tileplug.backend_cuda.norm.spec import (
     _hex,
     reduction_plan,
     row_tile,
+    tuning_override,
     vector_width,
 )
 from tileplug.core.contracts.swiglu import SWIGLU_BACKWARD, SwigluCall
@@ -36,7 +37,20 @@ from tileplug.core.quant.layouts import CUDA_LAYOUT
 SIGMOID_VARIABLE = "TILEPLUG_CUDA_SWIGLU_BF16_SIGMOID"
 """``accurate``: a bf16 ``y`` takes the 1-ulp fp32 sigmoid instead of the default ``guarded`` one
 (tuning on a GPU host; a guarded kernel's name says so, so the kernel index keeps the two apart)."""
-BF16_SIGMOIDS = ("accurate", "guarded")
+BF16_SIGMOIDS = ("accurate", "guarded", "branchless")
+FP64_SIGMOID_VARIABLE = "TILEPLUG_CUDA_SWIGLU_FP64_SIGMOID"
+"""Where a result is fp32, the sigmoid: ``library`` (the default: CUDA's fp64 ``1 / (1 + exp(−g))``)
+or ``reduced`` (``activation.sigmoid_fp64``: the same bits by a cheaper fp64 evaluation that defers
+to the library one near an fp32 rounding midpoint); tuning on a GPU host, a reduced kernel's name
+says so."""
+FP64_SIGMOIDS = ("reduced", "library")
+CHUNKS_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CHUNKS"
+"""Vectors a lane of a long row aims for in the forward kernels (``norm.spec.row_tile``'s
+``chunks``; default 4, the norm tile's; the backward keeps 4); tuning on a GPU host, the tile is
+part of the kernel's name."""
+CTAS_PER_SM_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CTAS_PER_SM"
+"""CTAs per SM the forward kernels ask ptxas to fit (``__launch_bounds__``' second argument; 0, the
+default: ptxas' own register choice); tuning on a GPU host, the kernel's name says so."""
 
 HALVES = 2
 """x's row is ``[gate | up]``: read as two rows of ``H`` (the norm tile's 3-D buffers)."""
@@ -69,6 +83,8 @@ class SwigluKernelSpec:
     tile: RowTile
     quant: QuantSpec | None = None
     bf16_sigmoid: str = "guarded"
+    fp64_sigmoid: str = "library"
+    ctas_per_sm: int = 0
 
     # what norm.rows.RowMacros reads of a spec: x as [N, 2, H], no residual
     heads = HALVES
@@ -83,22 +99,24 @@ class SwigluKernelSpec:
 
     @property
     def sigmoid(self) -> str:
-        """Which ``sigmoid`` evaluation the kernel uses (``activation``): ``"exact"`` (fp64, rounded
-        once: the reference's bits) where a result is fp32 — an fp32 ``y``, the cast (it quantizes
-        the fp32 ``y``), the gradients of an fp32 x; ``"accurate"`` (fp32, within 1 ulp) for the
-        gradients of a bf16 x; ``"guarded"`` for a bf16 ``y`` (``"accurate"`` when
-        ``bf16_sigmoid`` asks for it).
+        """Which ``sigmoid`` evaluation the kernel uses (``activation``). Where a result is fp32 —
+        an fp32 ``y``, the cast (it quantizes the fp32 ``y``), the gradients of an fp32 x — the fp64
+        one rounded once, the reference's bits: ``fp64_sigmoid`` (``"library"`` or ``"reduced"``);
+        ``"accurate"`` (fp32, within 1 ulp) for the gradients of a bf16 x; ``bf16_sigmoid`` for a
+        bf16 ``y`` (``"guarded"``, ``"branchless"`` or ``"accurate"``).
 
         ``"guarded"`` is ``1 / (1 + __expf(−g))`` above ``g = −80`` and ``expf(g)`` below, where
         ``s = e^g`` in fp32. The plain hardware form failed the 2-ulp bound on 5·10^-5 of the
         values of ``tests/gpu/test_cuda_swiglu.py`` (``__expf`` flushes to zero below
         ``g ≈ −87``, where the reference's ``s`` is subnormal and ``y`` a nonzero bf16); the guarded
         one passed all 150 ``test_matches_reference`` cases on the H200 (2026-12-02) and ran
-        T = 65536, H = 7168 in 779 us against 1113 us with the 1-ulp sigmoid (TileKernels 716)."""
+        T = 65536, H = 7168 in 779 us against 1113 us with the 1-ulp sigmoid (TileKernels 716).
+        ``"branchless"`` is the same value above ``g = −80`` and a scaled ``__expf`` below, selected
+        without a branch."""
         if self.op == SWIGLU_BACKWARD:
-            return "exact" if self.in_dtype == "float32" else "accurate"
+            return self.fp64_sigmoid if self.in_dtype == "float32" else "accurate"
         if self.quant is not None or self.out_dtype == "float32":
-            return "exact"
+            return self.fp64_sigmoid
         return self.bf16_sigmoid
 
     @property
@@ -121,10 +139,12 @@ class SwigluKernelSpec:
             parts.append(f"e{self.experts}a{self.expert_alignment}")
         parts.append("v128" if self.vectorize else "scalar")
         parts.append(self.tile.name)
+        if self.ctas_per_sm:
+            parts.append(f"b{self.ctas_per_sm}")
         if self.quant is not None:
             parts += self.quant.name_parts(clamp_tag="m")  # "c" is the SwiGLU clamp's
-        if self.sigmoid == "guarded":
-            parts.append("guarded")
+        if self.sigmoid in ("guarded", "branchless", "reduced"):
+            parts.append(self.sigmoid)
         return "_".join(parts)
 
 
@@ -176,17 +196,24 @@ def make_spec(call: SwigluCall) -> SwigluKernelSpec:
         experts=call.num_experts,
         expert_alignment=call.expert_alignment,
         vectorize=vectorizes(call),
-        tile=row_tile(call.hidden, call.input_dtype),
+        tile=row_tile(call.hidden, call.input_dtype, 4 if call.op == SWIGLU_BACKWARD else tuning_override(CHUNKS_VARIABLE, 4)),
         quant=quant_spec(call),
         bf16_sigmoid=bf16_sigmoid(),
+        fp64_sigmoid=_chosen(FP64_SIGMOID_VARIABLE, "library", FP64_SIGMOIDS),
+        ctas_per_sm=0 if call.op == SWIGLU_BACKWARD else tuning_override(CTAS_PER_SM_VARIABLE, 0),
     )
 
 
 def bf16_sigmoid() -> str:
     """The sigmoid of a bf16 ``y``: ``guarded``, or what :data:`SIGMOID_VARIABLE` names."""
+    return _chosen(SIGMOID_VARIABLE, "guarded", BF16_SIGMOIDS)
+
+
+def _chosen(variable: str, default: str, allowed: tuple[str, ...]) -> str:
+    """``default``, or the one of ``allowed`` the environment variable ``variable`` names."""
     import os
 
-    chosen = os.environ.get(SIGMOID_VARIABLE, "guarded")
-    if chosen not in BF16_SIGMOIDS:
-        raise ValueError(f"{SIGMOID_VARIABLE}={chosen!r}: expected one of {', '.join(BF16_SIGMOIDS)}")
+    chosen = os.environ.get(variable, default)
+    if chosen not in allowed:
+        raise ValueError(f"{variable}={chosen!r}: expected one of {', '.join(allowed)}")
     return chosen
