@@ -45,9 +45,8 @@ to the library one near an fp32 rounding midpoint); tuning on a GPU host, a redu
 says so."""
 FP64_SIGMOIDS = ("reduced", "library")
 CHUNKS_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CHUNKS"
-"""Vectors a lane of a long row aims for in the forward kernels (``norm.spec.row_tile``'s
-``chunks``; default 4, the norm tile's; the backward keeps 4); tuning on a GPU host, the tile is
-part of the kernel's name."""
+"""Vectors a lane of a long row aims for (``norm.spec.row_tile``'s ``chunks``; default 4, the norm
+tile's); tuning on a GPU host, the tile is part of the kernel's name."""
 CTAS_PER_SM_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CTAS_PER_SM"
 """CTAs per SM the forward kernels ask ptxas to fit (``__launch_bounds__``' second argument; 0, the
 default: ptxas' own register choice); tuning on a GPU host, the kernel's name says so."""
@@ -196,7 +195,7 @@ def make_spec(call: SwigluCall) -> SwigluKernelSpec:
         experts=call.num_experts,
         expert_alignment=call.expert_alignment,
         vectorize=vectorizes(call),
-        tile=row_tile(call.hidden, call.input_dtype, 4 if call.op == SWIGLU_BACKWARD else tuning_override(CHUNKS_VARIABLE, 4)),
+        tile=row_tile(call.hidden, call.input_dtype, tuning_override(CHUNKS_VARIABLE, 4)),
         quant=quant_spec(call),
         bf16_sigmoid=bf16_sigmoid(),
         fp64_sigmoid=_chosen(FP64_SIGMOID_VARIABLE, "library", FP64_SIGMOIDS),
