@@ -239,24 +239,51 @@ def test_the_fp32_sigmoid_is_within_one_ulp_of_the_correctly_rounded_one() -> No
     assert bool(torch.isnan(_sigmoid_fp32_emulated(nan_in)).all())
 
 
-def test_a_bf16_y_takes_the_guarded_sigmoid_unless_asked_for_the_accurate_one(monkeypatch) -> None:
+def test_a_bf16_y_takes_the_guarded_sigmoid_unless_asked_for_another(monkeypatch) -> None:
     """A bf16 ``y`` takes the guarded hardware-exponential sigmoid (its kernel name says so,
-    keeping the index entries apart) unless ``TILEPLUG_CUDA_SWIGLU_BF16_SIGMOID=accurate``; fp32
-    results and the cast keep the fp64 sigmoid either way; a wrong value is an error naming the
-    variable."""
-    from tileplug.backend_cuda.swiglu.spec import SIGMOID_VARIABLE
+    keeping the index entries apart) unless ``TILEPLUG_CUDA_SWIGLU_BF16_SIGMOID`` names the
+    accurate or the branchless one; fp32 results and the cast take the library fp64 sigmoid
+    unless ``TILEPLUG_CUDA_SWIGLU_FP64_SIGMOID=reduced``; the tile's vectors a lane and the CTAs
+    an SM are tuning variables too; every variant has its own kernel name, and a wrong value is
+    an error naming the variable."""
+    from tileplug.backend_cuda.swiglu.spec import (
+        CHUNKS_VARIABLE,
+        CTAS_PER_SM_VARIABLE,
+        FP64_SIGMOID_VARIABLE,
+        SIGMOID_VARIABLE,
+    )
 
-    x = torch.randn(2, 2 * 64, dtype=BF16)
+    x = torch.randn(2, 2 * 7168, dtype=BF16)
     bf16_call = describe_call(ops.swiglu, x)[0]
     fp32_call = describe_call(ops.swiglu, x, out_dtype=FP32)[0]
     cast_call = describe_call(ops.swiglu_per_token_cast, x)[0]
     spec = _KERNELS["swiglu"].spec
-    monkeypatch.delenv(SIGMOID_VARIABLE, raising=False)
+    cast_spec = _KERNELS["swiglu_per_token_cast"].spec
+    for variable in (SIGMOID_VARIABLE, FP64_SIGMOID_VARIABLE, CHUNKS_VARIABLE, CTAS_PER_SM_VARIABLE):
+        monkeypatch.delenv(variable, raising=False)
     assert spec(bf16_call).sigmoid == "guarded" and spec(bf16_call).name.endswith("_guarded")
+    assert spec(fp32_call).sigmoid == "library" and cast_spec(cast_call).sigmoid == "library"
+    assert spec(bf16_call).tile.chunks == 4 and spec(bf16_call).ctas_per_sm == 0
+    names = {spec(bf16_call).name, spec(fp32_call).name, cast_spec(cast_call).name}
     monkeypatch.setenv(SIGMOID_VARIABLE, "accurate")
     assert spec(bf16_call).sigmoid == "accurate" and not spec(bf16_call).name.endswith("_guarded")
-    assert spec(fp32_call).sigmoid == "exact" and not spec(fp32_call).name.endswith("_guarded")
-    assert _KERNELS["swiglu_per_token_cast"].spec(cast_call).sigmoid == "exact"
-    monkeypatch.setenv(SIGMOID_VARIABLE, "fast")
-    with pytest.raises(ValueError, match=SIGMOID_VARIABLE):
-        spec(bf16_call)
+    names.add(spec(bf16_call).name)
+    monkeypatch.setenv(SIGMOID_VARIABLE, "branchless")
+    assert spec(bf16_call).sigmoid == "branchless" and spec(bf16_call).name.endswith("_branchless")
+    assert spec(fp32_call).sigmoid == "library" and cast_spec(cast_call).sigmoid == "library"
+    names.add(spec(bf16_call).name)
+    monkeypatch.setenv(FP64_SIGMOID_VARIABLE, "reduced")
+    assert spec(fp32_call).sigmoid == "reduced" and cast_spec(cast_call).sigmoid == "reduced"
+    assert spec(bf16_call).sigmoid == "branchless"
+    names |= {spec(fp32_call).name, cast_spec(cast_call).name}
+    monkeypatch.setenv(CHUNKS_VARIABLE, "2")
+    monkeypatch.setenv(CTAS_PER_SM_VARIABLE, "2")
+    tuned = cast_spec(cast_call)
+    assert tuned.tile.threads == 448 and tuned.tile.chunks == 2 and tuned.ctas_per_sm == 2
+    names.add(tuned.name)
+    assert len(names) == 8, names
+    for variable in (SIGMOID_VARIABLE, FP64_SIGMOID_VARIABLE):
+        monkeypatch.setenv(variable, "fast")
+        with pytest.raises(ValueError, match=variable):
+            spec(bf16_call if variable == SIGMOID_VARIABLE else fp32_call)
+        monkeypatch.delenv(variable)
