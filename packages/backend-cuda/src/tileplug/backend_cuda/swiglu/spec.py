@@ -48,7 +48,7 @@ CHUNKS_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CHUNKS"
 """Vectors a lane of a long row aims for (``norm.spec.row_tile``'s ``chunks``; default 4, the norm
 tile's); tuning on a GPU host, the tile is part of the kernel's name."""
 CTAS_PER_SM_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CTAS_PER_SM"
-"""CTAs per SM the forward kernels ask ptxas to fit (``__launch_bounds__``' second argument; 0, the
+"""CTAs per SM the kernels ask ptxas to fit (``__launch_bounds__``' second argument; 0, the
 default: ptxas' own register choice); tuning on a GPU host, the kernel's name says so."""
 
 HALVES = 2
@@ -199,7 +199,7 @@ def make_spec(call: SwigluCall) -> SwigluKernelSpec:
         quant=quant_spec(call),
         bf16_sigmoid=bf16_sigmoid(),
         fp64_sigmoid=_chosen(FP64_SIGMOID_VARIABLE, "library", FP64_SIGMOIDS),
-        ctas_per_sm=0 if call.op == SWIGLU_BACKWARD else tuning_override(CTAS_PER_SM_VARIABLE, 0),
+        ctas_per_sm=tuning_override(CTAS_PER_SM_VARIABLE, 0),
     )
 
 

@@ -41,6 +41,8 @@ def build(spec: SwigluKernelSpec):
     @T.prim_func
     def kernel(x: x_t, grad_y: gy_t, topk_weights: w_t, expert_ends: e_t, grad_x: gx_t, grad_topk_weights: gw_t):
         with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+            if spec.ctas_per_sm:
+                T.annotate_min_blocks_per_sm(spec.ctas_per_sm)
             for stride, per_vector in STRIDES:
                 T.assume(stride % per_vector == 0)
             row = act.begin(bx)
