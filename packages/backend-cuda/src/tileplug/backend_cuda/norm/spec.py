@@ -99,9 +99,9 @@ def vector_width(dtype: torch.dtype) -> int:
     return VECTOR_BYTES // torch.empty((), dtype=dtype).element_size()
 
 
-def row_tile(hidden: int, dtype: torch.dtype, chunks: int = 4) -> RowTile | None:
+def row_tile(hidden: int, dtype: torch.dtype, target_chunks: int = 4) -> RowTile | None:
     """The row tile of ``D = hidden`` values of ``dtype`` (None: too long for one CTA); a long row
-    takes the vectors a lane closest to ``chunks`` among the tiles that waste fewest slots."""
+    takes the vectors a lane closest to ``target_chunks`` among the tiles that waste fewest slots."""
     vectors = -(-hidden // vector_width(dtype))
     if vectors <= 32:
         lanes = 1 << max(0, (vectors - 1).bit_length())
@@ -112,7 +112,7 @@ def row_tile(hidden: int, dtype: torch.dtype, chunks: int = 4) -> RowTile | None
         return None
     best = min(
         ((warps, chunks) for warps in LONG_ROW_WARPS for chunks in LONG_ROW_CHUNKS if warps * 32 * chunks >= vectors),
-        key=lambda pair: (pair[0] * 32 * pair[1] - vectors, abs(pair[1] - chunks), pair[0]),
+        key=lambda pair: (pair[0] * 32 * pair[1] - vectors, abs(pair[1] - target_chunks), pair[0]),
     )
     return RowTile(32 * best[0], 1, best[1])
 

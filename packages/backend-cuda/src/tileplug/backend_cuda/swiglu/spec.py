@@ -35,8 +35,9 @@ from tileplug.core.contracts.swiglu import SWIGLU_BACKWARD, SwigluCall
 from tileplug.core.quant.layouts import CUDA_LAYOUT
 
 SIGMOID_VARIABLE = "TILEPLUG_CUDA_SWIGLU_BF16_SIGMOID"
-"""``accurate``: a bf16 ``y`` takes the 1-ulp fp32 sigmoid instead of the default ``guarded`` one
-(tuning on a GPU host; a guarded kernel's name says so, so the kernel index keeps the two apart)."""
+"""The sigmoid of a bf16 ``y``: ``guarded`` (the default), ``branchless`` (its value without a branch)
+or ``accurate`` (the 1-ulp fp32 one); tuning on a GPU host, a guarded or branchless kernel's name
+says so, so the kernel index keeps them apart."""
 BF16_SIGMOIDS = ("accurate", "guarded", "branchless")
 FP64_SIGMOID_VARIABLE = "TILEPLUG_CUDA_SWIGLU_FP64_SIGMOID"
 """Where a result is fp32, the sigmoid: ``library`` (the default: CUDA's fp64 ``1 / (1 + exp(−g))``)
