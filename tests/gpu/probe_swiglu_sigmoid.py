@@ -69,18 +69,13 @@ def child(dtype_name: str, path: str) -> None:
 
 
 def distance(a, b) -> tuple[int, int]:
-    """(values whose bits differ, largest ulp distance) of two same-dtype tensors; NaN = NaN."""
+    """(values that differ, largest ulp distance) of two same-dtype tensors; NaN = NaN, +0 = −0."""
     import torch
 
-    both_nan = torch.isnan(a.float()) & torch.isnan(b.float())
-    int_type = {2: torch.int16, 4: torch.int32}[a.element_size()]
-    a_bits, b_bits = a.view(int_type).to(torch.int64), b.view(int_type).to(torch.int64)
-    # the ulp line: negative values mirrored below zero, so neighbours differ by one across zero
-    sign_bit = 1 << (8 * a.element_size() - 1)
-    line_a = torch.where(a_bits < 0, -(a_bits + sign_bit), a_bits)
-    line_b = torch.where(b_bits < 0, -(b_bits + sign_bit), b_bits)
-    gap = (line_a - line_b).abs()
-    gap[both_nan] = 0
+    from tileplug.core.testing import ulp_distance
+
+    gap = ulp_distance(a, b)
+    gap[torch.isnan(a.float()) & torch.isnan(b.float())] = 0
     return int((gap != 0).sum()), int(gap.max())
 
 
