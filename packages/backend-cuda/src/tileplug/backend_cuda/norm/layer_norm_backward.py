@@ -16,7 +16,7 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 import tilelang.language as T
 
 from tileplug.backend_cuda.norm.backward import ROW_BLOCK, ColumnAccumulators
-from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, row_buffer, statistic_buffer, vector_buffer
+from tileplug.backend_cuda.norm.rows import RowMacros, RowPrefetch, aligned_strides, row_buffer, statistic_buffer, vector_buffer
 from tileplug.backend_cuda.norm.spec import NormKernelSpec
 
 
@@ -46,6 +46,7 @@ def build(spec: NormKernelSpec):
     bp_t = T.Tensor((P, D), "float32")
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
+    ahead = RowPrefetch(rows, 2) if spec.prefetch else None  # grad_y and x, one row iteration ahead
 
     def normalized(sv, i, row_mean, row_rstd):
         """``x̂ = (s − mean) · rstd`` of value ``i``."""
@@ -87,14 +88,23 @@ def build(spec: NormKernelSpec):
             sums.zero(bias_sums, 0, tx)
             if WDT is not None:
                 sums.zero(weight_sums, 1, tx)
+            first = bx * ROW_BLOCK
+            if ahead is not None:
+                staged = ahead.buffer()
+                ahead.issue(staged, 0, (grad_y, x), first, tx)
             for block_row in T.serial(ROW_BLOCK):
-                t, n, _, valid = rows.coords(bx * ROW_BLOCK + block_row, tx)
-                rows.load_row(grad_y, gv, t, n, lane, valid, IN)
-                rows.load_row(x, sv, t, n, lane, valid, IN)
+                t, n, _, valid = rows.coords(first + block_row, tx)
                 if GRAD_RESIDUAL:
                     rows.load_row(grad_residual_out, rv, t, n, lane, valid, IN)
                 row_mean = statistic(mean, t, n, valid)
                 row_rstd = statistic(rstd, t, n, valid)
+                if ahead is not None:
+                    ahead.advance(staged, (grad_y, x), first, block_row, ROW_BLOCK, tx)
+                    ahead.take(staged, block_row, 0, gv, lane, rows.slot(tx))
+                    ahead.take(staged, block_row, 1, sv, lane, rows.slot(tx))
+                else:
+                    rows.load_row(grad_y, gv, t, n, lane, valid, IN)
+                    rows.load_row(x, sv, t, n, lane, valid, IN)
                 for i in T.unroll(VALUES):
                     terms[i] = scaled(gv, wv, i)
                 rows.row_sum(terms, tree, acc, lane, rows.slot(tx))

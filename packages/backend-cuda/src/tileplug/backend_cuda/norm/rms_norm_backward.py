@@ -17,7 +17,8 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 import tilelang.language as T
 
 from tileplug.backend_cuda.norm.backward import ROW_BLOCK, ColumnAccumulators
-from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, f32, row_buffer, statistic_buffer, vector_buffer
+from tileplug.backend_cuda.norm.rows import (RowMacros, RowPrefetch, aligned_strides, f32, row_buffer, statistic_buffer,
+                                             vector_buffer)
 from tileplug.backend_cuda.norm.spec import NormKernelSpec, backward_ctas_per_sm
 
 def build(spec: NormKernelSpec):
@@ -45,6 +46,7 @@ def build(spec: NormKernelSpec):
     partials_t = T.Tensor((T.dynamic("P"), D), "float32") if WDT is not None else vector_buffer(spec, "p", None)
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
+    ahead = RowPrefetch(rows, 2) if spec.prefetch else None  # grad_y and x, one row iteration ahead
 
     def factor(wv, i):
         """``(float(w) + offset) · out_scale`` (no weight: ``out_scale``)."""
@@ -86,13 +88,22 @@ def build(spec: NormKernelSpec):
                 gw = sums.buffer(0)
                 rows.load_vector(weight, wv, lane, WDT)
                 sums.zero(gw, 0, tx)
+            first = bx * ROW_BLOCK
+            if ahead is not None:
+                staged = ahead.buffer()
+                ahead.issue(staged, 0, (grad_y, x), first, tx)
             for block_row in T.serial(ROW_BLOCK):
-                t, n, _, valid = rows.coords(bx * ROW_BLOCK + block_row, tx)
-                rows.load_row(grad_y, gv, t, n, lane, valid, IN)
-                rows.load_row(x, sv, t, n, lane, valid, IN)
+                t, n, _, valid = rows.coords(first + block_row, tx)
                 if GRAD_RESIDUAL:
                     rows.load_row(grad_residual_out, rv, t, n, lane, valid, IN)
                 row_rstd = statistic(rstd, t, n, valid)
+                if ahead is not None:
+                    ahead.advance(staged, (grad_y, x), first, block_row, ROW_BLOCK, tx)
+                    ahead.take(staged, block_row, 0, gv, lane, rows.slot(tx))
+                    ahead.take(staged, block_row, 1, sv, lane, rows.slot(tx))
+                else:
+                    rows.load_row(grad_y, gv, t, n, lane, valid, IN)
+                    rows.load_row(x, sv, t, n, lane, valid, IN)
                 for i in T.unroll(VALUES):
                     terms[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_rstd))
                 rows.row_sum(terms, tree, acc, lane, rows.slot(tx))

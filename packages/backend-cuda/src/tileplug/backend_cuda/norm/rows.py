@@ -294,6 +294,7 @@ class RowMacros:
         self.reuse_barrier = barrier
         self.store_statistic = store_statistic
         self.partial = PARTIAL
+        self.chunk_ok = chunk_ok
 
     # ------------------------------------------------------------------ trace-time helpers
     def tree_buffer(self):
@@ -336,6 +337,74 @@ class RowMacros:
     def grid(self):
         """CTAs of the launch: ``ceil(R / rows)`` along blockIdx.x (no 65535 limit)."""
         return T.ceildiv(self.rows_total, self.ROWS)
+
+
+class RowPrefetch:
+    """The rows a backward row loop reads next, copied one iteration ahead into shared memory
+    with ``cp.async`` (128-bit row tiles only: ``spec.vectorize``).
+
+    A CTA's loop over its ``count`` row iterations takes iteration ``i``'s rows of each source
+    from stage ``i % 2`` of the staging buffer while the copies of iteration ``i + 1`` into
+    stage ``(i + 1) % 2`` are in flight: the next row's loads overlap this row's reductions,
+    barriers and stores instead of waiting for them. Each thread copies and reads back only its
+    own vectors (``cp.async.wait_group`` makes a thread's copies visible to itself), so no
+    barrier guards a stage; a stage is written again one iteration after it was read, with the
+    row's barriers in between. A vector past ``D`` or of a row past ``R`` is zero-filled (its
+    copy reads nothing), as :meth:`RowMacros.load_row` loads 0 there.
+
+    Shared memory: ``2 · sources · rows · lanes · chunks · 16`` bytes (57344 at D = 7168 bf16,
+    two sources): beyond the 48 KB default, which TileLang's launcher raises for the kernel."""
+
+    def __init__(self, rows: RowMacros, sources: int) -> None:
+        assert rows.vectorize, "cp.async copies whole 128-bit vectors"
+        LANES, VEC, ROWS = rows.LANES, rows.VEC, rows.ROWS
+        KS = list(range(rows.CHUNKS))
+        SOURCES = list(range(sources))
+        self.shape = (2, sources, ROWS, LANES * rows.CHUNKS * VEC)
+        self.dtype = rows.spec.in_dtype
+        HEADS = rows.HEADS
+
+        def element(src, t, n, col):
+            return src[t, col] if HEADS is None else src[t, n, col]
+
+        @T.macro
+        def issue(staged, stage, sources, row, tx):
+            """Start the copies of the thread's vectors of CTA row iteration ``row`` (the argument
+            :meth:`RowMacros.coords` takes) of every source into ``stage``; then one commit."""
+            t, n, lane, valid = rows.coords(row, tx)
+            slot = rows.slot(tx)
+            for s in SOURCES:
+                for k in KS:
+                    col = (k * LANES + lane) * VEC
+                    T.ptx_cp_async(T.access_ptr(staged[stage, s, slot, col], "w", VEC),
+                                   T.access_ptr(element(sources[s], t, n, col), "r", VEC), VEC,
+                                   predicate=rows.chunk_ok(k, col, valid))
+            T.ptx_commit_group()
+
+        @T.macro
+        def advance(staged, sources, first, i, count, tx):
+            """At the top of iteration ``i`` (of ``count``, from CTA row iteration ``first``): start
+            iteration ``i + 1``'s copies, then wait for iteration ``i``'s (an empty group after the
+            last iteration keeps the wait's count right)."""
+            if i + 1 < count:
+                issue(staged, (i + 1) % 2, sources, first + i + 1, tx)
+            else:
+                T.ptx_commit_group()
+            T.ptx_wait_group(1)
+
+        @T.macro
+        def take(staged, i, s, dst, lane, slot):
+            """``dst[k·VEC + j]``: source ``s``'s row of iteration ``i``, as ``load_row`` would load it."""
+            for k in KS:
+                col = (k * LANES + lane) * VEC
+                for j in T.vectorized(VEC):
+                    dst[k * VEC + j] = staged[i % 2, s, slot, col + j]
+
+        self.issue, self.advance, self.take = issue, advance, take
+
+    def buffer(self):
+        """The staging buffer (one per CTA)."""
+        return T.alloc_shared(self.shape, self.dtype)
 
 
 # ---------------------------------------------------------------------- buffer types

@@ -76,6 +76,26 @@ def backward_ctas_per_sm() -> int:
     return tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_CTAS", BACKWARD_CTAS_PER_SM)
 
 
+PREFETCHING_OPS = ("rms_norm_backward", "layer_norm_backward")
+"""The ops whose row loop copies its next row ahead (``NormKernelSpec.prefetch``) on 128-bit tiles."""
+PREFETCH_MAX_BYTES = 64 * 1024
+"""The most shared memory the staging of ``grad_y`` and ``x`` (two stages) may take: with the
+column sums' 48 KB two CTAs still fit an SM's 228 KB (D ≤ 8192 at 16-bit, 4096 at fp32);
+longer rows load directly."""
+
+
+def prefetch_bytes(tile: RowTile) -> int:
+    """Shared bytes of the backward row loop's staging (``rows.RowPrefetch``): two stages of two
+    sources, 16 bytes per vector of the tile."""
+    return 2 * 2 * tile.threads * tile.chunks * VECTOR_BYTES
+
+
+def backward_prefetch() -> bool:
+    """Whether the backward row loops prefetch (``TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH``: 1 by
+    default, 0 for the direct loads; a tuning knob, seen by the spec name)."""
+    return bool(tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH", 1))
+
+
 @dataclass(frozen=True)
 class RowTile:
     """``lanes`` threads per row, ``rows`` rows per CTA, ``chunks`` vectors per lane."""
@@ -241,7 +261,9 @@ class NormKernelSpec:
     written to ``residual_out``. ``stats``: rstd (and mean) are written. ``vectorize``:
     128-bit loads and stores (every row pointer 16-byte aligned and ``D`` a multiple of
     ``VEC``), else per-element accesses. ``tile``: the row tile. ``quant``: the fused cast.
-    ``grad_residual``: a backward adds ``grad_residual_out`` to ``grad_x``.
+    ``grad_residual``: a backward adds ``grad_residual_out`` to ``grad_x``. ``prefetch``: a
+    backward row loop copies its next row of ``grad_y`` and ``x`` into shared memory with
+    ``cp.async`` while it works on this one (``rows.RowPrefetch``; 128-bit tiles only).
     """
 
     op: str
@@ -259,6 +281,7 @@ class NormKernelSpec:
     tile: RowTile
     quant: QuantSpec | None = None
     grad_residual: bool = False
+    prefetch: bool = False
 
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``): built by
@@ -297,6 +320,8 @@ class NormKernelSpec:
         parts.append(self.tile.name)
         if self.quant is not None:
             parts += self.quant.name_parts()
+        if self.prefetch:
+            parts.append("pf")
         return "_".join(parts)
 
 
@@ -348,4 +373,6 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
         tile=row_tile(call.hidden, call.input_dtype),
         quant=quant,
         grad_residual=call.grad_residual,
+        prefetch=(call.op in PREFETCHING_OPS and vectorizes(call) and backward_prefetch()
+                  and prefetch_bytes(row_tile(call.hidden, call.input_dtype)) <= PREFETCH_MAX_BYTES),
     )
