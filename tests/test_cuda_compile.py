@@ -181,10 +181,14 @@ PTX_V4_LOAD = re.compile(r"ld\.global(?:\.nc)?(?:\.L1::\S+)?(?:\.L2::\S+)?\.v4\.
 
 
 def loads_are_128_bit(source: str, buffer: str) -> bool:
-    """True when every load of ``buffer`` in the CUDA source is a 128-bit vector load."""
+    """True when every load of ``buffer`` in the CUDA source is a 128-bit vector load, or a
+    16-byte ``cp.async`` copy into shared memory (the norm backwards' row prefetch)."""
     vector = re.compile(r"=\s*\*\((?:uint4|float4|int4|ulonglong2|longlong2|fp8_e4_16_t)\*\)\(" + buffer + r" \+")
     scalar = re.compile(r"(?<![\w.])" + buffer + r"\[")
-    return bool(vector.search(source)) and not scalar.search(source)
+    copies = re.compile(r"tl::cp_async_gs(?:_conditional)?<(\d+)>\([^;]*?&\(" + buffer + r"\[")
+    widths = copies.findall(source)
+    rest = copies.sub("", source)  # the copies' source operands are not scalar loads
+    return (bool(vector.search(rest)) or bool(widths)) and set(widths) <= {"16"} and not scalar.search(rest)
 
 
 def x_loads_are_128_bit(source: str) -> bool:

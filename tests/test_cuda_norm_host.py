@@ -389,6 +389,43 @@ def test_vectorized_only_where_every_row_is_aligned() -> None:
     assert not kernel.spec(call).vectorize  # the residual's rows are not aligned
 
 
+def test_backward_row_block_is_one_formula_on_host_and_in_the_kernel() -> None:
+    """The launcher sizes the partial rows with the same row block the kernel's grid and loop use
+    (host ints and TIR expressions of one function), and it depends on the row count alone."""
+    from tilelang import tvm
+
+    from tileplug.backend_cuda.norm.backward import MAX_ROW_BLOCK, TARGET_CTAS, row_block
+
+    analyzer = tvm.arith.Analyzer()
+    for tiles in (1, TARGET_CTAS, TARGET_CTAS + 1, 4001, TARGET_CTAS * (MAX_ROW_BLOCK - 1),
+                  TARGET_CTAS * (MAX_ROW_BLOCK - 1) + 1, 10**6):
+        in_kernel = analyzer.simplify(row_block(tvm.tirx.const(tiles, "int32")))
+        assert int(in_kernel) == row_block(tiles), tiles
+    assert [row_block(n) for n in (1, 256, 257, 4001, 20011)] == [1, 1, 2, 16, MAX_ROW_BLOCK]
+
+
+def test_backward_prefetch_only_on_aligned_rows_that_fit() -> None:
+    """The backward row loops stage rows with cp.async only on 128-bit tiles whose two stages fit
+    ``PREFETCH_MAX_BYTES``; the environment variable turns it off (and the name says which)."""
+    from tileplug.backend_cuda.norm.spec import PREFETCH_MAX_BYTES, prefetch_bytes
+    from tileplug.core import ops
+
+    def spec(hidden: int, width: int | None = None, **env: str):
+        x = torch.empty(4, width or hidden, dtype=torch.bfloat16)[:, :hidden]
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in env.items():
+                patch.setenv(name, value)
+            kernel, call, _ = _kernel_call(ops.rms_norm_backward, x, x, torch.empty(hidden, dtype=torch.bfloat16),
+                                           torch.empty(4, dtype=torch.float32))
+            return kernel.spec(call)
+
+    assert spec(7168).prefetch and spec(7168).name.endswith("_pf")
+    assert prefetch_bytes(spec(7168).tile) == 57344
+    assert not spec(7168, TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH="0").prefetch
+    assert not spec(576, 579).prefetch  # misaligned rows load element by element
+    assert prefetch_bytes(row_tile(16384, torch.bfloat16)) > PREFETCH_MAX_BYTES and not spec(16384).prefetch
+
+
 # ---------------------------------------------------------------------- launchers
 
 
