@@ -389,19 +389,34 @@ def test_vectorized_only_where_every_row_is_aligned() -> None:
     assert not kernel.spec(call).vectorize  # the residual's rows are not aligned
 
 
-def test_backward_row_block_is_one_formula_on_host_and_in_the_kernel() -> None:
-    """The launcher sizes the partial rows with the same row block the kernel's grid and loop use
-    (host ints and TIR expressions of one function), and it depends on the row count alone."""
-    from tilelang import tvm
+def test_backward_blocking_is_fixed_and_sizes_the_partial_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backward CTA runs a constant number of row iterations (never chosen by T: it fixes the
+    weight gradient's order of additions), and the launcher hands the row kernel one partial row
+    per row slot of each CTA, ``ceil(R / (rows · row_block)) · rows``, which the column sum adds."""
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.norm.backward import ColumnSumSpec
+    from tileplug.backend_cuda.norm.spec import BACKWARD_ROW_BLOCK
+    from tileplug.core import CUDA_LAYOUT, ops
 
-    from tileplug.backend_cuda.norm.backward import MAX_ROW_BLOCK, TARGET_CTAS, row_block
-
-    analyzer = tvm.arith.Analyzer()
-    for tiles in (1, TARGET_CTAS, TARGET_CTAS + 1, 4001, TARGET_CTAS * (MAX_ROW_BLOCK - 1),
-                  TARGET_CTAS * (MAX_ROW_BLOCK - 1) + 1, 10**6):
-        in_kernel = analyzer.simplify(row_block(tvm.tirx.const(tiles, "int32")))
-        assert int(in_kernel) == row_block(tiles), tiles
-    assert [row_block(n) for n in (1, 256, 257, 4001, 20011)] == [1, 1, 2, 16, MAX_ROW_BLOCK]
+    recorders: dict[str, Recorder] = {}
+    monkeypatch.setattr(jit, "entry", lambda spec: recorders.setdefault(spec.name, Recorder()))
+    for hidden, tokens in ((576, 1), (576, 4001), (7168, 7), (7168, 4001)):
+        grad = torch.randn(tokens, hidden, dtype=torch.bfloat16)
+        kernel, call, inputs = _kernel_call(ops.rms_norm_backward, grad, grad.clone(),
+                                            torch.ones(hidden, dtype=torch.bfloat16), torch.ones(tokens))
+        spec = kernel.spec(call)
+        assert spec.row_block == BACKWARD_ROW_BLOCK == 8 and "_rb" not in spec.name
+        recorders.clear()
+        kernel.prepare(call)(inputs, call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, None))
+        partials = recorders[spec.name].args[-1]
+        slots = spec.tile.rows
+        assert partials.shape == (-(-tokens // (slots * 8)) * slots, hidden), (hidden, tokens)
+        summed = recorders[ColumnSumSpec().name].args[0]
+        assert summed is partials or summed.shape[0] == -(-partials.shape[0] // 64)
+    monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK", "32")
+    kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, grad, torch.ones(7168, dtype=torch.bfloat16),
+                                   torch.ones(4001))
+    assert kernel.spec(call).row_block == 32 and kernel.spec(call).name.endswith("_rb32")
 
 
 def test_backward_prefetch_only_on_aligned_rows_that_fit() -> None:

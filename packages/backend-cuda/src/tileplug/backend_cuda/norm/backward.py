@@ -2,19 +2,17 @@
 batch-invariant reduction over rows.
 
 The row kernel of a backward op (``rms_norm_backward.py``, ``layer_norm_backward.py``)
-runs, in CTA ``b``, ``B`` consecutive iterations of its row tile (rows
-``(b · B + i) · rows + slot``), ``B = row_block(tiles)`` for the call's ``tiles = ceil(R /
-rows)`` iterations: about ``TARGET_CTAS`` CTAs, at most ``MAX_ROW_BLOCK`` iterations each. Each
-row slot adds its rows' terms in iteration order and writes one partial row
-``partials[b · rows + slot, :]`` per reduced vector. The column sum then adds the partials of
-each column in two fixed stages: :class:`ColumnSumSpec` with ``segment`` set adds each run of
-``SEGMENT_ROWS`` consecutive partial rows in row order (a 2-D grid: column blocks × segments,
-so a long ``T`` keeps every SM busy), and the plain :class:`ColumnSumSpec` adds those segment
-sums in segment order (or the partials themselves, when there is one segment). The blocking is
-a function of the row count and the segments are constants, so the order of every addition
-depends on ``T`` alone — never on the SM count or the launch — and no atomics are used: the
-same inputs give the same bytes on every run. (The reference adds the rows in a pairwise tree;
-the orders agree within SPEC §5's relative 1e-5.)
+runs, in CTA ``b``, ``B = spec.row_block`` consecutive iterations of its row tile (rows
+``(b · B + i) · rows + slot``; those past the last row are masked); each row slot adds its
+rows' terms in iteration order and writes one partial row ``partials[b · rows + slot, :]`` per
+reduced vector. The column sum then adds the partials of each column in two fixed stages:
+:class:`ColumnSumSpec` with ``segment`` set adds each run of ``SEGMENT_ROWS`` consecutive
+partial rows in row order (a 2-D grid: column blocks × segments, so a long ``T`` keeps every
+SM busy), and the plain :class:`ColumnSumSpec` adds those segment sums in segment order (or
+the partials themselves, when there is one segment). The blocking and the segments are
+constants — never chosen by ``T``, the SM count or the launch — and no atomics are used: the
+same inputs give the same bytes on every run and every device. (The reference adds the rows in
+a pairwise tree; the orders agree within SPEC §5's relative 1e-5.)
 """
 
 from __future__ import annotations
@@ -27,24 +25,6 @@ import torch
 from tileplug.backend_cuda.norm.kernels import NormKernel, make_launcher
 from tileplug.core.contracts.norm import NormCall
 
-TARGET_CTAS = 256
-"""CTAs a backward row kernel spreads a long ``T`` over (two per SM of an H100 / H200, the
-occupancy ``spec.BACKWARD_CTAS_PER_SM`` asks for), until each runs ``MAX_ROW_BLOCK`` iterations."""
-MAX_ROW_BLOCK = 64
-"""The most row-tile iterations one CTA runs (one partial row per ``64 · rows`` rows: at
-T = 65536, D = 7168 the partials are 29 MB against 235 MB with the 8 iterations a CTA ran
-before, 8 % of the 2.8 GB the op must move)."""
-
-
-def row_block(tiles: Any) -> Any:
-    """Row-tile iterations per CTA for ``tiles`` iterations in all: ``ceil(tiles / TARGET_CTAS)``
-    within ``[1, MAX_ROW_BLOCK]``. The same formula on host ints (the launcher's partial rows) and
-    on TIR expressions (the kernel's grid and loop); it depends on ``T`` alone."""
-    if isinstance(tiles, int):
-        return min(max(-(-tiles // TARGET_CTAS), 1), MAX_ROW_BLOCK)
-    import tilelang.language as T
-
-    return T.min(T.max(T.ceildiv(tiles, TARGET_CTAS), 1), MAX_ROW_BLOCK)
 COLUMN_THREADS = 256
 SEGMENT_ROWS = 64
 """Partial rows one CTA of the segment stage adds (in row order) into one segment sum."""
@@ -224,6 +204,7 @@ class BackwardKernel(NormKernel):
         if not reduced:
             return make_launcher(spec, jit.entry(spec), lambda inputs, outputs: order(inputs, outputs, ()))
         heads = call.heads or 1
+        per_block = spec.tile.rows * spec.row_block
         hidden = call.hidden
         slots = spec.tile.rows
         # the row kernel's "outputs" are (gradients, partial rows) for this call only
@@ -231,8 +212,7 @@ class BackwardKernel(NormKernel):
         column_sum = column_sum_launcher(jit.entry)
 
         def launch(inputs: Any, outputs: Any) -> None:
-            tiles = -(-(inputs.x.shape[0] * heads) // slots)
-            blocks = -(-tiles // row_block(tiles))
+            blocks = -(-(inputs.x.shape[0] * heads) // per_block)
             partials = tuple(torch.empty((blocks * slots, hidden), dtype=torch.float32, device=inputs.x.device)
                              for _ in reduced)
             rows_launch(inputs, (outputs, partials))

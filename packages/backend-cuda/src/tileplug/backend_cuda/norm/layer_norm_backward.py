@@ -15,7 +15,7 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.backward import ColumnAccumulators, row_block
+from tileplug.backend_cuda.norm.backward import ColumnAccumulators
 from tileplug.backend_cuda.norm.rows import RowMacros, RowPrefetch, aligned_strides, row_buffer, statistic_buffer, vector_buffer
 from tileplug.backend_cuda.norm.spec import NormKernelSpec
 
@@ -46,8 +46,7 @@ def build(spec: NormKernelSpec):
     bp_t = T.Tensor((P, D), "float32")
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
-    TILES = T.ceildiv(R, ROWS)  # row-tile iterations of the call
-    BLOCK = row_block(TILES)  # of them per CTA (backward.row_block: a function of T alone)
+    BLOCK = spec.row_block  # row-tile iterations per CTA (a constant: the weight gradient's fixed blocking)
     ahead = RowPrefetch(rows, 2) if spec.prefetch else None  # grad_y and x, one row iteration ahead
 
     def normalized(sv, i, row_mean, row_rstd):
@@ -69,7 +68,7 @@ def build(spec: NormKernelSpec):
     @T.prim_func
     def kernel(grad_y: g_t, x: x_t, weight: w_t, mean: mean_t, rstd: rstd_t, grad_residual_out: gr_t, grad_x: dx_t,
                weight_partials: wp_t, bias_partials: bp_t):
-        with T.Kernel(T.ceildiv(TILES, BLOCK), threads=rows.THREADS) as bx:
+        with T.Kernel(T.ceildiv(R, ROWS * BLOCK), threads=rows.THREADS) as bx:
             T.annotate_min_blocks_per_sm(sums.ctas_per_sm)
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
@@ -90,19 +89,18 @@ def build(spec: NormKernelSpec):
             sums.zero(bias_sums, 0, tx)
             if WDT is not None:
                 sums.zero(weight_sums, 1, tx)
-            first = T.alloc_var("int32", init=bx * BLOCK)
-            count = T.alloc_var("int32", init=T.min(BLOCK, TILES - first))  # the last CTA stops at the last row
+            first = bx * BLOCK
             if ahead is not None:
                 staged = ahead.buffer()
                 ahead.issue(staged, 0, (grad_y, x), first, tx)
-            for block_row in T.serial(count):
+            for block_row in T.serial(BLOCK):
                 t, n, _, valid = rows.coords(first + block_row, tx)
                 if GRAD_RESIDUAL:
                     rows.load_row(grad_residual_out, rv, t, n, lane, valid, IN)
                 row_mean = statistic(mean, t, n, valid)
                 row_rstd = statistic(rstd, t, n, valid)
                 if ahead is not None:
-                    ahead.advance(staged, (grad_y, x), first, block_row, count, tx)
+                    ahead.advance(staged, (grad_y, x), first, block_row, BLOCK, tx)
                     ahead.take(staged, block_row, 0, gv, lane, rows.slot(tx))
                     ahead.take(staged, block_row, 1, sv, lane, rows.slot(tx))
                 else:

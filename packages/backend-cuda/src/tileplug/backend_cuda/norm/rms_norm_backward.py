@@ -16,7 +16,7 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.backward import ColumnAccumulators, row_block
+from tileplug.backend_cuda.norm.backward import ColumnAccumulators
 from tileplug.backend_cuda.norm.rows import (RowMacros, RowPrefetch, aligned_strides, f32, row_buffer, statistic_buffer,
                                              vector_buffer)
 from tileplug.backend_cuda.norm.spec import NormKernelSpec, backward_ctas_per_sm
@@ -46,8 +46,7 @@ def build(spec: NormKernelSpec):
     partials_t = T.Tensor((T.dynamic("P"), D), "float32") if WDT is not None else vector_buffer(spec, "p", None)
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
-    TILES = T.ceildiv(R, ROWS)  # row-tile iterations of the call
-    BLOCK = row_block(TILES)  # of them per CTA (backward.row_block: a function of T alone)
+    BLOCK = spec.row_block  # row-tile iterations per CTA (a constant: the weight gradient's fixed blocking)
     ahead = RowPrefetch(rows, 2) if spec.prefetch else None  # grad_y and x, one row iteration ahead
 
     def factor(wv, i):
@@ -72,7 +71,7 @@ def build(spec: NormKernelSpec):
     @T.prim_func
     def kernel(grad_y: g_t, x: x_t, weight: w_t, rstd: rstd_t, grad_residual_out: gr_t, grad_x: dx_t,
                partials: partials_t):
-        with T.Kernel(T.ceildiv(TILES, BLOCK), threads=rows.THREADS) as bx:
+        with T.Kernel(T.ceildiv(R, ROWS * BLOCK), threads=rows.THREADS) as bx:
             T.annotate_min_blocks_per_sm(sums.ctas_per_sm if sums is not None else backward_ctas_per_sm())
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
@@ -90,18 +89,17 @@ def build(spec: NormKernelSpec):
                 gw = sums.buffer(0)
                 rows.load_vector(weight, wv, lane, WDT)
                 sums.zero(gw, 0, tx)
-            first = T.alloc_var("int32", init=bx * BLOCK)
-            count = T.alloc_var("int32", init=T.min(BLOCK, TILES - first))  # the last CTA stops at the last row
+            first = bx * BLOCK
             if ahead is not None:
                 staged = ahead.buffer()
                 ahead.issue(staged, 0, (grad_y, x), first, tx)
-            for block_row in T.serial(count):
+            for block_row in T.serial(BLOCK):
                 t, n, _, valid = rows.coords(first + block_row, tx)
                 if GRAD_RESIDUAL:
                     rows.load_row(grad_residual_out, rv, t, n, lane, valid, IN)
                 row_rstd = statistic(rstd, t, n, valid)
                 if ahead is not None:
-                    ahead.advance(staged, (grad_y, x), first, block_row, count, tx)
+                    ahead.advance(staged, (grad_y, x), first, block_row, BLOCK, tx)
                     ahead.take(staged, block_row, 0, gv, lane, rows.slot(tx))
                     ahead.take(staged, block_row, 1, sv, lane, rows.slot(tx))
                 else:
