@@ -47,7 +47,7 @@ def build(spec: NormKernelSpec):
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
     BLOCK = spec.row_block  # row-tile iterations per CTA (a constant: the weight gradient's fixed blocking)
-    ahead = RowPrefetch(rows, 2) if spec.prefetch else None  # grad_y and x, one row iteration ahead
+    ahead = RowPrefetch(rows, 2, spec.prefetch)  # grad_y and x, copied one row iteration ahead or loaded
 
     def normalized(sv, i, row_mean, row_rstd):
         """``x̂ = (s − mean) · rstd`` of value ``i``."""
@@ -90,22 +90,15 @@ def build(spec: NormKernelSpec):
             if WDT is not None:
                 sums.zero(weight_sums, 1, tx)
             first = bx * BLOCK
-            if ahead is not None:
-                staged = ahead.buffer()
-                ahead.issue(staged, 0, (grad_y, x), first, tx)
+            staged = ahead.buffer()
+            ahead.start(staged, (grad_y, x), first, tx)
             for block_row in T.serial(BLOCK):
                 t, n, _, valid = rows.coords(first + block_row, tx)
                 if GRAD_RESIDUAL:
                     rows.load_row(grad_residual_out, rv, t, n, lane, valid, IN)
                 row_mean = statistic(mean, t, n, valid)
                 row_rstd = statistic(rstd, t, n, valid)
-                if ahead is not None:
-                    ahead.advance(staged, (grad_y, x), first, block_row, BLOCK, tx)
-                    ahead.take(staged, block_row, 0, gv, lane, rows.slot(tx))
-                    ahead.take(staged, block_row, 1, sv, lane, rows.slot(tx))
-                else:
-                    rows.load_row(grad_y, gv, t, n, lane, valid, IN)
-                    rows.load_row(x, sv, t, n, lane, valid, IN)
+                ahead.load(staged, (grad_y, x), (gv, sv), first, block_row, BLOCK, tx, (t, n, lane, valid))
                 for i in T.unroll(VALUES):
                     terms[i] = scaled(gv, wv, i)
                 rows.row_sum(terms, tree, acc, lane, rows.slot(tx))

@@ -340,28 +340,37 @@ class RowMacros:
 
 
 class RowPrefetch:
-    """The rows a backward row loop reads next, copied one iteration ahead into shared memory
-    with ``cp.async`` (128-bit row tiles only: ``spec.vectorize``).
+    """How a backward row loop gets its rows of ``grad_y`` and ``x``: copied one iteration ahead
+    into shared memory with ``cp.async`` (``enabled``: the spec's ``prefetch``, 128-bit tiles
+    only), else loaded directly (:meth:`RowMacros.load_row`).
 
-    A CTA's loop over its ``count`` row iterations takes iteration ``i``'s rows of each source
-    from stage ``i % 2`` of the staging buffer while the copies of iteration ``i + 1`` into
-    stage ``(i + 1) % 2`` are in flight: the next row's loads overlap this row's reductions,
-    barriers and stores instead of waiting for them. Each thread copies and reads back only its
-    own vectors (``cp.async.wait_group`` makes a thread's copies visible to itself), so no
-    barrier guards a stage; a stage is written again one iteration after it was read, with the
-    row's barriers in between. A vector past ``D`` or of a row past ``R`` is zero-filled (its
-    copy reads nothing), as :meth:`RowMacros.load_row` loads 0 there.
+    With the copies, a CTA's loop over its ``count`` row iterations takes iteration ``i``'s rows
+    of each source from stage ``i % 2`` of the staging buffer while the copies of iteration
+    ``i + 1`` into stage ``(i + 1) % 2`` are in flight: the next row's loads overlap this row's
+    reductions, barriers and stores instead of waiting for them. Each thread copies and reads back
+    only its own vectors (``cp.async.wait_group`` makes a thread's copies visible to itself), so
+    no barrier guards a stage; a stage is written again one iteration after it was read, with the
+    row's barriers in between. A vector past ``D`` or of a row past ``R`` is zero-filled (its copy
+    reads nothing), as :meth:`RowMacros.load_row` loads 0 there.
 
     Shared memory: ``2 · sources · rows · lanes · chunks · 16`` bytes (57344 at D = 7168 bf16,
-    two sources): beyond the 48 KB default, which TileLang's launcher raises for the kernel."""
+    two sources): beyond the 48 KB default, which TileLang's launcher raises for the kernel.
 
-    def __init__(self, rows: RowMacros, sources: int) -> None:
-        assert rows.vectorize, "cp.async copies whole 128-bit vectors"
+    Macros: :attr:`start` (``start(staged, sources, first, tx)``: before the loop, the first
+    iteration's copies) and :attr:`load` (``load(staged, sources, values, first, i, count, tx,
+    coords)``: at the top of iteration ``i``, the rows of ``sources`` into the registers
+    ``values``; ``coords`` are the iteration's ``(t, n, lane, valid)``)."""
+
+    def __init__(self, rows: RowMacros, sources: int, enabled: bool) -> None:
+        assert rows.vectorize or not enabled, "cp.async copies whole 128-bit vectors"
         LANES, VEC, ROWS = rows.LANES, rows.VEC, rows.ROWS
         KS = list(range(rows.CHUNKS))
         SOURCES = list(range(sources))
+        ENABLED = enabled
+        IN = rows.spec.in_dtype
+        self.enabled = enabled
+        self.dtype = IN
         self.shape = (2, sources, ROWS, LANES * rows.CHUNKS * VEC)
-        self.dtype = rows.spec.in_dtype
         HEADS = rows.HEADS
 
         def element(src, t, n, col):
@@ -382,29 +391,36 @@ class RowPrefetch:
             T.ptx_commit_group()
 
         @T.macro
-        def advance(staged, sources, first, i, count, tx):
-            """At the top of iteration ``i`` (of ``count``, from CTA row iteration ``first``): start
-            iteration ``i + 1``'s copies, then wait for iteration ``i``'s (an empty group after the
-            last iteration keeps the wait's count right)."""
-            if i + 1 < count:
-                issue(staged, (i + 1) % 2, sources, first + i + 1, tx)
-            else:
-                T.ptx_commit_group()
-            T.ptx_wait_group(1)
+        def start(staged, sources, first, tx):
+            if ENABLED:
+                issue(staged, 0, sources, first, tx)
 
         @T.macro
-        def take(staged, i, s, dst, lane, slot):
-            """``dst[k·VEC + j]``: source ``s``'s row of iteration ``i``, as ``load_row`` would load it."""
-            for k in KS:
-                col = (k * LANES + lane) * VEC
-                for j in T.vectorized(VEC):
-                    dst[k * VEC + j] = staged[i % 2, s, slot, col + j]
+        def load(staged, sources, values, first, i, count, tx, coords):
+            t, n, lane, valid = coords
+            if ENABLED:
+                # iteration i + 1's copies, then the wait for iteration i's (an empty group after
+                # the last iteration keeps the wait's count right)
+                if i + 1 < count:
+                    issue(staged, (i + 1) % 2, sources, first + i + 1, tx)
+                else:
+                    T.ptx_commit_group()
+                T.ptx_wait_group(1)
+                slot = rows.slot(tx)
+                for s in SOURCES:
+                    for k in KS:
+                        col = (k * LANES + lane) * VEC
+                        for j in T.vectorized(VEC):
+                            values[s][k * VEC + j] = staged[i % 2, s, slot, col + j]
+            else:
+                for s in SOURCES:
+                    rows.load_row(sources[s], values[s], t, n, lane, valid, IN)
 
-        self.issue, self.advance, self.take = issue, advance, take
+        self.start, self.load = start, load
 
     def buffer(self):
-        """The staging buffer (one per CTA)."""
-        return T.alloc_shared(self.shape, self.dtype)
+        """The staging buffer (one per CTA; None without the copies)."""
+        return T.alloc_shared(self.shape, self.dtype) if self.enabled else None
 
 
 # ---------------------------------------------------------------------- buffer types

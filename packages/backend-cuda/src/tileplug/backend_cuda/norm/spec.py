@@ -99,6 +99,7 @@ def prefetch_bytes(tile: RowTile) -> int:
 
 
 def backward_row_block() -> int:
+    """Row-tile iterations a backward CTA runs (``TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK``, else 8)."""
     return tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK", BACKWARD_ROW_BLOCK)
 
 
