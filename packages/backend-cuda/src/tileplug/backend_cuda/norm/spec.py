@@ -374,6 +374,9 @@ def vectorizes(call: NormCall) -> bool:
 
 def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
     """The specialisation serving ``call`` (assumes ``common_reason(call)`` is None)."""
+    tile = row_tile(call.hidden, call.input_dtype)
+    vectorize = vectorizes(call)
+    backward = call.op in BACKWARD_OPS
     return NormKernelSpec(
         op=call.op,
         hidden=call.hidden,
@@ -386,11 +389,10 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
         eps=float(call.eps),
         weight_offset=float(call.weight_offset),
         out_scale=float(call.out_scale),
-        vectorize=vectorizes(call),
-        tile=row_tile(call.hidden, call.input_dtype),
+        vectorize=vectorize,
+        tile=tile,
         quant=quant,
         grad_residual=call.grad_residual,
-        prefetch=(call.op in BACKWARD_OPS and vectorizes(call) and backward_prefetch()
-                  and prefetch_bytes(row_tile(call.hidden, call.input_dtype)) <= PREFETCH_MAX_BYTES),
-        row_block=backward_row_block() if call.op in BACKWARD_OPS else BACKWARD_ROW_BLOCK,
+        prefetch=backward and vectorize and backward_prefetch() and prefetch_bytes(tile) <= PREFETCH_MAX_BYTES,
+        row_block=backward_row_block() if backward else BACKWARD_ROW_BLOCK,
     )
