@@ -239,13 +239,14 @@ def test_the_fp32_sigmoid_is_within_one_ulp_of_the_correctly_rounded_one() -> No
     assert bool(torch.isnan(_sigmoid_fp32_emulated(nan_in)).all())
 
 
-def test_a_bf16_y_takes_the_guarded_sigmoid_unless_asked_for_another(monkeypatch) -> None:
-    """A bf16 ``y`` takes the guarded hardware-exponential sigmoid (its kernel name says so,
-    keeping the index entries apart) unless ``TILEPLUG_CUDA_SWIGLU_BF16_SIGMOID`` names the
-    accurate or the branchless one; fp32 results and the cast take the library fp64 sigmoid
-    unless ``TILEPLUG_CUDA_SWIGLU_FP64_SIGMOID=reduced``; the tile's vectors a lane and the CTAs
-    an SM are tuning variables too; every variant has its own kernel name, and a wrong value is
-    an error naming the variable."""
+def test_a_bf16_y_takes_the_branchless_sigmoid_unless_asked_for_another(monkeypatch) -> None:
+    """By default a bf16 ``y`` takes the branchless hardware-exponential sigmoid and fp32 results
+    and the cast the reduced fp64 one (their kernel names say so, keeping the index entries
+    apart), on a tile of 2 vectors a lane that asks for 2 CTAs an SM where their registers fit;
+    ``TILEPLUG_CUDA_SWIGLU_BF16_SIGMOID`` names the guarded or the accurate one,
+    ``TILEPLUG_CUDA_SWIGLU_FP64_SIGMOID=library`` the library one, and the vectors a lane and the
+    CTAs an SM are tuning variables too; every variant has its own kernel name, and a wrong value
+    is an error naming the variable."""
     from tileplug.backend_cuda.swiglu.spec import (
         CHUNKS_VARIABLE,
         CTAS_PER_SM_VARIABLE,
@@ -261,25 +262,27 @@ def test_a_bf16_y_takes_the_guarded_sigmoid_unless_asked_for_another(monkeypatch
     cast_spec = _KERNELS["swiglu_per_token_cast"].spec
     for variable in (SIGMOID_VARIABLE, FP64_SIGMOID_VARIABLE, CHUNKS_VARIABLE, CTAS_PER_SM_VARIABLE):
         monkeypatch.delenv(variable, raising=False)
-    assert spec(bf16_call).sigmoid == "guarded" and spec(bf16_call).name.endswith("_guarded")
-    assert spec(fp32_call).sigmoid == "library" and cast_spec(cast_call).sigmoid == "library"
-    assert spec(bf16_call).tile.chunks == 4 and spec(bf16_call).ctas_per_sm == 0
-    names = {spec(bf16_call).name, spec(fp32_call).name, cast_spec(cast_call).name}
-    monkeypatch.setenv(SIGMOID_VARIABLE, "accurate")
-    assert spec(bf16_call).sigmoid == "accurate" and not spec(bf16_call).name.endswith("_guarded")
-    names.add(spec(bf16_call).name)
-    monkeypatch.setenv(SIGMOID_VARIABLE, "branchless")
     assert spec(bf16_call).sigmoid == "branchless" and spec(bf16_call).name.endswith("_branchless")
-    assert spec(fp32_call).sigmoid == "library" and cast_spec(cast_call).sigmoid == "library"
-    names.add(spec(bf16_call).name)
-    monkeypatch.setenv(FP64_SIGMOID_VARIABLE, "reduced")
     assert spec(fp32_call).sigmoid == "reduced" and cast_spec(cast_call).sigmoid == "reduced"
-    assert spec(bf16_call).sigmoid == "branchless"
+    default = cast_spec(cast_call)
+    assert (default.tile.threads, default.tile.chunks, default.ctas_per_sm) == (448, 2, 2)
+    assert default.name.endswith("_b2_" + "_".join(default.quant.name_parts(clamp_tag="m")) + "_reduced")
+    names = {spec(bf16_call).name, spec(fp32_call).name, default.name}
+    monkeypatch.setenv(SIGMOID_VARIABLE, "accurate")
+    assert spec(bf16_call).sigmoid == "accurate" and not spec(bf16_call).name.endswith("_branchless")
+    names.add(spec(bf16_call).name)
+    monkeypatch.setenv(SIGMOID_VARIABLE, "guarded")
+    assert spec(bf16_call).sigmoid == "guarded" and spec(bf16_call).name.endswith("_guarded")
+    assert spec(fp32_call).sigmoid == "reduced" and cast_spec(cast_call).sigmoid == "reduced"
+    names.add(spec(bf16_call).name)
+    monkeypatch.setenv(FP64_SIGMOID_VARIABLE, "library")
+    assert spec(fp32_call).sigmoid == "library" and cast_spec(cast_call).sigmoid == "library"
+    assert spec(bf16_call).sigmoid == "guarded"
     names |= {spec(fp32_call).name, cast_spec(cast_call).name}
-    monkeypatch.setenv(CHUNKS_VARIABLE, "2")
-    monkeypatch.setenv(CTAS_PER_SM_VARIABLE, "2")
+    monkeypatch.setenv(CHUNKS_VARIABLE, "4")
+    monkeypatch.setenv(CTAS_PER_SM_VARIABLE, "0")
     tuned = cast_spec(cast_call)
-    assert tuned.tile.threads == 448 and tuned.tile.chunks == 2 and tuned.ctas_per_sm == 2
+    assert tuned.tile.threads == 224 and tuned.tile.chunks == 4 and tuned.ctas_per_sm == 0
     names.add(tuned.name)
     assert len(names) == 8, names
     for variable in (SIGMOID_VARIABLE, FP64_SIGMOID_VARIABLE):
@@ -287,3 +290,29 @@ def test_a_bf16_y_takes_the_guarded_sigmoid_unless_asked_for_another(monkeypatch
         with pytest.raises(ValueError, match=variable):
             spec(bf16_call if variable == SIGMOID_VARIABLE else fp32_call)
         monkeypatch.delenv(variable)
+
+
+@pytest.mark.parametrize("hidden,dtype,want", [
+    (7168, BF16, (448, 2, 2)),    # 2 vectors a lane, 2 CTAs of 448 threads: 72 registers fit
+    (4096, BF16, (256, 2, 2)),
+    (1408, BF16, (192, 1, 2)),
+    (8192, BF16, (512, 2, 0)),    # 512 threads: two CTAs leave 64 registers, fewer than 72
+    (14336, BF16, (448, 4, 0)),   # the lane holds 4 vectors (512 threads at most): ptxas' choice
+    (16384, FP32, (512, 8, 0)),
+    (256, BF16, (128, 1, 0)),     # a tile of several rows keeps ptxas' choice
+])
+def test_the_default_tile_asks_for_two_ctas_only_where_their_registers_fit(monkeypatch, hidden, dtype, want) -> None:
+    """The default SwiGLU tile aims for 2 vectors a lane and asks ptxas for 2 CTAs an SM only where
+    a lane holds at most 2 vectors of one row and ``2 · threads · 72`` registers fit the SM's 65536;
+    the backward takes the same tile."""
+    from tileplug.backend_cuda.swiglu.spec import CHUNKS_VARIABLE, CTAS_PER_SM_VARIABLE
+
+    for variable in (CHUNKS_VARIABLE, CTAS_PER_SM_VARIABLE):
+        monkeypatch.delenv(variable, raising=False)
+    x = torch.randn(3, 2 * hidden, dtype=dtype)
+    forward = _KERNELS["swiglu"].spec(describe_call(ops.swiglu, x)[0])
+    backward = _KERNELS["swiglu_backward"].spec(
+        describe_call(ops.swiglu_backward, x, torch.randn(3, hidden, dtype=dtype))[0])
+    for spec in (forward, backward):
+        assert (spec.tile.threads, spec.tile.chunks, spec.ctas_per_sm) == want, spec.name
+        assert ("_b2" in spec.name.split(spec.tile.name)[1]) == (want[2] == 2)

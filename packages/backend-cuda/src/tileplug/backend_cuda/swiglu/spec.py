@@ -35,22 +35,31 @@ from tileplug.core.contracts.swiglu import SWIGLU_BACKWARD, SwigluCall
 from tileplug.core.quant.layouts import CUDA_LAYOUT
 
 SIGMOID_VARIABLE = "TILEPLUG_CUDA_SWIGLU_BF16_SIGMOID"
-"""The sigmoid of a bf16 ``y``: ``guarded`` (the default), ``branchless`` (its value without a branch)
-or ``accurate`` (the 1-ulp fp32 one); tuning on a GPU host, a guarded or branchless kernel's name
+"""The sigmoid of a bf16 ``y``: ``branchless`` (the default: the hardware exponential, scaled
+below ``g = −80``, selected without a branch), ``guarded`` (the same value behind a branch) or
+``accurate`` (the 1-ulp fp32 one); tuning on a GPU host, a guarded or branchless kernel's name
 says so, so the kernel index keeps them apart."""
 BF16_SIGMOIDS = ("accurate", "guarded", "branchless")
+BF16_SIGMOID = "branchless"
 FP64_SIGMOID_VARIABLE = "TILEPLUG_CUDA_SWIGLU_FP64_SIGMOID"
-"""Where a result is fp32, the sigmoid: ``library`` (the default: CUDA's fp64 ``1 / (1 + exp(−g))``)
-or ``reduced`` (``activation.sigmoid_fp64``: the same bits by a cheaper fp64 evaluation that defers
-to the library one near an fp32 rounding midpoint); tuning on a GPU host, a reduced kernel's name
-says so."""
+"""Where a result is fp32, the sigmoid: ``reduced`` (the default: ``activation.sigmoid_fp64``, the
+library's bits by a cheaper fp64 evaluation that defers to the library one near an fp32 rounding
+midpoint) or ``library`` (CUDA's fp64 ``1 / (1 + exp(−g))``); tuning on a GPU host, a reduced
+kernel's name says so."""
 FP64_SIGMOIDS = ("reduced", "library")
+FP64_SIGMOID = "reduced"
 CHUNKS_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CHUNKS"
-"""Vectors a lane of a long row aims for (``norm.spec.row_tile``'s ``chunks``; default 4, the norm
-tile's); tuning on a GPU host, the tile is part of the kernel's name."""
+"""Vectors a lane of a long row aims for (``norm.spec.row_tile``'s ``chunks``; default
+:data:`CHUNKS`); tuning on a GPU host, the tile is part of the kernel's name."""
+CHUNKS = 2
 CTAS_PER_SM_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CTAS_PER_SM"
-"""CTAs per SM the kernels ask ptxas to fit (``__launch_bounds__``' second argument; 0, the
-default: ptxas' own register choice); tuning on a GPU host, the kernel's name says so."""
+"""CTAs per SM the kernels ask ptxas to fit (``__launch_bounds__``' second argument; default
+:func:`ctas_per_sm`, 0 meaning ptxas' own register choice); tuning on a GPU host, the kernel's name
+says so."""
+TWO_CTA_REGISTERS = 72
+"""The most registers a thread of the three SwiGLU kernels took at 2 vectors a lane (ptxas, sm_90,
+H = 7168 bf16: the weighted backward; 47 for ``swiglu``, 68-70 for the cast): a tile asks for 2
+CTAs an SM only where that many fit (``2 · threads · 72 ≤ 65536``)."""
 
 HALVES = 2
 """x's row is ``[gate | up]``: read as two rows of ``H`` (the norm tile's 3-D buffers)."""
@@ -82,8 +91,8 @@ class SwigluKernelSpec:
     vectorize: bool
     tile: RowTile
     quant: QuantSpec | None = None
-    bf16_sigmoid: str = "guarded"
-    fp64_sigmoid: str = "library"
+    bf16_sigmoid: str = BF16_SIGMOID
+    fp64_sigmoid: str = FP64_SIGMOID
     ctas_per_sm: int = 0
 
     # what norm.rows.RowMacros reads of a spec: x as [N, 2, H], no residual
@@ -185,6 +194,7 @@ def quant_spec(call: SwigluCall) -> QuantSpec | None:
 
 def make_spec(call: SwigluCall) -> SwigluKernelSpec:
     """The specialisation serving ``call`` (assumes :func:`reason` is None)."""
+    tile = row_tile(call.hidden, call.input_dtype, tuning_override(CHUNKS_VARIABLE, CHUNKS))
     return SwigluKernelSpec(
         op=call.op,
         hidden=call.hidden,
@@ -196,17 +206,27 @@ def make_spec(call: SwigluCall) -> SwigluKernelSpec:
         experts=call.num_experts,
         expert_alignment=call.expert_alignment,
         vectorize=vectorizes(call),
-        tile=row_tile(call.hidden, call.input_dtype, tuning_override(CHUNKS_VARIABLE, 4)),
+        tile=tile,
         quant=quant_spec(call),
         bf16_sigmoid=bf16_sigmoid(),
-        fp64_sigmoid=_chosen(FP64_SIGMOID_VARIABLE, "library", FP64_SIGMOIDS),
-        ctas_per_sm=tuning_override(CTAS_PER_SM_VARIABLE, 0),
+        fp64_sigmoid=_chosen(FP64_SIGMOID_VARIABLE, FP64_SIGMOID, FP64_SIGMOIDS),
+        ctas_per_sm=tuning_override(CTAS_PER_SM_VARIABLE, ctas_per_sm(tile)),
     )
 
 
+def ctas_per_sm(tile: RowTile) -> int:
+    """The default ``__launch_bounds__`` CTAs per SM of ``tile``: 2 where the tile has at most 2
+    vectors a lane and two CTAs get :data:`TWO_CTA_REGISTERS` registers a thread (measured on an
+    H100 at T = 65536, H = 7168, with the branchless / reduced sigmoids: ``swiglu_per_token_cast``
+    2230 → 1873 µs, ``swiglu`` 939 → 908 µs against 4 vectors a lane at ptxas' choice), else 0
+    (ptxas' choice: a longer lane needs more registers than two CTAs leave)."""
+    fits = tile.chunks <= 2 and 2 * tile.threads * TWO_CTA_REGISTERS <= 65536
+    return 2 if fits and tile.rows == 1 else 0
+
+
 def bf16_sigmoid() -> str:
-    """The sigmoid of a bf16 ``y``: ``guarded``, or what :data:`SIGMOID_VARIABLE` names."""
-    return _chosen(SIGMOID_VARIABLE, "guarded", BF16_SIGMOIDS)
+    """The sigmoid of a bf16 ``y``: :data:`BF16_SIGMOID`, or what :data:`SIGMOID_VARIABLE` names."""
+    return _chosen(SIGMOID_VARIABLE, BF16_SIGMOID, BF16_SIGMOIDS)
 
 
 def _chosen(variable: str, default: str, allowed: tuple[str, ...]) -> str:
