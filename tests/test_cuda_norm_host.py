@@ -405,18 +405,18 @@ def test_backward_blocking_is_fixed_and_sizes_the_partial_rows(monkeypatch: pyte
         kernel, call, inputs = _kernel_call(ops.rms_norm_backward, grad, grad.clone(),
                                             torch.ones(hidden, dtype=torch.bfloat16), torch.ones(tokens))
         spec = kernel.spec(call)
-        assert spec.row_block == BACKWARD_ROW_BLOCK == 8 and "_rb" not in spec.name
+        assert spec.row_block == BACKWARD_ROW_BLOCK == 16 and "_rb" not in spec.name
         recorders.clear()
         kernel.prepare(call)(inputs, call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, None))
         partials = recorders[spec.name].args[-1]
         slots = spec.tile.rows
-        assert partials.shape == (-(-tokens // (slots * 8)) * slots, hidden), (hidden, tokens)
+        assert partials.shape == (-(-tokens // (slots * 16)) * slots, hidden), (hidden, tokens)
         summed = recorders[ColumnSumSpec().name].args[0]
         assert summed is partials or summed.shape[0] == -(-partials.shape[0] // 64)
-    monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK", "32")
+    monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK", "8")
     kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, grad, torch.ones(7168, dtype=torch.bfloat16),
                                    torch.ones(4001))
-    assert kernel.spec(call).row_block == 32 and kernel.spec(call).name.endswith("_rb32")
+    assert kernel.spec(call).row_block == 8 and kernel.spec(call).name.endswith("_rb8")
 
 
 def test_backward_prefetch_only_on_aligned_rows_that_fit() -> None:

@@ -79,13 +79,21 @@ def backward_ctas_per_sm() -> int:
 BACKWARD_OPS = ("rms_norm_backward", "layer_norm_backward")
 """The ops whose row loop runs ``row_block`` iterations a CTA and copies its next row ahead
 (``NormKernelSpec.prefetch``) on 128-bit tiles."""
-BACKWARD_ROW_BLOCK = 8
-"""Row-tile iterations a backward CTA runs: ``rows · 8`` rows per partial row of the weight
+BACKWARD_ROW_BLOCK = 16
+"""Row-tile iterations a backward CTA runs: ``rows · 16`` rows per partial row of the weight
 gradient. A constant, never chosen by ``T`` (the gradient's blocking fixes the order of its
-additions: SPEC §5). Measured on an H100 (rms_norm_backward, D = 7168 bf16, with the prefetch):
-8 → 1147 µs at T = 65536 and 31.9 µs at T = 1024; 64 at T = 65536 → 1020 µs (8 × fewer partial
-rows), 4 at T = 1024 → 35.8 µs. ``TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK`` overrides it, for
-tuning (the spec name carries it)."""
+additions: SPEC §5). Measured on an H100 (D = 7168 bf16, with the prefetch, eager median µs,
+one process per block, 2026-12-05), rms_norm_backward / layer_norm_backward:
+
+    block   T = 1024        4096            16384           65536
+    8       33.3 / 54.1     89.8 / 152.3    308.7 / 492.2   1148.3 / 1813.2
+    16      38.4 / 57.1     78.0 / 121.1    280.6 / 398.0   1070.1 / 1403.7
+    32      61.1 / 87.4     76.7 / 102.2    268.8 / 349.3   1035.6 / 1264.6
+
+16 halves the partial rows (written and read again: 235 MB each way at T = 65536 with 8) and
+gives each CTA a longer prefetched loop, for 15-29 % at T ≥ 4096, where the peers are compared;
+it costs 15 % / 6 % at T = 1024 (64 CTAs). 32 would cost 2x at T = 1024.
+``TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK`` overrides it, for tuning (the spec name carries it)."""
 PREFETCH_MAX_BYTES = 64 * 1024
 """The most shared memory the staging of ``grad_y`` and ``x`` (two stages) may take: with the
 column sums' 48 KB two CTAs still fit an SM's 228 KB (D ≤ 8192 at 16-bit, 4096 at fp32);
