@@ -337,6 +337,20 @@ def test_specialisation_lowers_and_compiles(entry: tuple, compiled_grid: dict[st
     assert result["ok"], result.get("error")
 
 
+def test_backward_row_loops_stop_at_the_last_row(compiled_grid: dict[str, dict]) -> None:
+    """Every norm backward row kernel of the grid, with the prefetch and with the direct loads,
+    runs ``min(row_block, row tiles left)`` iterations: the last CTA stops at the last row instead
+    of running masked iterations (which would add nothing), so a call of a few rows runs one."""
+    from tileplug.backend_cuda.norm.spec import BACKWARD_ROW_BLOCK
+
+    sources = {result["spec"]: result["source"] for result in compiled_grid.values()
+               if result["ok"] and result["spec"].startswith(("rms_norm_backward", "layer_norm_backward"))}
+    assert any(name.endswith("_pf") for name in sources) and any("_pf" not in name for name in sources)
+    for name, source in sources.items():
+        assert f"count = min({BACKWARD_ROW_BLOCK}, " in source, name
+        assert re.search(r"for \(int (\w+) = 0; \1 < count; \+\+\1\)", source), name
+
+
 def test_the_grid_covers_every_case_of_the_op_table() -> None:
     """Every case is served by a specialisation of the grid or declined with a reason (and
     the CUDA quant kernels decline only what their capabilities say: H not a multiple of 16)."""

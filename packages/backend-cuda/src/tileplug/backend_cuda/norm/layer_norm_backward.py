@@ -89,16 +89,18 @@ def build(spec: NormKernelSpec):
             sums.zero(bias_sums, 0, tx)
             if WDT is not None:
                 sums.zero(weight_sums, 1, tx)
-            first = bx * BLOCK
+            first = T.alloc_var("int32", init=bx * BLOCK)
+            # the last CTA stops at the last row (its masked iterations would add nothing)
+            count = T.alloc_var("int32", init=T.min(BLOCK, T.ceildiv(R, ROWS) - first))
             staged = ahead.buffer()
             ahead.start(staged, (grad_y, x), first, tx)
-            for block_row in T.serial(BLOCK):
+            for block_row in T.serial(count):
                 t, n, _, valid = rows.coords(first + block_row, tx)
                 if GRAD_RESIDUAL:
                     rows.load_row(grad_residual_out, rv, t, n, lane, valid, IN)
                 row_mean = statistic(mean, t, n, valid)
                 row_rstd = statistic(rstd, t, n, valid)
-                ahead.load(staged, (grad_y, x), (gv, sv), first, block_row, BLOCK, tx, (t, n, lane, valid))
+                ahead.load(staged, (grad_y, x), (gv, sv), first, block_row, count, tx, (t, n, lane, valid))
                 for i in T.unroll(VALUES):
                     terms[i] = scaled(gv, wv, i)
                 rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
@@ -123,6 +125,7 @@ def build(spec: NormKernelSpec):
                     if WDT is not None:
                         sums.add(weight_sums, 1, tx, lambda i: T.ieee_mul(T.cast(gv[i], "float32"),
                                                                           normalized(sv, i, row_mean, row_rstd)), quad)
+            ahead.finish()
             partial_row = bx * ROWS + rows.slot(tx)
             sums.store(bias_sums, 0, bias_partials, partial_row, tx, lane)
             if WDT is not None:

@@ -89,15 +89,17 @@ def build(spec: NormKernelSpec):
                 gw = sums.buffer(0)
                 rows.load_vector(weight, wv, lane, WDT)
                 sums.zero(gw, 0, tx)
-            first = bx * BLOCK
+            first = T.alloc_var("int32", init=bx * BLOCK)
+            # the last CTA stops at the last row (its masked iterations would add nothing)
+            count = T.alloc_var("int32", init=T.min(BLOCK, T.ceildiv(R, ROWS) - first))
             staged = ahead.buffer()
             ahead.start(staged, (grad_y, x), first, tx)
-            for block_row in T.serial(BLOCK):
+            for block_row in T.serial(count):
                 t, n, _, valid = rows.coords(first + block_row, tx)
                 if GRAD_RESIDUAL:
                     rows.load_row(grad_residual_out, rv, t, n, lane, valid, IN)
                 row_rstd = statistic(rstd, t, n, valid)
-                ahead.load(staged, (grad_y, x), (gv, sv), first, block_row, BLOCK, tx, (t, n, lane, valid))
+                ahead.load(staged, (grad_y, x), (gv, sv), first, block_row, count, tx, (t, n, lane, valid))
                 for i in T.unroll(VALUES):
                     terms[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_rstd))
                 rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
@@ -115,6 +117,7 @@ def build(spec: NormKernelSpec):
                     if valid:
                         sums.add(gw, 0, tx, lambda i: T.ieee_mul(T.ieee_mul(T.cast(gv[i], "float32"), T.float32(SCALE)),
                                                                  normalized(sv, i, row_rstd)), quad)
+            ahead.finish()
             if WDT is not None:
                 sums.store(gw, 0, partials, bx * ROWS + rows.slot(tx), tx, lane)
 

@@ -357,9 +357,10 @@ class RowPrefetch:
     two sources): beyond the 48 KB default, which TileLang's launcher raises for the kernel.
 
     Macros: :attr:`start` (``start(staged, sources, first, tx)``: before the loop, the first
-    iteration's copies) and :attr:`load` (``load(staged, sources, values, first, i, count, tx,
+    iteration's copies), :attr:`load` (``load(staged, sources, values, first, i, count, tx,
     coords)``: at the top of iteration ``i``, the rows of ``sources`` into the registers
-    ``values``; ``coords`` are the iteration's ``(t, n, lane, valid)``)."""
+    ``values``; ``coords`` are the iteration's ``(t, n, lane, valid)``) and :attr:`finish`
+    (after the loop)."""
 
     def __init__(self, rows: RowMacros, sources: int, enabled: bool) -> None:
         assert rows.vectorize or not enabled, "cp.async copies whole 128-bit vectors"
@@ -416,7 +417,14 @@ class RowPrefetch:
                 for s in SOURCES:
                     rows.load_row(sources[s], values[s], t, n, lane, valid, IN)
 
-        self.start, self.load = start, load
+        @T.macro
+        def finish():
+            """After the loop: every copy complete (the last iteration's empty group included), so
+            no copy into shared memory outlives the loop."""
+            if ENABLED:
+                T.ptx_wait_group(0)
+
+        self.start, self.load, self.finish = start, load, finish
 
     def buffer(self):
         """The staging buffer (one per CTA; None without the copies)."""
