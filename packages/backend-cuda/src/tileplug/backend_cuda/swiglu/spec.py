@@ -215,11 +215,14 @@ def make_spec(call: SwigluCall) -> SwigluKernelSpec:
 
 
 def ctas_per_sm(tile: RowTile) -> int:
-    """The default ``__launch_bounds__`` CTAs per SM of ``tile``: 2 where the tile has at most 2
-    vectors a lane and two CTAs get :data:`TWO_CTA_REGISTERS` registers a thread (measured on an
-    H100 at T = 65536, H = 7168, with the branchless / reduced sigmoids: ``swiglu_per_token_cast``
-    2230 → 1873 µs, ``swiglu`` 939 → 908 µs against 4 vectors a lane at ptxas' choice), else 0
-    (ptxas' choice: a longer lane needs more registers than two CTAs leave)."""
+    """The default ``__launch_bounds__`` CTAs per SM of ``tile``: 2 where the tile is one row
+    with at most 2 vectors a lane and two CTAs get :data:`TWO_CTA_REGISTERS` registers a thread,
+    else 0 (ptxas' choice: a longer lane needs more registers than two CTAs leave; a tile of
+    several short rows has 128 threads, where the bound changes nothing). Measured on an H100 at
+    H = 7168, T = 4096 / 65536, these defaults against the guarded / library sigmoids on 4 vectors
+    a lane at ptxas' choice: ``swiglu`` 63.0 / 939.5 → 58.0 / 907.4 µs, ``swiglu_per_token_cast``
+    145.9 / 2231 → 126.1 / 1882, ``swiglu_backward`` 143.0 / 2218 → 97.8 / 1541
+    (``docs/benchmarks/h100-swiglu-norm-backward-2026-12-05-s20.txt``)."""
     fits = tile.chunks <= 2 and 2 * tile.threads * TWO_CTA_REGISTERS <= 65536
     return 2 if fits and tile.rows == 1 else 0
 
