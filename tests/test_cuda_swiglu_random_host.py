@@ -316,3 +316,64 @@ def test_the_default_tile_asks_for_two_ctas_only_where_their_registers_fit(monke
     for spec in (forward, backward):
         assert (spec.tile.threads, spec.tile.chunks, spec.ctas_per_sm) == want, spec.name
         assert ("_b2" in spec.name.split(spec.tile.name)[1]) == (want[2] == 2)
+
+
+def _near_midpoint(product: torch.Tensor, mantissa: int, smallest_quantum: int, margin: float) -> torch.Tensor:
+    """The refined cast's midpoint test (``swiglu_per_token_cast.near_midpoint``) in PyTorch fp32:
+    ``|product|`` in quanta of the format's grid, within ``margin`` of a half."""
+    bits = product.view(torch.int32) & 0x7FFFFFFF
+    quantum = torch.clamp((bits >> 23) - (127 + mantissa), min=smallest_quantum)
+    quanta = bits.view(torch.float32) * torch.pow(2.0, -quantum.float())  # exact: a power of two
+    return (quanta - torch.floor(quanta) - 0.5).abs() <= margin
+
+
+@pytest.mark.parametrize("e2m1", [False, True], ids=["e4m3", "e2m1"])
+def test_refined_cast_recomputes_every_product_near_a_rounding_midpoint(e2m1: bool) -> None:
+    """The refined SwiGLU cast keeps a fast ``y · inv`` only where it is farther than
+    ``MIDPOINT_MARGIN`` quanta from a rounding midpoint of the format. Outside that band a change of
+    the product by 2^-18 relative (4x the bound on the fast ``y``) never changes its code, and the
+    band holds few products (each one an fp64 recomputation)."""
+    pytest.importorskip("tilelang")
+    from tileplug.backend_cuda.swiglu.swiglu_per_token_cast import GRIDS, MIDPOINT_MARGIN
+    from tileplug.core.quant.formats import e2m1_codes
+
+    mantissa, smallest = GRIDS[e2m1]
+    top = 6.0 if e2m1 else 448.0
+    generator = torch.Generator().manual_seed(3)
+    spread = torch.exp2(torch.empty(400_000).uniform_(-16.0, float(torch.log2(torch.tensor(top))), generator=generator))
+    grid = torch.unique(torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]) if e2m1 else
+                        torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float())
+    midpoints = (grid[1:] + grid[:-1]) / 2
+    steps = torch.arange(-40, 41, dtype=torch.float32) * 2.0**-23
+    near = (midpoints[:, None] * (1 + steps)).flatten()
+    products = torch.cat([spread, near[near < top]]).float()
+
+    def codes(values: torch.Tensor) -> torch.Tensor:
+        return e2m1_codes(values) if e2m1 else values.to(torch.float8_e4m3fn).view(torch.uint8)
+
+    flagged = _near_midpoint(products, mantissa, smallest, MIDPOINT_MARGIN)
+    kept = products[~flagged]
+    for relative in (2.0**-18, -(2.0**-18)):
+        moved = (kept.double() * (1 + relative)).float()
+        moved = torch.minimum(moved, torch.tensor(top))
+        assert torch.equal(codes(moved), codes(kept)), relative
+    assert bool(flagged[len(spread):].any())  # the band is where the midpoints are
+    assert float(flagged[: len(spread)].double().mean()) < 0.002
+
+
+def test_the_refined_cast_is_opt_in_and_named(monkeypatch) -> None:
+    """``TILEPLUG_CUDA_SWIGLU_CAST_REFINE=1`` gives the fused cast (only) the refined sigmoid, and
+    its kernel its own name; unset, the cast takes the fp64 sigmoid for every value."""
+    from tileplug.backend_cuda.swiglu.spec import REFINE_VARIABLE
+
+    x = torch.randn(2, 2 * 7168, dtype=BF16)
+    cast_call = describe_call(ops.swiglu_per_token_cast, x)[0]
+    fp32_call = describe_call(ops.swiglu, x, out_dtype=FP32)[0]
+    monkeypatch.delenv(REFINE_VARIABLE, raising=False)
+    default = _KERNELS["swiglu_per_token_cast"].spec(cast_call)
+    assert not default.refine and default.sigmoid == "reduced"
+    monkeypatch.setenv(REFINE_VARIABLE, "1")
+    refined = _KERNELS["swiglu_per_token_cast"].spec(cast_call)
+    assert refined.refine and refined.sigmoid == "refined" and refined.name == default.name[: -len("reduced")] + "refined"
+    fp32 = _KERNELS["swiglu"].spec(fp32_call)
+    assert not fp32.refine and fp32.sigmoid == "reduced"

@@ -103,21 +103,32 @@ class RowCast:
                         q[t, flat // VPB + j] = qv[j]
 
         @T.macro
+        def group_amax(yv, lane, amax, chunks):
+            """``amax[chunks[0]]`` = the amax key of the group made of the thread's ``chunks`` (and
+            the same chunks of the group's other lanes)."""
+            g = chunks[0]
+            for k in chunks:
+                amax[k] = 0
+                for j in VALUE_INDICES:
+                    amax[k] = T.max(amax[k], amax_key(yv, k * VEC + j, rows.in_row(k, j, lane)))
+            for k in chunks[1:]:
+                amax[g] = T.max(amax[g], amax[k])
+            for d in GROUP_STEPS:
+                amax[g] = T.max(amax[g], T.shfl_xor(amax[g], d))
+
+        def inverse(amax_bits):
+            """The fp32 factor of a group of amax key ``amax_bits`` (``sf_math.group_inverse``)."""
+            return sf_math.group_inverse(amax_bits, CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF)
+
+        @T.macro
         def cast(yv, q, sf, t, n, lane, valid, amax, inv, qv, kept=True):
             """Scales and quantized bytes of the thread's values ``yv`` of row ``n`` of token ``t``
             (``amax`` / ``inv``: ``chunks`` registers each, ``qv``: one vector of ``q``); where
             ``kept`` is false (a padding row of the SwiGLU cast) the row's scales are stored as 0."""
             for chunks in GROUPS:
                 g = chunks[0]  # the group's first chunk holds its amax, inverse and scale
-                for k in chunks:
-                    amax[k] = 0
-                    for j in VALUE_INDICES:
-                        amax[k] = T.max(amax[k], amax_key(yv, k * VEC + j, rows.in_row(k, j, lane)))
-                for k in chunks[1:]:
-                    amax[g] = T.max(amax[g], amax[k])
-                for d in GROUP_STEPS:
-                    amax[g] = T.max(amax[g], T.shfl_xor(amax[g], d))
-                inv[g] = sf_math.group_inverse(amax[g], CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF)
+                group_amax(yv, lane, amax, chunks)
+                inv[g] = inverse(amax[g])
                 col = rows.column(g, lane)
                 flat = flat_column(n, col)
                 if valid and col < D and lane % LANES_PER_GROUP == 0:
@@ -130,6 +141,9 @@ class RowCast:
                     quantize(yv, q, t, n, lane, valid, inv, g, qv, k)
 
         self.cast = cast
+        self.groups = GROUPS
+        self.group_amax = group_amax
+        self.inverse = inverse
 
     def sf_type(self):
         """The ``sf`` buffer: any strides, or the bytes of packed UE8M0 storage, whose last

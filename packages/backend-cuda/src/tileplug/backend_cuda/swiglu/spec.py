@@ -56,6 +56,10 @@ CTAS_PER_SM_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CTAS_PER_SM"
 """CTAs per SM the kernels ask ptxas to fit (``__launch_bounds__``' second argument; default
 :func:`ctas_per_sm`, 0 meaning ptxas' own register choice); tuning on a GPU host, the kernel's name
 says so."""
+REFINE_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CAST_REFINE"
+"""``1``: the fused cast takes every ``y`` from the 1-ulp fp32 sigmoid and recomputes in fp64 only
+the values whose exact bits could change ``(q, sf)`` (``swiglu_per_token_cast.py``); opt-in until the
+GPU has run it (default 0, every value in fp64); tuning on a GPU host, the kernel's name says so."""
 TWO_CTA_REGISTERS = 72
 """The most registers a thread of the three SwiGLU kernels took at 2 vectors a lane (ptxas, sm_90,
 H = 7168 bf16: the weighted backward; 47 for ``swiglu``, 68-70 for the cast): a tile asks for 2
@@ -94,6 +98,7 @@ class SwigluKernelSpec:
     bf16_sigmoid: str = BF16_SIGMOID
     fp64_sigmoid: str = FP64_SIGMOID
     ctas_per_sm: int = 0
+    refine: bool = False
 
     # what norm.rows.RowMacros reads of a spec: x as [N, 2, H], no residual
     heads = HALVES
@@ -112,7 +117,8 @@ class SwigluKernelSpec:
         an fp32 ``y``, the cast (it quantizes the fp32 ``y``), the gradients of an fp32 x — the fp64
         one rounded once, the reference's bits: ``fp64_sigmoid`` (``"library"`` or ``"reduced"``);
         ``"accurate"`` (fp32, within 1 ulp) for the gradients of a bf16 x; ``bf16_sigmoid`` for a
-        bf16 ``y`` (``"guarded"``, ``"branchless"`` or ``"accurate"``).
+        bf16 ``y`` (``"guarded"``, ``"branchless"`` or ``"accurate"``); ``"refined"`` for a cast with
+        ``refine``: the 1-ulp one, then the fp64 one for the values whose bits could matter.
 
         ``"guarded"`` is ``1 / (1 + __expf(−g))`` above ``g = −80`` and ``expf(g)`` below, where
         ``s = e^g`` in fp32. The plain hardware form failed the 2-ulp bound on 5·10^-5 of the
@@ -124,6 +130,8 @@ class SwigluKernelSpec:
         without a branch."""
         if self.op == SWIGLU_BACKWARD:
             return self.fp64_sigmoid if self.in_dtype == "float32" else "accurate"
+        if self.quant is not None and self.refine:
+            return "refined"
         if self.quant is not None or self.out_dtype == "float32":
             return self.fp64_sigmoid
         return self.bf16_sigmoid
@@ -152,7 +160,7 @@ class SwigluKernelSpec:
             parts.append(f"b{self.ctas_per_sm}")
         if self.quant is not None:
             parts += self.quant.name_parts(clamp_tag="m")  # "c" is the SwiGLU clamp's
-        if self.sigmoid in ("guarded", "branchless", "reduced"):
+        if self.sigmoid in ("guarded", "branchless", "reduced", "refined"):
             parts.append(self.sigmoid)
         return "_".join(parts)
 
@@ -211,6 +219,7 @@ def make_spec(call: SwigluCall) -> SwigluKernelSpec:
         bf16_sigmoid=bf16_sigmoid(),
         fp64_sigmoid=_chosen(FP64_SIGMOID_VARIABLE, FP64_SIGMOID, FP64_SIGMOIDS),
         ctas_per_sm=tuning_override(CTAS_PER_SM_VARIABLE, ctas_per_sm(tile)),
+        refine=call.quant is not None and bool(tuning_override(REFINE_VARIABLE, 0)),
     )
 
 

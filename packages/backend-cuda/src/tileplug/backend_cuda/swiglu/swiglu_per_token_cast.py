@@ -8,6 +8,25 @@ on the bits of the fp32 ``|y|``), so ``(q, sf)`` are the bytes of this backend's
 values are selected zeros (nothing from its bytes enters the amax), quantized as such, and
 its scales are stored as 0.
 
+With ``spec.refine`` (opt-in, ``TILEPLUG_CUDA_SWIGLU_CAST_REFINE=1``) the same bytes come from
+cheaper arithmetic: every ``y`` is first taken with the fp32 sigmoid (``activation.sigmoid_fp32``,
+within 1 ulp of the correctly rounded one, so ``y`` within ``2^-20`` relative of the exact ``y``:
+three products, each rounded), and only the values whose exact bits could change ``(q, sf)`` are
+recomputed with the fp64 sigmoid (:func:`refine`):
+
+- those that may hold their group's amax: ``|y| ≥ amax · (1 − 2^-16)`` of the fast values. The
+  exact amax's own value is among them (its fast value is within ``2^-20`` of it, and the fast
+  amax within ``2^-20`` of the exact one), and every other value stays below the exact amax, so
+  the amax, the scale and the factor of the group are the exact ones;
+- those the relative bound does not cover: a gate below −80 (the sigmoid nears fp32's subnormal
+  range), a product ``g · s``, ``g · s · u`` or ``y`` below ``2^-100`` in magnitude where no factor
+  is zero (a rounding in the subnormal range, or an underflow to zero), and every nonzero value of
+  a group whose fast amax is not finite;
+- then, with the group's exact amax and ``inv``, those whose product ``y · inv`` lies within
+  ``2^-11`` of a quantum of a rounding midpoint of the format (e4m3: quantum ``2^max(e − 3, −9)``;
+  e2m1: ``2^max(e − 1, −1)``, for ``|y · inv|`` in ``[2^e, 2^(e+1))``): a quantum is at least
+  ``|y · inv| / 16``, so elsewhere the fast and the exact product round to the same code.
+
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
 
@@ -15,8 +34,19 @@ import tilelang.language as T
 
 from tileplug.backend_cuda.norm.row_cast import RowCast
 from tileplug.backend_cuda.norm.rows import RowMacros
-from tileplug.backend_cuda.swiglu.activation import SwigluMacros, vector_strides
+from tileplug.backend_cuda.quant import sf_math
+from tileplug.backend_cuda.swiglu.activation import GUARD, SwigluMacros, sigmoid_fp64, vector_strides
 from tileplug.backend_cuda.swiglu.spec import SwigluKernelSpec
+
+AMAX_MARGIN = 2.0**-16
+"""A value within this relative distance below its group's fast amax may hold the exact amax."""
+MIDPOINT_MARGIN = 2.0**-11
+"""Distance, in quanta of the format, from a rounding midpoint inside which ``y · inv`` is recomputed."""
+TINY = 2.0**-100
+"""Products below this magnitude (and not exactly zero) are recomputed: the relative bound of the
+fast ``y`` holds only where every product is a normal fp32 number."""
+GRIDS = {False: (3, -9), True: (1, -1)}
+"""e2m1 or not → (mantissa bits, exponent of the smallest quantum) of the format's grid."""
 
 
 def build(spec: SwigluKernelSpec):
@@ -36,6 +66,60 @@ def build(spec: SwigluKernelSpec):
     sf_t = cast.sf_type()
     STRIDES = vector_strides(VEC, x_t) if spec.vectorize else []
 
+    MANTISSA, SMALLEST_QUANTUM = GRIDS[cast.e2m1]
+    SCALED = act.scaled
+
+    def unvouched(row, yv, i, threshold):
+        """Whether the fast ``y`` of value ``i`` may hold its group's amax (``threshold``: the fast
+        amax less :data:`AMAX_MARGIN`, 0 where that amax is not finite) or falls outside the relative
+        bound (a gate below −80, a nonzero product below :data:`TINY`)."""
+        g, u = row.g[i], row.u[i]
+        size = T.abs(yv[i])
+        nonzero = T.And(g != T.float32(0.0), u != T.float32(0.0))
+        if SCALED:
+            nonzero = T.And(nonzero, row.scale[0] != T.float32(0.0))
+        small = T.Or(T.Or(T.abs(g * row.s[i]) < T.float32(TINY), T.abs(g * row.s[i] * u) < T.float32(TINY)),
+                     size < T.float32(TINY))
+        may_hold_amax = T.And(threshold <= size, size != T.float32(0.0))
+        return T.Or(T.Or(may_hold_amax, g < T.float32(GUARD)), T.And(nonzero, small))
+
+    def near_midpoint(product):
+        """Whether ``|product|`` (``y · inv``) lies within :data:`MIDPOINT_MARGIN` quanta of a
+        rounding midpoint of the format's grid (NaN, inf: no)."""
+        bits = T.reinterpret(product, "int32") & 0x7FFFFFFF
+        quantum = T.max(T.shift_right(bits, 23) - (127 + MANTISSA), SMALLEST_QUANTUM)
+        quanta = T.reinterpret(bits, "float32") * sf_math.pow2(0 - quantum)  # exact: a power of two
+        return T.abs(quanta - T.floor(quanta) - T.float32(0.5)) <= T.float32(MIDPOINT_MARGIN)
+
+    @T.macro
+    def exact(row, yv, i):
+        """``yv[i]`` again, from the fp64 sigmoid (a valid row's value)."""
+        sigmoid_fp64(row.g[i], row.s, i)
+        yv[i] = act.forward_value(row.g, row.u, row.s, row.scale, i)
+
+    @T.macro
+    def refine(row, yv, amax, inv):
+        """Recompute with the fp64 sigmoid the values of a valid row whose exact bits could change
+        the cast, group by group: first those :func:`unvouched`, which makes the group's amax and
+        ``inv`` exact, then those whose ``y · inv`` is :func:`near_midpoint` (``amax`` / ``inv``:
+        the cast's registers, which the cast fills again)."""
+        for chunks in cast.groups:
+            group = chunks[0]
+            cast.group_amax(yv, row.lane, amax, chunks)
+            threshold = T.if_then_else(amax[group] < 0x7F800000,
+                                       T.reinterpret(amax[group], "float32") * T.float32(1.0 - AMAX_MARGIN),
+                                       T.float32(0.0))
+            for k in chunks:
+                for j in T.unroll(VEC):
+                    if T.And(row.is_valid, unvouched(row, yv, k * VEC + j, threshold)):
+                        exact(row, yv, k * VEC + j)
+            cast.group_amax(yv, row.lane, amax, chunks)
+            inv[group] = cast.inverse(amax[group])
+            for k in chunks:
+                for j in T.unroll(VEC):
+                    if T.And(row.is_valid, near_midpoint(yv[k * VEC + j] * inv[group])):
+                        exact(row, yv, k * VEC + j)
+
     @T.prim_func
     def kernel(x: x_t, topk_weights: w_t, expert_ends: e_t, q: q_t, sf: sf_t):
         with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
@@ -53,6 +137,8 @@ def build(spec: SwigluKernelSpec):
             for i in T.unroll(VALUES):
                 yv[i] = T.if_then_else(row.is_valid, act.forward_value(row.g, row.u, row.s, row.scale, i),
                                        T.float32(0.0))
+            if spec.refine:
+                refine(row, yv, amax, inv)
             if spec.experts is None:
                 cast.cast(yv, q, sf, row.row, 0, row.lane, row.exists, amax, inv, qv)
             else:
