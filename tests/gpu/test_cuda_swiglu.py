@@ -98,7 +98,11 @@ def precompiled():
     """Compile every specialisation of the module up front, in parallel processes."""
     from tileplug.backend_cuda import jit
 
-    jit.precompile([spec for case in GRID for spec in _specs(case)])
+    import dataclasses
+
+    specs = [spec for case in GRID for spec in _specs(case)]
+    refined = [dataclasses.replace(spec, refine=True) for case in FUSED for spec in _specs(case)]
+    jit.precompile(specs + refined)
 
 
 def _outputs(result) -> list:
@@ -164,6 +168,50 @@ def test_fused_equals_unfused(case: Case) -> None:
     assert_bytes_equal(q.cpu(), q_twin.cpu(), what=f"{case.id} q", strides=True)
     assert_sf_equal(moved(sf, "cpu"), moved(sf_twin, "cpu"), (1, cast.get("num_per_channels", 128)), BATCH,
                     case.hidden)
+
+
+# ---------------------------------------------------------------------- the refined cast
+
+
+def _with_specials(x: torch.Tensor) -> torch.Tensor:
+    """x with rows of values the refined cast must recompute: NaN and inf in a gate and an up
+    half, gates below −80 and around its bound, tiny gates and up values (subnormal products),
+    huge values (overflowing products), and rows whose values are all equal (ties for the amax)."""
+    x = x.clone()
+    half = x.shape[1] // 2
+    specials = [float("nan"), float("inf"), -float("inf"), -81.0, -80.0, -79.9, -100.0, 1e-38, -3e-39, 3e38, 0.0]
+    for row, value in enumerate(specials):
+        x[row, row % half] = value  # a gate
+        x[len(specials) + row, half + row % half] = value  # an up value
+        x[2 * len(specials) + row, : half] = value if value == value else 1.0  # a whole gate half
+    x[3 * len(specials), :] = 0.75
+    return x
+
+
+@pytest.mark.parametrize("case", FUSED, ids=[case.id for case in FUSED])
+def test_refined_cast_equals_the_exact_one(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The opt-in refined cast (``TILEPLUG_CUDA_SWIGLU_CAST_REFINE=1``: the fp32 sigmoid, fp64
+    only where the bits could matter) gives the bytes of the default cast, on the case's inputs
+    and on rows of special values."""
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.swiglu.spec import REFINE_VARIABLE
+
+    monkeypatch.setenv(REFINE_VARIABLE, "1")
+    (refined_spec,) = [spec for spec in _specs(case) if spec.op == CAST]
+    assert refined_spec.refine
+    args, kwargs = _on_gpu(*case.arguments(BATCH, "cpu", seed=13))
+    for x in (args[0], _with_specials(args[0])):
+        monkeypatch.delenv(REFINE_VARIABLE)
+        exact = _run(CAST, "cuda", (x, *args[1:]), kwargs)
+        monkeypatch.setenv(REFINE_VARIABLE, "1")
+        # another forced-backend tuple is another route, prepared with the variable set
+        with use_backend("cuda", "reference"), config.host_layout("cuda"):
+            refined = list(ops.swiglu_per_token_cast(x, *args[1:], **kwargs))
+        torch.cuda.synchronize()
+        assert any(spec == refined_spec for spec, _ in jit._entries), "the refined kernel did not run"
+        assert_bytes_equal(refined[0].cpu(), exact[0].cpu(), what=f"{case.id} q (refined)", strides=True)
+        assert_sf_equal(moved(refined[1], "cpu"), moved(exact[1], "cpu"),
+                        (1, dict(case.kwargs).get("num_per_channels", 128)), BATCH, case.hidden)
 
 
 # ---------------------------------------------------------------------- batch invariance

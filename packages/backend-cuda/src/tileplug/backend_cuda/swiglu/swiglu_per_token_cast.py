@@ -71,8 +71,9 @@ def build(spec: SwigluKernelSpec):
 
     def unvouched(row, yv, i, threshold):
         """Whether the fast ``y`` of value ``i`` may hold its group's amax (``threshold``: the fast
-        amax less :data:`AMAX_MARGIN`, 0 where that amax is not finite) or falls outside the relative
-        bound (a gate below −80, a nonzero product below :data:`TINY`)."""
+        amax less :data:`AMAX_MARGIN`, 0 where that amax is not finite, so that a group holding an
+        inf or a NaN is recomputed whole) or falls outside the relative bound (a NaN, a gate below
+        −80, a nonzero product below :data:`TINY`)."""
         g, u = row.g[i], row.u[i]
         size = T.abs(yv[i])
         nonzero = T.And(g != T.float32(0.0), u != T.float32(0.0))
@@ -80,7 +81,7 @@ def build(spec: SwigluKernelSpec):
             nonzero = T.And(nonzero, row.scale[0] != T.float32(0.0))
         small = T.Or(T.Or(T.abs(g * row.s[i]) < T.float32(TINY), T.abs(g * row.s[i] * u) < T.float32(TINY)),
                      size < T.float32(TINY))
-        may_hold_amax = T.And(threshold <= size, size != T.float32(0.0))
+        may_hold_amax = T.Or(T.And(threshold <= size, size != T.float32(0.0)), size != size)  # NaN: recomputed
         return T.Or(T.Or(may_hold_amax, g < T.float32(GUARD)), T.And(nonzero, small))
 
     def near_midpoint(product):
