@@ -377,3 +377,76 @@ def test_the_refined_cast_is_opt_in_and_named(monkeypatch) -> None:
     assert refined.refine and refined.sigmoid == "refined" and refined.name == default.name[: -len("reduced")] + "refined"
     fp32 = _KERNELS["swiglu"].spec(fp32_call)
     assert not fp32.refine and fp32.sigmoid == "reduced"
+
+
+def _refined_y(g, u, scale, s_fast, s_exact, fmt: str, group: int, round_sf: bool, use_e4m3_sf: bool):
+    """The refined cast's ``y`` (``swiglu_per_token_cast.refine``) in PyTorch fp32, with the kernel
+    module's own constants: fast values from ``s_fast``, replaced by the exact ones (from
+    ``s_exact``) where the kernel's two tests flag them."""
+    from tileplug.backend_cuda.swiglu.activation import GUARD
+    from tileplug.backend_cuda.swiglu.swiglu_per_token_cast import AMAX_MARGIN, GRIDS, MIDPOINT_MARGIN, TINY
+    from tileplug.core import config
+    from tileplug.core.quant.formats import QUANT_FORMATS
+    from tileplug.core.quant.sf_math import compute_scales, expand_groups, group_amax
+
+    tokens, hidden = g.shape
+    block = (1, group)
+    fast, exact = ((g * s_fast) * u) * scale, ((g * s_exact) * u) * scale
+    amax = group_amax(fast, block)
+    threshold = expand_groups(torch.where(torch.isfinite(amax), amax * (1 - AMAX_MARGIN), torch.zeros_like(amax)),
+                              block, tokens, hidden)
+    size = fast.abs()
+    nonzero = (g != 0) & (u != 0) & (scale != 0)
+    small = ((g * s_fast).abs() < TINY) | ((g * s_fast * u).abs() < TINY) | (size < TINY)
+    unvouched = ((threshold <= size) & (size != 0)) | torch.isnan(size) | (g < GUARD) | (nonzero & small)
+    first = torch.where(unvouched, exact, fast)
+    clamp = config.current().clamp_min(fmt, use_e4m3_sf)
+    inverse = compute_scales(group_amax(first, block), QUANT_FORMATS[fmt], clamp, round_sf, use_e4m3_sf).inverse
+    products = first * expand_groups(inverse, block, tokens, hidden)
+    flagged = _near_midpoint(products, *GRIDS[fmt == "e2m1"], MIDPOINT_MARGIN)
+    return torch.where(flagged, exact, first), fast, exact
+
+
+@pytest.mark.parametrize("fmt,group,options", [
+    ("e4m3", 128, {}),
+    ("e4m3", 128, {"round_sf": True}),
+    ("e4m3", 32, {"use_e4m3_sf": True}),
+    ("e2m1", 16, {}),
+    ("e2m1", 32, {"round_sf": True}),
+])
+def test_refined_cast_gives_the_exact_bytes_whatever_the_fast_sigmoids_ulp(fmt, group, options) -> None:
+    """The refinement on the CPU: with every fast sigmoid moved at random by up to 16 ulp from the
+    correctly rounded one (16x the bound of ``activation.sigmoid_fp32``, still inside the margins:
+    more values near an amax or a midpoint), the refined ``y`` quantizes to the bytes of the exact
+    ``y`` (the reference's cast), where the fast ``y`` alone does not — on random rows, rows of
+    equal values (amax ties), gates around −80, tiny and huge values, NaN and inf."""
+    pytest.importorskip("tilelang")
+    from tileplug.core import ops
+
+    generator = torch.Generator().manual_seed(17)
+    tokens, hidden = 2048, 2048
+    gate = torch.randn(tokens, hidden, generator=generator) * 3
+    up = torch.randn(tokens, hidden, generator=generator)
+    gate[0], up[1], gate[2, :64] = 0.75, 1.5, -80.0
+    gate[3, :5] = torch.tensor([float("nan"), float("inf"), -float("inf"), -79.99, -90.0])
+    up[4, :4] = torch.tensor([1e-38, 3e-39, 3e38, float("inf")])
+    gate[5, :3] = torch.tensor([1e-38, -3e-39, 88.0])
+    g, u = gate.bfloat16().float(), up.bfloat16().float()
+    scale = torch.rand(tokens, 1, generator=generator) * 2.5
+    scale[6] = 0.0
+    exact_sigmoid = torch.sigmoid(g.double()).float()
+    ulps = torch.randint(-16, 17, g.shape, generator=generator, dtype=torch.int32)
+    movable = torch.isfinite(exact_sigmoid) & (exact_sigmoid > 2.0**-120)
+    moved = torch.clamp((exact_sigmoid.view(torch.int32) + ulps).view(torch.float32), max=1.0)  # never above 1
+    fast_sigmoid = torch.where(movable, moved, exact_sigmoid)
+    refined, fast, exact = _refined_y(g, u, scale, fast_sigmoid, exact_sigmoid, fmt, group, options.get("round_sf", False),
+                                      options.get("use_e4m3_sf", False))
+
+    def cast(y):
+        q, sf = ops.per_token_cast(y, fmt=fmt, num_per_channels=group, **options)
+        return q.view(torch.uint8), sf.contiguous().view(torch.uint8)
+
+    want = cast(exact)
+    for have, expected in zip(cast(refined), want):
+        assert torch.equal(have, expected)
+    assert not all(torch.equal(have, expected) for have, expected in zip(cast(fast), want))  # refinement was needed
