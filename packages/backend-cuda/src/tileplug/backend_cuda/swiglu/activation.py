@@ -103,7 +103,9 @@ def sigmoid_fp64(g, s, i):
     fp32 reciprocal seed and two FMA residual corrections. The fp64 value is then within a few
     ulps of ``sigmoid(g)``; where its fp32 rounding could differ from the library formula's — within
     :data:`TIE_MARGIN` fp64 ulps of an fp32 midpoint, or below fp32's normal range (``g < −87.3``) —
-    the library formula decides. NaN stays NaN."""
+    the library formula decides. A NaN gate gives a finite ``s`` (``min(|g|, 110)`` drops the NaN), and
+    a NaN ``y`` and gradients all the same: ``g`` is a factor of each (a ``g != g`` test would be
+    folded away as false by TVM's simplifier)."""
     # named registers: each value below is used more than once
     size, scaled, steps, x, power, denominator, numerator = (T.alloc_var("float64") for _ in range(7))
     seed, quotient, residual = (T.alloc_var("float64") for _ in range(3))
@@ -135,9 +137,7 @@ def sigmoid_fp64(g, s, i):
     tail = T.bitwise_and(T.reinterpret(quotient, "int64"), T.int64((1 << FP32_TAIL_BITS) - 1)) - T.int64(
         1 << (FP32_TAIL_BITS - 1))
     s[i] = T.cast(quotient, "float32")
-    if g != g:
-        s[i] = g
-    elif quotient < T.float64(2.0 ** -126) or (tail <= T.int64(TIE_MARGIN) and tail >= T.int64(-TIE_MARGIN)):
+    if quotient < T.float64(2.0 ** -126) or (tail <= T.int64(TIE_MARGIN) and tail >= T.int64(-TIE_MARGIN)):
         s[i] = sigmoid_library_fp64(g)
 
 
@@ -187,7 +187,8 @@ def sigmoid_fp32(g, s, i):
     two FMAs, the first exact) and ``m = e^r − 1`` by its Taylor polynomial; ``1 + m`` is never
     rounded (``t_high + t_low``), nor is the denominator ``D = 1 + 2^-k(1 + m)`` (``d_high +
     d_low``, error-free sums); ``s = N / D`` with ``N = 1`` (``g >= 0``) or ``2^-k(1 + m)``: an
-    approximate quotient corrected by one FMA residual step, rounded once. NaN stays NaN."""
+    approximate quotient corrected by one FMA residual step, rounded once. A NaN gate gives a finite
+    ``s`` and a NaN ``y`` and gradients, as :func:`sigmoid_fp64`."""
     # named registers: each value below is used more than once
     size, steps, r, m = (T.alloc_var("float32") for _ in range(4))
     scaled_power, power, one_plus, d_high, d_low = (T.alloc_var("float32") for _ in range(5))
@@ -214,7 +215,7 @@ def sigmoid_fp32(g, s, i):
     residual = T.ieee_fmaf(T.float32(0.0) - quotient, d_high, n_high)
     residual = T.ieee_fmaf(T.float32(0.0) - quotient, d_low, T.ieee_add(residual, n_low))
     corrected = T.ieee_fmaf(residual, reciprocal, quotient)
-    s[i] = T.if_then_else(g != g, g, T.ieee_mul(corrected, T.float32(2.0 ** -SCALE_BITS)))
+    s[i] = T.ieee_mul(corrected, T.float32(2.0 ** -SCALE_BITS))
 
 
 class SwigluMacros:

@@ -35,6 +35,7 @@ import tilelang.language as T
 from tileplug.backend_cuda.norm.row_cast import RowCast
 from tileplug.backend_cuda.norm.rows import RowMacros
 from tileplug.backend_cuda.quant import sf_math
+from tileplug.backend_cuda.quant.element_kernels import is_nan
 from tileplug.backend_cuda.swiglu.activation import GUARD, SwigluMacros, sigmoid_fp64, vector_strides
 from tileplug.backend_cuda.swiglu.spec import SwigluKernelSpec
 
@@ -81,7 +82,7 @@ def build(spec: SwigluKernelSpec):
             nonzero = T.And(nonzero, row.scale[0] != T.float32(0.0))
         small = T.Or(T.Or(T.abs(g * row.s[i]) < T.float32(TINY), T.abs(g * row.s[i] * u) < T.float32(TINY)),
                      size < T.float32(TINY))
-        may_hold_amax = T.Or(T.And(threshold <= size, size != T.float32(0.0)), size != size)  # NaN: recomputed
+        may_hold_amax = T.Or(T.And(threshold <= size, size != T.float32(0.0)), is_nan(yv[i]))
         return T.Or(T.Or(may_hold_amax, g < T.float32(GUARD)), T.And(nonzero, small))
 
     def near_midpoint(product):
