@@ -36,7 +36,7 @@ import struct
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.spec import NormKernelSpec, reduction_plan, tree_levels
+from tileplug.backend_cuda.norm.spec import PREFETCH_STAGES, NormKernelSpec, prefetch_shape, reduction_plan, tree_levels
 
 
 def _halvings(width: int) -> list[int]:
@@ -353,8 +353,10 @@ class RowPrefetch:
     row's barriers in between. A vector past ``D`` or of a row past ``R`` is zero-filled (its copy
     reads nothing), as :meth:`RowMacros.load_row` loads 0 there.
 
-    Shared memory: ``2 · sources · rows · lanes · chunks · 16`` bytes (57344 at D = 7168 bf16,
-    two sources): beyond the 48 KB default, which TileLang's launcher raises for the kernel.
+    Shared memory: ``spec.prefetch_shape`` (``PREFETCH_STAGES`` stages), ``2 · sources · rows · lanes ·
+    chunks · 16`` bytes (57344 at D = 7168 bf16, two sources): beyond the 48 KB default, which
+    TileLang's launcher raises for the kernel; ``spec.prefetch_bytes`` counts the same for the
+    choice of the prefetch.
 
     Macros: :attr:`start` (``start(staged, sources, first, tx)``: before the loop, the first
     iteration's copies), :attr:`load` (``load(staged, sources, values, first, i, count, tx,
@@ -364,14 +366,15 @@ class RowPrefetch:
 
     def __init__(self, rows: RowMacros, sources: int, enabled: bool) -> None:
         assert rows.vectorize or not enabled, "cp.async copies whole 128-bit vectors"
-        LANES, VEC, ROWS = rows.LANES, rows.VEC, rows.ROWS
+        LANES, VEC = rows.LANES, rows.VEC
         KS = list(range(rows.CHUNKS))
         SOURCES = list(range(sources))
         ENABLED = enabled
         IN = rows.spec.in_dtype
         self.enabled = enabled
         self.dtype = IN
-        self.shape = (2, sources, ROWS, LANES * rows.CHUNKS * VEC)
+        self.shape = prefetch_shape(rows.spec.tile, VEC, sources)
+        STAGES = PREFETCH_STAGES
         HEADS = rows.HEADS
 
         def element(src, t, n, col):
@@ -403,16 +406,16 @@ class RowPrefetch:
                 # iteration i + 1's copies, then the wait for iteration i's (an empty group after
                 # the last iteration keeps the wait's count right)
                 if i + 1 < count:
-                    issue(staged, (i + 1) % 2, sources, first + i + 1, tx)
+                    issue(staged, (i + 1) % STAGES, sources, first + i + 1, tx)
                 else:
                     T.ptx_commit_group()
-                T.ptx_wait_group(1)
+                T.ptx_wait_group(STAGES - 1)
                 slot = rows.slot(tx)
                 for s in SOURCES:
                     for k in KS:
                         col = (k * LANES + lane) * VEC
                         for j in T.vectorized(VEC):
-                            values[s][k * VEC + j] = staged[i % 2, s, slot, col + j]
+                            values[s][k * VEC + j] = staged[i % STAGES, s, slot, col + j]
             else:
                 for s in SOURCES:
                     rows.load_row(sources[s], values[s], t, n, lane, valid, IN)

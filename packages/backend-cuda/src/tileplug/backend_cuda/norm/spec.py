@@ -100,14 +100,27 @@ column sums' 48 KB two CTAs still fit an SM's 228 KB (D ≤ 8192 at 16-bit, 4096
 longer rows load directly."""
 
 
+PREFETCH_STAGES = 2
+"""Row iterations the backward's staging holds: the one being read and the next one, in flight."""
+PREFETCH_SOURCES = 2
+"""The rows a backward iteration stages: ``grad_y`` and ``x``."""
+
+
+def prefetch_shape(tile: RowTile, vec: int, sources: int = PREFETCH_SOURCES) -> tuple[int, int, int, int]:
+    """The backward row loop's staging buffer (``rows.RowPrefetch``): ``[stages, sources, rows,
+    lanes · chunks · vec]`` values of the input dtype (``vec`` of them a 16-byte vector)."""
+    return (PREFETCH_STAGES, sources, tile.rows, tile.lanes * tile.chunks * vec)
+
+
 def prefetch_bytes(tile: RowTile) -> int:
-    """Shared bytes of the backward row loop's staging (``rows.RowPrefetch``): two stages of two
-    sources, 16 bytes per vector of the tile."""
-    return 2 * 2 * tile.threads * tile.chunks * VECTOR_BYTES
+    """Shared bytes of the backward row loop's staging: :func:`prefetch_shape`, 16 bytes per vector."""
+    stages, sources, rows, _ = prefetch_shape(tile, 1)
+    return stages * sources * rows * tile.lanes * tile.chunks * VECTOR_BYTES
 
 
 def backward_row_block() -> int:
-    """Row-tile iterations a backward CTA runs (``TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK``, else 8)."""
+    """Row-tile iterations a backward CTA runs (``TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK``, else
+    :data:`BACKWARD_ROW_BLOCK`)."""
     return tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK", BACKWARD_ROW_BLOCK)
 
 
