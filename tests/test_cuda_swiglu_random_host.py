@@ -336,10 +336,12 @@ def test_refined_cast_recomputes_every_product_near_a_rounding_midpoint(e2m1: bo
     the product by 2^-18 relative (4x the bound on the fast ``y``) never changes its code, and the
     band holds few products (each one an fp64 recomputation)."""
     pytest.importorskip("tilelang")
-    from tileplug.backend_cuda.swiglu.swiglu_per_token_cast import GRIDS, MIDPOINT_MARGIN
+    from tileplug.backend_cuda.quant.element_kernels import GRIDS
+    from tileplug.backend_cuda.swiglu.swiglu_per_token_cast import MIDPOINT_MARGIN
     from tileplug.core.quant.formats import e2m1_codes
 
-    mantissa, smallest = GRIDS[e2m1]
+    _, mantissa, smallest_normal = GRIDS["e2m1" if e2m1 else "e4m3"]
+    smallest = smallest_normal - mantissa
     top = 6.0 if e2m1 else 448.0
     generator = torch.Generator().manual_seed(3)
     spread = torch.exp2(torch.empty(400_000).uniform_(-16.0, float(torch.log2(torch.tensor(top))), generator=generator))
@@ -386,7 +388,8 @@ def _refined_y(g, u, scale, s_fast, s_exact, fmt: str, group: int, round_sf: boo
     module's own constants: fast values from ``s_fast``, replaced by the exact ones (from
     ``s_exact``) where the kernel's two tests flag them."""
     from tileplug.backend_cuda.swiglu.activation import GUARD
-    from tileplug.backend_cuda.swiglu.swiglu_per_token_cast import AMAX_MARGIN, GRIDS, MIDPOINT_MARGIN, TINY
+    from tileplug.backend_cuda.quant.element_kernels import GRIDS
+    from tileplug.backend_cuda.swiglu.swiglu_per_token_cast import AMAX_MARGIN, MIDPOINT_MARGIN, TINY
     from tileplug.core import config
     from tileplug.core.quant.formats import QUANT_FORMATS
     from tileplug.core.quant.sf_math import compute_scales, expand_groups, group_amax
@@ -405,7 +408,8 @@ def _refined_y(g, u, scale, s_fast, s_exact, fmt: str, group: int, round_sf: boo
     clamp = config.current().clamp_min(fmt, use_e4m3_sf)
     inverse = compute_scales(group_amax(first, block), QUANT_FORMATS[fmt], clamp, round_sf, use_e4m3_sf).inverse
     products = first * expand_groups(inverse, block, tokens, hidden)
-    flagged = _near_midpoint(products, *GRIDS[fmt == "e2m1"], MIDPOINT_MARGIN)
+    _, mantissa, smallest_normal = GRIDS[fmt]
+    flagged = _near_midpoint(products, mantissa, smallest_normal - mantissa, MIDPOINT_MARGIN)
     return torch.where(flagged, exact, first), fast, exact
 
 

@@ -19,7 +19,7 @@ import tilelang.language as T
 from tileplug.backend_cuda.norm.backward import ColumnAccumulators
 from tileplug.backend_cuda.norm.rows import (RowMacros, RowPrefetch, aligned_strides, f32, row_buffer, statistic_buffer,
                                              vector_buffer)
-from tileplug.backend_cuda.norm.spec import NormKernelSpec, backward_ctas_per_sm
+from tileplug.backend_cuda.norm.spec import PREFETCH_SOURCES, NormKernelSpec, backward_ctas_per_sm
 
 def build(spec: NormKernelSpec):
     """The ``T.prim_func`` of an ``rms_norm_backward`` specialisation: buffers ``(grad_y, x,
@@ -47,7 +47,7 @@ def build(spec: NormKernelSpec):
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
     BLOCK = spec.row_block  # row-tile iterations per CTA (a constant: the weight gradient's fixed blocking)
-    ahead = RowPrefetch(rows, 2, spec.prefetch)  # grad_y and x, copied one row iteration ahead or loaded
+    ahead = RowPrefetch(rows, PREFETCH_SOURCES, spec.prefetch)  # grad_y and x, copied one row iteration ahead or loaded
 
     def factor(wv, i):
         """``(float(w) + offset) · out_scale`` (no weight: ``out_scale``)."""

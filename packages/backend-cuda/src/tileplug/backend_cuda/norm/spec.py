@@ -27,6 +27,7 @@ are rows above 12288 values that no tile covers exactly (their reduction buffer 
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -113,9 +114,9 @@ def prefetch_shape(tile: RowTile, vec: int, sources: int = PREFETCH_SOURCES) -> 
 
 
 def prefetch_bytes(tile: RowTile) -> int:
-    """Shared bytes of the backward row loop's staging: :func:`prefetch_shape`, 16 bytes per vector."""
-    stages, sources, rows, _ = prefetch_shape(tile, 1)
-    return stages * sources * rows * tile.lanes * tile.chunks * VECTOR_BYTES
+    """Shared bytes of the backward row loop's staging: :func:`prefetch_shape` of one-byte values,
+    16 to a vector."""
+    return math.prod(prefetch_shape(tile, VECTOR_BYTES))
 
 
 def backward_row_block() -> int:

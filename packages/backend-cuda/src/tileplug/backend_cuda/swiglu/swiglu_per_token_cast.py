@@ -35,7 +35,7 @@ import tilelang.language as T
 from tileplug.backend_cuda.norm.row_cast import RowCast
 from tileplug.backend_cuda.norm.rows import RowMacros
 from tileplug.backend_cuda.quant import sf_math
-from tileplug.backend_cuda.quant.element_kernels import is_nan
+from tileplug.backend_cuda.quant.element_kernels import GRIDS, is_nan
 from tileplug.backend_cuda.swiglu.activation import GUARD, SwigluMacros, sigmoid_fp64, vector_strides
 from tileplug.backend_cuda.swiglu.spec import SwigluKernelSpec
 
@@ -46,8 +46,6 @@ MIDPOINT_MARGIN = 2.0**-11
 TINY = 2.0**-100
 """Products below this magnitude (and not exactly zero) are recomputed: the relative bound of the
 fast ``y`` holds only where every product is a normal fp32 number."""
-GRIDS = {False: (3, -9), True: (1, -1)}
-"""e2m1 or not → (mantissa bits, exponent of the smallest quantum) of the format's grid."""
 
 
 def build(spec: SwigluKernelSpec):
@@ -67,7 +65,8 @@ def build(spec: SwigluKernelSpec):
     sf_t = cast.sf_type()
     STRIDES = vector_strides(VEC, x_t) if spec.vectorize else []
 
-    MANTISSA, SMALLEST_QUANTUM = GRIDS[cast.e2m1]
+    _, MANTISSA, SMALLEST_NORMAL = GRIDS["e2m1" if cast.e2m1 else "e4m3"]
+    SMALLEST_QUANTUM = SMALLEST_NORMAL - MANTISSA  # the subnormals share the smallest binade's step
     SCALED = act.scaled
 
     def unvouched(row, yv, i, threshold):
