@@ -456,3 +456,14 @@ def test_refined_cast_gives_the_exact_bytes_whatever_the_fast_sigmoids_ulp(fmt, 
     for have, expected in zip(cast(refined), want):
         assert torch.equal(have, expected)
     assert not all(torch.equal(have, expected) for have, expected in zip(cast(fast), want))  # refinement was needed
+
+
+def test_a_tuning_variable_that_is_not_an_integer_is_named(monkeypatch) -> None:
+    """A tuning variable holding something other than an integer fails with the variable's name
+    and value, not a bare ``int()`` message."""
+    from tileplug.backend_cuda.swiglu.spec import REFINE_VARIABLE
+
+    monkeypatch.setenv(REFINE_VARIABLE, "yes")
+    x = torch.randn(2, 2 * 7168, dtype=BF16)
+    with pytest.raises(ValueError, match=f"{REFINE_VARIABLE}='yes': expected an integer"):
+        _KERNELS["swiglu_per_token_cast"].spec(describe_call(ops.swiglu_per_token_cast, x)[0])

@@ -64,9 +64,15 @@ one of its own (the index key does not see the variable)."""
 
 def tuning_override(variable: str, default: int) -> int:
     """``default``, or the integer the environment variable ``variable`` holds (a tuning knob of
-    the CUDA kernels' geometry; unset or empty: ``default``)."""
+    the CUDA kernels' geometry; unset or empty: ``default``); anything else is a ValueError naming
+    the variable."""
     text = os.environ.get(variable)
-    return int(text) if text else default
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{variable}={text!r}: expected an integer") from None
 
 
 def layer_norm_threads_per_sm() -> int:
