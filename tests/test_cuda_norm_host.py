@@ -407,7 +407,7 @@ def test_backward_blocking_is_fixed_and_sizes_the_partial_rows(monkeypatch: pyte
         spec = kernel.spec(call)
         assert spec.row_block == BACKWARD_ROW_BLOCK == 16 and "_rb" not in spec.name
         recorders.clear()
-        kernel.prepare(call)(inputs, call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, None))
+        kernel.kernel().prepare(call, split_below=0)(inputs, call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, None))
         partials = recorders[spec.name].args[-1]
         slots = spec.tile.rows
         assert partials.shape == (-(-tokens // (slots * 16)) * slots, hidden), (hidden, tokens)
@@ -417,6 +417,119 @@ def test_backward_blocking_is_fixed_and_sizes_the_partial_rows(monkeypatch: pyte
     kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, grad, torch.ones(7168, dtype=torch.bfloat16),
                                    torch.ones(4001))
     assert kernel.spec(call).row_block == 8 and kernel.spec(call).name.endswith("_rb8")
+
+
+@pytest.mark.parametrize(("op", "hidden", "heads"), [
+    ("rms_norm_backward", 7168, None),  # one row a tile
+    ("rms_norm_backward", 128, 4),  # 8 rows a tile (16 lanes of one vector), 3-D
+    ("layer_norm_backward", 576, None),  # 4 rows a tile, two reduced vectors
+])
+def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int, heads: int | None,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """More than one row tile and a fused grid under ``split_below`` CTAs: the split path (the row
+    kernel at one row tile a CTA, one one-row partial per row slot, the block sum into the fused
+    kernel's partial rows, the column sum); otherwise the fused row kernel. The bound is the
+    environment variable's (0: never split)."""
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.norm.backward import ColumnSumSpec, RowBlockSumSpec
+    from tileplug.backend_cuda.norm.spec import BACKWARD_SPLIT_BELOW
+    from tileplug.core import CUDA_LAYOUT, ops
+
+    launched: list[tuple[str, tuple]] = []
+    monkeypatch.setattr(jit, "entry", lambda spec: lambda *args: launched.append((spec.name, args)))
+
+    def run(tokens: int, **options) -> tuple:
+        shape = (tokens, hidden) if heads is None else (tokens, heads, hidden)
+        grad = torch.randn(shape, dtype=torch.bfloat16)
+        stats = (torch.zeros(shape[:-1]),) if op == "layer_norm_backward" else ()
+        kernel, call, inputs = _kernel_call(getattr(ops, op), grad, grad.clone(), torch.ones(hidden, dtype=torch.bfloat16),
+                                            *stats, torch.ones(shape[:-1]))
+        launched.clear()
+        kernel.kernel().prepare(call, **options)(inputs, call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, None))
+        return kernel.spec(call), kernel.split_spec(call), list(launched)
+
+    spec, split, _ = run(1)
+    slots, reduced = spec.tile.rows, 2 if op == "layer_norm_backward" else 1
+    assert split.row_block == 1 and not split.prefetch and split.name == spec.name.replace("_pf", "") + "_rb1"
+    rows_per_fused_cta = slots * spec.row_block * (heads or 1)
+    longest_split = (BACKWARD_SPLIT_BELOW - 1) * slots * spec.row_block // (heads or 1)
+    for tokens, expect_split in ((1, False), (2, True), (rows_per_fused_cta + 1, True), (longest_split, True),
+                                 (longest_split + 1, False)):
+        if tokens * (heads or 1) <= slots:
+            expect_split = False  # one row tile: nothing to split
+        _, _, calls = run(tokens)
+        names = [name for name, _ in calls]
+        tiles = -(-tokens * (heads or 1) // slots)
+        blocks = -(-tiles // spec.row_block)
+        if not expect_split:
+            assert names[0] == spec.name and split.name not in names, (tokens, names)
+            assert calls[0][1][-1].shape == (blocks * slots, hidden)
+            continue
+        assert names[0] == split.name and spec.name not in names, (tokens, names)
+        assert calls[0][1][-1].shape == (tiles * slots, hidden)  # one partial row per row tile and slot
+        block_sums = [args for name, args in calls if name == RowBlockSumSpec(spec.row_block, slots).name]
+        assert len(block_sums) == reduced
+        for one_row, blocked in block_sums:
+            assert one_row.shape == (tiles * slots, hidden) and blocked.shape == (blocks * slots, hidden)
+        assert names.count(ColumnSumSpec().name) == reduced
+    monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", "0")
+    assert run(2 * rows_per_fused_cta)[2][0][0] == spec.name
+
+
+def _fused_order(terms: torch.Tensor, masked: torch.Tensor, row_block: int) -> torch.Tensor:
+    """The fused row kernel's partial rows from ``terms [tiles, rows, D]`` (``masked [tiles, rows]``:
+    a row slot past the last row, which adds nothing): each CTA's slot starts at +0 and adds its
+    iterations in order."""
+    tiles, rows, hidden = terms.shape
+    out = []
+    for first in range(0, tiles, row_block):
+        for slot in range(rows):
+            acc = torch.zeros(hidden)
+            for tile in range(first, min(first + row_block, tiles)):
+                if not masked[tile, slot]:
+                    acc = acc + terms[tile, slot]
+            out.append(acc)
+    return torch.stack(out)
+
+
+def test_split_block_sums_give_the_fused_partial_rows_bit_for_bit() -> None:
+    """The claim the split path rests on, played in fp32 on the CPU (IEEE adds like the kernels'
+    ``__fadd_rn``): one-row partials (``+0 + term``, +0 where the slot is masked) added by the
+    block sum's order give the fused kernel's partial rows exactly, with −0, ±inf, NaN and
+    cancelling terms among them, a partial last block, and several rows a tile."""
+    generator = torch.Generator().manual_seed(5)
+    row_block = 16
+    for tiles, rows in ((1, 1), (37, 1), (16, 4), (50, 8)):
+        terms = torch.randn(tiles, rows, 64, generator=generator) * torch.logspace(-30, 30, 64)
+        terms[..., 0] = -0.0
+        terms[0, 0, 1], terms[-1, -1, 2], terms[tiles // 2, 0, 3] = float("inf"), float("-inf"), float("nan")
+        terms[..., 4] = torch.where(torch.arange(tiles * rows).view(tiles, rows) % 2 == 0, 1e30, -1e30)
+        terms[..., 5] = -1e-45  # the smallest negative subnormal: sums of them stay exact and negative
+        masked = torch.zeros(tiles, rows, dtype=torch.bool)
+        masked[-1, rows // 2:] = rows > 1  # the last tile's upper slots are past the last row
+        one_row = torch.where(masked[..., None], torch.zeros(()), torch.zeros(()) + terms).reshape(tiles * rows, 64)
+        blocked = []
+        for out_row in range(-(-tiles // row_block) * rows):
+            first_tile, slot = out_row // rows * row_block, out_row % rows
+            count = min(row_block, tiles - first_tile)
+            acc = one_row[first_tile * rows + slot].clone()
+            for i in range(1, count):
+                acc = acc + one_row[(first_tile + i) * rows + slot]
+            blocked.append(acc)
+        expected = _fused_order(terms, masked, row_block)
+        assert torch.equal(torch.stack(blocked).view(torch.int32), expected.view(torch.int32)), (tiles, rows)
+        assert torch.signbit(expected[:, 0]).logical_not().all() and torch.signbit(expected[:, 5]).all()
+
+
+def test_row_block_sum_lowers_with_its_terms_loaded_first() -> None:
+    pytest.importorskip("tilelang")
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.norm.backward import RowBlockSumSpec
+
+    source = jit.lower_source(RowBlockSumSpec(16, 4))
+    body = source[source.index("float terms[16]"):]
+    assert body.index("terms[i] = partials[") < body.index("__fadd_rn(acc[0], terms[(i_1 + 1)])")
+    assert "blockIdx.y" in body and "atomic" not in source.lower()
 
 
 def test_backward_prefetch_only_on_aligned_rows_that_fit() -> None:
@@ -542,7 +655,7 @@ def test_launcher_gives_a_one_column_view_unit_last_stride() -> None:
 
 
 def test_backward_runs_the_row_kernel_then_the_column_sum() -> None:
-    from tileplug.backend_cuda.norm.backward import ColumnSumSpec
+    from tileplug.backend_cuda.norm.backward import ColumnSumSpec, RowBlockSumSpec
     from tileplug.core import ops
 
     grad, x = torch.randn(4, 7168, dtype=torch.bfloat16), torch.randn(4, 7168, dtype=torch.bfloat16)
@@ -550,9 +663,10 @@ def test_backward_runs_the_row_kernel_then_the_column_sum() -> None:
     kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, x, torch.ones(7168, dtype=torch.bfloat16), rstd)
     assert kernel.supports(call) is None
     specs = kernel.specs(call)
-    assert specs[1:] == [ColumnSumSpec(segment=True), ColumnSumSpec()] and specs[0].op == "rms_norm_backward"
+    assert specs[0].op == "rms_norm_backward" and specs[1] == kernel.split_spec(call)
+    assert specs[2:] == [RowBlockSumSpec(16, 1), ColumnSumSpec(segment=True), ColumnSumSpec()]
     kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, x, None, rstd)
-    assert len(kernel.specs(call)) == 1
+    assert kernel.specs(call) == [kernel.spec(call), kernel.split_spec(call)]  # no weight: no sums
 
 
 def test_column_sum_lowers_with_an_ordered_loop() -> None:
@@ -608,7 +722,8 @@ def test_layer_norm_backward_reduces_bias_and_weight() -> None:
                                    rstd)
     assert kernel.supports(call) is None and kernel.reduced(call) == ("grad_bias", "grad_weight")
     kernel, call, _ = _kernel_call(ops.layer_norm_backward, grad, x, None, mean, rstd)
-    assert kernel.reduced(call) == ("grad_bias",) and len(kernel.specs(call)) == 3  # row kernel, two column stages
+    # the row kernel, the split path's row kernel and block sum, two column stages
+    assert kernel.reduced(call) == ("grad_bias",) and len(kernel.specs(call)) == 5
 
 
 @pytest.mark.parametrize(("op", "hidden", "dtype", "in_shared"), [

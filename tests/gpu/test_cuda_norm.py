@@ -177,13 +177,26 @@ def _case_spec(case: Case):
     return _spec(case.op, *_arguments(case, 3))
 
 
+def _case_specs(case: Case) -> list:
+    """Every specialisation ``case`` runs (a backward's split path and column sums too)."""
+    from tileplug.backend_cuda.plugin import _KERNELS
+    from tileplug.core.opdefs import describe_call
+
+    if not case.op.endswith("_backward"):
+        return [_case_spec(case)]
+    args, kwargs = _arguments(case, 3)
+    with config.host_layout("cuda"):
+        call, _ = describe_call(case.op, *args, **kwargs)
+    return _KERNELS[call.op].specs(call)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def precompiled():
     """Compile every specialisation of the module up front, in parallel processes."""
     from tileplug.backend_cuda import jit
 
-    cases = GRID + INVARIANCE + IN_PLACE + NONFINITE + [Case.of(LAYER, 7168)]
-    specs = [_case_spec(case) for case in dict.fromkeys(cases)]
+    cases = GRID + INVARIANCE + IN_PLACE + NONFINITE + [Case.of(LAYER, 7168)] + [case for case, _ in SPLIT]
+    specs = [spec for case in dict.fromkeys(cases) for spec in _case_specs(case)]
     for hidden, dtype, group, layout in FUSION:
         x = torch.empty(3, hidden, dtype=dtype)
         weight = torch.empty(hidden, dtype=dtype)
@@ -257,6 +270,51 @@ def test_backward_of_a_long_batch(case: Case, tokens: int) -> None:
     for index, (first, second) in enumerate(zip(actual, _cuda(case, args, kwargs))):
         if first is not None:
             assert_bytes_equal(first.cpu(), second.cpu(), what=f"{case.id} run-to-run output {index}")
+
+
+SPLIT = [  # (case, token counts): the split path of a short batch against the fused row kernel
+    (Case.of(RMS_BACK, 7168, inputs={"grad_residual": True}), (2, 17, 129, 1008)),
+    (Case.of(RMS_BACK, 128, inputs={"heads": 4}), (3, 77, 500)),  # 8 rows a tile, 3-D
+    (Case.of(LAYER_BACK, 576, inputs={"grad_residual": True}), (2, 9, 333)),  # 4 rows a tile
+    (Case.of(LAYER_BACK, 5120), (5, 130)),
+    (Case.of(RMS_BACK, 2048, FP32), (40,)),
+    (Case.of(RMS_BACK, 7168, inputs={"weight": "none"}), (3, 100)),  # grad_x only: no sums
+]
+
+
+@pytest.mark.parametrize("case,counts", SPLIT, ids=[case.id for case, _ in SPLIT])
+def test_split_path_gives_the_fused_bytes(case: Case, counts: tuple) -> None:
+    """A short batch's split path (one row tile a CTA, then the block sums) and the fused row
+    kernel give the same bytes, grad_weight and grad_bias included, on inputs with zeros in x
+    (−0 / +0 terms), an inf and a NaN in grad_y."""
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.plugin import _KERNELS
+    from tileplug.core import CUDA_LAYOUT
+    from tileplug.core.opdefs import describe_call
+
+    for tokens in counts:
+        args, kwargs = _arguments(case, tokens, seed=17)
+        args, kwargs = list(moved(args, DEVICE, fresh=True)), moved(kwargs, DEVICE, fresh=True)
+        grad_y, x = args[0], args[1]
+        x[..., 0] = 0.0
+        grad_y.view(grad_y.shape[0], -1)[0, 3] = float("inf")
+        grad_y.view(grad_y.shape[0], -1)[-1, 5] = float("nan")
+        with config.host_layout("cuda"):
+            call, inputs = describe_call(case.op, *args, **kwargs)
+        kernel = _KERNELS[call.op].kernel()
+        runs = []
+        for split_below in (0, 1 << 30):  # never split, split whenever there is more than one row tile
+            outputs = call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, DEVICE)
+            kernel.prepare(call, split_below=split_below)(inputs, outputs)
+            runs.append(outputs)
+        torch.cuda.synchronize()
+        split_spec = kernel.split_spec(call)
+        assert any(spec == split_spec for spec, _ in jit._entries), f"{case.id} T={tokens}: the split path did not run"
+        for name in runs[0]._fields:
+            fused, split = getattr(runs[0], name), getattr(runs[1], name)
+            if fused is not None:
+                assert_bytes_equal(split.cpu(), fused.cpu(), what=f"{case.id} T={tokens} {name} (split / fused)",
+                                   nan_equal=True)
 
 
 # ---------------------------------------------------------------------- batch invariance

@@ -13,10 +13,20 @@ the partials themselves, when there is one segment). The blocking and the segmen
 constants — never chosen by ``T``, the SM count or the launch — and no atomics are used: the
 same inputs give the same bytes on every run and every device. (The reference adds the rows in
 a pairwise tree; the orders agree within SPEC §5's relative 1e-5.)
+
+The split path (a short batch: the fused row kernel's grid below ``spec.backward_split_below()``
+CTAs) computes the same sums with more CTAs: the row kernel at ``row_block = 1`` (one row tile
+a CTA) writes each row's terms as a one-row partial, and :class:`RowBlockSumSpec` adds each
+slot's ``B`` one-row partials in iteration order into the partial row the fused kernel writes,
+bit for bit: the fused sum starts at +0 and adds the terms in the same order, a one-row
+partial is ``+0 + term`` (the term, −0 made +0), and a sum that starts at +0 is never −0, so
+adding +0 where the fused kernel adds nothing (a masked row slot) changes nothing. The column
+sum then runs as above. Which path runs depends on ``T``; the bytes do not.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +87,53 @@ class ColumnSumSpec:
                     for p in T.serial(P - 1):
                         acc[0] = T.ieee_add(acc[0], partials[p + 1, col])
                     total[col] = acc[0]
+
+        return kernel.with_attr("global_symbol", self.name)
+
+
+@dataclass(frozen=True)
+class RowBlockSumSpec:
+    """The split path's first column stage: fp32 one-row partials ``[P, D]`` (``P = tiles ·
+    rows``: row tile ``i``'s slot ``s`` at ``i · rows + s``) into the fused row kernel's partial
+    rows ``[ceil(tiles / row_block) · rows, D]``: row ``b · rows + s`` adds
+    ``partials[(b · row_block + i) · rows + s]`` for ``i < min(row_block, tiles − b · row_block)``
+    in that order (grid: column blocks × output rows; each thread loads its column's terms
+    first, then adds them one after the other)."""
+
+    row_block: int
+    rows: int
+
+    @property
+    def name(self) -> str:
+        return f"norm_row_block_sum_fp32_b{self.row_block}_r{self.rows}"
+
+    def build(self):
+        import tilelang.language as T
+
+        P = T.dynamic("P")
+        D = T.dynamic("D")
+        Q = T.dynamic("Q")
+        BLOCK, ROWS = self.row_block, self.rows
+
+        @T.prim_func
+        def kernel(partials: T.Tensor((P, D), "float32"), blocked: T.Tensor((Q, D), "float32")):
+            with T.Kernel(T.ceildiv(D, COLUMN_THREADS), Q, threads=COLUMN_THREADS) as (bx, out_row):
+                tx = T.get_thread_binding()
+                terms = T.alloc_local((BLOCK,), "float32")
+                acc = T.alloc_local((1,), "float32")
+                col = bx * COLUMN_THREADS + tx
+                first_tile = (out_row // ROWS) * BLOCK
+                slot = out_row % ROWS
+                count = T.min(BLOCK, P // ROWS - first_tile)
+                if col < D:
+                    for i in T.unroll(BLOCK):
+                        if i < count:
+                            terms[i] = partials[(first_tile + i) * ROWS + slot, col]
+                    acc[0] = terms[0]
+                    for i in T.unroll(BLOCK - 1):
+                        if i + 1 < count:
+                            acc[0] = T.ieee_add(acc[0], terms[i + 1])
+                    blocked[out_row, col] = acc[0]
 
         return kernel.with_attr("global_symbol", self.name)
 
@@ -191,32 +248,75 @@ class BackwardKernel(NormKernel):
         """Fields of ``NormGradients`` summed over rows (``grad_weight``, ``grad_bias``)."""
         raise NotImplementedError
 
-    def specs(self, call: NormCall) -> list:
-        """Every specialisation a call runs."""
-        return [self.spec(call)] + ([ColumnSumSpec(segment=True), ColumnSumSpec()] if self.reduced(call) else [])
+    def split_spec(self, call: NormCall):
+        """The split path's row kernel: the call's spec at one row tile a CTA (no prefetch: there
+        is no next row)."""
+        return dataclasses.replace(self.spec(call), row_block=1, prefetch=False)
 
-    def prepare(self, call: NormCall):
-        from tileplug.backend_cuda import jit
+    def specs(self, call: NormCall) -> list:
+        """Every specialisation a call runs: the row kernel, the split path's row kernel (and its
+        block sum), the column sum's two stages."""
+        spec = self.spec(call)
+        specs = [spec]
+        if spec.row_block > 1:
+            specs.append(self.split_spec(call))
+            if self.reduced(call):
+                specs.append(RowBlockSumSpec(spec.row_block, spec.tile.rows))
+        return specs + ([ColumnSumSpec(segment=True), ColumnSumSpec()] if self.reduced(call) else [])
+
+    def prepare(self, call: NormCall, split_below: int | None = None):
+        """``launch(inputs, outputs)``: the split path while the fused grid would have fewer than
+        ``split_below`` CTAs (default ``spec.backward_split_below()``) and more than one row tile,
+        else the fused row kernel; either then the column sums."""
+        from tileplug.backend_cuda.norm.spec import backward_split_below
 
         spec = self.spec(call)
+        fused = self._path(call, spec, None)
+        split_below = backward_split_below() if split_below is None else split_below
+        if spec.row_block == 1 or split_below <= 1:
+            return fused
+        blocked = RowBlockSumSpec(spec.row_block, spec.tile.rows) if self.reduced(call) else None
+        split = self._path(call, self.split_spec(call), blocked)
+        heads = call.heads or 1
+        slots, row_block = spec.tile.rows, spec.row_block
+        # the fused grid (CTAs) is ceil(tiles / row_block) < split_below: tiles < this bound
+        most_tiles = (split_below - 1) * row_block
+
+        def launch(inputs: Any, outputs: Any) -> None:
+            tiles = -(-(inputs.x.shape[0] * heads) // slots)
+            (split if 1 < tiles <= most_tiles else fused)(inputs, outputs)
+
+        return launch
+
+    def _path(self, call: NormCall, spec, blocked: RowBlockSumSpec | None):
+        """The launcher of one path: ``spec``'s row kernel, then (``blocked``: the split path)
+        the block sums of its one-row partials, then the column sums."""
+        from tileplug.backend_cuda import jit
+
         order = self.arguments(call)
         reduced = self.reduced(call)
         if not reduced:
             return make_launcher(spec, jit.entry(spec), lambda inputs, outputs: order(inputs, outputs, ()))
         heads = call.heads or 1
-        per_block = spec.tile.rows * spec.row_block
-        hidden = call.hidden
         slots = spec.tile.rows
+        hidden = call.hidden
         # the row kernel's "outputs" are (gradients, partial rows) for this call only
         rows_launch = make_launcher(spec, jit.entry(spec), lambda inputs, both: order(inputs, both[0], both[1]))
         column_sum = column_sum_launcher(jit.entry)
+        block_sum = jit.entry(blocked) if blocked is not None else None
+        fused_block = blocked.row_block if blocked is not None else spec.row_block
 
         def launch(inputs: Any, outputs: Any) -> None:
-            blocks = -(-(inputs.x.shape[0] * heads) // per_block)
-            partials = tuple(torch.empty((blocks * slots, hidden), dtype=torch.float32, device=inputs.x.device)
-                             for _ in reduced)
+            tiles = -(-(inputs.x.shape[0] * heads) // slots)
+            device = inputs.x.device
+            partials = tuple(torch.empty((-(-tiles // spec.row_block) * slots, hidden), dtype=torch.float32,
+                                         device=device) for _ in reduced)
             rows_launch(inputs, (outputs, partials))
             for name, rows in zip(reduced, partials):
+                if block_sum is not None:
+                    one_row = rows
+                    rows = torch.empty((-(-tiles // fused_block) * slots, hidden), dtype=torch.float32, device=device)
+                    block_sum(one_row, rows)
                 column_sum(rows, getattr(outputs, name))
 
         return launch

@@ -131,6 +131,23 @@ def backward_row_block() -> int:
     return tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK", BACKWARD_ROW_BLOCK)
 
 
+BACKWARD_SPLIT_BELOW = 64
+"""The split path of the backwards (``backward.BackwardKernel``) runs while the fused row
+kernel's grid would have fewer CTAs than this (and more than one row tile): below it the
+fused kernel leaves most SMs idle, each CTA running its ``row_block`` iterations one after
+the other (rms_norm_backward D = 7168 at T = 128: 8 CTAs, 31.8 µs in a CUDA graph on an H100
+against TileKernels' 8.7). The split path runs one row tile a CTA and adds the same terms in
+the same order afterwards: the same bytes, for 8 bytes a value more traffic (fp32 one-row
+partials, written and read again), so it pays only while the fused grid is short of the SMs.
+``TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW`` overrides it (0: never split), for tuning."""
+
+
+def backward_split_below() -> int:
+    """The fused grid size (CTAs) below which a backward runs split
+    (``TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW``, else :data:`BACKWARD_SPLIT_BELOW`)."""
+    return tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", BACKWARD_SPLIT_BELOW)
+
+
 def backward_prefetch() -> bool:
     """Whether the backward row loops prefetch (``TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH``: 1 by
     default, 0 for the direct loads; a tuning knob, seen by the spec name)."""
