@@ -428,17 +428,19 @@ def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """More than one row tile and a fused grid under ``split_below`` CTAs: the split path (the row
     kernel at one row tile a CTA, one one-row partial per row slot, the block sum into the fused
-    kernel's partial rows, the column sum); otherwise the fused row kernel. The bound is the
-    environment variable's (0: never split)."""
+    kernel's partial rows, the column sum); otherwise the fused row kernel. Without ``split_below``
+    the bound is the environment variable's, else the default: 0 (never split) until the split path
+    has run on a GPU."""
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.norm.backward import ColumnSumSpec, RowBlockSumSpec
     from tileplug.backend_cuda.norm.spec import BACKWARD_SPLIT_BELOW
     from tileplug.core import CUDA_LAYOUT, ops
 
+    split_below = 64
     launched: list[tuple[str, tuple]] = []
     monkeypatch.setattr(jit, "entry", lambda spec: lambda *args: launched.append((spec.name, args)))
 
-    def run(tokens: int, **options) -> tuple:
+    def run(tokens: int, **options) -> tuple:  # options: prepare's (split_below), else the environment's
         shape = (tokens, hidden) if heads is None else (tokens, heads, hidden)
         grad = torch.randn(shape, dtype=torch.bfloat16)
         stats = (torch.zeros(shape[:-1]),) if op == "layer_norm_backward" else ()
@@ -452,12 +454,12 @@ def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int,
     slots, reduced = spec.tile.rows, 2 if op == "layer_norm_backward" else 1
     assert split.row_block == 1 and not split.prefetch and split.name == spec.name.replace("_pf", "") + "_rb1"
     rows_per_fused_cta = slots * spec.row_block * (heads or 1)
-    longest_split = (BACKWARD_SPLIT_BELOW - 1) * slots * spec.row_block // (heads or 1)
+    longest_split = (split_below - 1) * slots * spec.row_block // (heads or 1)
     for tokens, expect_split in ((1, False), (2, True), (rows_per_fused_cta + 1, True), (longest_split, True),
                                  (longest_split + 1, False)):
         if tokens * (heads or 1) <= slots:
             expect_split = False  # one row tile: nothing to split
-        _, _, calls = run(tokens)
+        _, _, calls = run(tokens, split_below=split_below)
         names = [name for name, _ in calls]
         tiles = -(-tokens * (heads or 1) // slots)
         blocks = -(-tiles // spec.row_block)
@@ -472,6 +474,9 @@ def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int,
         for one_row, blocked in block_sums:
             assert one_row.shape == (tiles * slots, hidden) and blocked.shape == (blocks * slots, hidden)
         assert names.count(ColumnSumSpec().name) == reduced
+    assert BACKWARD_SPLIT_BELOW == 0 and run(2 * rows_per_fused_cta)[2][0][0] == spec.name  # off until GPU-run
+    monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", str(split_below))
+    assert run(2 * rows_per_fused_cta)[2][0][0] == split.name
     monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", "0")
     assert run(2 * rows_per_fused_cta)[2][0][0] == spec.name
 
