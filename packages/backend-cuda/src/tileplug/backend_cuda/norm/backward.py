@@ -254,8 +254,9 @@ class BackwardKernel(NormKernel):
         return dataclasses.replace(self.spec(call), row_block=1, prefetch=False)
 
     def specs(self, call: NormCall) -> list:
-        """Every specialisation a call runs: the row kernel, the split path's row kernel (and its
-        block sum), the column sum's two stages."""
+        """Every specialisation a call may run: the row kernel, the split path's row kernel and
+        block sum (listed while the split is off by default too: the environment can turn it on,
+        and CI compiles what this lists), the column sum's two stages."""
         spec = self.spec(call)
         specs = [spec]
         if spec.row_block > 1:
