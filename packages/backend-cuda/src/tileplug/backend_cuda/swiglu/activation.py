@@ -321,6 +321,8 @@ class SwigluMacros:
         self.load_scale = load_scale
         self.activate = activate
         self.forward_value = forward_value
+        self.gate_value = gate_value
+        self.up_value = up_value
         self.gate_cut = gate_cut
         self.up_cut = up_cut
         self.clamped = CLAMP is not None
