@@ -304,7 +304,7 @@ class SwigluMacros:
                     s[i] = sigmoid_library_fp64(g[i])
                 elif SIGMOID == "guarded":
                     s[i] = sigmoid_guarded(g[i])
-                elif SIGMOID == "branchless":
+                elif SIGMOID in ("branchless", "refined"):  # refined: the cast then recomputes what may matter
                     s[i] = sigmoid_branchless(g[i])
                 else:
                     sigmoid_fp32(g[i], s, i)

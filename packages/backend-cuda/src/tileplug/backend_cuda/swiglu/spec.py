@@ -118,7 +118,7 @@ class SwigluKernelSpec:
         one rounded once, the reference's bits: ``fp64_sigmoid`` (``"library"`` or ``"reduced"``);
         ``"accurate"`` (fp32, within 1 ulp) for the gradients of a bf16 x; ``bf16_sigmoid`` for a
         bf16 ``y`` (``"guarded"``, ``"branchless"`` or ``"accurate"``); ``"refined"`` for a cast with
-        ``refine``: the 1-ulp one, then the fp64 one for the values whose bits could matter.
+        ``refine``: the branchless one, then the fp64 one for the values whose bits could matter.
 
         ``"guarded"`` is ``1 / (1 + __expf(−g))`` above ``g = −80`` and ``expf(g)`` below, where
         ``s = e^g`` in fp32. The plain hardware form failed the 2-ulp bound on 5·10^-5 of the

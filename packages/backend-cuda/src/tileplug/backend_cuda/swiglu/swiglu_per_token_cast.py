@@ -9,15 +9,18 @@ values are selected zeros (nothing from its bytes enters the amax), quantized as
 its scales are stored as 0.
 
 With ``spec.refine`` (opt-in, ``TILEPLUG_CUDA_SWIGLU_CAST_REFINE=1``) the same bytes come from
-cheaper arithmetic: every ``y`` is first taken with the fp32 sigmoid (``activation.sigmoid_fp32``,
-within 1 ulp of the correctly rounded one, so ``y`` within ``2^-20`` relative of the exact ``y``:
-three products, each rounded), and only the values whose exact bits could change ``(q, sf)`` are
-recomputed with the fp64 sigmoid (:func:`refine`):
+cheaper arithmetic: every ``y`` is first taken with the hardware-exponential sigmoid
+(``activation.sigmoid_branchless``: above a gate of −80, ``__expf`` within ``2 + 1.173·|g|`` ulp
+and ``__fdividef`` within 2 ulp, CUDA's documented bounds, so ``s`` within ``2^-16.3`` relative of
+the correctly rounded one and ``y`` within :data:`FAST_BOUND` of the exact ``y`` after its three
+rounded products), and only the values whose exact bits could change ``(q, sf)`` are recomputed
+with the fp64 sigmoid (:func:`refine`):
 
-- those that may hold their group's amax: ``|y| ≥ amax · (1 − 2^-16)`` of the fast values. The
-  exact amax's own value is among them (its fast value is within ``2^-20`` of it, and the fast
-  amax within ``2^-20`` of the exact one), and every other value stays below the exact amax, so
-  the amax, the scale and the factor of the group are the exact ones;
+- those that may hold their group's amax: ``|y| ≥ amax · (1 − 2^-14)`` of the fast values. The
+  exact amax's own value is among them (its fast value is within :data:`FAST_BOUND` of it, and
+  the fast amax within :data:`FAST_BOUND` of the exact one: ``2^-14`` is 2.5 times their sum),
+  and every other value stays below the exact amax, so the amax, the scale and the factor of the
+  group are the exact ones;
 - those the relative bound does not cover: a gate below −80 (the sigmoid nears fp32's subnormal
   range), a product ``g · s``, ``g · s · u`` or ``y`` below ``2^-100`` in magnitude where no factor
   is zero (a rounding in the subnormal range, or an underflow to zero), and every nonzero value of
@@ -25,14 +28,17 @@ recomputed with the fp64 sigmoid (:func:`refine`):
 - then, with the group's exact amax and ``inv``, those whose product ``y · inv`` lies within
   ``2^-11`` of a quantum of a rounding midpoint of the format (e4m3: quantum ``2^max(e − 3, −9)``;
   e2m1: ``2^max(e − 1, −1)``, for ``|y · inv|`` in ``[2^e, 2^(e+1))``): a quantum is at least
-  ``|y · inv| / 16``, so elsewhere the fast and the exact product round to the same code.
+  ``|y · inv| / 16``, so the fast and the exact product lie within ``16 · 2^-16.2 = 2^-12.2``
+  quanta of each other and elsewhere round to the same code.
 
 Each stage marks its values in a bit mask and recomputes them one at a time in a rolled loop:
 the fp64 code is emitted once a stage, and a warp runs it as often as its busiest lane has values
 marked. (Recomputed in place, unrolled over the values, it was 16 copies of that code: 7824 SASS
 instructions against the default cast's 3128, 52 bytes of spill stores and 76 of loads at 2 CTAs
-an SM, and 1.6-1.8x the default cast's time on an H100; the rolled form, 2528 instructions at
-71 registers and no spill, has not been timed yet.)
+an SM, and 1.6-1.8x the default cast's time on an H100, with the 1-ulp fp32 sigmoid as the fast
+one. The rolled form with the branchless sigmoid, 2000 instructions at 2 CTAs an SM and no spill,
+has not been timed yet; by SASS its common path is about as long as the default's, the tests and
+masks costing about what the fp64 sigmoid did.)
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
@@ -47,8 +53,12 @@ from tileplug.backend_cuda.quant.element_kernels import GRIDS, is_nan
 from tileplug.backend_cuda.swiglu.activation import GUARD, SwigluMacros, sigmoid_fp64, vector_strides
 from tileplug.backend_cuda.swiglu.spec import SwigluKernelSpec
 
-AMAX_MARGIN = 2.0**-16
-"""A value within this relative distance below its group's fast amax may hold the exact amax."""
+FAST_BOUND = 2.0**-16.2
+"""The relative distance of a fast ``y`` from the exact one, where the relative bound holds (a gate
+at or above −80, every product a normal number): the sigmoid's ``2^-16.3`` and three roundings."""
+AMAX_MARGIN = 2.0**-14
+"""A value within this relative distance below its group's fast amax may hold the exact amax
+(more than twice :data:`FAST_BOUND`)."""
 MIDPOINT_MARGIN = 2.0**-11
 """Distance, in quanta of the format, from a rounding midpoint inside which ``y · inv`` is recomputed."""
 TINY = 2.0**-100
