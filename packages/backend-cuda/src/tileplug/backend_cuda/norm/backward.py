@@ -305,7 +305,6 @@ class BackwardKernel(NormKernel):
         rows_launch = make_launcher(spec, jit.entry(spec), lambda inputs, both: order(inputs, both[0], both[1]))
         column_sum = column_sum_launcher(jit.entry)
         block_sum = jit.entry(blocked) if blocked is not None else None
-        fused_block = blocked.row_block if blocked is not None else spec.row_block
 
         def launch(inputs: Any, outputs: Any) -> None:
             tiles = -(-(inputs.x.shape[0] * heads) // slots)
@@ -316,7 +315,8 @@ class BackwardKernel(NormKernel):
             for name, rows in zip(reduced, partials):
                 if block_sum is not None:
                     one_row = rows
-                    rows = torch.empty((-(-tiles // fused_block) * slots, hidden), dtype=torch.float32, device=device)
+                    rows = torch.empty((-(-tiles // blocked.row_block) * slots, hidden), dtype=torch.float32,
+                                       device=device)
                     block_sum(one_row, rows)
                 column_sum(rows, getattr(outputs, name))
 

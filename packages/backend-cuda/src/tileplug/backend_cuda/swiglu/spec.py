@@ -57,9 +57,10 @@ CTAS_PER_SM_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CTAS_PER_SM"
 :func:`ctas_per_sm`, 0 meaning ptxas' own register choice); tuning on a GPU host, the kernel's name
 says so."""
 REFINE_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CAST_REFINE"
-"""``1``: the fused cast takes every ``y`` from the 1-ulp fp32 sigmoid and recomputes in fp64 only
-the values whose exact bits could change ``(q, sf)`` (``swiglu_per_token_cast.py``); opt-in until the
-GPU has run it (default 0, every value in fp64); tuning on a GPU host, the kernel's name says so."""
+"""``1``: the fused cast takes every ``y`` from the branchless hardware-exponential sigmoid and
+recomputes in fp64 only the values whose exact bits could change ``(q, sf)``
+(``swiglu_per_token_cast.py``); opt-in until the GPU has shown it faster (default 0, every value in
+fp64); tuning on a GPU host, the kernel's name says so."""
 TWO_CTA_REGISTERS = 72
 """The most registers a thread of the three SwiGLU kernels took at 2 vectors a lane (ptxas, sm_90,
 H = 7168 bf16: the weighted backward; 47 for ``swiglu``, 68-70 for the cast): a tile asks for 2

@@ -36,7 +36,7 @@ the fp64 code is emitted once a stage, and a warp runs it as often as its busies
 marked. (Recomputed in place, unrolled over the values, it was 16 copies of that code: 7824 SASS
 instructions against the default cast's 3128, 52 bytes of spill stores and 76 of loads at 2 CTAs
 an SM, and 1.6-1.8x the default cast's time on an H100, with the 1-ulp fp32 sigmoid as the fast
-one. The rolled form with the branchless sigmoid, 2000 instructions at 2 CTAs an SM and no spill,
+one. The rolled form with the branchless sigmoid, 1968 instructions at 2 CTAs an SM and no spill,
 has not been timed yet; by SASS its common path is about as long as the default's, the tests and
 masks costing about what the fp64 sigmoid did.)
 
@@ -67,14 +67,11 @@ fast ``y`` holds only where every product is a normal fp32 number."""
 
 
 class RefineRegisters(NamedTuple):
-    """The refinement's one-value registers: ``pending`` (bits of the values still to recompute),
-    ``marked`` (a stage's bits over every group), ``outside`` (the bits of :func:`outside_bound`,
-    taken with ``y``), ``count`` (the loop's trip count), ``index``
+    """The refinement's one-value registers: ``pending`` (bits of the values still to recompute;
+    those of :func:`outside_bound` are set with ``y``), ``count`` (the loop's trip count), ``index``
     (the value being recomputed), its ``g``, ``u``, fp64-rounded ``s`` and exact ``y``."""
 
     pending: Any
-    marked: Any
-    outside: Any
     count: Any
     index: Any
     g: Any
@@ -146,9 +143,8 @@ def build(spec: SwigluKernelSpec):
 
     @T.macro
     def mark(work, value_indices, needed):
-        """``work.pending[0]`` = the bits of the values ``i`` in ``value_indices`` (static) where
+        """Add to ``work.pending[0]`` the bits of the values ``i`` in ``value_indices`` (static) where
         ``needed(i)``."""
-        work.pending[0] = T.cast(0, MASK)
         for i in value_indices:
             work.pending[0] = work.pending[0] | T.shift_left(T.cast(needed(i), MASK), T.cast(i, MASK))
 
@@ -173,29 +169,23 @@ def build(spec: SwigluKernelSpec):
     @T.macro
     def refine(row, yv, amax, inv, work):
         """Recompute with the fp64 sigmoid the values of a valid row whose exact bits could change
-        the cast: first those :func:`outside_bound` (``work.outside``, marked with ``y``) and those
+        the cast: first those :func:`outside_bound` (already in ``work.pending``, marked with ``y``) and those
         that :func:`may_hold_amax` in every group, which makes each group's amax and
         ``inv`` exact, then those whose ``y · inv`` is :func:`near_midpoint` (``amax`` / ``inv``:
         the cast's registers, which the cast fills again). Each stage marks its values in a bit
         mask and recomputes them in one rolled loop."""
-        work.marked[0] = T.cast(0, MASK)
         for chunks, value_indices in zip(cast.groups, GROUP_VALUES):
             cast.group_amax(yv, row.lane, amax, chunks)
             threshold = T.if_then_else(amax[chunks[0]] < 0x7F800000,
                                        T.reinterpret(amax[chunks[0]], "float32") * T.float32(1.0 - AMAX_MARGIN),
                                        T.float32(0.0))
             mark(work, value_indices, lambda i: T.And(row.is_valid, may_hold_amax(yv, i, threshold)))
-            work.marked[0] = work.marked[0] | work.pending[0]
-        work.pending[0] = work.marked[0] | work.outside[0]
-        recompute(row, yv, work)
-        work.marked[0] = T.cast(0, MASK)
+        recompute(row, yv, work)  # leaves pending at 0
         for chunks, value_indices in zip(cast.groups, GROUP_VALUES):
             group = chunks[0]
             cast.group_amax(yv, row.lane, amax, chunks)
             inv[group] = cast.inverse(amax[group])
             mark(work, value_indices, lambda i: T.And(row.is_valid, near_midpoint(yv[i] * inv[group])))
-            work.marked[0] = work.marked[0] | work.pending[0]
-        work.pending[0] = work.marked[0]
         recompute(row, yv, work)
 
     @T.prim_func
@@ -211,17 +201,17 @@ def build(spec: SwigluKernelSpec):
             inv = T.alloc_local((rows.CHUNKS,), "float32")
             qv = T.alloc_local((VEC // VPB,), QDT)
             if spec.refine:
-                work = RefineRegisters(*(T.alloc_local((1,), dtype) for dtype in (MASK, MASK, MASK, "int32", "int32")),
+                work = RefineRegisters(*(T.alloc_local((1,), dtype) for dtype in (MASK, "int32", "int32")),
                                        *(T.alloc_local((1,), "float32") for _ in range(4)))
             act.load(x, topk_weights, row)
             act.settle(expert_ends, row)
             if spec.refine:
-                work.outside[0] = T.cast(0, MASK)
+                work.pending[0] = T.cast(0, MASK)
             for i in T.unroll(VALUES):
                 yv[i] = T.if_then_else(row.is_valid, act.forward_value(row.g, row.u, row.s, row.scale, i),
                                        T.float32(0.0))
                 if spec.refine:
-                    work.outside[0] = work.outside[0] | T.shift_left(
+                    work.pending[0] = work.pending[0] | T.shift_left(
                         T.cast(T.And(row.is_valid, outside_bound(row, yv, i)), MASK), T.cast(i, MASK))
             if spec.refine:
                 refine(row, yv, amax, inv, work)
