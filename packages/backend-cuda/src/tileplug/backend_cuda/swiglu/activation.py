@@ -39,6 +39,7 @@ from tilelang import tvm  # noqa: F401 - makes tvm.script importable
 from tvm.script.ir_builder import IRBuilder
 
 from tileplug.backend_cuda.norm.rows import RowMacros, f32
+from tileplug.backend_cuda.swiglu import sigmoid_table
 from tileplug.backend_cuda.swiglu.spec import SwigluKernelSpec
 
 GATE, UP = 0, 1
@@ -218,6 +219,17 @@ def sigmoid_fp32(g, s, i):
     s[i] = T.ieee_mul(corrected, T.float32(2.0 ** -SCALE_BITS))
 
 
+def table_sigmoid(table, gate):
+    """fp32 ``sigmoid(gate)`` of a bf16 ``gate`` (as fp32) read from ``table`` (the shared copy of
+    ``sigmoid_table``): the entry of the gate's sign and its magnitude's bits clamped to
+    ``[LOW, HIGH]`` (``sigmoid_table.table_index``)."""
+    bits = T.reinterpret(gate, "int32")
+    magnitude = T.min(T.max(T.bitwise_and(bits, 0x7FFFFFFF), sigmoid_table.LOW << 16), sigmoid_table.HIGH << 16)
+    index = T.bitwise_or(T.shift_right(magnitude - (sigmoid_table.LOW << 16), 16),
+                         T.bitwise_and(T.shift_right(bits, 19), sigmoid_table.SPAN))
+    return table[index]
+
+
 class SwigluMacros:
     """Trace-time constants of ``spec`` over its row tile ``rows`` and the macros over them."""
 
@@ -254,6 +266,10 @@ class SwigluMacros:
             return T.abs(value) > T.float32(CLAMP)
 
         SIGMOID = spec.sigmoid
+        THREADS = rows.THREADS
+        TABLE_VECTORS = sigmoid_table.ENTRIES // 4  # the table's 128-bit vectors
+        # the clamped gate's sigmoid, for the table (the gate c is fp32, not a bf16 value the table holds)
+        CLAMP_SIGMOID = None if CLAMP is None or SIGMOID != "table" else sigmoid_table.clamp_sigmoid(CLAMP)
 
         @T.macro
         def find_valid(ends, row, exists, valid):
@@ -293,12 +309,33 @@ class SwigluMacros:
                 scale[0] = T.float32(SCALING)
 
         @T.macro
-        def activate(gate, up, scale, g, u, s):
-            """Per value ``i`` of the thread: ``g[i]``, ``u[i]`` (clamped, fp32) and ``s[i] = sigmoid(g[i])``."""
+        def copy_table(source, table, tx):
+            """``table`` (shared) = ``source`` (the global ``sigmoid_table``): 128-bit vectors, all of a
+            thread's loads issued before its stores."""
+            staged = T.alloc_local((T.ceildiv(TABLE_VECTORS, THREADS) * 4,), "float32")
+            for k in T.unroll(T.ceildiv(TABLE_VECTORS, THREADS)):
+                if k * THREADS + tx < TABLE_VECTORS:
+                    for j in T.vectorized(4):
+                        staged[k * 4 + j] = source[(k * THREADS + tx) * 4 + j]
+            for k in T.unroll(T.ceildiv(TABLE_VECTORS, THREADS)):
+                if k * THREADS + tx < TABLE_VECTORS:
+                    for j in T.vectorized(4):
+                        table[(k * THREADS + tx) * 4 + j] = staged[k * 4 + j]
+
+        @T.macro
+        def activate(gate, up, scale, g, u, s, table):
+            """Per value ``i`` of the thread: ``g[i]``, ``u[i]`` (clamped, fp32) and ``s[i] = sigmoid(g[i])``
+            (``table``: the shared sigmoid table where the spec reads it, else None)."""
             for i in T.unroll(VALUES):
                 g[i] = gate_value(T.cast(gate[i], "float32"))
                 u[i] = up_value(T.cast(up[i], "float32"))
-                if SIGMOID == "reduced":
+                if SIGMOID == "table":
+                    if CLAMP_SIGMOID is None:
+                        s[i] = table_sigmoid(table, T.cast(gate[i], "float32"))
+                    else:
+                        s[i] = T.if_then_else(T.cast(gate[i], "float32") > T.float32(CLAMP), T.float32(CLAMP_SIGMOID),
+                                              table_sigmoid(table, T.cast(gate[i], "float32")))
+                elif SIGMOID == "reduced":
                     sigmoid_fp64(g[i], s, i)
                 elif SIGMOID == "library":
                     s[i] = sigmoid_library_fp64(g[i])
@@ -314,7 +351,20 @@ class SwigluMacros:
             product = g[i] * s[i] * u[i]
             return product * scale[0] if self.scaled else product
 
+        CTAS_PER_SM = spec.ctas_per_sm
+
+        @T.macro
+        def prologue(strides):
+            """A kernel's first statements: the CTAs an SM asked of ptxas (it must come first) and the
+            alignment of each runtime row stride (``vector_strides``)."""
+            if CTAS_PER_SM:
+                T.annotate_min_blocks_per_sm(CTAS_PER_SM)
+            for stride, per_vector in strides:
+                T.assume(stride % per_vector == 0)
+
         self.values = VALUES
+        self.prologue = prologue
+        self.copy_table = copy_table
         self.in_dtype = IN
         self.find_valid = find_valid
         self.load_halves = load_halves
@@ -347,10 +397,18 @@ class SwigluMacros:
         self.load_halves(x, state.gate, state.up, state.row, state.lane, state.exists)
         self.load_scale(weights, state.row, state.exists, state.scale)
 
-    def settle(self, ends, state: "RowState") -> None:
-        """Whether the row is valid (the ``expert_ends`` search) and its ``g``, ``u``, ``s``."""
+    def settle(self, ends, state: "RowState", table=None) -> None:
+        """Whether the row is valid (the ``expert_ends`` search) and its ``g``, ``u``, ``s``
+        (``table``: the shared sigmoid table of a spec that reads one)."""
         self.find_valid(ends, state.row, state.exists, state.valid)
-        self.activate(state.gate, state.up, state.scale, state.g, state.u, state.s)
+        self.activate(state.gate, state.up, state.scale, state.g, state.u, state.s, table)
+
+    def shared_table(self, source, tx):
+        """A shared copy of the global ``sigmoid_table`` ``source`` (the caller synchronises
+        before reading it)."""
+        table = T.alloc_shared((sigmoid_table.ENTRIES,), "float32")
+        self.copy_table(source, table, tx)
+        return table
 
     # ------------------------------------------------------------------ buffer types
     @staticmethod
@@ -373,6 +431,11 @@ class SwigluMacros:
     @staticmethod
     def weights_buffer(spec: SwigluKernelSpec, rows_count):
         return T.Tensor((rows_count,), "float32") if spec.weighted else SwigluMacros.absent_buffer(spec, "w")
+
+    @staticmethod
+    def table_buffer():
+        """The global ``sigmoid_table`` (fp32 ``[ENTRIES]``)."""
+        return T.Tensor((sigmoid_table.ENTRIES,), "float32")
 
     @staticmethod
     def ends_buffer(spec: SwigluKernelSpec):

@@ -61,6 +61,11 @@ REFINE_VARIABLE = "TILEPLUG_CUDA_SWIGLU_CAST_REFINE"
 recomputes in fp64 only the values whose exact bits could change ``(q, sf)``
 (``swiglu_per_token_cast.py``); opt-in until the GPU has shown it faster (default 0, every value in
 fp64); tuning on a GPU host, the kernel's name says so."""
+SIGMOID_TABLE_VARIABLE = "TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE"
+"""``1``: where x is bf16 and ``y`` is fp32 (``swiglu`` with an fp32 result, ``swiglu_per_token_cast``),
+the kernels read ``s`` from the table of every bf16 gate's sigmoid (``sigmoid_table``) instead of
+evaluating it in fp64 (the same values but at near-ties of the fp64 sigmoid, where the table has the
+reference's); opt-in until a GPU has run it (default 0); the kernel's name says so."""
 TWO_CTA_REGISTERS = 72
 """The most registers a thread of the three SwiGLU kernels took at 2 vectors a lane (ptxas, sm_90,
 H = 7168 bf16: the weighted backward; 47 for ``swiglu``, 68-70 for the cast): a tile asks for 2
@@ -100,6 +105,7 @@ class SwigluKernelSpec:
     fp64_sigmoid: str = FP64_SIGMOID
     ctas_per_sm: int = 0
     refine: bool = False
+    table: bool = False
 
     # what norm.rows.RowMacros reads of a spec: x as [N, 2, H], no residual
     heads = HALVES
@@ -134,7 +140,7 @@ class SwigluKernelSpec:
         if self.quant is not None and self.refine:
             return "refined"
         if self.quant is not None or self.out_dtype == "float32":
-            return self.fp64_sigmoid
+            return "table" if self.table and self.in_dtype == "bfloat16" else self.fp64_sigmoid
         return self.bf16_sigmoid
 
     @property
@@ -161,7 +167,7 @@ class SwigluKernelSpec:
             parts.append(f"b{self.ctas_per_sm}")
         if self.quant is not None:
             parts += self.quant.name_parts(clamp_tag="m")  # "c" is the SwiGLU clamp's
-        if self.sigmoid in ("guarded", "branchless", "reduced", "refined"):
+        if self.sigmoid in ("guarded", "branchless", "reduced", "refined", "table"):
             parts.append(self.sigmoid)
         return "_".join(parts)
 
@@ -221,6 +227,7 @@ def make_spec(call: SwigluCall) -> SwigluKernelSpec:
         fp64_sigmoid=_chosen(FP64_SIGMOID_VARIABLE, FP64_SIGMOID, FP64_SIGMOIDS),
         ctas_per_sm=tuning_override(CTAS_PER_SM_VARIABLE, ctas_per_sm(tile)),
         refine=call.quant is not None and bool(tuning_override(REFINE_VARIABLE, 0)),
+        table=bool(tuning_override(SIGMOID_TABLE_VARIABLE, 0)),
     )
 
 
@@ -235,6 +242,21 @@ def ctas_per_sm(tile: RowTile) -> int:
     (``docs/benchmarks/h100-swiglu-norm-backward-2026-12-05-s20.txt``)."""
     fits = tile.chunks <= 2 and 2 * tile.threads * TWO_CTA_REGISTERS <= 65536
     return 2 if fits and tile.rows == 1 else 0
+
+
+ROW_STEPS = 8
+"""The most row tiles a CTA of a table kernel runs one after another (each CTA copies the 32 KiB
+table into shared memory once, so at 8 tiles it moves 4 KiB of table a row instead of 32)."""
+ROW_STEPS_CTAS = 1024
+"""The fewest CTAs a table kernel's grid keeps when it gives a CTA several row tiles (about four
+waves of 2 CTAs on each of an H100's 132 SMs), so that short batches still spread over the GPU."""
+
+
+def row_steps(tiles: int) -> int:
+    """Row tiles a CTA of a table kernel runs for a call of ``tiles`` row tiles: from 1 (fewer
+    than ``2 · ROW_STEPS_CTAS`` tiles) up to :data:`ROW_STEPS`. Every row is computed alike
+    whichever CTA runs it, so the choice never shows in the bytes."""
+    return max(1, min(ROW_STEPS, tiles // ROW_STEPS_CTAS))
 
 
 def bf16_sigmoid() -> str:

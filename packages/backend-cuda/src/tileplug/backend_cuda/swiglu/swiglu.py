@@ -27,20 +27,35 @@ def build(spec: SwigluKernelSpec):
     y_t = SwigluMacros.single_buffer(spec, "y", OUT, M)
     STRIDES = vector_strides(spec.vec, x_t, y_t) if spec.vectorize else []
 
-    @T.prim_func
-    def kernel(x: x_t, topk_weights: w_t, expert_ends: e_t, y: y_t):
-        with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
-            if spec.ctas_per_sm:
-                T.annotate_min_blocks_per_sm(spec.ctas_per_sm)
-            for stride, per_vector in STRIDES:
-                T.assume(stride % per_vector == 0)
-            row = act.begin(bx)
-            yv = T.alloc_local((VALUES,), OUT)
-            act.load(x, topk_weights, row)
-            act.settle(expert_ends, row)
-            for i in T.unroll(VALUES):
-                yv[i] = T.cast(T.if_then_else(row.is_valid, act.forward_value(row.g, row.u, row.s, row.scale, i),
-                                              T.float32(0.0)), OUT)
-            rows.store_row(y, yv, row.row, 0, row.lane, row.exists)
+    @T.macro
+    def row_body(x, topk_weights, expert_ends, table, y, tile):
+        row = act.begin(tile)
+        yv = T.alloc_local((VALUES,), OUT)
+        act.load(x, topk_weights, row)
+        act.settle(expert_ends, row, table)
+        for i in T.unroll(VALUES):
+            yv[i] = T.cast(T.if_then_else(row.is_valid, act.forward_value(row.g, row.u, row.s, row.scale, i),
+                                          T.float32(0.0)), OUT)
+        rows.store_row(y, yv, row.row, 0, row.lane, row.exists)
+
+    # one prim_func per buffer set (TileLang reads the signature off the annotations)
+    if spec.sigmoid == "table":
+        table_t = SwigluMacros.table_buffer()
+
+        @T.prim_func
+        def kernel(x: x_t, topk_weights: w_t, expert_ends: e_t, sigmoid_table: table_t, row_steps: T.int32, y: y_t):
+            with T.Kernel(T.ceildiv(rows.grid(), row_steps), threads=rows.THREADS) as bx:
+                act.prologue(STRIDES)
+                table = act.shared_table(sigmoid_table, T.get_thread_binding())
+                for step in T.serial(row_steps):
+                    row_body(x, topk_weights, expert_ends, table, y, bx * row_steps + step)
+
+    else:
+
+        @T.prim_func
+        def kernel(x: x_t, topk_weights: w_t, expert_ends: e_t, y: y_t):
+            with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+                act.prologue(STRIDES)
+                row_body(x, topk_weights, expert_ends, None, y, bx)
 
     return kernel.with_attr("global_symbol", spec.name)

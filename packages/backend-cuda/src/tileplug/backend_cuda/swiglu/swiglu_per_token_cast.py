@@ -188,36 +188,52 @@ def build(spec: SwigluKernelSpec):
             mark(work, value_indices, lambda i: T.And(row.is_valid, near_midpoint(yv[i] * inv[group])))
         recompute(row, yv, work)
 
-    @T.prim_func
-    def kernel(x: x_t, topk_weights: w_t, expert_ends: e_t, q: q_t, sf: sf_t):
-        with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
-            if spec.ctas_per_sm:
-                T.annotate_min_blocks_per_sm(spec.ctas_per_sm)
-            for stride, per_vector in STRIDES:
-                T.assume(stride % per_vector == 0)
-            row = act.begin(bx)
-            yv = T.alloc_local((VALUES,), "float32")
-            amax = T.alloc_local((rows.CHUNKS,), "int32")
-            inv = T.alloc_local((rows.CHUNKS,), "float32")
-            qv = T.alloc_local((VEC // VPB,), QDT)
+    @T.macro
+    def row_body(x, topk_weights, expert_ends, table, q, sf, tile):
+        row = act.begin(tile)
+        yv = T.alloc_local((VALUES,), "float32")
+        amax = T.alloc_local((rows.CHUNKS,), "int32")
+        inv = T.alloc_local((rows.CHUNKS,), "float32")
+        qv = T.alloc_local((VEC // VPB,), QDT)
+        if spec.refine:
+            work = RefineRegisters(*(T.alloc_local((1,), dtype) for dtype in (MASK, "int32", "int32")),
+                                   *(T.alloc_local((1,), "float32") for _ in range(4)))
+        act.load(x, topk_weights, row)
+        act.settle(expert_ends, row, table)
+        if spec.refine:
+            work.pending[0] = T.cast(0, MASK)
+        for i in T.unroll(VALUES):
+            yv[i] = T.if_then_else(row.is_valid, act.forward_value(row.g, row.u, row.s, row.scale, i),
+                                   T.float32(0.0))
             if spec.refine:
-                work = RefineRegisters(*(T.alloc_local((1,), dtype) for dtype in (MASK, "int32", "int32")),
-                                       *(T.alloc_local((1,), "float32") for _ in range(4)))
-            act.load(x, topk_weights, row)
-            act.settle(expert_ends, row)
-            if spec.refine:
-                work.pending[0] = T.cast(0, MASK)
-            for i in T.unroll(VALUES):
-                yv[i] = T.if_then_else(row.is_valid, act.forward_value(row.g, row.u, row.s, row.scale, i),
-                                       T.float32(0.0))
-                if spec.refine:
-                    work.pending[0] = work.pending[0] | T.shift_left(
-                        T.cast(T.And(row.is_valid, outside_bound(row, yv, i)), MASK), T.cast(i, MASK))
-            if spec.refine:
-                refine(row, yv, amax, inv, work)
-            if spec.experts is None:
-                cast.cast(yv, q, sf, row.row, 0, row.lane, row.exists, amax, inv, qv)
-            else:
-                cast.cast(yv, q, sf, row.row, 0, row.lane, row.exists, amax, inv, qv, row.is_valid)
+                work.pending[0] = work.pending[0] | T.shift_left(
+                    T.cast(T.And(row.is_valid, outside_bound(row, yv, i)), MASK), T.cast(i, MASK))
+        if spec.refine:
+            refine(row, yv, amax, inv, work)
+        if spec.experts is None:
+            cast.cast(yv, q, sf, row.row, 0, row.lane, row.exists, amax, inv, qv)
+        else:
+            cast.cast(yv, q, sf, row.row, 0, row.lane, row.exists, amax, inv, qv, row.is_valid)
+
+    # one prim_func per buffer set (TileLang reads the signature off the annotations)
+    if spec.sigmoid == "table":
+        table_t = SwigluMacros.table_buffer()
+
+        @T.prim_func
+        def kernel(x: x_t, topk_weights: w_t, expert_ends: e_t, sigmoid_table: table_t, row_steps: T.int32,
+                   q: q_t, sf: sf_t):
+            with T.Kernel(T.ceildiv(rows.grid(), row_steps), threads=rows.THREADS) as bx:
+                act.prologue(STRIDES)
+                table = act.shared_table(sigmoid_table, T.get_thread_binding())
+                for step in T.serial(row_steps):
+                    row_body(x, topk_weights, expert_ends, table, q, sf, bx * row_steps + step)
+
+    else:
+
+        @T.prim_func
+        def kernel(x: x_t, topk_weights: w_t, expert_ends: e_t, q: q_t, sf: sf_t):
+            with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+                act.prologue(STRIDES)
+                row_body(x, topk_weights, expert_ends, None, q, sf, bx)
 
     return kernel.with_attr("global_symbol", spec.name)

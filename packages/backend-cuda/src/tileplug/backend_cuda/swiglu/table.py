@@ -17,7 +17,8 @@ import torch
 from tileplug.backend_cuda import jit
 from tileplug.backend_cuda.norm.kernels import _strides_fixed
 from tileplug.backend_cuda.quant.kernels import _byte_view
-from tileplug.backend_cuda.swiglu.spec import HALVES, SwigluKernelSpec, make_spec, reason
+from tileplug.backend_cuda.swiglu.sigmoid_table import sigmoid_table
+from tileplug.backend_cuda.swiglu.spec import HALVES, SwigluKernelSpec, make_spec, reason, row_steps
 from tileplug.core.contracts.swiglu import SwigluCall
 
 Launcher = Callable[[Any, Any], None]
@@ -70,7 +71,7 @@ class SwigluKernel:
         def launch(inputs: Any, outputs: Any) -> None:
             arguments = order(inputs, outputs)
             if inputs.x.shape[0] == 1:
-                arguments = tuple(fixed(a) if a.dim() > 1 else a for a in arguments)
+                arguments = tuple(fixed(a) if isinstance(a, torch.Tensor) and a.dim() > 1 else a for a in arguments)
             kernel(*arguments)
 
         return launch
@@ -90,14 +91,28 @@ def _optional(call: SwigluCall):
     return pick
 
 
+def _table(spec: SwigluKernelSpec):
+    """``(inputs) → ()``, or for a kernel reading the sigmoid table ``(table, row_steps)``: the
+    table on x's device and the rows a CTA runs (``spec.row_steps``)."""
+    if spec.sigmoid != "table":
+        return lambda inputs: ()
+    rows = spec.tile.rows
+
+    def pick(inputs: Any) -> tuple:
+        x = inputs.x
+        return sigmoid_table(x.device), row_steps(-(-x.shape[0] // rows))
+
+    return pick
+
+
 class Swiglu(SwigluKernel):
     op = "swiglu"
 
     def arguments(self, call: SwigluCall, spec: SwigluKernelSpec):
-        optional = _optional(call)
+        optional, table = _optional(call), _table(spec)
 
         def order(inputs: Any, outputs: Any) -> tuple:
-            return (halves(inputs.x), *optional(inputs), single(outputs.y))
+            return (halves(inputs.x), *optional(inputs), *table(inputs), single(outputs.y))
 
         return order
 
@@ -106,11 +121,11 @@ class SwigluPerTokenCast(SwigluKernel):
     op = "swiglu_per_token_cast"
 
     def arguments(self, call: SwigluCall, spec: SwigluKernelSpec):
-        optional = _optional(call)
+        optional, table = _optional(call), _table(spec)
         sf_bytes = _byte_view(spec.quant)  # packed UE8M0 is written byte by byte
 
         def order(inputs: Any, outputs: Any) -> tuple:
-            return (halves(inputs.x), *optional(inputs), outputs.q, sf_bytes(outputs.sf))
+            return (halves(inputs.x), *optional(inputs), *table(inputs), outputs.q, sf_bytes(outputs.sf))
 
         return order
 
