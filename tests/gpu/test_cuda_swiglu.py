@@ -23,6 +23,9 @@ What is checked, per SPEC §4 and §8:
   (within 1 ulp of the correctly rounded one) and are held to SPEC's 2 ulp.
 - **batch invariance and determinism** bytewise: rows alone vs inside a batch of 4001 at three
   positions, and two runs.
+- **the sigmoid table** (opt-in, ``TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE=1``): its kernels give the
+  reference's bytes for every bf16 gate and the default kernels' bytes on every case they serve.
+  Running the whole module with the variable set puts every test above on the table kernels.
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ EXACT = [case for case in GRID if case.hidden == 7168 and (
     or (case.op == BACKWARD and case.dtype == FP32))]
 INVARIANCE = [case for case in GRID if "experts" not in dict(case.inputs)][::2]  # (an expert layout spans the batch)
 FUSED = [case for case in GRID if case.op == CAST]
+TABLE = [case for case in GRID if case.dtype == BF16 and (
+    case.op == CAST or (case.op == FORWARD and dict(case.kwargs).get("out_dtype") == FP32))]
+"""The cases whose kernels read the opt-in sigmoid table (bf16 x, fp32 ``y``)."""
 
 
 def _specs(case: Case) -> list:
@@ -102,7 +108,8 @@ def precompiled():
 
     specs = [spec for case in GRID for spec in _specs(case)]
     refined = [dataclasses.replace(spec, refine=True) for case in FUSED for spec in _specs(case)]
-    jit.precompile(specs + refined)
+    tabled = [dataclasses.replace(spec, table=True) for case in TABLE for spec in _specs(case)]
+    jit.precompile(specs + refined + tabled)
 
 
 def _outputs(result) -> list:
@@ -212,6 +219,72 @@ def test_refined_cast_equals_the_exact_one(case: Case, monkeypatch: pytest.Monke
         assert_bytes_equal(refined[0].cpu(), exact[0].cpu(), what=f"{case.id} q (refined)", strides=True)
         assert_sf_equal(moved(refined[1], "cpu"), moved(exact[1], "cpu"),
                         (1, dict(case.kwargs).get("num_per_channels", 128)), BATCH, case.hidden)
+
+
+# ---------------------------------------------------------------------- the sigmoid table
+
+
+def _every_gate(rows_of: int, hidden: int, seed: int) -> torch.Tensor:
+    """bf16 x ``[rows_of, 2·hidden]`` whose gates run through every bf16 value (NaN and ±inf
+    included, repeated to fill the rows) and whose up values are random."""
+    generator = torch.Generator().manual_seed(seed)
+    gates = torch.arange(rows_of * hidden, dtype=torch.int32) % 65536
+    x = torch.empty(rows_of, 2 * hidden, dtype=BF16)
+    x[:, :hidden] = gates.to(torch.int16).view(BF16).reshape(rows_of, hidden)
+    x[:, hidden:] = torch.randn(rows_of, hidden, generator=generator).to(BF16)
+    return x
+
+
+def _ran(spec_name_end: str) -> bool:
+    from tileplug.backend_cuda import jit
+
+    return any(spec.name.endswith(spec_name_end) for spec, _ in jit._entries)
+
+
+@pytest.mark.parametrize("tokens", [10, 4001, 20000])
+def test_table_sigmoid_gives_the_reference_bytes_for_every_gate(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE=1``, ``swiglu`` with an fp32 ``y`` of a bf16 x whose
+    gates run through every bf16 value equals the reference on the GPU bit for bit (its sigmoid
+    is the table's entry, and the table is that reference's formula on this device), at token
+    counts whose CTAs run one, two and (20000 rows) more row tiles each."""
+    from tileplug.backend_cuda.swiglu.spec import SIGMOID_TABLE_VARIABLE
+
+    monkeypatch.setenv(SIGMOID_TABLE_VARIABLE, "1")
+    x = _every_gate(tokens, 7168, seed=tokens).to(DEVICE)
+    weights = torch.rand(tokens, device=DEVICE)
+    for kwargs in ({"out_dtype": FP32}, {"out_dtype": FP32, "topk_weights": weights, "clamp_value": 7.0}):
+        (expected,) = _run(FORWARD, "reference", (x,), kwargs)
+        with use_backend("cuda", "reference"), config.host_layout("cuda"):  # a route prepared with the variable set
+            actual = ops.swiglu(x, **kwargs)
+        torch.cuda.synchronize()
+        assert _ran("_table"), "no table kernel ran"
+        differing = int((_bits(actual) != _bits(expected)).sum())
+        assert differing == 0, f"{kwargs}: {differing} of {expected.numel()} values differ in their bits"
+
+
+@pytest.mark.parametrize("case", TABLE, ids=[case.id for case in TABLE])
+def test_table_kernels_give_the_default_kernels_bytes(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table kernels (``swiglu`` fp32 and the fused cast of a bf16 x) give the bytes of the
+    default kernels (the fp64 sigmoid) on the case's inputs and on rows through every bf16 gate (so
+    fused ≡ unfused carries over; the module run with the variable set checks it directly)."""
+    from tileplug.backend_cuda.swiglu.spec import SIGMOID_TABLE_VARIABLE
+
+    args, kwargs = _on_gpu(*case.arguments(BATCH, "cpu", seed=17))
+    gates = _every_gate(BATCH, case.hidden, seed=3).to(DEVICE)
+    for x in (args[0], gates):
+        monkeypatch.delenv(SIGMOID_TABLE_VARIABLE, raising=False)
+        default = _run(case.op, "cuda", (x, *args[1:]), kwargs)
+        monkeypatch.setenv(SIGMOID_TABLE_VARIABLE, "1")
+        with use_backend("cuda", "reference"), config.host_layout("cuda"):
+            tabled = _outputs(getattr(ops, case.op)(x, *args[1:], **kwargs))
+        torch.cuda.synchronize()
+        assert _ran("_table"), "no table kernel ran"
+        if case.op == FORWARD:
+            assert_bytes_equal(tabled[0].cpu(), default[0].cpu(), what=f"{case.id} y (table)")
+            continue
+        group = dict(case.kwargs).get("num_per_channels", 128)
+        assert_bytes_equal(tabled[0].cpu(), default[0].cpu(), what=f"{case.id} q (table)", strides=True)
+        assert_sf_equal(moved(tabled[1], "cpu"), moved(default[1], "cpu"), (1, group), BATCH, case.hidden)
 
 
 # ---------------------------------------------------------------------- batch invariance

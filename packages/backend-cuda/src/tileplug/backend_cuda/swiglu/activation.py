@@ -220,14 +220,12 @@ def sigmoid_fp32(g, s, i):
 
 
 def table_sigmoid(table, gate):
-    """fp32 ``sigmoid(gate)`` of a bf16 ``gate`` (as fp32) read from ``table`` (the shared copy of
+    """fp32 ``sigmoid(gate)`` of a bf16 ``gate`` read from ``table`` (the shared copy of
     ``sigmoid_table``): the entry of the gate's sign and its magnitude's bits clamped to
-    ``[LOW, HIGH]`` (``sigmoid_table.table_index``)."""
-    bits = T.reinterpret(gate, "int32")
-    magnitude = T.min(T.max(T.bitwise_and(bits, 0x7FFFFFFF), sigmoid_table.LOW << 16), sigmoid_table.HIGH << 16)
-    index = T.bitwise_or(T.shift_right(magnitude - (sigmoid_table.LOW << 16), 16),
-                         T.bitwise_and(T.shift_right(bits, 19), sigmoid_table.SPAN))
-    return table[index]
+    ``[LOW, HIGH]``, from the gate's 16 bits (``sigmoid_table.table_index``)."""
+    bits = T.cast(T.reinterpret(gate, "uint16"), "int32")
+    magnitude = T.min(T.max(T.bitwise_and(bits, 0x7FFF), sigmoid_table.LOW), sigmoid_table.HIGH)
+    return table[magnitude - sigmoid_table.LOW + T.bitwise_and(T.shift_right(bits, 3), sigmoid_table.SPAN)]
 
 
 class SwigluMacros:
@@ -310,17 +308,12 @@ class SwigluMacros:
 
         @T.macro
         def copy_table(source, table, tx):
-            """``table`` (shared) = ``source`` (the global ``sigmoid_table``): 128-bit vectors, all of a
-            thread's loads issued before its stores."""
-            staged = T.alloc_local((T.ceildiv(TABLE_VECTORS, THREADS) * 4,), "float32")
+            """``table`` (shared) = ``source`` (the global ``sigmoid_table``), a 128-bit vector a thread
+            an iteration (unrolled: the loads of a restrict source need not wait for the stores)."""
             for k in T.unroll(T.ceildiv(TABLE_VECTORS, THREADS)):
                 if k * THREADS + tx < TABLE_VECTORS:
                     for j in T.vectorized(4):
-                        staged[k * 4 + j] = source[(k * THREADS + tx) * 4 + j]
-            for k in T.unroll(T.ceildiv(TABLE_VECTORS, THREADS)):
-                if k * THREADS + tx < TABLE_VECTORS:
-                    for j in T.vectorized(4):
-                        table[(k * THREADS + tx) * 4 + j] = staged[k * 4 + j]
+                        table[(k * THREADS + tx) * 4 + j] = source[(k * THREADS + tx) * 4 + j]
 
         @T.macro
         def activate(gate, up, scale, g, u, s, table):
@@ -331,10 +324,10 @@ class SwigluMacros:
                 u[i] = up_value(T.cast(up[i], "float32"))
                 if SIGMOID == "table":
                     if CLAMP_SIGMOID is None:
-                        s[i] = table_sigmoid(table, T.cast(gate[i], "float32"))
+                        s[i] = table_sigmoid(table, gate[i])
                     else:
                         s[i] = T.if_then_else(T.cast(gate[i], "float32") > T.float32(CLAMP), T.float32(CLAMP_SIGMOID),
-                                              table_sigmoid(table, T.cast(gate[i], "float32")))
+                                              table_sigmoid(table, gate[i]))
                 elif SIGMOID == "reduced":
                     sigmoid_fp64(g[i], s, i)
                 elif SIGMOID == "library":

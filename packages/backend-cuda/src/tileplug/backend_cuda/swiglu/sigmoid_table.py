@@ -51,20 +51,22 @@ def table_gates() -> torch.Tensor:
 
 
 def table_index(bits: torch.Tensor) -> torch.Tensor:
-    """int32 entry of each fp32 gate given by its int32 ``bits`` (a bf16 value's: low 16 bits
-    zero): the kernel's arithmetic (``activation.table_sigmoid``), for the tests."""
-    magnitude = torch.clamp(bits & 0x7FFFFFFF, LOW << 16, HIGH << 16)
-    return ((magnitude - (LOW << 16)) >> 16) | ((bits >> 19) & SPAN)
+    """int32 entry of each gate given by its bf16 bits ``bits`` (int32, 0 … 65535): the kernel's
+    arithmetic (``activation.table_sigmoid``), for the tests."""
+    magnitude = torch.clamp(bits & 0x7FFF, LOW, HIGH)
+    return magnitude - LOW + ((bits >> 3) & SPAN)
 
 
 def sigmoid_table(device: torch.device) -> torch.Tensor:
-    """The table on ``device`` (fp32 ``[ENTRIES]``, built once per device and kept)."""
+    """The table on ``device`` (fp32 ``[ENTRIES]``), computed there by the reference's formula
+    (so it holds the bits the reference backend gives on that device), once per device: a
+    kernel prepares it, outside any CUDA-graph capture (a first call warms up before one)."""
     table = _TABLES.get(device)
     if table is None:
         with _LOCK:
             table = _TABLES.get(device)
             if table is None:
-                table = correctly_rounded(torch.sigmoid, table_gates()).to(device)
+                table = correctly_rounded(torch.sigmoid, table_gates().to(device))
                 _TABLES[device] = table
     return table
 

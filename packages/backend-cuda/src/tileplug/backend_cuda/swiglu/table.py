@@ -91,16 +91,19 @@ def _optional(call: SwigluCall):
     return pick
 
 
-def _table(spec: SwigluKernelSpec):
+def _table(call: SwigluCall, spec: SwigluKernelSpec):
     """``(inputs) → ()``, or for a kernel reading the sigmoid table ``(table, row_steps)``: the
-    table on x's device and the rows a CTA runs (``spec.row_steps``)."""
+    table of the device being prepared (a CUDA kernel is prepared with its device current, once
+    per device: ``devices.launcher_for``) and the row tiles a CTA runs (``spec.row_steps``)."""
     if spec.sigmoid != "table":
         return lambda inputs: ()
-    rows = spec.tile.rows
+    device = call.device
+    if device is not None and device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    table, rows = sigmoid_table(device), spec.tile.rows
 
     def pick(inputs: Any) -> tuple:
-        x = inputs.x
-        return sigmoid_table(x.device), row_steps(-(-x.shape[0] // rows))
+        return table, row_steps(-(-inputs.x.shape[0] // rows))
 
     return pick
 
@@ -109,7 +112,7 @@ class Swiglu(SwigluKernel):
     op = "swiglu"
 
     def arguments(self, call: SwigluCall, spec: SwigluKernelSpec):
-        optional, table = _optional(call), _table(spec)
+        optional, table = _optional(call), _table(call, spec)
 
         def order(inputs: Any, outputs: Any) -> tuple:
             return (halves(inputs.x), *optional(inputs), *table(inputs), single(outputs.y))
@@ -121,7 +124,7 @@ class SwigluPerTokenCast(SwigluKernel):
     op = "swiglu_per_token_cast"
 
     def arguments(self, call: SwigluCall, spec: SwigluKernelSpec):
-        optional, table = _optional(call), _table(spec)
+        optional, table = _optional(call), _table(call, spec)
         sf_bytes = _byte_view(spec.quant)  # packed UE8M0 is written byte by byte
 
         def order(inputs: Any, outputs: Any) -> tuple:
