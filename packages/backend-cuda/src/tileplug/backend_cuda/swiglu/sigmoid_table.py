@@ -10,8 +10,10 @@ then the magnitude's 15 bits) pick an entry; magnitudes below :data:`LOW` (below
 ``s`` rounds to ``1/2``) read the first entry of their sign, those above :data:`HIGH` (from
 ``128``: ``s`` rounds to 1, or to 0 for a negative gate, ``e^-128`` being below half of fp32's
 smallest subnormal; inf and NaN too) its last one. The table holds the reference's own values
-(``correctly_rounded(torch.sigmoid, g)``: fp64, rounded once; ``tests/test_cuda_swiglu_sigmoid.py``
-checks every entry against a 40-digit sigmoid and every bf16 gate through :func:`table_index`).
+(``correctly_rounded(torch.sigmoid, g)``: fp64, rounded once, computed on the kernel's device;
+``tests/test_cuda_swiglu_sigmoid_table.py`` checks every bf16 gate through :func:`table_index`
+against the reference, and every entry against a 50-digit sigmoid: the nearest fp32 but for 63
+gates below ``2^-16``, where the fp64 value is exactly an fp32 midpoint and rounds to even).
 
 Entry ``i`` of the table is gate ``sign · 2^15 + LOW + (i mod SPAN)`` (bf16 bits) with ``sign =
 i // SPAN``: :data:`ENTRIES` fp32 values, 32 KiB, which a kernel copies into shared memory once

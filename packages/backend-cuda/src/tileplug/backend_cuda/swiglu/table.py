@@ -94,7 +94,7 @@ def _optional(call: SwigluCall):
 def _table(call: SwigluCall, spec: SwigluKernelSpec):
     """``(inputs) → ()``, or for a kernel reading the sigmoid table ``(table, row_steps)``: the
     table of the device being prepared (a CUDA kernel is prepared with its device current, once
-    per device: ``devices.launcher_for``) and the row tiles a CTA runs (``spec.row_steps``)."""
+    per device: ``devices.launcher_for``) and the row tiles a CTA runs (``swiglu.spec.row_steps``)."""
     if spec.sigmoid != "table":
         return lambda inputs: ()
     device = call.device
