@@ -18,6 +18,8 @@ What is checked:
 - **distributions** of the CUDA values (mean, variance, Kolmogorov–Smirnov on 10^6 draws).
 - **the offset lives on the device**: each draw adds 1; a CUDA graph capturing a draw gives
   new values on every replay — those of offsets 0, 1, 2 — and leaves the offset at 3.
+- **the reduced Box–Muller** (opt-in, ``TILEPLUG_CUDA_RANDN_BOX_MULLER=reduced``) within 2 ulp of
+  the reference; running the module with the variable set puts every ``randn`` test on it.
 """
 
 from __future__ import annotations
@@ -89,10 +91,11 @@ def test_philox_macro_gives_the_known_answers_and_the_python_words() -> None:
         assert words[index] == philox4x32_10_words(counter, key), f"block {index}"
 
 
-def _fill(op, values, seed: int, offset: int, backend: str) -> torch.Tensor:
+def _fill(op, values, seed: int, offset: int, backend: str | tuple[str, ...]) -> torch.Tensor:
     seed_state = torch.tensor([_signed(seed)], dtype=torch.int64, device=values.device)
     offset_state = torch.tensor([_signed(offset)], dtype=torch.int64, device=values.device)
-    with use_backend(backend), config.host_layout("cuda"):
+    backends = (backend,) if isinstance(backend, str) else backend
+    with use_backend(*backends), config.host_layout("cuda"):
         op(values, seed_state, offset_state)
     assert int(offset_state.item()) == _signed(offset + 1)
     return values
@@ -145,6 +148,31 @@ def test_randn_is_within_2_ulp_of_the_reference(dtype, state) -> None:
         print(f"randn fp32 {state}: largest distance {int(distance[~sign_flip].max())} ulp, "
               f"{int((distance[~sign_flip] > 0).sum())} of {count} values differ")
     assert_within_ulps(cuda.cpu(), reference.cpu(), 2, what=f"randn {dtype} {state}")
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_the_reduced_box_muller_is_within_2_ulp_of_the_reference(dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TILEPLUG_CUDA_RANDN_BOX_MULLER=reduced`` (opt-in): the reduced kernel runs and its 2^24
+    values lie within 2 ulp of the reference's (its emulation on the CPU: all but a few equal, none
+    past 1 ulp; the count of differing values is printed), a misaligned view too."""
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.random.spec import BOX_MULLER_VARIABLE
+
+    monkeypatch.setenv(BOX_MULLER_VARIABLE, "reduced")
+    count = (1 << 24) + 5
+    for seed, offset in STATES:
+        reference = _fill(fill_randn, torch.empty(count, dtype=dtype, device=DEVICE), seed, offset, "reference")
+        # another forced-backend tuple is another route, prepared with the variable set
+        cuda = _fill(fill_randn, torch.empty(count, dtype=dtype, device=DEVICE), seed, offset, ("cuda", "reference"))
+        assert any(spec.name.endswith("_reduced") for spec, _ in jit._entries), "the reduced kernel did not run"
+        differ = int((cuda.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)
+                      != reference.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)).sum())
+        print(f"reduced randn {dtype} {(seed, offset)}: {differ} of {count} values differ")
+        assert_within_ulps(cuda.cpu(), reference.cpu(), 2, what=f"reduced randn {dtype} {(seed, offset)}")
+    storage = torch.empty(4099, dtype=dtype, device=DEVICE)
+    view = _fill(fill_randn, storage[3:], 5, 9, ("cuda", "reference"))
+    assert_within_ulps(view.cpu(), _fill(fill_randn, torch.empty(4096, dtype=dtype, device=DEVICE), 5, 9,
+                                         "reference").cpu(), 2, what="misaligned reduced randn")
 
 
 SAMPLES = 1_000_000

@@ -18,16 +18,34 @@ RUN_BYTES = 32
 WORDS_PER_BLOCK = 4
 ADVANCE = "advance_offset"
 """The one-thread kernel that adds 1 to a generator's offset after a draw (see ``philox``)."""
+BOX_MULLER_VARIABLE = "TILEPLUG_CUDA_RANDN_BOX_MULLER"
+"""How ``fill_randn`` evaluates Box–Muller in fp64: ``library`` (the default: CUDA's ``log1p``,
+``sqrt``, ``cospi``, ``sinpi``) or ``reduced`` (``fill_randn.box_muller_reduced``: a few fp64 FMAs
+a function, within 2^-40 of the formula; opt-in until a GPU has run it); the kernel's name says so."""
+BOX_MULLERS = ("library", "reduced")
+BOX_MULLER = "library"
+
+
+def box_muller() -> str:
+    """:data:`BOX_MULLER`, or what :data:`BOX_MULLER_VARIABLE` names."""
+    import os
+
+    chosen = os.environ.get(BOX_MULLER_VARIABLE, BOX_MULLER)
+    if chosen not in BOX_MULLERS:
+        raise ValueError(f"{BOX_MULLER_VARIABLE}={chosen!r}: expected one of {', '.join(BOX_MULLERS)}")
+    return chosen
 
 
 @dataclass(frozen=True)
 class RandomKernelSpec:
     """``op``: fill_rand / fill_randn / advance_offset; ``dtype``: the values' TileLang dtype;
-    ``vectorize``: 128-bit stores of whole runs."""
+    ``vectorize``: 128-bit stores of whole runs; ``box_muller``: how ``fill_randn`` evaluates
+    its transform (:data:`BOX_MULLER_VARIABLE`)."""
 
     op: str
     dtype: str = "float32"
     vectorize: bool = True
+    box_muller: str = BOX_MULLER
 
     def build(self):
         """The TileLang ``PrimFunc`` (``tileplug.backend_cuda.jit``), built by the op's module."""
@@ -59,4 +77,5 @@ class RandomKernelSpec:
         if self.op == ADVANCE:
             return ADVANCE
         short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
-        return f"{self.op}_{short}_{'v128' if self.vectorize else 'scalar'}_t{THREADS}"
+        name = f"{self.op}_{short}_{'v128' if self.vectorize else 'scalar'}_t{THREADS}"
+        return name + "_reduced" if self.box_muller == "reduced" else name

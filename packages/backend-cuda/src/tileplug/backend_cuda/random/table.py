@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tileplug.backend_cuda import jit
-from tileplug.backend_cuda.random.spec import ADVANCE, TL_DTYPES, RandomKernelSpec
-from tileplug.core.contracts.random import RandomCall
+from tileplug.backend_cuda.random.spec import ADVANCE, TL_DTYPES, RandomKernelSpec, box_muller
+from tileplug.core.contracts.random import FILL_RANDN, RandomCall
 
 Launcher = Callable[[Any, Any], None]
 VECTOR_BYTES = 16
@@ -32,7 +32,8 @@ class RandomKernel:
         return None
 
     def spec(self, call: RandomCall, vectorize: bool = True) -> RandomKernelSpec:
-        return RandomKernelSpec(self.op, TL_DTYPES[call.dtype], vectorize)
+        normal = box_muller() if self.op == FILL_RANDN else RandomKernelSpec.box_muller
+        return RandomKernelSpec(self.op, TL_DTYPES[call.dtype], vectorize, normal)
 
     def specs(self, call: RandomCall) -> list:
         """The draw's two store forms and the offset's advance."""
