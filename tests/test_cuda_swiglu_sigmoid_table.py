@@ -17,6 +17,7 @@ from tileplug.backend_cuda.swiglu.spec import ROW_STEPS, ROW_STEPS_CTAS, SIGMOID
 from tileplug.core import ops
 from tileplug.core.lowering import describe_call
 from tileplug.core.moe.formulas import correctly_rounded
+from test_cuda_swiglu_random_host import Recorder  # tests/: jit.entry's stand-in
 
 BF16, FP32 = torch.bfloat16, torch.float32
 EVERY_GATE = torch.arange(65536, dtype=torch.int32)
@@ -109,19 +110,6 @@ def test_the_table_is_opt_in_and_read_only_where_x_is_bf16_and_y_fp32(monkeypatc
     assert _spec(ops.swiglu_backward, x, torch.randn(2, 7168, dtype=BF16)).sigmoid == "accurate"
     monkeypatch.setenv("TILEPLUG_CUDA_SWIGLU_CAST_REFINE", "1")
     assert _spec(ops.swiglu_per_token_cast, x).sigmoid == "refined"
-
-
-class Recorder:
-    """Stands in for ``jit.entry``: each spec's entry records the arguments of its launches."""
-
-    def __init__(self) -> None:
-        self.launches: list[tuple[str, tuple]] = []
-
-    def entry(self, spec):
-        def launch(*arguments):
-            self.launches.append((spec.name, arguments))
-
-        return launch
 
 
 @pytest.mark.parametrize("rows", [1, 5, 3000])
