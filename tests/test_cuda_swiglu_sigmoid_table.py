@@ -94,20 +94,24 @@ def _spec(op, *args, **kwargs):
     return _KERNELS[op.__name__].spec(describe_call(op, *args, **kwargs)[0])
 
 
-def test_the_table_is_opt_in_and_read_only_where_x_is_bf16_and_y_fp32(monkeypatch) -> None:
-    """With the variable set, ``swiglu`` with an fp32 ``y`` and the fused cast of a bf16 x read the
-    table (their kernels named so); a bf16 ``y``, an fp32 x, the backward and the refined cast do not."""
+def test_the_table_is_opt_in_and_read_only_where_x_is_bf16(monkeypatch) -> None:
+    """With the variable set, ``swiglu`` with an fp32 ``y``, the fused cast and the backward of a bf16
+    x read the table (their kernels named so); a bf16 ``y`` (the fast sigmoid is inside its ulp), an
+    fp32 x and the refined cast do not."""
     x = torch.randn(2, 2 * 7168, dtype=BF16)
+    grad = torch.randn(2, 7168, dtype=BF16)
     monkeypatch.delenv(SIGMOID_TABLE_VARIABLE, raising=False)
     assert _spec(ops.swiglu, x, out_dtype=FP32).sigmoid == "reduced"
+    assert _spec(ops.swiglu_backward, x, grad).sigmoid == "accurate"
     monkeypatch.setenv(SIGMOID_TABLE_VARIABLE, "1")
     for spec in (_spec(ops.swiglu, x, out_dtype=FP32), _spec(ops.swiglu_per_token_cast, x),
-                 _spec(ops.swiglu_per_token_cast, x, fmt="e2m1", num_per_channels=16)):
+                 _spec(ops.swiglu_per_token_cast, x, fmt="e2m1", num_per_channels=16),
+                 _spec(ops.swiglu_backward, x, grad), _spec(ops.swiglu_backward, x, grad, topk_weights=torch.rand(2))):
         assert spec.sigmoid == "table" and spec.name.endswith("_table"), spec.name
     assert _spec(ops.swiglu, x).sigmoid == "branchless"
     assert _spec(ops.swiglu, x.float()).sigmoid == "reduced"
     assert _spec(ops.swiglu_per_token_cast, x.float()).sigmoid == "reduced"
-    assert _spec(ops.swiglu_backward, x, torch.randn(2, 7168, dtype=BF16)).sigmoid == "accurate"
+    assert _spec(ops.swiglu_backward, x.float(), grad.float()).sigmoid == "reduced"
     monkeypatch.setenv("TILEPLUG_CUDA_SWIGLU_CAST_REFINE", "1")
     assert _spec(ops.swiglu_per_token_cast, x).sigmoid == "refined"
 
@@ -140,14 +144,24 @@ def test_the_launchers_hand_the_table_and_the_row_steps(rows: int, monkeypatch) 
         assert arguments[0].stride()[0] % 8 == 0  # a one-row call's stride fixed for the alignment assumption
     (first, second) = recording.launches
     assert first[1][1] is weights and second[1][1] is x  # absent weights stood in by x
+    grad = torch.randn(rows, 7168, dtype=BF16)
+    call, inputs = describe_call(ops.swiglu_backward, x, grad, topk_weights=weights)
+    kernel = _KERNELS[call.op]
+    spec = kernel.spec(call)
+    grad_x, grad_weights = torch.empty_like(x), torch.empty(rows)
+    kernel.prepare(call)(inputs, type("Outputs", (), {"grad_x": grad_x, "grad_topk_weights": grad_weights})())
+    name, arguments = recording.launches[-1]
+    assert name == spec.name and arguments[2] is weights and arguments[4] is table
+    assert arguments[5] == row_steps(-(-rows // spec.tile.rows)) and arguments[7] is grad_weights
+    assert arguments[6].shape == (rows, 2, 7168) and arguments[6].data_ptr() == grad_x.data_ptr()
 
 
 @pytest.mark.nvcc
 def test_the_table_kernels_compile_without_spills(monkeypatch) -> None:
     """The table kernels of the widths models use (several short rows a CTA, one long row, the
-    scalar form of an unaligned width) with weights, an expert layout and a clamp, and the cast's
-    formats and scale layouts: one barrier (after the table's copy), the row-step loop, no fp64,
-    no spill."""
+    scalar form of an unaligned width) with weights, an expert layout and a clamp, the cast's
+    formats and scale layouts, and the backward: one barrier after the table's copy (the weighted
+    backward's row sum has more), the row-step loop, no fp64, no spill."""
     pytest.importorskip("tilelang")
     import sys
     from pathlib import Path
@@ -165,9 +179,14 @@ def test_the_table_kernels_compile_without_spills(monkeypatch) -> None:
         (ops.swiglu_per_token_cast, 14336, {"topk_weights": True, "expert_ends": ends, "round_sf": True,
                                             "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}),
         (ops.swiglu_per_token_cast, 2048, {"fmt": "e2m1", "num_per_channels": 16, "clamp_value": 7.0}),
+        (ops.swiglu_backward, 7168, {}),
+        (ops.swiglu_backward, 1408, {"topk_weights": True, "expert_ends": ends, "clamp_value": 7.0}),
+        (ops.swiglu_backward, 64, {"topk_weights": True}),
     ]
     for op, hidden, options in cases:
         x = torch.empty(2, 2 * hidden, dtype=BF16, device="meta")
+        if op is ops.swiglu_backward:
+            options = {**options, "grad_y": torch.empty(2, hidden, dtype=BF16, device="meta")}
         if options.get("topk_weights") is True:
             options = {**options, "topk_weights": torch.empty(2, device="meta")}
         if "expert_ends" in options:
@@ -175,7 +194,9 @@ def test_the_table_kernels_compile_without_spills(monkeypatch) -> None:
         spec = _spec(op, x, **options)
         assert spec.sigmoid == "table", spec.name
         source = jit.lower_source(spec)
-        assert source.count("__syncthreads()") == 1 and "row_steps" in source and "double" not in source, spec.name
+        if op is not ops.swiglu_backward or "topk_weights" not in options:  # (the weighted row sum has its own)
+            assert source.count("__syncthreads()") == 1, spec.name
+        assert "row_steps" in source and "double" not in source, spec.name
         error, _, report = nvcc(source)
         assert error is None, error
         assert spill_bytes(report) == {spec.name + "_kernel": 0}, report[-2000:]

@@ -23,8 +23,9 @@ What is checked, per SPEC §4 and §8:
   (within 1 ulp of the correctly rounded one) and are held to SPEC's 2 ulp.
 - **batch invariance and determinism** bytewise: rows alone vs inside a batch of 4001 at three
   positions, and two runs.
-- **the sigmoid table** (opt-in, ``TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE=1``): its kernels give the
-  reference's bytes for every bf16 gate and the default kernels' bytes on every case they serve.
+- **the sigmoid table** (opt-in, ``TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE=1``): its forward kernels give
+  the reference's bytes for every bf16 gate and the default kernels' bytes on every case they
+  serve; its backward kernels match the reference as above.
   Running the whole module with the variable set puts every test above on the table kernels.
 """
 
@@ -82,7 +83,11 @@ INVARIANCE = [case for case in GRID if "experts" not in dict(case.inputs)][::2] 
 FUSED = [case for case in GRID if case.op == CAST]
 TABLE = [case for case in GRID if case.dtype == BF16 and (
     case.op == CAST or (case.op == FORWARD and dict(case.kwargs).get("out_dtype") == FP32))]
-"""The cases whose kernels read the opt-in sigmoid table (bf16 x, fp32 ``y``)."""
+"""The forward cases whose kernels read the opt-in sigmoid table (bf16 x, fp32 ``y``): the default
+kernels' bytes (the same sigmoid)."""
+TABLE_BACKWARD = [case for case in GRID if case.dtype == BF16 and case.op == BACKWARD]
+"""The backward cases whose kernels read it (bf16 x): the reference's sigmoid where the default
+kernel's is within 1 ulp of it, so compared with the reference."""
 
 
 def _specs(case: Case) -> list:
@@ -108,7 +113,7 @@ def precompiled():
 
     specs = [spec for case in GRID for spec in _specs(case)]
     refined = [dataclasses.replace(spec, refine=True) for case in FUSED for spec in _specs(case)]
-    tabled = [dataclasses.replace(spec, table=True) for case in TABLE for spec in _specs(case)]
+    tabled = [dataclasses.replace(spec, table=True) for case in TABLE + TABLE_BACKWARD for spec in _specs(case)]
     jit.precompile(specs + refined + tabled)
 
 
@@ -285,6 +290,27 @@ def test_table_kernels_give_the_default_kernels_bytes(case: Case, monkeypatch: p
         group = dict(case.kwargs).get("num_per_channels", 128)
         assert_bytes_equal(tabled[0].cpu(), default[0].cpu(), what=f"{case.id} q (table)", strides=True)
         assert_sf_equal(moved(tabled[1], "cpu"), moved(default[1], "cpu"), (1, group), BATCH, case.hidden)
+
+
+@pytest.mark.parametrize("case", TABLE_BACKWARD, ids=[case.id for case in TABLE_BACKWARD])
+def test_table_backward_matches_the_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table backward (bf16 x) against the reference as SPEC §8 compares them (``grad_x`` within
+    2 ulp, ``grad_topk_weights`` within 1e-5), on the case's inputs and on rows through every bf16
+    gate, at 4001 rows (a CTA runs three row tiles, the weighted form's row sum reusing its tree)."""
+    from tileplug.backend_cuda.swiglu.spec import SIGMOID_TABLE_VARIABLE
+    from tileplug.core.ops.swiglu import compare_swiglu
+
+    monkeypatch.setenv(SIGMOID_TABLE_VARIABLE, "1")
+    args, kwargs = _on_gpu(*case.arguments(BATCH, "cpu", seed=19))
+    gates = _every_gate(BATCH, case.hidden, seed=5).to(DEVICE)
+    for x in (args[0], gates):
+        expected = _run(BACKWARD, "reference", (x, *args[1:]), kwargs)
+        with use_backend("cuda", "reference"), config.host_layout("cuda"):
+            actual = _outputs(ops.swiglu_backward(x, *args[1:], **kwargs))
+        torch.cuda.synchronize()
+        assert _ran("_table"), "no table kernel ran"
+        compare_swiglu(case, BATCH, [None if t is None else t.cpu() for t in actual],
+                       [None if t is None else t.cpu() for t in expected])
 
 
 # ---------------------------------------------------------------------- batch invariance

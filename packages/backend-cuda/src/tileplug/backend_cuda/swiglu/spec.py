@@ -62,10 +62,12 @@ recomputes in fp64 only the values whose exact bits could change ``(q, sf)``
 (``swiglu_per_token_cast.py``); opt-in until the GPU has shown it faster (default 0, every value in
 fp64); tuning on a GPU host, the kernel's name says so."""
 SIGMOID_TABLE_VARIABLE = "TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE"
-"""``1``: where x is bf16 and ``y`` is fp32 (``swiglu`` with an fp32 result, ``swiglu_per_token_cast``),
-the kernels read ``s`` from the table of every bf16 gate's sigmoid (``sigmoid_table``: the reference's
-fp64 formula, rounded once, on the kernel's device) instead of evaluating it in fp64 per value (the
-same values); opt-in until a GPU has run it (default 0); the kernel's name says so."""
+"""``1``: where x is bf16 and the sigmoid's bits reach an fp32 result or a gradient (``swiglu`` with an
+fp32 ``y``, ``swiglu_per_token_cast``, ``swiglu_backward``), the kernels read ``s`` from the table of
+every bf16 gate's sigmoid (``sigmoid_table``: the reference's fp64 formula, rounded once, on the
+kernel's device) instead of evaluating it per value — in fp64 for the forward (the same values), in
+fp32 within 1 ulp for the backward (now the reference's values); opt-in until a GPU has run it
+(default 0); the kernel's name says so."""
 TWO_CTA_REGISTERS = 72
 """The most registers a thread of the three SwiGLU kernels took at 2 vectors a lane (ptxas, sm_90,
 H = 7168 bf16: the weighted backward; 47 for ``swiglu``, 68-70 for the cast): a tile asks for 2
@@ -87,7 +89,8 @@ class SwigluKernelSpec:
     128-bit accesses (every row 16-byte aligned and ``H`` a multiple of the vector).
     ``quant``: the fused cast (``norm.spec.QuantSpec``: the norm cast's macros serve it).
     ``bf16_sigmoid``: the sigmoid of a bf16 ``y`` (``guarded``, or ``accurate``: see :attr:`sigmoid`).
-    ``table``: an fp32 ``y`` of a bf16 x reads the sigmoid table (:data:`SIGMOID_TABLE_VARIABLE`).
+    ``table``: the kernel of a bf16 x reads the sigmoid table where :attr:`sigmoid` says so
+    (:data:`SIGMOID_TABLE_VARIABLE`).
     """
 
     op: str
@@ -127,8 +130,9 @@ class SwigluKernelSpec:
         ``"accurate"`` (fp32, within 1 ulp) for the gradients of a bf16 x; ``bf16_sigmoid`` for a
         bf16 ``y`` (``"guarded"``, ``"branchless"`` or ``"accurate"``); ``"refined"`` for a cast with
         ``refine``: the branchless one, then the fp64 one for the values whose bits could matter;
-        ``"table"`` for an fp32 ``y`` of a bf16 x with ``table``: the same values read from
-        ``sigmoid_table`` (a CTA copies it into shared memory, then runs ``row_steps`` row tiles).
+        ``"table"`` for an fp32 ``y`` or the gradients of a bf16 x with ``table``: the reference's
+        values read from ``sigmoid_table`` (a CTA copies it into shared memory, then runs
+        ``row_steps`` row tiles).
 
         ``"guarded"`` is ``1 / (1 + __expf(−g))`` above ``g = −80`` and ``expf(g)`` below, where
         ``s = e^g`` in fp32. The plain hardware form failed the 2-ulp bound on 5·10^-5 of the
@@ -139,7 +143,9 @@ class SwigluKernelSpec:
         ``"branchless"`` is the same value above ``g = −80`` and a scaled ``__expf`` below, selected
         without a branch."""
         if self.op == SWIGLU_BACKWARD:
-            return self.fp64_sigmoid if self.in_dtype == "float32" else "accurate"
+            if self.in_dtype == "float32":
+                return self.fp64_sigmoid
+            return "table" if self.table else "accurate"
         if self.quant is not None and self.refine:
             return "refined"
         if self.quant is not None or self.out_dtype == "float32":

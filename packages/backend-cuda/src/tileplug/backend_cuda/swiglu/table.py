@@ -137,12 +137,12 @@ class SwigluBackward(SwigluKernel):
     op = "swiglu_backward"
 
     def arguments(self, call: SwigluCall, spec: SwigluKernelSpec):
-        optional = _optional(call)
+        optional, table = _optional(call), _table(call, spec)
         weighted = call.weighted
 
         def order(inputs: Any, outputs: Any) -> tuple:
             x = inputs.x
-            return (halves(x), single(inputs.grad_y), *optional(inputs), halves(outputs.grad_x),
+            return (halves(x), single(inputs.grad_y), *optional(inputs), *table(inputs), halves(outputs.grad_x),
                     outputs.grad_topk_weights if weighted else x)
 
         return order
