@@ -162,6 +162,8 @@ def sigmoid_guarded(g):
     return T.if_then_else(g > T.float32(GUARD), main, T.exp(g))  # exp(NaN) is NaN
 
 
+SHARED_ENDS = 4096
+"""The most experts whose ``expert_ends`` a table kernel copies into shared memory (16 KiB)."""
 LOW_SHIFT = 44.361419555836500
 """``64 · ln 2``: below :data:`GUARD`, ``e^g = e^(g + 64 ln 2) · 2^-64`` keeps the hardware
 exponential's result normal (it flushes below 2^-126) and rounds once into fp32's subnormals."""
@@ -316,6 +318,13 @@ class SwigluMacros:
                         table[(k * THREADS + tx) * 4 + j] = source[(k * THREADS + tx) * 4 + j]
 
         @T.macro
+        def copy_ends(source, ends, tx):
+            """``ends`` (shared) = ``source`` (the global ``expert_ends``), one int a thread an iteration."""
+            for k in T.serial(T.ceildiv(EXPERTS, THREADS)):
+                if k * THREADS + tx < EXPERTS:
+                    ends[k * THREADS + tx] = source[k * THREADS + tx]
+
+        @T.macro
         def activate(gate, up, scale, g, u, s, table):
             """Per value ``i`` of the thread: ``g[i]``, ``u[i]`` (clamped, fp32) and ``s[i] = sigmoid(g[i])``
             (``table``: the shared sigmoid table where the spec reads it, else None)."""
@@ -356,8 +365,10 @@ class SwigluMacros:
                 T.assume(stride % per_vector == 0)
 
         self.values = VALUES
+        self.experts = EXPERTS
         self.prologue = prologue
         self.copy_table = copy_table
+        self.copy_ends = copy_ends
         self.in_dtype = IN
         self.find_valid = find_valid
         self.load_halves = load_halves
@@ -395,6 +406,17 @@ class SwigluMacros:
         (``table``: the shared sigmoid table of a spec that reads one)."""
         self.find_valid(ends, state.row, state.exists, state.valid)
         self.activate(state.gate, state.up, state.scale, state.g, state.u, state.s, table)
+
+    def shared_ends(self, ends, tx):
+        """The ``expert_ends`` a table kernel's row searches read: a shared copy (the CTA's rows then
+        search it at shared-memory latency; the caller synchronises before reading it) where the
+        call has an expert layout of at most :data:`SHARED_ENDS` experts, else ``ends`` itself."""
+        experts = self.experts
+        if experts is None or experts > SHARED_ENDS:
+            return ends
+        shared = T.alloc_shared((experts,), "int32")
+        self.copy_ends(ends, shared, tx)
+        return shared
 
     def shared_table(self, source, tx):
         """A shared copy of the global ``sigmoid_table`` ``source`` (the caller synchronises

@@ -46,9 +46,10 @@ def build(spec: SwigluKernelSpec):
         def kernel(x: x_t, topk_weights: w_t, expert_ends: e_t, sigmoid_table: table_t, row_steps: T.int32, y: y_t):
             with T.Kernel(T.ceildiv(rows.grid(), row_steps), threads=rows.THREADS) as bx:
                 act.prologue(STRIDES)
+                ends = act.shared_ends(expert_ends, T.get_thread_binding())
                 table = act.shared_table(sigmoid_table, T.get_thread_binding())
                 for step in T.serial(row_steps):
-                    row_body(x, topk_weights, expert_ends, table, y, bx * row_steps + step)
+                    row_body(x, topk_weights, ends, table, y, bx * row_steps + step)
 
     else:
 

@@ -83,10 +83,11 @@ def build(spec: SwigluKernelSpec):
                    row_steps: T.int32, grad_x: gx_t, grad_topk_weights: gw_t):
             with T.Kernel(T.ceildiv(rows.grid(), row_steps), threads=rows.THREADS) as bx:
                 act.prologue(STRIDES)
+                ends = act.shared_ends(expert_ends, T.get_thread_binding())
                 table = act.shared_table(sigmoid_table, T.get_thread_binding())
                 tree = rows.tree_buffer() if WEIGHTED else None
                 for step in T.serial(row_steps):
-                    row_body(x, grad_y, topk_weights, expert_ends, table, grad_x, grad_topk_weights, tree,
+                    row_body(x, grad_y, topk_weights, ends, table, grad_x, grad_topk_weights, tree,
                              bx * row_steps + step)
                     if WEIGHTED:
                         rows.reuse_barrier()  # the next row's sum writes the tree this one read last

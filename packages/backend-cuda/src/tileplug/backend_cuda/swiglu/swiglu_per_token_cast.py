@@ -224,9 +224,10 @@ def build(spec: SwigluKernelSpec):
                    q: q_t, sf: sf_t):
             with T.Kernel(T.ceildiv(rows.grid(), row_steps), threads=rows.THREADS) as bx:
                 act.prologue(STRIDES)
+                ends = act.shared_ends(expert_ends, T.get_thread_binding())
                 table = act.shared_table(sigmoid_table, T.get_thread_binding())
                 for step in T.serial(row_steps):
-                    row_body(x, topk_weights, expert_ends, table, q, sf, bx * row_steps + step)
+                    row_body(x, topk_weights, ends, table, q, sf, bx * row_steps + step)
 
     else:
 
