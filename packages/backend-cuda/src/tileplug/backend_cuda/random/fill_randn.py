@@ -41,7 +41,7 @@ SQRT_HALF_BITS = 0x3F3504F3
 LN2 = math.log(2.0)
 ATANH_TERMS = (0.6666666667602635, 0.39999995562918905, 0.2857211431827041, 0.2217600310532815, 0.195865119389113)
 """``(ln f − 2s) / s³`` in powers of ``s²``, ``s = (f − 1)/(f + 1)`` in ``±0.1716``: a least-squares fit at
-Chebyshev nodes (within 2^-44.9 of ``ln f``, relative; the Taylor series needs six terms for 2^-41)."""
+Chebyshev nodes (within 2^-44.9 of ``ln f``, relative; the Taylor series needs six terms for 2^-40)."""
 NEGATED_ATANH_TERMS = tuple(-2.0 * term for term in ATANH_TERMS)
 """``−2 ·`` :data:`ATANH_TERMS` (exact: a power of two)."""
 RSQRT_FLOOR = 2.0**-40

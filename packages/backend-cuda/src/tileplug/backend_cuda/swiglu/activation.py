@@ -23,7 +23,9 @@ uses, so the products that follow repeat the reference's bits (one ulp of ``s`` 
 ulp of ``y`` through three products, and to thousands of ulp of the gate gradient where
 ``1 + g·(1 − s)`` cancels); where the results are bf16 it is :func:`sigmoid_fp32` (within 1
 ulp of the correctly rounded value: a bf16 ``y`` within 1 ulp, the gate gradient's
-cancellation below a bf16 ulp) at a fraction of fp64's cost;
+cancellation below a bf16 ulp) at a fraction of fp64's cost; with the opt-in sigmoid table
+(``spec.SIGMOID_TABLE_VARIABLE``) a bf16 x's fp32 ``y`` and gradients read the reference's value
+from a shared copy of ``sigmoid_table`` instead (:func:`table_sigmoid`);
 ``w' = w · routed_scaling_factor``; every product is a separate fp32 rounding and nothing is
 contracted into an FMA (``ieee_*`` where an addition follows a product).
 
@@ -409,8 +411,9 @@ class SwigluMacros:
 
     def shared_ends(self, ends, tx):
         """The ``expert_ends`` a table kernel's row searches read: a shared copy (the CTA's rows then
-        search it at shared-memory latency; the caller synchronises before reading it) where the
-        call has an expert layout of at most :data:`SHARED_ENDS` experts, else ``ends`` itself."""
+        search it at shared-memory latency; TileLang's thread-sync pass puts the barrier before
+        the first read) where the call has an expert layout of at most :data:`SHARED_ENDS`
+        experts, else ``ends`` itself."""
         experts = self.experts
         if experts is None or experts > SHARED_ENDS:
             return ends
@@ -419,8 +422,9 @@ class SwigluMacros:
         return shared
 
     def shared_table(self, source, tx):
-        """A shared copy of the global ``sigmoid_table`` ``source`` (the caller synchronises
-        before reading it)."""
+        """A shared copy of the global ``sigmoid_table`` ``source`` (TileLang's thread-sync pass
+        puts the barrier before the first read: one ``__syncthreads``, checked by
+        ``tests/test_cuda_swiglu_sigmoid_table.py``)."""
         table = T.alloc_shared((sigmoid_table.ENTRIES,), "float32")
         self.copy_table(source, table, tx)
         return table
