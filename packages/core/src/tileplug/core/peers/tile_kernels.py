@@ -5,8 +5,11 @@ The quant ops share tileplug's names and arguments and are TileKernels' own func
 norm ops map onto ``norm_forward``, ``norm_forward_and_per_token_cast`` and
 ``norm_backward``, RoPE onto ``tile_kernels.transform.apply_rotary``, the SwiGLU ops onto
 ``swiglu_forward``, ``swiglu_forward_and_per_token_cast`` and ``swiglu_backward`` (whose expert
-layout is tileplug's ``expert_ends`` under TileKernels' token alignment, 128 by default). Only the facts of its
-public API are used here (argument names and return order, from its docstrings).
+layout is tileplug's ``expert_ends`` under TileKernels' token alignment, 128 by default), and the
+MoE gates onto ``tile_kernels.moe``: ``topk_gate`` and ``normalize_weight`` (the same names and
+arguments), ``moe_topk_gate_forward`` / ``moe_topk_gate_backward`` (sqrtsoftplus scoring with
+renormalised weights, no groups, fp32 logits, 0–2 shared experts). Only the facts of its public
+API are used here (argument names and return order, from its docstrings).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from tile_kernels.quant import (  # noqa: F401 - re-exported under tileplug's op
     swiglu_forward,
     swiglu_forward_and_per_token_cast,
 )
+from tile_kernels.moe import moe_topk_gate_backward as _moe_topk_gate_backward
+from tile_kernels.moe import moe_topk_gate_forward as _moe_topk_gate_forward
+from tile_kernels.moe import normalize_weight, topk_gate  # noqa: F401 - same names and arguments
 from tile_kernels.quant import per_token_cast as _per_token_cast
 from tile_kernels.quant import swiglu_backward as _swiglu_backward
 from tile_kernels.transform import apply_rotary  # noqa: F401 - same name and arguments
@@ -29,6 +35,9 @@ from tile_kernels.transform import apply_rotary  # noqa: F401 - same name and ar
 __all__ = [
     "apply_rotary",
     "cast_back",
+    "moe_topk_gate",
+    "moe_topk_gate_backward",
+    "normalize_weight",
     "per_block_cast",
     "per_channel_cast",
     "per_token_cast",
@@ -38,6 +47,7 @@ __all__ = [
     "swiglu",
     "swiglu_backward",
     "swiglu_per_token_cast",
+    "topk_gate",
 ]
 
 
@@ -141,3 +151,47 @@ def swiglu_backward(x: torch.Tensor, grad_y: torch.Tensor, topk_weights: torch.T
     factor = _routing(topk_weights, routed_scaling_factor, expert_ends, expert_alignment)
     fmt = "fp32" if x.dtype == torch.float32 else "bf16"
     return _swiglu_backward(x, grad_y, fmt, expert_ends, topk_weights, factor, clamp_value)
+
+
+SHARED_EXPERTS = (0, 1, 2)
+"""The shared-expert slot counts TileKernels' gate takes."""
+
+
+def _sqrtsoftplus_gate(scoring: str, renormalize: bool) -> None:
+    """TileKernels' gates score by ``sqrt(softplus)`` and renormalise the routed weights."""
+    if scoring != "sqrtsoftplus":
+        raise TypeError(f"TileKernels' MoE gate scores by sqrtsoftplus only (this case: scoring={scoring!r})")
+    _refuse("renormalize", renormalize, True)
+
+
+def moe_topk_gate(logits: torch.Tensor, num_topk: int, scoring: str = "softmax", bias: torch.Tensor | None = None,
+                  num_groups: int = 1, topk_groups: int = 1, renormalize: bool = True,
+                  routed_scaling_factor: float = 1.0, num_shared_experts: int = 0, mask: torch.Tensor | None = None,
+                  return_scores: bool = False) -> tuple[torch.Tensor, ...]:
+    """``moe_topk_gate_forward`` with tileplug's arguments: sqrtsoftplus scores, renormalised
+    weights, no groups, fp32 logits, 0–2 shared experts (its ``use_shared_as_routed``), the
+    scores written into a tensor of its ``scores`` argument when asked for."""
+    _sqrtsoftplus_gate(scoring, renormalize)
+    _refuse("num_groups", num_groups, 1)
+    _refuse("topk_groups", topk_groups, 1)
+    if logits.dtype != torch.float32:
+        raise TypeError(f"TileKernels' MoE gate takes fp32 logits (this case: {logits.dtype})")
+    if num_shared_experts not in SHARED_EXPERTS:
+        raise TypeError(f"TileKernels' MoE gate takes 0, 1 or 2 shared experts (this case: {num_shared_experts})")
+    scores = torch.empty_like(logits) if return_scores else None
+    topk_idx, topk_weights = _moe_topk_gate_forward(
+        logits, num_topk, num_shared_experts > 0, num_shared_experts, routed_scaling_factor, 0,
+        scoring_func="sqrtsoftplus", mask=mask, bias=bias, scores=scores)
+    return (topk_idx, topk_weights, scores) if return_scores else (topk_idx, topk_weights)
+
+
+def moe_topk_gate_backward(scores: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                           grad_topk_weights: torch.Tensor, scoring: str, renormalize: bool = True,
+                           routed_scaling_factor: float = 1.0, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """TileKernels' ``moe_topk_gate_backward`` with tileplug's arguments (sqrtsoftplus, renormalised;
+    its ``mask`` belongs to an auxiliary-loss term tileplug's op has not, so a mask is refused)."""
+    _sqrtsoftplus_gate(scoring, renormalize)
+    if mask is not None:
+        raise TypeError("TileKernels' gate backward takes a mask only for its auxiliary-loss term (this case sets one)")
+    return _moe_topk_gate_backward(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,
+                                   scoring_func="sqrtsoftplus")
