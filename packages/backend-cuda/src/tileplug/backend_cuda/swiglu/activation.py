@@ -164,8 +164,10 @@ def sigmoid_guarded(g):
     return T.if_then_else(g > T.float32(GUARD), main, T.exp(g))  # exp(NaN) is NaN
 
 
-SHARED_ENDS = 4096
-"""The most experts whose ``expert_ends`` a table kernel copies into shared memory (16 KiB)."""
+SHARED_ENDS = 1024
+"""The most experts whose ``expert_ends`` a table kernel copies into shared memory (4 KiB, beside the
+table's 32 and a weighted backward's row-sum tree of up to 16: the runtime raises the dynamic
+shared-memory limit past 48 KiB for such a kernel)."""
 LOW_SHIFT = 44.361419555836500
 """``64 · ln 2``: below :data:`GUARD`, ``e^g = e^(g + 64 ln 2) · 2^-64`` keeps the hardware
 exponential's result normal (it flushes below 2^-126) and rounds once into fp32's subnormals."""
