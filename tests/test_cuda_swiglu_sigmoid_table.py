@@ -84,6 +84,18 @@ def test_a_clamped_gate_takes_the_reference_sigmoid_of_the_clamp(clamp: float) -
     assert st.clamp_sigmoid(float(value)) == float(correctly_rounded(torch.sigmoid, value)[0])
 
 
+def test_the_table_is_built_once_a_device_and_is_a_normal_tensor(monkeypatch) -> None:
+    """One tensor per device (every kernel of the device binds it), made outside inference mode even
+    when the first call runs inside it; a build during a CUDA-graph capture is refused by name."""
+    monkeypatch.setattr(st, "_TABLES", {})
+    with torch.inference_mode():
+        table = st.sigmoid_table(torch.device("cpu"))
+    assert not table.is_inference() and st.sigmoid_table(torch.device("cpu")) is table
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
+        st.sigmoid_table(torch.device("cuda", 0))
+
+
 def test_row_steps_group_row_tiles_only_past_the_fewest_ctas() -> None:
     assert [row_steps(tiles) for tiles in (1, 128, 2 * ROW_STEPS_CTAS - 1)] == [1, 1, 1]
     assert row_steps(2 * ROW_STEPS_CTAS) == 2 and row_steps(4 * ROW_STEPS_CTAS + 5) == 4

@@ -61,14 +61,20 @@ def table_index(bits: torch.Tensor) -> torch.Tensor:
 
 def sigmoid_table(device: torch.device) -> torch.Tensor:
     """The table on ``device`` (fp32 ``[ENTRIES]``), computed there by the reference's formula
-    (so it holds the bits the reference backend gives on that device), once per device: a
-    kernel prepares it, outside any CUDA-graph capture (a first call warms up before one)."""
+    (so it holds the bits the reference backend gives on that device), once per device, when a
+    kernel reading it is first prepared: a normal tensor even under ``torch.inference_mode``;
+    refused (RuntimeError) while the device's stream captures a CUDA graph, whose replay alone
+    would fill it (a call before the capture prepares the kernel, as it compiles it)."""
     table = _TABLES.get(device)
     if table is None:
         with _LOCK:
             table = _TABLES.get(device)
             if table is None:
-                table = correctly_rounded(torch.sigmoid, table_gates().to(device))
+                if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                    raise RuntimeError("the SwiGLU sigmoid table of this device is built at the first call of a kernel "
+                                       "reading it: make one such call before capturing a CUDA graph")
+                with torch.inference_mode(False):
+                    table = correctly_rounded(torch.sigmoid, table_gates().to(device))
                 _TABLES[device] = table
     return table
 
