@@ -101,7 +101,8 @@ def test_moe_topk_gate_refuses_what_tile_kernels_does_not_compute(tile_kernels, 
 
 def test_the_gate_backward_is_spelt_as_tile_kernels_and_refuses_a_mask(tile_kernels) -> None:
     adapter, moe = tile_kernels
-    scores, idx, weights, grad = torch.rand(3, 64), torch.zeros(3, 8, dtype=torch.int64), torch.rand(3, 8), torch.rand(3, 8)
+    scores, idx = torch.rand(3, 64), torch.zeros(3, 8, dtype=torch.int64)
+    weights, grad = torch.rand(3, 8), torch.rand(3, 8)
     adapter.moe_topk_gate_backward(scores, idx, weights, grad, "sqrtsoftplus", routed_scaling_factor=1.5)
     ((args, kwargs),) = moe.moe_topk_gate_backward.calls
     assert args == (scores, idx, weights, grad, 1.5) and kwargs == {"scoring_func": "sqrtsoftplus"}

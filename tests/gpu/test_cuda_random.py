@@ -157,6 +157,9 @@ def test_the_reduced_box_muller_is_within_2_ulp_of_the_reference(dtype, monkeypa
     past 1 ulp; the count of differing values is printed), a misaligned view too."""
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.random.spec import BOX_MULLER_VARIABLE
+    from tileplug.core.registry import registry
+
+    monkeypatch.setattr(registry, "_cache", {})  # routes prepared before the variable was set would hide it
 
     monkeypatch.setenv(BOX_MULLER_VARIABLE, "reduced")
     count = (1 << 24) + 5

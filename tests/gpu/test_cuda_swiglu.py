@@ -182,6 +182,15 @@ def test_fused_equals_unfused(case: Case) -> None:
                     case.hidden)
 
 
+@pytest.fixture
+def fresh_routes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty route cache for the test (restored after it): the opt-in variants' variables are
+    read when a route prepares its kernel, so a route another test prepared would hide them."""
+    from tileplug.core.registry import registry
+
+    monkeypatch.setattr(registry, "_cache", {})
+
+
 # ---------------------------------------------------------------------- the refined cast
 
 
@@ -201,7 +210,7 @@ def _with_specials(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", FUSED, ids=[case.id for case in FUSED])
-def test_refined_cast_equals_the_exact_one(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_refined_cast_equals_the_exact_one(case: Case, monkeypatch: pytest.MonkeyPatch, fresh_routes) -> None:
     """The opt-in refined cast (``TILEPLUG_CUDA_SWIGLU_CAST_REFINE=1``: the fp32 sigmoid, fp64
     only where the bits could matter) gives the bytes of the default cast, on the case's inputs
     and on rows of special values."""
@@ -247,7 +256,8 @@ def _ran(spec_name_end: str) -> bool:
 
 
 @pytest.mark.parametrize("tokens", [10, 4001, 20000])
-def test_table_sigmoid_gives_the_reference_bytes_for_every_gate(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_table_sigmoid_gives_the_reference_bytes_for_every_gate(tokens: int, monkeypatch: pytest.MonkeyPatch,
+                                                                fresh_routes) -> None:
     """With ``TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE=1``, ``swiglu`` with an fp32 ``y`` of a bf16 x whose
     gates run through every bf16 value equals the reference on the GPU bit for bit (its sigmoid
     is the table's entry, and the table is that reference's formula on this device), at token
@@ -268,7 +278,8 @@ def test_table_sigmoid_gives_the_reference_bytes_for_every_gate(tokens: int, mon
 
 
 @pytest.mark.parametrize("case", TABLE, ids=[case.id for case in TABLE])
-def test_table_kernels_give_the_default_kernels_bytes(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_table_kernels_give_the_default_kernels_bytes(case: Case, monkeypatch: pytest.MonkeyPatch,
+                                                      fresh_routes) -> None:
     """The table kernels (``swiglu`` fp32 and the fused cast of a bf16 x) give the bytes of the
     default kernels (the fp64 sigmoid) on the case's inputs and on rows through every bf16 gate (so
     fused ≡ unfused carries over; the module run with the variable set checks it directly)."""
@@ -293,7 +304,8 @@ def test_table_kernels_give_the_default_kernels_bytes(case: Case, monkeypatch: p
 
 
 @pytest.mark.parametrize("case", TABLE_BACKWARD, ids=[case.id for case in TABLE_BACKWARD])
-def test_table_backward_matches_the_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_table_backward_matches_the_reference(case: Case, monkeypatch: pytest.MonkeyPatch,
+                                              fresh_routes) -> None:
     """The table backward (bf16 x) against the reference as SPEC §8 compares them (``grad_x`` within
     2 ulp, ``grad_topk_weights`` within 1e-5), on the case's inputs and on rows through every bf16
     gate, at 4001 rows (a CTA runs three row tiles, the weighted form's row sum reusing its tree)."""
