@@ -110,11 +110,25 @@ def sigmoid_fp64(g, s, i):
     a NaN ``y`` and gradients all the same: ``g`` is a factor of each (a ``g != g`` test would be
     folded away as false by TVM's simplifier)."""
     # named registers: each value below is used more than once
-    size, power, denominator, numerator = (T.alloc_var("float64") for _ in range(4))
+    size, scaled, steps, x, power, denominator, numerator = (T.alloc_var("float64") for _ in range(7))
     seed, quotient, residual = (T.alloc_var("float64") for _ in range(3))
+    k = T.alloc_var("int32")
     tail = T.alloc_var("int64")
     size = T.cast(T.min(T.abs(g), T.float32(SATURATION)), "float64")
-    power = exp_of_negative(size)
+    scaled = _fma64(size, T.float64(EXP_STEPS / math.log(2)), T.float64(MAGIC64))
+    steps = T.call_extern("float64", "__dsub_rn", scaled, T.float64(MAGIC64))
+    k = T.cast(T.bitwise_and(T.reinterpret(scaled, "int64"), T.int64(0xFFFF)), "int32")
+    x = _fma64(steps, T.float64(STEP_HIGH), T.float64(0.0) - size)
+    x = _fma64(steps, T.float64(STEP_LOW), x)
+    poly = T.float64(EXP_TAYLOR[-1])
+    for term in reversed(EXP_TAYLOR[:-1]):
+        poly = _fma64(poly, x, T.float64(term))
+    entry = T.float64(STEP_POWERS[EXP_STEPS - 1])
+    for j in reversed(range(EXP_STEPS - 1)):
+        entry = T.if_then_else(T.bitwise_and(k, EXP_STEPS - 1) == j, T.float64(STEP_POWERS[j]), entry)
+    scaled_entry = T.reinterpret(T.reinterpret(entry, "int64") - T.shift_left(T.cast(T.shift_right(k, 3), "int64"), 52),
+                                 "float64")
+    power = T.call_extern("float64", "__dmul_rn", scaled_entry, poly)
     denominator = T.call_extern("float64", "__dadd_rn", T.float64(1.0), power)
     numerator = T.if_then_else(g < T.float32(0.0), power, T.float64(1.0))
     seed = T.cast(T.call_extern("float32", "__fdividef", T.float32(1.0), T.cast(denominator, "float32")), "float64")
@@ -133,31 +147,6 @@ def sigmoid_fp64(g, s, i):
 def _fma64(a, b, c):
     """``a · b + c`` in fp64, rounded once."""
     return T.call_extern("float64", "__fma_rn", a, b, c)
-
-
-@T.macro
-def exp_of_negative(size):
-    """``e^-size`` in fp64 for an fp64 ``size`` in ``[0, 110]``, within a few fp64 ulps:
-    ``2^(-k/8) · e^x`` with ``k = rint(size · 8 / ln 2)`` by the magic-number rounding, ``x = k ·
-    ln2/8 − size`` (two FMAs, the first exact), ``e^x`` by its Taylor polynomial and ``2^(-k/8)`` a
-    table entry whose exponent field drops by ``k >> 3`` (:func:`sigmoid_fp64`; the MoE scores'
-    reduced exponential)."""
-    scaled, steps, x = (T.alloc_var("float64") for _ in range(3))
-    k = T.alloc_var("int32")
-    scaled = _fma64(size, T.float64(EXP_STEPS / math.log(2)), T.float64(MAGIC64))
-    steps = T.call_extern("float64", "__dsub_rn", scaled, T.float64(MAGIC64))
-    k = T.cast(T.bitwise_and(T.reinterpret(scaled, "int64"), T.int64(0xFFFF)), "int32")
-    x = _fma64(steps, T.float64(STEP_HIGH), T.float64(0.0) - size)
-    x = _fma64(steps, T.float64(STEP_LOW), x)
-    poly = T.float64(EXP_TAYLOR[-1])
-    for term in reversed(EXP_TAYLOR[:-1]):
-        poly = _fma64(poly, x, T.float64(term))
-    entry = T.float64(STEP_POWERS[EXP_STEPS - 1])
-    for j in reversed(range(EXP_STEPS - 1)):
-        entry = T.if_then_else(T.bitwise_and(k, EXP_STEPS - 1) == j, T.float64(STEP_POWERS[j]), entry)
-    scaled_entry = T.reinterpret(T.reinterpret(entry, "int64") - T.shift_left(T.cast(T.shift_right(k, 3), "int64"), 52),
-                                 "float64")
-    return T.call_extern("float64", "__dmul_rn", scaled_entry, poly)
 
 
 GUARD = -80.0
