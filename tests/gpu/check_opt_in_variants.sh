@@ -7,14 +7,15 @@
 #      and torch.randn, library / reduced;
 #   3. with time left, the SwiGLU module's fused = unfused, bit-exact and invariance tests on the table kernels;
 #   4. the norm backwards' split path (TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW): tests/gpu/probe_norm_backward_split.py;
-#   5. the norm backwards at split 0 / 64 and row block 16 / 32, TileKernels beside the first.
+#   5. the norm backwards at split 0 / 64 and row block 16 / 32, TileKernels beside the first;
+#   6. the MoE gate's lane group scores (TILEPLUG_CUDA_MOE_LANE_GROUPS): its GPU test (the default kernel's bytes).
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
-#   "1 2 3 4 5") picks the steps, so that one machine can take them in two commands.
+#   "1 2 3 4 5 6") picks the steps, so that one machine can take them in two commands.
 set -u
 start=$(date +%s)
 BUDGET=${BUDGET:-400}
-STEPS=" ${STEPS:-1 2 3 4 5} "
+STEPS=" ${STEPS:-1 2 3 4 5 6} "
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 cd "$(dirname "$0")/../.."
@@ -65,4 +66,9 @@ for cfg in "0 16" "64 16" "64 32"; do
     timeout $(( $(left) > 70 ? 70 : $(left) - 5 )) $NB $extra --tokens 128,1024,4096,16384,65536 2>> $OUT/stderr.log \
     | tee -a $OUT/norm_backward.txt | grep -E "^(rms|layer)_norm_backward +[0-9]+ +[0-9]+ +(cuda|tile_kernels)"
 done
+# 6. the MoE gate's lane group scores (TILEPLUG_CUDA_MOE_LANE_GROUPS): the grouped gates' bytes against the default's
+if want 6 && [ $(left) -gt 60 ]; then
+  timeout $(( $(left) - 10 )) python3 -m pytest tests/gpu/test_cuda_moe.py -m gpu -q -x -k "lane_group" \
+    -p no:cacheprovider > $OUT/moe_lane_groups.txt 2>&1; tail -5 $OUT/moe_lane_groups.txt
+fi
 echo "all done, $(left) s left"

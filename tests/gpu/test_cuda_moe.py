@@ -21,6 +21,8 @@ What is checked, per SPEC §4 and §7:
 - **non-finite rows**: other rows keep their bytes; the row gets −1 / 0 in every slot, and a
   later CUDA call still works (no device assert).
 - **large T**: topk_gate and moe_permute at T = 65536 once.
+- **the lane group scores** (opt-in, ``TILEPLUG_CUDA_MOE_LANE_GROUPS=1``): the grouped gates' bytes
+  equal the default kernel's; running the module with the variable set puts every grouped case on it.
 """
 
 from __future__ import annotations
@@ -125,8 +127,12 @@ def precompiled(gate_forced_on):
     """Compile every specialisation of the module up front, in parallel processes."""
     from tileplug.backend_cuda import jit
 
+    import dataclasses
+
     specs = [spec for case in dict.fromkeys(GRID + INVARIANCE + NONFINITE + LARGE) for spec in _specs(case)]
-    jit.precompile(specs)
+    lane = [dataclasses.replace(spec, lane_groups=True) for case in GRID if case.op == FULL
+            and dict(case.kwargs).get("num_groups", 1) > 1 for spec in _specs(case)]
+    jit.precompile(specs + lane)
 
 
 # ---------------------------------------------------------------------- vs the reference
@@ -147,6 +153,34 @@ def test_large_batch(case: Case) -> None:
     expected = _run(case.op, "reference", args, kwargs)
     actual = _cuda(case, args, kwargs)
     opdefs.get(case.op).compare(case, 65536, [moved(a, "cpu") for a in actual], [moved(e, "cpu") for e in expected])
+
+
+# ---------------------------------------------------------------------- the lane group scores (opt-in)
+
+GROUPED = [case for case in GRID if case.op == FULL and dict(case.kwargs).get("num_groups", 1) > 1]
+
+
+@pytest.mark.parametrize("case", GROUPED, ids=[case.id for case in GROUPED])
+def test_lane_group_scores_give_the_default_kernels_bytes(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TILEPLUG_CUDA_MOE_LANE_GROUPS=1`` (opt-in): the grouped gate with its group scores taken lane
+    by lane gives the default kernel's indices, weights and scores, byte for byte, at 4001 rows
+    (ties included), and the lane form's kernel ran."""
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.moe.spec import LANE_GROUPS_VARIABLE
+    from tileplug.core.registry import registry
+
+    args, kwargs = case.arguments(BATCH, "cpu", seed=23)
+    monkeypatch.setattr(registry, "_cache", {})  # routes prepared before the variable was set would hide it
+    monkeypatch.delenv(LANE_GROUPS_VARIABLE, raising=False)
+    default = _cuda(case, args, kwargs)
+    monkeypatch.setattr(registry, "_cache", {})
+    monkeypatch.setenv(LANE_GROUPS_VARIABLE, "1")
+    lane = _cuda(case, args, kwargs)
+    (spec,) = _specs(case)
+    if spec.lane_groups:  # (a layout it does not fit keeps the masked rounds: the same kernel twice)
+        assert any(entry == spec for entry, _ in jit._entries), "the lane form did not run"
+    for index, (have, want) in enumerate(zip(lane, default)):
+        assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"), what=f"{case.id} output {index} (lane groups)")
 
 
 # ---------------------------------------------------------------------- batch invariance

@@ -36,7 +36,7 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.moe.spec import GateSpec
+from tileplug.backend_cuda.moe.spec import GateSpec, lane_groups_fit
 from tileplug.backend_cuda.moe.warp_topk import NO_COLUMN, NONE, WARP, WarpRow, key_of, value_of
 
 RENORMALIZE_EPSILON = 1e-20
@@ -56,6 +56,13 @@ def build(spec: GateSpec):
     GROUP_LIST = list(range(GROUPS))
     SCORING = spec.scoring
     SCALING = spec.scaling
+    PIECES = list(range(row.CHUNKS))
+    LANE_GROUPS = spec.lane_groups
+    if LANE_GROUPS:
+        assert lane_groups_fit(E, GROUPS, spec.vec), (E, GROUPS, spec.vec)
+        LANES_PER_GROUP = GROUP_SIZE // spec.vec
+        GROUPS_PER_CHUNK = WARP // LANES_PER_GROUP
+        LANE_MASKS = [1 << b for b in range(LANES_PER_GROUP.bit_length() - 1)]
     assert SLOTS <= WARP and GROUPS <= WARP
 
     rows = T.dynamic("T")
@@ -111,18 +118,50 @@ def build(spec: GateSpec):
                 u[i] = elementwise_score(x[i])
 
     @T.macro
-    def pick_groups(keys, scratch, lane, best, where, found, index, group_key, chosen):
-        """Experts outside the ``topk_groups`` best groups become ``NONE`` in ``keys``."""
+    def lane_group_scores(keys, lane, group_key):
+        """``group_key`` of lane ``g`` = group ``g``'s score (:func:`pick_groups`) from each chunk's
+        two largest keys: a lane's own (its ``VEC`` values of a chunk are one group's), then merged
+        over the group's ``LANES_PER_GROUP`` lanes by xor shuffles (``pair``: the running largest and
+        second largest, ``other``: a partner's), then moved to lane ``g`` from the group's first lane.
+        The score is the sum of the two largest keys' values whichever columns hold them, so the
+        argmax rounds' ties make no difference."""
+        pair = T.alloc_local((2,), "int32")
+        other = T.alloc_local((2,), "int32")
         group_key[0] = NONE
-        for g in GROUP_LIST:
-            for i in ENTRIES:
-                scratch[i] = T.if_then_else(row.column(i, lane) // GROUP_SIZE == g, keys[i], NONE)
-            row.argmax(scratch, lane, best, where, found, index)
-            first = value_of(found[0])
-            row.take(scratch, lane, index[0])
-            row.argmax(scratch, lane, best, where, found, index)
-            if lane == g:
-                group_key[0] = key_of(T.ieee_add(first, value_of(found[0])))
+        for j in PIECES:
+            pair[0] = NONE
+            pair[1] = NONE
+            for c in range(spec.vec):
+                pair[1] = T.max(pair[1], T.min(pair[0], keys[j * spec.vec + c]))
+                pair[0] = T.max(pair[0], keys[j * spec.vec + c])
+            for mask in LANE_MASKS:
+                other[0] = T.shfl_xor(pair[0], mask)
+                other[1] = T.shfl_xor(pair[1], mask)
+                pair[1] = T.max(T.min(pair[0], other[0]), T.max(pair[1], other[1]))
+                pair[0] = T.max(pair[0], other[0])
+            other[0] = key_of(T.ieee_add(value_of(pair[0]), value_of(pair[1])))
+            other[1] = T.shfl_sync(other[0], ((lane - j * GROUPS_PER_CHUNK) * LANES_PER_GROUP) % WARP)
+            if lane >= j * GROUPS_PER_CHUNK and lane < min((j + 1) * GROUPS_PER_CHUNK, GROUPS):
+                group_key[0] = other[1]  # (a chunk's lanes past E hold no group)
+
+    @T.macro
+    def pick_groups(keys, scratch, lane, best, where, found, index, group_key, chosen):
+        """Experts outside the ``topk_groups`` best groups become ``NONE`` in ``keys``. A group's score
+        is the sum of its two largest biased scores: two argmax rounds over its masked members each
+        (or, with ``spec.lane_groups``, :func:`lane_group_scores`)."""
+        if LANE_GROUPS:
+            lane_group_scores(keys, lane, group_key)
+        else:
+            group_key[0] = NONE
+            for g in GROUP_LIST:
+                for i in ENTRIES:
+                    scratch[i] = T.if_then_else(row.column(i, lane) // GROUP_SIZE == g, keys[i], NONE)
+                row.argmax(scratch, lane, best, where, found, index)
+                first = value_of(found[0])
+                row.take(scratch, lane, index[0])
+                row.argmax(scratch, lane, best, where, found, index)
+                if lane == g:
+                    group_key[0] = key_of(T.ieee_add(first, value_of(found[0])))
         chosen[0] = 0
         for r in T.serial(TOPK_GROUPS):
             found[0] = T.warp_reduce_max(group_key[0])

@@ -23,6 +23,33 @@ GATE_WARPS = 4
 
 TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 SHORT = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16", None: "none"}
+LANE_GROUPS_VARIABLE = "TILEPLUG_CUDA_MOE_LANE_GROUPS"
+"""``1``: a grouped ``moe_topk_gate`` takes its group scores lane by lane (each lane's own two largest
+keys, merged over the group's lanes by shuffles: ``moe_topk_gate.lane_group_scores``) instead of two
+masked warp argmax rounds a group, where the layout allows it (:func:`lane_groups_fit`); the same
+scores; opt-in until a GPU has run it (default 0); the kernel's name says so."""
+
+
+def lane_groups_fit(experts: int, groups: int, vec: int) -> bool:
+    """Whether each lane's ``vec`` values of a chunk belong to one group and a group's lanes in a chunk
+    are an aligned power of two of at most a warp (what :data:`LANE_GROUPS_VARIABLE`'s form needs)."""
+    if groups <= 1 or experts % groups:
+        return False
+    size = experts // groups
+    if size < 2 or size % vec:
+        return False
+    lanes = size // vec
+    return lanes & (lanes - 1) == 0 and lanes <= WARP
+
+
+def lane_groups(experts: int, groups: int, vec: int) -> bool:
+    """Whether a ``moe_topk_gate`` kernel takes :data:`LANE_GROUPS_VARIABLE`'s group scores."""
+    import os
+
+    text = os.environ.get(LANE_GROUPS_VARIABLE, "").strip()
+    if text not in ("", "0", "1"):
+        raise ValueError(f"{LANE_GROUPS_VARIABLE}={text!r}: expected 0 or 1")
+    return text == "1" and lane_groups_fit(experts, groups, vec)
 
 
 def values_per_vector(dtype: str) -> int:
@@ -37,7 +64,8 @@ class GateSpec:
     warp row (``values_per_vector`` on the 128-bit path, 1 on the scalar one), ``warps`` rows
     per CTA, and (moe_topk_gate) the routing constants: ``scoring``, ``biased``, ``groups`` /
     ``topk_groups``, ``renormalize``, ``scaling`` (routed_scaling_factor), ``shared`` slots,
-    ``masked``, ``with_scores``; (backward) ``index_dtype`` of topk_idx."""
+    ``masked``, ``with_scores``, ``lane_groups`` (the group scores lane by lane:
+    :data:`LANE_GROUPS_VARIABLE`); (backward) ``index_dtype`` of topk_idx."""
 
     op: str
     experts: int
@@ -55,6 +83,7 @@ class GateSpec:
     masked: bool = False
     with_scores: bool = False
     index_dtype: str = "int64"
+    lane_groups: bool = False
 
     @property
     def name(self) -> str:
@@ -80,6 +109,8 @@ class GateSpec:
         if self.index_dtype != "int64":
             parts.append(self.index_dtype)
         parts.append(f"w{self.warps}")
+        if self.lane_groups:
+            parts.append("lanegroups")
         return "_".join(parts)
 
     @property

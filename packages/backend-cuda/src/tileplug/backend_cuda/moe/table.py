@@ -27,6 +27,7 @@ from tileplug.backend_cuda.moe.spec import (
     RowCopySpec,
     RowSpec,
     chunk_tokens,
+    lane_groups,
     values_per_vector,
 )
 from tileplug.core.call import Scoring
@@ -163,7 +164,8 @@ class MoeTopkGate(_Kernel):
                          scoring=scoring[call.scoring], biased=call.has_bias, groups=call.num_groups,
                          topk_groups=call.topk_groups if call.num_groups > 1 else 1, renormalize=call.renormalize,
                          scaling=float(call.routed_scaling_factor), shared=call.num_shared_experts,
-                         masked=call.has_mask, with_scores=call.return_scores)]
+                         masked=call.has_mask, with_scores=call.return_scores,
+                         lane_groups=lane_groups(call.num_experts, call.num_groups, vec if vector else 1))]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
