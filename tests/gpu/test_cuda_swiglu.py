@@ -273,7 +273,8 @@ def test_table_sigmoid_gives_the_reference_bytes_for_every_gate(tokens: int, mon
             actual = ops.swiglu(x, **kwargs)
         torch.cuda.synchronize()
         assert _ran("_table"), "no table kernel ran"
-        differing = int((_bits(actual) != _bits(expected)).sum())
+        both_nan = torch.isnan(actual) & torch.isnan(expected)  # (a NaN's payload is unspecified)
+        differing = int(((_bits(actual) != _bits(expected)) & ~both_nan).sum())
         assert differing == 0, f"{kwargs}: {differing} of {expected.numel()} values differ in their bits"
 
 
