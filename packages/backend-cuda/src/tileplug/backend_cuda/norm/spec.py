@@ -75,6 +75,15 @@ def tuning_override(variable: str, default: int) -> int:
         raise ValueError(f"{variable}={text!r}: expected an integer") from None
 
 
+def tuning_choice(variable: str, default: str, allowed: tuple[str, ...]) -> str:
+    """``default``, or the one of ``allowed`` the environment variable ``variable`` names (a tuning
+    knob choosing a CUDA kernel's form); anything else is a ValueError naming the variable."""
+    chosen = os.environ.get(variable, default)
+    if chosen not in allowed:
+        raise ValueError(f"{variable}={chosen!r}: expected one of {', '.join(allowed)}")
+    return chosen
+
+
 def layer_norm_threads_per_sm() -> int:
     return tuning_override("TILEPLUG_CUDA_LAYER_NORM_THREADS_PER_SM", LAYER_NORM_THREADS_PER_SM)
 

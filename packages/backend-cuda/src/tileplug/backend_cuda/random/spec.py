@@ -28,13 +28,11 @@ BOX_MULLER = "library"
 
 
 def box_muller() -> str:
-    """:data:`BOX_MULLER`, or what :data:`BOX_MULLER_VARIABLE` names."""
-    import os
+    """:data:`BOX_MULLER`, or what :data:`BOX_MULLER_VARIABLE` names (read when a kernel is prepared:
+    the norm package imports the random one through its kernel tables, so not at import)."""
+    from tileplug.backend_cuda.norm.spec import tuning_choice
 
-    chosen = os.environ.get(BOX_MULLER_VARIABLE, BOX_MULLER)
-    if chosen not in BOX_MULLERS:
-        raise ValueError(f"{BOX_MULLER_VARIABLE}={chosen!r}: expected one of {', '.join(BOX_MULLERS)}")
-    return chosen
+    return tuning_choice(BOX_MULLER_VARIABLE, BOX_MULLER, BOX_MULLERS)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from tileplug.backend_cuda.norm.spec import (
     _hex,
     reduction_plan,
     row_tile,
+    tuning_choice,
     tuning_override,
     vector_width,
 )
@@ -233,7 +234,7 @@ def make_spec(call: SwigluCall) -> SwigluKernelSpec:
         tile=tile,
         quant=quant_spec(call),
         bf16_sigmoid=bf16_sigmoid(),
-        fp64_sigmoid=_chosen(FP64_SIGMOID_VARIABLE, FP64_SIGMOID, FP64_SIGMOIDS),
+        fp64_sigmoid=tuning_choice(FP64_SIGMOID_VARIABLE, FP64_SIGMOID, FP64_SIGMOIDS),
         ctas_per_sm=tuning_override(CTAS_PER_SM_VARIABLE, ctas_per_sm(tile)),
         refine=call.quant is not None and bool(tuning_override(REFINE_VARIABLE, 0)),
         table=bool(tuning_override(SIGMOID_TABLE_VARIABLE, 0)),
@@ -270,14 +271,4 @@ def row_steps(tiles: int) -> int:
 
 def bf16_sigmoid() -> str:
     """The sigmoid of a bf16 ``y``: :data:`BF16_SIGMOID`, or what :data:`SIGMOID_VARIABLE` names."""
-    return _chosen(SIGMOID_VARIABLE, BF16_SIGMOID, BF16_SIGMOIDS)
-
-
-def _chosen(variable: str, default: str, allowed: tuple[str, ...]) -> str:
-    """``default``, or the one of ``allowed`` the environment variable ``variable`` names."""
-    import os
-
-    chosen = os.environ.get(variable, default)
-    if chosen not in allowed:
-        raise ValueError(f"{variable}={chosen!r}: expected one of {', '.join(allowed)}")
-    return chosen
+    return tuning_choice(SIGMOID_VARIABLE, BF16_SIGMOID, BF16_SIGMOIDS)
