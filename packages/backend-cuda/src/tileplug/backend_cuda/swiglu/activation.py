@@ -271,7 +271,6 @@ class SwigluMacros:
 
         SIGMOID = spec.sigmoid
         THREADS = rows.THREADS
-        TABLE_VECTORS = sigmoid_table.ENTRIES // 4  # the table's 128-bit vectors
         # the clamped gate's sigmoid, for the table (the gate c is fp32, not a bf16 value the table holds)
         CLAMP_SIGMOID = None if CLAMP is None or SIGMOID != "table" else sigmoid_table.clamp_sigmoid(CLAMP)
 
@@ -313,20 +312,13 @@ class SwigluMacros:
                 scale[0] = T.float32(SCALING)
 
         @T.macro
-        def copy_table(source, table, tx):
-            """``table`` (shared) = ``source`` (the global ``sigmoid_table``), a 128-bit vector a thread
+        def copy_to_shared(source, shared, pieces, width, tx):
+            """``shared`` = the global ``source`` (``pieces`` pieces of ``width`` values), a piece a thread
             an iteration (unrolled: the loads of a restrict source need not wait for the stores)."""
-            for k in T.unroll(T.ceildiv(TABLE_VECTORS, THREADS)):
-                if k * THREADS + tx < TABLE_VECTORS:
-                    for j in T.vectorized(4):
-                        table[(k * THREADS + tx) * 4 + j] = source[(k * THREADS + tx) * 4 + j]
-
-        @T.macro
-        def copy_ends(source, ends, tx):
-            """``ends`` (shared) = ``source`` (the global ``expert_ends``), one int a thread an iteration."""
-            for k in T.serial(T.ceildiv(EXPERTS, THREADS)):
-                if k * THREADS + tx < EXPERTS:
-                    ends[k * THREADS + tx] = source[k * THREADS + tx]
+            for k in T.unroll(T.ceildiv(pieces, THREADS)):
+                if k * THREADS + tx < pieces:
+                    for j in T.vectorized(width):
+                        shared[(k * THREADS + tx) * width + j] = source[(k * THREADS + tx) * width + j]
 
         @T.macro
         def activate(gate, up, scale, g, u, s, table):
@@ -371,8 +363,7 @@ class SwigluMacros:
         self.values = VALUES
         self.experts = EXPERTS
         self.prologue = prologue
-        self.copy_table = copy_table
-        self.copy_ends = copy_ends
+        self.copy_to_shared = copy_to_shared
         self.in_dtype = IN
         self.find_valid = find_valid
         self.load_halves = load_halves
@@ -420,7 +411,7 @@ class SwigluMacros:
         if experts is None or experts > SHARED_ENDS:
             return ends
         shared = T.alloc_shared((experts,), "int32")
-        self.copy_ends(ends, shared, tx)
+        self.copy_to_shared(ends, shared, experts, 1, tx)
         return shared
 
     def shared_table(self, source, tx):
@@ -428,7 +419,7 @@ class SwigluMacros:
         puts the barrier before the first read: one ``__syncthreads``, checked by
         ``tests/test_cuda_swiglu_sigmoid_table.py``)."""
         table = T.alloc_shared((sigmoid_table.ENTRIES,), "float32")
-        self.copy_table(source, table, tx)
+        self.copy_to_shared(source, table, sigmoid_table.ENTRIES // 4, 4, tx)  # 128-bit pieces
         return table
 
     # ------------------------------------------------------------------ buffer types
