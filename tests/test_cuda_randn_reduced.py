@@ -117,7 +117,7 @@ def test_a_draw_equals_the_reference_but_for_a_few_values_one_ulp_away() -> None
     assert bool(((have < 0) == (want < 0)).all())
 
 
-def test_the_reduced_box_muller_is_opt_in_and_named(monkeypatch) -> None:
+def test_the_reduced_box_muller_is_the_default_and_named(monkeypatch) -> None:
     from tileplug.backend_cuda.plugin import _KERNELS
     from tileplug.core.lowering import describe_call
     from tileplug.core.ops import fill_rand, fill_randn
@@ -126,11 +126,12 @@ def test_the_reduced_box_muller_is_opt_in_and_named(monkeypatch) -> None:
     normal = describe_call(fill_randn, values, seed, offset)[0]
     uniform = describe_call(fill_rand, values, seed, offset)[0]
     monkeypatch.delenv(BOX_MULLER_VARIABLE, raising=False)
-    assert _KERNELS["fill_randn"].spec(normal).box_muller == "library"
-    monkeypatch.setenv(BOX_MULLER_VARIABLE, "reduced")
     spec = _KERNELS["fill_randn"].spec(normal)
     assert spec.box_muller == "reduced" and spec.name.endswith("_reduced")
     assert not _KERNELS["fill_rand"].spec(uniform).name.endswith("_reduced")
+    monkeypatch.setenv(BOX_MULLER_VARIABLE, "library")
+    library = _KERNELS["fill_randn"].spec(normal)
+    assert library.box_muller == "library" and library.name == spec.name[: -len("_reduced")]
     monkeypatch.setenv(BOX_MULLER_VARIABLE, "fast")
     with pytest.raises(ValueError, match=f"{BOX_MULLER_VARIABLE}='fast': expected one of library, reduced"):
         _KERNELS["fill_randn"].spec(normal)

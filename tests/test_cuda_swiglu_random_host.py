@@ -75,7 +75,8 @@ def test_one_row_calls_get_strides_the_alignment_assumptions_accept(recorder) ->
     assert halves.stride()[0] % 8 == 0 and y_view.stride()[0] % 8 == 0
 
 
-def test_the_cast_hands_the_bytes_of_packed_scales(recorder) -> None:
+def test_the_cast_hands_the_bytes_of_packed_scales(recorder, monkeypatch) -> None:
+    monkeypatch.setenv("TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE", "0")  # (the table's launcher: test_cuda_swiglu_sigmoid_table)
     x = torch.randn(4, 2 * 256, dtype=BF16)
     kernel, call, inputs = _prepared(ops.swiglu_per_token_cast, x, round_sf=True, use_packed_ue8m0=True)
     q = torch.empty(4, 256, dtype=torch.float8_e4m3fn)
@@ -86,7 +87,8 @@ def test_the_cast_hands_the_bytes_of_packed_scales(recorder) -> None:
     assert sf_arg.dtype == torch.uint8 and sf_arg.shape == (4, 4)
 
 
-def test_the_backward_hands_grad_y_as_one_row_and_grad_x_as_halves(recorder) -> None:
+def test_the_backward_hands_grad_y_as_one_row_and_grad_x_as_halves(recorder, monkeypatch) -> None:
+    monkeypatch.setenv("TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE", "0")  # (the table's launcher: test_cuda_swiglu_sigmoid_table)
     x = torch.randn(6, 2 * 64, dtype=BF16)
     grad_y = torch.randn(6, 64, dtype=FP32)
     weights = torch.rand(6)
@@ -127,7 +129,8 @@ def test_a_draw_picks_its_store_form_by_alignment_then_advances_the_offset(recor
         call, inputs = describe_call(function, values, seed, offset)
         _KERNELS[op].prepare(call)(inputs, None)
         (draw, (flat, seed_arg, offset_arg)), (advance, (advanced,)) = recorder.launches[-2:]
-        assert draw == f"{op}_fp32_{form}_t256" and advance == "advance_offset"
+        suffix = "_reduced" if op == "fill_randn" else ""  # (the default Box-Muller's kernels are named so)
+        assert draw == f"{op}_fp32_{form}_t256{suffix}" and advance == "advance_offset"
         assert flat.dim() == 1 and flat.data_ptr() == values.data_ptr() and seed_arg is seed and offset_arg is offset
         assert advanced is offset
     assert len(recorder.launches) == 4
@@ -175,7 +178,7 @@ def test_a_draw_compiles_three_specialisations() -> None:
     call = describe_call(ops.fill_randn, torch.empty(3, 5, dtype=BF16), torch.zeros(1, dtype=torch.int64),
                          torch.zeros(1, dtype=torch.int64))[0]
     assert [spec.name for spec in _KERNELS["fill_randn"].specs(call)] == [
-        "fill_randn_bf16_v128_t256", "fill_randn_bf16_scalar_t256", "advance_offset"]
+        "fill_randn_bf16_v128_t256_reduced", "fill_randn_bf16_scalar_t256_reduced", "advance_offset"]
 
 
 # ---------------------------------------------------------------------- the fp32 sigmoid's error, emulated
@@ -242,9 +245,9 @@ def test_the_fp32_sigmoid_is_within_one_ulp_of_the_correctly_rounded_one() -> No
 
 
 def test_a_bf16_y_takes_the_branchless_sigmoid_unless_asked_for_another(monkeypatch) -> None:
-    """By default a bf16 ``y`` takes the branchless hardware-exponential sigmoid and fp32 results
-    and the cast the reduced fp64 one (their kernel names say so, keeping the index entries
-    apart), on a tile of 2 vectors a lane that asks for 2 CTAs an SM where their registers fit;
+    """By default a bf16 ``y`` takes the branchless hardware-exponential sigmoid and, without the
+    sigmoid table (``TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE=0``), fp32 results and the cast the reduced
+    fp64 one (their kernel names say so, keeping the index entries apart), on a tile of 2 vectors a lane that asks for 2 CTAs an SM where their registers fit;
     ``TILEPLUG_CUDA_SWIGLU_BF16_SIGMOID`` names the guarded or the accurate one,
     ``TILEPLUG_CUDA_SWIGLU_FP64_SIGMOID=library`` the library one, and the vectors a lane and the
     CTAs an SM are tuning variables too; every variant has its own kernel name, and a wrong value
@@ -264,6 +267,7 @@ def test_a_bf16_y_takes_the_branchless_sigmoid_unless_asked_for_another(monkeypa
     cast_spec = _KERNELS["swiglu_per_token_cast"].spec
     for variable in (SIGMOID_VARIABLE, FP64_SIGMOID_VARIABLE, CHUNKS_VARIABLE, CTAS_PER_SM_VARIABLE):
         monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE", "0")
     assert spec(bf16_call).sigmoid == "branchless" and spec(bf16_call).name.endswith("_branchless")
     assert spec(fp32_call).sigmoid == "reduced" and cast_spec(cast_call).sigmoid == "reduced"
     default = cast_spec(cast_call)
@@ -320,177 +324,12 @@ def test_the_default_tile_asks_for_two_ctas_only_where_their_registers_fit(monke
         assert ("_b2" in spec.name.split(spec.tile.name)[1]) == (want[2] == 2)
 
 
-def _near_midpoint(product: torch.Tensor, mantissa: int, smallest_quantum: int, margin: float) -> torch.Tensor:
-    """The refined cast's midpoint test (``swiglu_per_token_cast.near_midpoint``) in PyTorch fp32:
-    ``|product|`` in quanta of the format's grid, within ``margin`` of a half."""
-    bits = product.view(torch.int32) & 0x7FFFFFFF
-    quantum = torch.clamp((bits >> 23) - (127 + mantissa), min=smallest_quantum)
-    quanta = bits.view(torch.float32) * torch.pow(2.0, -quantum.float())  # exact: a power of two
-    return (quanta - torch.floor(quanta) - 0.5).abs() <= margin
-
-
-@pytest.mark.parametrize("e2m1", [False, True], ids=["e4m3", "e2m1"])
-def test_refined_cast_recomputes_every_product_near_a_rounding_midpoint(e2m1: bool) -> None:
-    """The refined SwiGLU cast keeps a fast ``y · inv`` only where it is farther than
-    ``MIDPOINT_MARGIN`` quanta from a rounding midpoint of the format. Outside that band a change of
-    the product by twice ``FAST_BOUND`` (the bound on the fast ``y``) never changes its code, and the
-    band holds few products (each one an fp64 recomputation)."""
-    pytest.importorskip("tilelang")
-    from tileplug.backend_cuda.quant.element_kernels import GRIDS
-    from tileplug.backend_cuda.swiglu.swiglu_per_token_cast import FAST_BOUND, MIDPOINT_MARGIN
-    from tileplug.core.quant.formats import e2m1_codes
-
-    _, mantissa, smallest_normal = GRIDS["e2m1" if e2m1 else "e4m3"]
-    smallest = smallest_normal - mantissa
-    top = 6.0 if e2m1 else 448.0
-    generator = torch.Generator().manual_seed(3)
-    spread = torch.exp2(torch.empty(400_000).uniform_(-16.0, float(torch.log2(torch.tensor(top))), generator=generator))
-    grid = torch.unique(torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]) if e2m1 else
-                        torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float())
-    midpoints = (grid[1:] + grid[:-1]) / 2
-    steps = torch.arange(-40, 41, dtype=torch.float32) * 2.0**-23
-    near = (midpoints[:, None] * (1 + steps)).flatten()
-    products = torch.cat([spread, near[near < top]]).float()
-
-    def codes(values: torch.Tensor) -> torch.Tensor:
-        return e2m1_codes(values) if e2m1 else values.to(torch.float8_e4m3fn).view(torch.uint8)
-
-    flagged = _near_midpoint(products, mantissa, smallest, MIDPOINT_MARGIN)
-    kept = products[~flagged]
-    for relative in (2 * FAST_BOUND, -2 * FAST_BOUND):
-        moved = (kept.double() * (1 + relative)).float()
-        moved = torch.minimum(moved, torch.tensor(top))
-        assert torch.equal(codes(moved), codes(kept)), relative
-    assert bool(flagged[len(spread):].any())  # the band is where the midpoints are
-    assert float(flagged[: len(spread)].double().mean()) < 0.002
-
-
-def test_the_refined_cast_is_opt_in_and_named(monkeypatch) -> None:
-    """``TILEPLUG_CUDA_SWIGLU_CAST_REFINE=1`` gives the fused cast (only) the refined sigmoid, and
-    its kernel its own name; unset, the cast takes the fp64 sigmoid for every value."""
-    from tileplug.backend_cuda.swiglu.spec import REFINE_VARIABLE
-
-    x = torch.randn(2, 2 * 7168, dtype=BF16)
-    cast_call = describe_call(ops.swiglu_per_token_cast, x)[0]
-    fp32_call = describe_call(ops.swiglu, x, out_dtype=FP32)[0]
-    monkeypatch.delenv(REFINE_VARIABLE, raising=False)
-    default = _KERNELS["swiglu_per_token_cast"].spec(cast_call)
-    assert not default.refine and default.sigmoid == "reduced"
-    monkeypatch.setenv(REFINE_VARIABLE, "1")
-    refined = _KERNELS["swiglu_per_token_cast"].spec(cast_call)
-    assert refined.refine and refined.sigmoid == "refined" and refined.name == default.name[: -len("reduced")] + "refined"
-    fp32 = _KERNELS["swiglu"].spec(fp32_call)
-    assert not fp32.refine and fp32.sigmoid == "reduced"
-
-
-def _refined_y(g, u, scale, s_fast, s_exact, fmt: str, group: int, round_sf: bool, use_e4m3_sf: bool):
-    """The refined cast's ``y`` (``swiglu_per_token_cast.refine``) in PyTorch fp32, with the kernel
-    module's own constants: fast values from ``s_fast``, replaced by the exact ones (from
-    ``s_exact``) where the kernel's two tests flag them."""
-    from tileplug.backend_cuda.swiglu.activation import GUARD
-    from tileplug.backend_cuda.quant.element_kernels import GRIDS
-    from tileplug.backend_cuda.swiglu.swiglu_per_token_cast import AMAX_MARGIN, MIDPOINT_MARGIN, TINY
-    from tileplug.core import config
-    from tileplug.core.quant.formats import QUANT_FORMATS
-    from tileplug.core.quant.sf_math import compute_scales, expand_groups, group_amax
-
-    tokens, hidden = g.shape
-    block = (1, group)
-    fast, exact = ((g * s_fast) * u) * scale, ((g * s_exact) * u) * scale
-    amax = group_amax(fast, block)
-    threshold = expand_groups(torch.where(torch.isfinite(amax), amax * (1 - AMAX_MARGIN), torch.zeros_like(amax)),
-                              block, tokens, hidden)
-    size = fast.abs()
-    nonzero = (g != 0) & (u != 0) & (scale != 0)
-    small = ((g * s_fast).abs() < TINY) | ((g * s_fast * u).abs() < TINY) | (size < TINY)
-    unvouched = ((threshold <= size) & (size != 0)) | torch.isnan(size) | (g < GUARD) | (nonzero & small)
-    first = torch.where(unvouched, exact, fast)
-    clamp = config.current().clamp_min(fmt, use_e4m3_sf)
-    inverse = compute_scales(group_amax(first, block), QUANT_FORMATS[fmt], clamp, round_sf, use_e4m3_sf).inverse
-    products = first * expand_groups(inverse, block, tokens, hidden)
-    _, mantissa, smallest_normal = GRIDS[fmt]
-    flagged = _near_midpoint(products, mantissa, smallest_normal - mantissa, MIDPOINT_MARGIN)
-    return torch.where(flagged, exact, first), fast, exact
-
-
-@pytest.mark.parametrize("fmt,group,options", [
-    ("e4m3", 128, {}),
-    ("e4m3", 128, {"round_sf": True}),
-    ("e4m3", 32, {"use_e4m3_sf": True}),
-    ("e2m1", 16, {}),
-    ("e2m1", 32, {"round_sf": True}),
-])
-def test_refined_cast_gives_the_exact_bytes_whatever_the_fast_sigmoids_ulp(fmt, group, options) -> None:
-    """The refinement on the CPU: with every fast sigmoid moved at random by up to 128 ulp from the
-    correctly rounded one (more than the documented bound of ``activation.sigmoid_branchless``,
-    about 105 ulp at a gate of −80, still inside the margins: more values near an amax or a
-    midpoint), the refined ``y`` quantizes to the bytes of the exact
-    ``y`` (the reference's cast), where the fast ``y`` alone does not — on random rows, rows of
-    equal values (amax ties), gates around −80, tiny and huge values, NaN and inf."""
-    pytest.importorskip("tilelang")
-    from tileplug.core import ops
-
-    generator = torch.Generator().manual_seed(17)
-    tokens, hidden = 2048, 2048
-    gate = torch.randn(tokens, hidden, generator=generator) * 3
-    up = torch.randn(tokens, hidden, generator=generator)
-    gate[0], up[1], gate[2, :64] = 0.75, 1.5, -80.0
-    gate[3, :5] = torch.tensor([float("nan"), float("inf"), -float("inf"), -79.99, -90.0])
-    up[4, :4] = torch.tensor([1e-38, 3e-39, 3e38, float("inf")])
-    gate[5, :3] = torch.tensor([1e-38, -3e-39, 88.0])
-    g, u = gate.bfloat16().float(), up.bfloat16().float()
-    scale = torch.rand(tokens, 1, generator=generator) * 2.5
-    scale[6] = 0.0
-    exact_sigmoid = torch.sigmoid(g.double()).float()
-    ulps = torch.randint(-128, 129, g.shape, generator=generator, dtype=torch.int32)
-    movable = torch.isfinite(exact_sigmoid) & (exact_sigmoid > 2.0**-120)
-    moved = torch.clamp((exact_sigmoid.view(torch.int32) + ulps).view(torch.float32), max=1.0)  # never above 1
-    fast_sigmoid = torch.where(movable, moved, exact_sigmoid)
-    refined, fast, exact = _refined_y(g, u, scale, fast_sigmoid, exact_sigmoid, fmt, group, options.get("round_sf", False),
-                                      options.get("use_e4m3_sf", False))
-
-    def cast(y):
-        q, sf = ops.per_token_cast(y, fmt=fmt, num_per_channels=group, **options)
-        return q.view(torch.uint8), sf.contiguous().view(torch.uint8)
-
-    want = cast(exact)
-    for have, expected in zip(cast(refined), want):
-        assert torch.equal(have, expected)
-    assert not all(torch.equal(have, expected) for have, expected in zip(cast(fast), want))  # refinement was needed
-
-
-@pytest.mark.nvcc
-def test_the_refined_cast_recomputes_in_one_rolled_loop_a_stage_and_does_not_spill(monkeypatch) -> None:
-    """The refined cast emits the fp64 sigmoid once per stage (a rolled loop over the marked values,
-    not one copy per value: 16 copies made 7824 instructions and spilled 128 bytes at 2 CTAs an SM),
-    and compiles without spills at the bench's tile, e4m3 1 x 128 and e2m1 1 x 16."""
-    pytest.importorskip("tilelang")
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_cuda_compile import nvcc, spill_bytes
-
-    from tileplug.backend_cuda.swiglu.spec import REFINE_VARIABLE
-
-    monkeypatch.setenv(REFINE_VARIABLE, "1")
-    x = torch.empty(2, 2 * 7168, dtype=BF16, device="meta")
-    for options in ({}, {"fmt": "e2m1", "num_per_channels": 16}):
-        spec = _KERNELS["swiglu_per_token_cast"].spec(describe_call(ops.swiglu_per_token_cast, x, **options)[0])
-        assert spec.refine and spec.ctas_per_sm == 2, spec.name
-        source = jit.lower_source(spec)
-        assert source.count("__dsub_rn(") == 2 and "__popc(" in source, spec.name  # the fp64 sigmoid's first step
-        error, _, report = nvcc(source)
-        assert error is None, error
-        assert spill_bytes(report) == {spec.name + "_kernel": 0}, report[-2000:]
-
-
 def test_a_tuning_variable_that_is_not_an_integer_is_named(monkeypatch) -> None:
     """A tuning variable holding something other than an integer fails with the variable's name
     and value, not a bare ``int()`` message."""
-    from tileplug.backend_cuda.swiglu.spec import REFINE_VARIABLE
+    from tileplug.backend_cuda.swiglu.spec import SIGMOID_TABLE_VARIABLE
 
-    monkeypatch.setenv(REFINE_VARIABLE, "yes")
+    monkeypatch.setenv(SIGMOID_TABLE_VARIABLE, "yes")
     x = torch.randn(2, 2 * 7168, dtype=BF16)
-    with pytest.raises(ValueError, match=f"{REFINE_VARIABLE}='yes': expected an integer"):
+    with pytest.raises(ValueError, match=f"{SIGMOID_TABLE_VARIABLE}='yes': expected an integer"):
         _KERNELS["swiglu_per_token_cast"].spec(describe_call(ops.swiglu_per_token_cast, x)[0])

@@ -106,26 +106,29 @@ def _spec(op, *args, **kwargs):
     return _KERNELS[op.__name__].spec(describe_call(op, *args, **kwargs)[0])
 
 
-def test_the_table_is_opt_in_and_read_only_where_x_is_bf16(monkeypatch) -> None:
-    """With the variable set, ``swiglu`` with an fp32 ``y``, the fused cast and the backward of a bf16
-    x read the table (their kernels named so); a bf16 ``y`` (the fast sigmoid is inside its ulp), an
-    fp32 x and the refined cast do not."""
+def test_the_table_is_the_default_and_read_only_where_x_is_bf16(monkeypatch) -> None:
+    """By default (and with the variable at 1) ``swiglu`` with an fp32 ``y``, the fused cast and the
+    backward of a bf16 x read the table (their kernels named so); a bf16 ``y`` (the fast sigmoid is
+    inside its ulp) and an fp32 x do not; at 0 none does."""
     x = torch.randn(2, 2 * 7168, dtype=BF16)
     grad = torch.randn(2, 7168, dtype=BF16)
-    monkeypatch.delenv(SIGMOID_TABLE_VARIABLE, raising=False)
+    monkeypatch.setenv(SIGMOID_TABLE_VARIABLE, "0")
     assert _spec(ops.swiglu, x, out_dtype=FP32).sigmoid == "reduced"
+    assert _spec(ops.swiglu_per_token_cast, x).sigmoid == "reduced"
     assert _spec(ops.swiglu_backward, x, grad).sigmoid == "accurate"
-    monkeypatch.setenv(SIGMOID_TABLE_VARIABLE, "1")
-    for spec in (_spec(ops.swiglu, x, out_dtype=FP32), _spec(ops.swiglu_per_token_cast, x),
-                 _spec(ops.swiglu_per_token_cast, x, fmt="e2m1", num_per_channels=16),
-                 _spec(ops.swiglu_backward, x, grad), _spec(ops.swiglu_backward, x, grad, topk_weights=torch.rand(2))):
-        assert spec.sigmoid == "table" and spec.name.endswith("_table"), spec.name
-    assert _spec(ops.swiglu, x).sigmoid == "branchless"
-    assert _spec(ops.swiglu, x.float()).sigmoid == "reduced"
-    assert _spec(ops.swiglu_per_token_cast, x.float()).sigmoid == "reduced"
-    assert _spec(ops.swiglu_backward, x.float(), grad.float()).sigmoid == "reduced"
-    monkeypatch.setenv("TILEPLUG_CUDA_SWIGLU_CAST_REFINE", "1")
-    assert _spec(ops.swiglu_per_token_cast, x).sigmoid == "refined"
+    for value in (None, "1"):
+        if value is None:
+            monkeypatch.delenv(SIGMOID_TABLE_VARIABLE)
+        else:
+            monkeypatch.setenv(SIGMOID_TABLE_VARIABLE, value)
+        for spec in (_spec(ops.swiglu, x, out_dtype=FP32), _spec(ops.swiglu_per_token_cast, x),
+                     _spec(ops.swiglu_per_token_cast, x, fmt="e2m1", num_per_channels=16),
+                     _spec(ops.swiglu_backward, x, grad), _spec(ops.swiglu_backward, x, grad, topk_weights=torch.rand(2))):
+            assert spec.sigmoid == "table" and spec.name.endswith("_table"), spec.name
+        assert _spec(ops.swiglu, x).sigmoid == "branchless"
+        assert _spec(ops.swiglu, x.float()).sigmoid == "reduced"
+        assert _spec(ops.swiglu_per_token_cast, x.float()).sigmoid == "reduced"
+        assert _spec(ops.swiglu_backward, x.float(), grad.float()).sigmoid == "reduced"
 
 
 @pytest.mark.parametrize("rows", [1, 5, 3000])

@@ -130,8 +130,11 @@ def precompiled(gate_forced_on):
     import dataclasses
 
     specs = [spec for case in dict.fromkeys(GRID + INVARIANCE + NONFINITE + LARGE) for spec in _specs(case)]
+    from tileplug.backend_cuda.moe.spec import lane_groups_fit
+
     lane = [dataclasses.replace(spec, lane_groups=True) for case in GRID if case.op == FULL
-            and dict(case.kwargs).get("num_groups", 1) > 1 for spec in _specs(case)]
+            and dict(case.kwargs).get("num_groups", 1) > 1 for spec in _specs(case)
+            if lane_groups_fit(spec.experts, spec.groups, spec.vec)]
     jit.precompile(specs + lane)
 
 

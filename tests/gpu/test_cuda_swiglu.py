@@ -23,10 +23,11 @@ What is checked, per SPEC §4 and §8:
   (within 1 ulp of the correctly rounded one) and are held to SPEC's 2 ulp.
 - **batch invariance and determinism** bytewise: rows alone vs inside a batch of 4001 at three
   positions, and two runs.
-- **the sigmoid table** (opt-in, ``TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE=1``): its forward kernels give
-  the reference's bytes for every bf16 gate and the default kernels' bytes on every case they
-  serve; its backward kernels match the reference as above.
-  Running the whole module with the variable set puts every test above on the table kernels.
+- **the sigmoid table** (the default where x is bf16 and a result fp32; ``TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE=0``
+  evaluates the sigmoid per value): its forward kernels give the reference's bytes for every bf16 gate
+  and the per-value kernels' bytes on every case they serve; its backward kernels match the
+  reference as above. Running the whole module with the variable at 0 puts every test above on the
+  per-value kernels.
 """
 
 from __future__ import annotations
@@ -83,10 +84,10 @@ INVARIANCE = [case for case in GRID if "experts" not in dict(case.inputs)][::2] 
 FUSED = [case for case in GRID if case.op == CAST]
 TABLE = [case for case in GRID if case.dtype == BF16 and (
     case.op == CAST or (case.op == FORWARD and dict(case.kwargs).get("out_dtype") == FP32))]
-"""The forward cases whose kernels read the opt-in sigmoid table (bf16 x, fp32 ``y``): the default
+"""The forward cases whose kernels read the sigmoid table (bf16 x, fp32 ``y``): the per-value
 kernels' bytes (the same sigmoid)."""
 TABLE_BACKWARD = [case for case in GRID if case.dtype == BF16 and case.op == BACKWARD]
-"""The backward cases whose kernels read it (bf16 x): the reference's sigmoid where the default
+"""The backward cases whose kernels read it (bf16 x): the reference's sigmoid where the per-value
 kernel's is within 1 ulp of it, so compared with the reference."""
 
 
@@ -112,9 +113,8 @@ def precompiled():
     import dataclasses
 
     specs = [spec for case in GRID for spec in _specs(case)]
-    refined = [dataclasses.replace(spec, refine=True) for case in FUSED for spec in _specs(case)]
-    tabled = [dataclasses.replace(spec, table=True) for case in TABLE + TABLE_BACKWARD for spec in _specs(case)]
-    jit.precompile(specs + refined + tabled)
+    per_value = [dataclasses.replace(spec, table=False) for case in TABLE for spec in _specs(case)]
+    jit.precompile(specs + per_value)
 
 
 def _outputs(result) -> list:
@@ -184,55 +184,11 @@ def test_fused_equals_unfused(case: Case) -> None:
 
 @pytest.fixture
 def fresh_routes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An empty route cache for the test (restored after it): the opt-in variants' variables are
+    """An empty route cache for the test (restored after it): the tuning variables are
     read when a route prepares its kernel, so a route another test prepared would hide them."""
     from tileplug.core.registry import registry
 
     monkeypatch.setattr(registry, "_cache", {})
-
-
-# ---------------------------------------------------------------------- the refined cast
-
-
-def _with_specials(x: torch.Tensor) -> torch.Tensor:
-    """x with rows of values the refined cast must recompute: NaN and inf in a gate and an up
-    half, gates below −80 and around its bound, tiny gates and up values (subnormal products),
-    huge values (overflowing products), and rows whose values are all equal (ties for the amax)."""
-    x = x.clone()
-    half = x.shape[1] // 2
-    specials = [float("nan"), float("inf"), -float("inf"), -81.0, -80.0, -79.9, -100.0, 1e-38, -3e-39, 3e38, 0.0]
-    for row, value in enumerate(specials):
-        x[row, row % half] = value  # a gate
-        x[len(specials) + row, half + row % half] = value  # an up value
-        x[2 * len(specials) + row, : half] = value if value == value else 1.0  # a whole gate half
-    x[3 * len(specials), :] = 0.75
-    return x
-
-
-@pytest.mark.parametrize("case", FUSED, ids=[case.id for case in FUSED])
-def test_refined_cast_equals_the_exact_one(case: Case, monkeypatch: pytest.MonkeyPatch, fresh_routes) -> None:
-    """The opt-in refined cast (``TILEPLUG_CUDA_SWIGLU_CAST_REFINE=1``: the fp32 sigmoid, fp64
-    only where the bits could matter) gives the bytes of the default cast, on the case's inputs
-    and on rows of special values."""
-    from tileplug.backend_cuda import jit
-    from tileplug.backend_cuda.swiglu.spec import REFINE_VARIABLE
-
-    monkeypatch.setenv(REFINE_VARIABLE, "1")
-    (refined_spec,) = [spec for spec in _specs(case) if spec.op == CAST]
-    assert refined_spec.refine
-    args, kwargs = _on_gpu(*case.arguments(BATCH, "cpu", seed=13))
-    for x in (args[0], _with_specials(args[0])):
-        monkeypatch.delenv(REFINE_VARIABLE)
-        exact = _run(CAST, "cuda", (x, *args[1:]), kwargs)
-        monkeypatch.setenv(REFINE_VARIABLE, "1")
-        # another forced-backend tuple is another route, prepared with the variable set
-        with use_backend("cuda", "reference"), config.host_layout("cuda"):
-            refined = list(ops.swiglu_per_token_cast(x, *args[1:], **kwargs))
-        torch.cuda.synchronize()
-        assert any(spec == refined_spec for spec, _ in jit._entries), "the refined kernel did not run"
-        assert_bytes_equal(refined[0].cpu(), exact[0].cpu(), what=f"{case.id} q (refined)", strides=True)
-        assert_sf_equal(moved(refined[1], "cpu"), moved(exact[1], "cpu"),
-                        (1, dict(case.kwargs).get("num_per_channels", 128)), BATCH, case.hidden)
 
 
 # ---------------------------------------------------------------------- the sigmoid table
@@ -258,7 +214,7 @@ def _ran(spec_name_end: str) -> bool:
 @pytest.mark.parametrize("tokens", [10, 4001, 20000])
 def test_table_sigmoid_gives_the_reference_bytes_for_every_gate(tokens: int, monkeypatch: pytest.MonkeyPatch,
                                                                 fresh_routes) -> None:
-    """With ``TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE=1``, ``swiglu`` with an fp32 ``y`` of a bf16 x whose
+    """With the sigmoid table (``TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE=1``, the default), ``swiglu`` with an fp32 ``y`` of a bf16 x whose
     gates run through every bf16 value equals the reference on the GPU bit for bit (its sigmoid
     is the table's entry, and the table is that reference's formula on this device), at token
     counts whose CTAs run one, two and (20000 rows) more row tiles each."""
@@ -282,16 +238,16 @@ def test_table_sigmoid_gives_the_reference_bytes_for_every_gate(tokens: int, mon
 def test_table_kernels_give_the_default_kernels_bytes(case: Case, monkeypatch: pytest.MonkeyPatch,
                                                       fresh_routes) -> None:
     """The table kernels (``swiglu`` fp32 and the fused cast of a bf16 x) give the bytes of the
-    default kernels (the fp64 sigmoid) on the case's inputs and on rows through every bf16 gate (so
-    fused ≡ unfused carries over; the module run with the variable set checks it directly)."""
+    per-value kernels (``TILEPLUG_CUDA_SWIGLU_SIGMOID_TABLE=0``: the fp64 sigmoid) on the case's inputs
+    and on rows through every bf16 gate."""
     from tileplug.backend_cuda.swiglu.spec import SIGMOID_TABLE_VARIABLE
 
     args, kwargs = _on_gpu(*case.arguments(BATCH, "cpu", seed=17))
     gates = _every_gate(BATCH, case.hidden, seed=3).to(DEVICE)
     for x in (args[0], gates):
-        monkeypatch.delenv(SIGMOID_TABLE_VARIABLE, raising=False)
+        monkeypatch.setenv(SIGMOID_TABLE_VARIABLE, "0")
         default = _run(case.op, "cuda", (x, *args[1:]), kwargs)
-        monkeypatch.setenv(SIGMOID_TABLE_VARIABLE, "1")
+        monkeypatch.delenv(SIGMOID_TABLE_VARIABLE)
         with use_backend("cuda", "reference"), config.host_layout("cuda"):
             tabled = _outputs(getattr(ops, case.op)(x, *args[1:], **kwargs))
         torch.cuda.synchronize()

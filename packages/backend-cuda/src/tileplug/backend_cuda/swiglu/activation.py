@@ -23,8 +23,8 @@ uses, so the products that follow repeat the reference's bits (one ulp of ``s`` 
 ulp of ``y`` through three products, and to thousands of ulp of the gate gradient where
 ``1 + g·(1 − s)`` cancels); where the results are bf16 it is :func:`sigmoid_fp32` (within 1
 ulp of the correctly rounded value: a bf16 ``y`` within 1 ulp, the gate gradient's
-cancellation below a bf16 ulp) at a fraction of fp64's cost; with the opt-in sigmoid table
-(``spec.SIGMOID_TABLE_VARIABLE``) a bf16 x's fp32 ``y`` and gradients read the reference's value
+cancellation below a bf16 ulp) at a fraction of fp64's cost; with the sigmoid table (the
+default, ``spec.SIGMOID_TABLE_VARIABLE``) a bf16 x's fp32 ``y`` and gradients read the reference's value
 from a shared copy of ``sigmoid_table`` instead (:func:`table_sigmoid`);
 ``w' = w · routed_scaling_factor``; every product is a separate fp32 rounding and nothing is
 contracted into an FMA (``ieee_*`` where an addition follows a product).
@@ -339,7 +339,7 @@ class SwigluMacros:
                     s[i] = sigmoid_library_fp64(g[i])
                 elif SIGMOID == "guarded":
                     s[i] = sigmoid_guarded(g[i])
-                elif SIGMOID in ("branchless", "refined"):  # refined: the cast then recomputes what may matter
+                elif SIGMOID == "branchless":
                     s[i] = sigmoid_branchless(g[i])
                 else:
                     sigmoid_fp32(g[i], s, i)

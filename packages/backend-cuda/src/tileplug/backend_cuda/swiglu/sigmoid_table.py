@@ -1,6 +1,6 @@
 """The fp32 sigmoid of every bf16 gate, as a table: what the CUDA SwiGLU kernels of a bf16 x with an
 fp32 ``y`` or gradients read instead of evaluating the sigmoid (``SwigluKernelSpec.sigmoid ==
-"table"``, opt-in).
+"table"``, the default for those kernels).
 
 SPEC §8 asks for the correctly rounded fp32 ``sigmoid(g)`` (one ulp of ``s`` grows to five of
 ``y``), which in registers costs an fp64 evaluation and a rounding test per value

@@ -7,7 +7,7 @@ weight times the factor): ``grad_gate = (((grad · u) · w') · s) · (1 + g · 
 the row's sum of ``(grad · (g · s)) · u`` added in the reference's pairwise order (the norm
 tile's ``row_sum``: the reference's bits, batch-invariant) times the factor. Padding rows'
 gradients are written as zeros (their terms stay in their own row of the sum, which is
-replaced by 0). With the opt-in sigmoid table (``spec.SIGMOID_TABLE_VARIABLE``) a CTA copies the
+replaced by 0). With the sigmoid table (the default, ``spec.SIGMOID_TABLE_VARIABLE``) a CTA copies the
 table into shared memory and runs ``row_steps`` row tiles, its row sum's tree reused after a
 barrier.
 
