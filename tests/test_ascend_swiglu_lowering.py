@@ -18,6 +18,7 @@ Lowerings are memoised on disk like tests/test_ascend_lowering.py's
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
@@ -381,3 +382,97 @@ def test_sigmoid_and_rounding_points_emulated():
     grad_up = torch.where(up.abs() > c, 0.0, grad_silu * scale)
     assert torch.equal(y, reference_y)
     assert torch.equal(torch.cat((grad_gate, grad_up), dim=1), reference_x)
+
+
+# ---------------------------------------------------------------------- the sigmoid table (bf16 x, fp32 y)
+
+
+def test_the_sigmoid_table_serves_a_bf16_x_with_an_fp32_y_only():
+    """``swiglu`` with an fp32 ``y`` and the fused cast of a bf16 x read the table (a 32 KiB UB buffer,
+    named in the specialisation); a bf16 ``y``, an fp32 x and the backward evaluate the sigmoid."""
+    from tileplug.backend_ascend.swiglu.spec import spec_of
+    from tileplug.core.swiglu.sigmoid_table import ENTRIES
+
+    table = [_call("swiglu", 7168, out_dtype=_FP32), _call("swiglu_per_token_cast", 7168),
+             _call("swiglu_per_token_cast", 1408, fmt="e2m1", num_per_channels=16, experts=8)]
+    evaluated = [_call("swiglu", 7168), _call("swiglu", 7168, dtype=_FP32, out_dtype=_FP32),
+                 _call("swiglu_per_token_cast", 7168, dtype=_FP32), _call("swiglu_backward", 7168)]
+    for call in table:
+        spec = spec_of(call)
+        assert spec.sigmoid_table and "sigmoid=table" in spec.describe(), spec.describe()
+        assert spec.plan()["table_ub"] == ((ENTRIES,), "float32", 1)
+        assert spec.footprint <= spec.budget
+    for call in evaluated:
+        spec = spec_of(call)
+        assert not spec.sigmoid_table and "table_ub" not in spec.plan(), spec.describe()
+
+
+@pytest.mark.parametrize("clamp", [None, 7.0])
+def test_the_table_is_read_into_ub_once_a_core_and_gathered_by_the_gates_bits(clamp):
+    """The lowered ``swiglu`` (bf16 x, fp32 ``y``): the table's DMA into UB sits before the row
+    pipeline, one ``vgather2`` a register with the index arithmetic's constants (``LOW``, ``HIGH``,
+    ``SPAN`` of ``tileplug.core.swiglu.sigmoid_table``), no vector exp; with a clamp, the constant
+    ``sigmoid(c)`` as the reference rounds it is selected where the gate exceeds ``c``."""
+    from tileplug.core.swiglu import sigmoid_table as layout
+
+    x = torch.empty(TOKENS, 2 * 7168, dtype=_BF16, device=META)
+    source = core.lower(core.ops.swiglu, x, out_dtype=_FP32, clamp_value=clamp, backend="ascend")
+    vector_code, kernel = source.split("__global__")
+    assert vector_code.count("vgather2(") == 1 and "vexp" not in source
+    for constant in (layout.LOW, layout.HIGH, layout.SPAN, 0x7FFF):
+        assert f"(uint32_t){constant})" in vector_code or f"(uint32_t){constant}," in vector_code, constant
+    table_copy = re.search(r"asc_copy_gm2ub\w*\([^;]*TABLE\[0\][^;]*\b32768\b", kernel)
+    assert table_copy is not None, "no copy of the 32 KiB table into UB"
+    assert table_copy.start() < kernel.index("for (int32_t it"), "the table is copied inside the row loop"
+    if clamp is not None:
+        constants = {float.fromhex(text) for text in re.findall(r"float\((-?0x[0-9a-f.]+p[-+]?\d+)f", vector_code)}
+        assert layout.clamp_sigmoid(clamp) in constants and clamp in constants
+        assert "vcmps_gt(gate," in vector_code
+    else:
+        assert "vcmps_gt" not in vector_code
+
+
+def test_the_kernels_table_index_is_the_tables_for_every_bf16_gate():
+    """The vector index arithmetic (:func:`~tileplug.backend_ascend.swiglu.macros.table_sigmoid`,
+    on the fp32 register of a widened bf16 gate: its bits shifted right by 16, the magnitude
+    clamped to ``[LOW, HIGH]``, the sign bit moved to ``SPAN``), emulated in uint32 on every bf16
+    bit pattern, picks ``table_index``'s entry, whose value is the reference's sigmoid of the gate
+    (±0, ±inf and NaN included: NaN reads a finite entry, its ``y`` is NaN through ``g``)."""
+    from tileplug.core.moe.formulas import correctly_rounded
+    from tileplug.core.swiglu import sigmoid_table as layout
+
+    bits16 = torch.arange(65536, dtype=torch.int32)
+    gates = bits16.to(torch.int16).view(_BF16).float()
+    words = gates.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # the register's lanes as uint32
+    shifted = words >> 16
+    magnitude = torch.clamp(shifted & 0x7FFF, layout.LOW, layout.HIGH)
+    entry = magnitude + ((shifted >> 3) & layout.SPAN) - layout.LOW
+    assert torch.equal(entry.to(torch.int32), layout.table_index(bits16))
+    table = correctly_rounded(torch.sigmoid, layout.table_gates())
+    finite = ~torch.isnan(gates)
+    looked_up = table[entry]
+    want = correctly_rounded(torch.sigmoid, gates)
+    assert torch.equal(looked_up[finite].view(torch.int32), want[finite].view(torch.int32))
+
+
+def test_the_launch_hands_the_devices_table_after_the_expert_ends():
+    """``row_kernel.arguments`` puts the device's table (computed on the CPU by the reference's
+    formula, one tensor for every call) where the prim_func declares ``TABLE``: after the inputs,
+    before the outputs."""
+    from tileplug.backend_ascend.swiglu import row_kernel
+    from tileplug.backend_ascend.swiglu.spec import spec_of
+    from tileplug.core.moe.formulas import correctly_rounded
+    from tileplug.core.swiglu import sigmoid_table as layout
+
+    x = torch.randn(TOKENS, 2 * 704).to(_BF16)
+    ends = torch.tensor([2, 5], dtype=torch.int32)
+    with core.config.host_layout("ascend"):
+        call, inputs = core.describe_call(core.ops.swiglu, x, out_dtype=_FP32, expert_ends=ends)
+    outputs = call.allocation_plan(core.ASCEND_LAYOUT).allocate(TOKENS, x.device)
+    spec = spec_of(call)
+    names = [name for name, _ in row_kernel.parameters(spec)[0]]
+    assert names == ["X", "ENDS", "TABLE", "Y"]
+    values = row_kernel.arguments(spec, inputs, outputs)
+    table = values[names.index("TABLE")]
+    assert table is row_kernel.arguments(spec, inputs, outputs)[2]
+    assert torch.equal(table, correctly_rounded(torch.sigmoid, layout.table_gates()))

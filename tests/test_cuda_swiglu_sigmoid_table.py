@@ -12,7 +12,7 @@ import torch
 
 from tileplug.backend_cuda import jit
 from tileplug.backend_cuda.plugin import _KERNELS
-from tileplug.backend_cuda.swiglu import sigmoid_table as st
+from tileplug.core.swiglu import sigmoid_table as st
 from tileplug.backend_cuda.swiglu.spec import ROW_STEPS, ROW_STEPS_CTAS, SIGMOID_TABLE_VARIABLE, row_steps
 from tileplug.core import ops
 from tileplug.core.lowering import describe_call

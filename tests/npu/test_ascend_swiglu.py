@@ -9,10 +9,11 @@ within a relative 1e-5; the fused cast bytewise against the same backend's unfus
 must come out as zeros (``q`` and its scale bytes too). Until these pass there, the Ascend
 SwiGLU kernels are "lowered", never "verified".
 
-Expected risk (docs/ascend-backend.md): the kernels' sigmoid runs on the vector exp and is
-not correctly rounded; emulated on the CPU, fp32 ``y`` / ``grad_x`` then exceed 2 ulp in a
-fraction of a percent of the elements, so the fp32-output cases may fail here where the bf16
-ones pass.
+Expected risk (docs/ascend-backend.md): where x is fp32, the kernels' sigmoid runs on the vector
+exp and is not correctly rounded; emulated on the CPU, fp32 ``y`` / ``grad_x`` then exceed 2 ulp
+in a fraction of a percent of the elements, so the fp32-x cases may fail here where the bf16 ones
+pass. (A bf16 x with an fp32 ``y`` and the fused cast read the reference's sigmoid from a table in
+UB, gathered by the gate's bits.)
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ No ``from __future__ import annotations`` here: TileLang parses the macros' sour
   overflows): the vector unit's 1-ulp fp32 exp with denormals kept, then a correctly rounded
   division. The reference's sigmoid is correctly rounded (fp64, rounded once); this one may be
   an ulp or two off it, and the division flushes a denormal quotient (``g`` below about −87)
-  to zero where the reference keeps it.
+  to zero where the reference keeps it. Where x is bf16 and ``y`` is fp32 (``swiglu`` with an fp32
+  ``y``, the fused cast) the kernels read the reference's own value instead
+  (:func:`table_sigmoid`: ``tileplug.core.swiglu.sigmoid_table`` in UB, gathered by the gate's bits).
 * A row of an expert layout is valid when ``m <= floor(row / a)·a`` and ``row < max(ends)``,
   ``m`` the largest end at or before the row (0 if none): ``start[e] = align(ends[e − 1], a)``
   is at most the row exactly when the unaligned end is at most the row rounded down to the
@@ -17,13 +19,16 @@ No ``from __future__ import annotations`` here: TileLang parses the macros' sour
 """
 
 import tilelang.ascend.language as T
+from tvm import tirx
 
 from tileplug.backend_ascend import rows
 from tileplug.backend_ascend.quant.sf_macros import f32_value
 from tileplug.backend_ascend.ub import LANES
+from tileplug.core.swiglu import sigmoid_table as table_layout
 
 F32 = "float32"
 I32 = "int32"
+U32 = "uint32"
 EXP_PRECISE = "vexp_1ulp_ftz_false"
 """The vector unit's 1-ulp fp32 exp, denormals kept."""
 
@@ -58,6 +63,28 @@ def sigmoid(g):
 
 
 @T.macro
+def table_sigmoid(gate, clamp, table_ub):
+    """``sigmoid(g)`` of a bf16 gate read from the table in UB (``table_ub``: the
+    ``table_layout.ENTRIES`` fp32 values of ``table_layout.sigmoid_table``): ``gate`` is the bf16
+    value widened to fp32, so its top 16 bits are the bf16 bits; the entry is
+    ``clamp(bits & 0x7FFF, LOW, HIGH) − LOW + (sign · SPAN)`` (``table_layout.table_index``),
+    gathered lane by lane; where the clamp cut (``gate > c``, ``g = c``: not a bf16 value) the
+    constant ``sigmoid(c)`` as the reference rounds it."""
+    bits = T.simd.vshrs(tirx.reinterpret("uint32x64", gate), T.uint32(16))
+    magnitude = T.simd.vmins(T.simd.vmaxs(T.simd.vand(bits, T.simd.vdup(T.uint32(0x7FFF), U32)),
+                                          T.uint32(table_layout.LOW)), T.uint32(table_layout.HIGH))
+    sign_span = T.simd.vand(T.simd.vshrs(bits, T.uint32(3)), T.simd.vdup(T.uint32(table_layout.SPAN), U32))
+    entry = T.simd.vsub(T.simd.vadd(magnitude, sign_span), T.simd.vdup(T.uint32(table_layout.LOW), U32))
+    looked_up = T.simd.vgather2(table_ub[0], entry)
+    if clamp is None:
+        return looked_up
+    else:
+        limit = T.float32(f32_value(clamp))
+        return T.simd.vsel(T.simd.vdup(T.float32(table_layout.clamp_sigmoid(clamp)), F32), looked_up,
+                           T.simd.vcmps(gate, limit, op="gt"))
+
+
+@T.macro
 def row_scale(w_ub, weighted, scaling):
     """The register of ``w' = w · routed_scaling_factor`` (the row's weight broadcast from
     ``w_ub[0]``, the product rounded to fp32; the factor alone without weights)."""
@@ -82,11 +109,16 @@ def scaled(value, scale):
 
 
 @T.macro
-def activation(gate, up, clamp, scale):
+def activation(gate, up, clamp, scale, table_ub):
     """``y = ((g · sigmoid(g)) · u) · w'`` in fp32, each product rounded (``scale`` None: no
-    ``w'`` product)."""
+    ``w'`` product); the sigmoid read from ``table_ub`` (:func:`table_sigmoid`), or evaluated
+    (:func:`sigmoid`) where ``table_ub`` is None."""
     g = clamp_gate(gate, clamp)
-    return scaled(T.simd.vmul(T.simd.vmul(g, sigmoid(g)), clamp_up(up, clamp)), scale)
+    if table_ub is None:
+        return scaled(T.simd.vmul(T.simd.vmul(g, sigmoid(g)), clamp_up(up, clamp)), scale)
+    else:
+        return scaled(T.simd.vmul(T.simd.vmul(g, table_sigmoid(gate, clamp, table_ub)), clamp_up(up, clamp)),
+                      scale)
 
 
 @T.macro

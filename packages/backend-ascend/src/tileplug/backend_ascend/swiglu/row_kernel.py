@@ -27,6 +27,8 @@ from tileplug.backend_ascend.quant.row_cast import cast_tensors, store_cast
 from tileplug.backend_ascend.swiglu.spec import F32, SwigluSpec, decline_reason, spec_of
 from tileplug.core.contracts.swiglu import SWIGLU, SWIGLU_BACKWARD, SWIGLU_PER_TOKEN_CAST
 from tileplug.core.quant.sf_math import ceil_div
+from tileplug.core.swiglu.sigmoid_table import ENTRIES as TABLE_ENTRIES
+from tileplug.core.swiglu.sigmoid_table import sigmoid_table
 
 
 def parameters(spec: SwigluSpec):
@@ -40,6 +42,8 @@ def parameters(spec: SwigluSpec):
         params.append(("W", T.Tensor((N,), F32)))
     if spec.experts is not None:
         params.append(("ENDS", T.Tensor((spec.experts,), "int32")))
+    if spec.sigmoid_table:
+        params.append(("TABLE", T.Tensor((TABLE_ENTRIES,), F32)))
     if spec.op == SWIGLU:
         params.append(("Y", T.Tensor((N, H), spec.out_dtype)))
     elif spec.op == SWIGLU_PER_TOKEN_CAST:
@@ -108,6 +112,8 @@ def build(spec: SwigluSpec, tile_compute):
             buffers, versions = rows.plan_buffers(plan)
             if E is not None:
                 T.copy(G["ENDS"][0:E], buffers["ends_ub"][0:E])
+            if spec.sigmoid_table:
+                T.copy(G["TABLE"][0:TABLE_ENTRIES], buffers["table_ub"][0:TABLE_ENTRIES])
             for it in rows.row_loop(T.ceildiv(N - cid, C) * tiles, versions, spec.num_buffers):
                 if tiles == 1:  # whole rows
                     item(G, buffers, cid + it * C, 0, 0, W, compute_full, store_full)
@@ -122,14 +128,20 @@ def build(spec: SwigluSpec, tile_compute):
 
 FIELDS = {"X": "x", "GY": "grad_y", "W": "topk_weights", "ENDS": "expert_ends", "Y": "y", "Q": "q", "SF": "sf",
           "GX": "grad_x", "GW": "grad_topk_weights"}
-"""GM parameter -> the field of the call's inputs (``SwigluInputs``) or outputs that holds it."""
+"""GM parameter -> the field of the call's inputs (``SwigluInputs``) or outputs that holds it
+(``TABLE``, the sigmoid table, is the device's own: ``sigmoid_table``)."""
 
 
 def arguments(spec: SwigluSpec, inputs, outputs) -> list:
     """Launch arguments of ``spec``'s prim_func, in its parameter order (column-major scales
-    as their ``[columns, N]`` transpose, unit last stride)."""
+    as their ``[columns, N]`` transpose, unit last stride; the sigmoid table of x's device,
+    computed by the reference's formula on the CPU, whose fp64 sigmoid the reference's bits are
+    defined by, and copied there once)."""
     values = []
     for name in gm.argument_names(parameters(spec)[0]):
+        if name == "TABLE":
+            values.append(sigmoid_table(inputs.x.device, computed_on="cpu"))
+            continue
         value = getattr(inputs if FIELDS[name] in inputs._fields else outputs, FIELDS[name])
         values.append(value.t() if name == "SF" and spec.cast[4] else value)
     return values

@@ -5,8 +5,9 @@ No ``from __future__ import annotations`` here: TileLang parses the macros' sour
 
 Per tile, one ``T.SimdVF`` region over 64-lane fp32 registers: the row's validity (with an
 expert layout, :func:`~.macros.row_kept`) and ``w'`` (:func:`~.macros.row_scale`) once, then per
-register ``y = ((g · sigmoid(g)) · u) · w'`` (:func:`~.macros.activation`), +0 on a padding
-row, rounded once to the output dtype (nearest even, no saturation) into ``y_ub``.
+register ``y = ((g · sigmoid(g)) · u) · w'`` (:func:`~.macros.activation`; a bf16 x with an fp32
+``y`` reads the sigmoid from the table in UB, ``spec.sigmoid_table``), +0 on a padding row, rounded
+once to the output dtype (nearest even, no saturation) into ``y_ub``.
 """
 
 import tilelang.ascend.language as T
@@ -29,7 +30,7 @@ def store_activation(spec: SwigluSpec, width: int, y_row, y_dtype: str):
         for c in T.serial(rows.registers(width)):
             gate = rows.load_f32(buffers["gate_ub"], c * LANES, dt)
             up = rows.load_f32(buffers["up_ub"], c * LANES, dt)
-            y = macros.activation(gate, up, spec.clamp, scale)
+            y = macros.activation(gate, up, spec.clamp, scale, buffers.get("table_ub"))
             rows.store_rounded(y_ub, rows.at(y_row, c * LANES), macros.kept(y, keep), y_dtype)
 
     return values

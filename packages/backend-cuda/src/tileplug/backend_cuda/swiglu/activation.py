@@ -41,7 +41,7 @@ from tilelang import tvm  # noqa: F401 - makes tvm.script importable
 from tvm.script.ir_builder import IRBuilder
 
 from tileplug.backend_cuda.norm.rows import RowMacros, f32
-from tileplug.backend_cuda.swiglu import sigmoid_table
+from tileplug.core.swiglu import sigmoid_table
 from tileplug.backend_cuda.swiglu.spec import SwigluKernelSpec
 
 GATE, UP = 0, 1

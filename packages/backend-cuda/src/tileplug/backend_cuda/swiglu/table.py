@@ -17,7 +17,7 @@ import torch
 from tileplug.backend_cuda import jit
 from tileplug.backend_cuda.norm.kernels import _strides_fixed
 from tileplug.backend_cuda.quant.kernels import _byte_view
-from tileplug.backend_cuda.swiglu.sigmoid_table import sigmoid_table
+from tileplug.core.swiglu.sigmoid_table import sigmoid_table
 from tileplug.backend_cuda.swiglu.spec import HALVES, SwigluKernelSpec, make_spec, reason, row_steps
 from tileplug.core.contracts.swiglu import SwigluCall
 

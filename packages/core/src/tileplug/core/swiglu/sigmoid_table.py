@@ -1,23 +1,24 @@
-"""The fp32 sigmoid of every bf16 gate, as a table: what the CUDA SwiGLU kernels of a bf16 x with an
-fp32 ``y`` or gradients read instead of evaluating the sigmoid (``SwigluKernelSpec.sigmoid ==
-"table"``, the default for those kernels).
+"""The fp32 sigmoid of every bf16 gate, as a table: what a backend's SwiGLU kernels of a bf16 x with
+an fp32 ``y`` (or gradients) may read instead of evaluating the sigmoid (CUDA: every kernel whose
+sigmoid bits reach an fp32 result or a gradient; Ascend: ``swiglu`` with an fp32 ``y`` and the fused
+cast).
 
 SPEC §8 asks for the correctly rounded fp32 ``sigmoid(g)`` (one ulp of ``s`` grows to five of
-``y``), which in registers costs an fp64 evaluation and a rounding test per value
-(``activation.sigmoid_fp64``). A bf16 gate has only 65536 values, and all but 8192 of them share
-a handful of results, so the kernel looks ``s`` up instead: the bf16 bits of ``g`` (the sign,
-then the magnitude's 15 bits) pick an entry; magnitudes below :data:`LOW` (below ``2^-25``:
-``s`` rounds to ``1/2``) read the first entry of their sign, those above :data:`HIGH` (from
-``128``: ``s`` rounds to 1, or to 0 for a negative gate, ``e^-128`` being below half of fp32's
-smallest subnormal; inf and NaN too) its last one. The table holds the reference's own values
-(``correctly_rounded(torch.sigmoid, g)``: fp64, rounded once, computed on the kernel's device;
+``y``), which in registers costs an fp64 evaluation and a rounding test per value. A bf16 gate has
+only 65536 values, and all but 8192 of them share a handful of results, so a kernel looks ``s`` up
+instead: the bf16 bits of ``g`` (the sign, then the magnitude's 15 bits) pick an entry;
+magnitudes below :data:`LOW` (below ``2^-25``: ``s`` rounds to ``1/2``) read the first entry of
+their sign, those above :data:`HIGH` (from ``128``: ``s`` rounds to 1, or to 0 for a negative gate,
+``e^-128`` being below half of fp32's smallest subnormal; inf and NaN too) its last one. The table
+holds the reference's own values (``correctly_rounded(torch.sigmoid, g)``: fp64, rounded once;
 ``tests/test_cuda_swiglu_sigmoid_table.py`` checks every bf16 gate through :func:`table_index`
 against the reference, and every entry against a 50-digit sigmoid: the nearest fp32 but for 63
 gates below ``2^-16``, where the fp64 value is exactly an fp32 midpoint and rounds to even).
 
 Entry ``i`` of the table is gate ``sign · 2^15 + LOW + (i mod SPAN)`` (bf16 bits) with ``sign =
 i // SPAN``: :data:`ENTRIES` fp32 values, 32 KiB, which a kernel copies into shared memory once
-per CTA. A NaN gate reads a finite entry; ``y`` is NaN all the same (``g`` is a factor of it).
+per CTA (CUDA) or DMAs into UB once per vector core (Ascend). A NaN gate reads a finite entry;
+``y`` is NaN all the same (``g`` is a factor of it).
 
 Nothing here imports TileLang.
 """
@@ -59,12 +60,14 @@ def table_index(bits: torch.Tensor) -> torch.Tensor:
     return magnitude - LOW + ((bits >> 3) & SPAN)
 
 
-def sigmoid_table(device: torch.device) -> torch.Tensor:
-    """The table on ``device`` (fp32 ``[ENTRIES]``), computed there by the reference's formula
-    (so it holds the bits the reference backend gives on that device), once per device, when a
-    kernel reading it is first prepared: a normal tensor even under ``torch.inference_mode``;
-    refused (RuntimeError) while the device's stream captures a CUDA graph, whose replay alone
-    would fill it (a call before the capture prepares the kernel, as it compiles it)."""
+def sigmoid_table(device: torch.device, computed_on: str | None = None) -> torch.Tensor:
+    """The table on ``device`` (fp32 ``[ENTRIES]``), computed by the reference's formula on
+    ``device`` (``computed_on`` None: it holds the bits the reference backend gives there) or on
+    ``computed_on`` (``"cpu"``: for a device whose fp64 arithmetic is not the reference's) and
+    copied over; once per device, when a kernel reading it is first prepared: a normal tensor even
+    under ``torch.inference_mode``; refused (RuntimeError) while a CUDA device's stream captures a
+    graph, whose replay alone would fill it (a call before the capture prepares the kernel, as it
+    compiles it)."""
     table = _TABLES.get(device)
     if table is None:
         with _LOCK:
@@ -74,7 +77,8 @@ def sigmoid_table(device: torch.device) -> torch.Tensor:
                     raise RuntimeError("the SwiGLU sigmoid table of this device is built at the first call of a kernel "
                                        "reading it: make one such call before capturing a CUDA graph")
                 with torch.inference_mode(False):
-                    table = correctly_rounded(torch.sigmoid, table_gates().to(device))
+                    gates = table_gates().to(computed_on or device)
+                    table = correctly_rounded(torch.sigmoid, gates).to(device)
                 _TABLES[device] = table
     return table
 
