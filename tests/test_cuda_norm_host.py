@@ -768,3 +768,31 @@ def test_backward_column_sums_live_in_shared_memory_while_they_fit(op: str, hidd
     assert sums.ctas_per_sm == (BACKWARD_CTAS_PER_SM if all(in_shared) else 1)
     bounds = f"{tile.threads}, {BACKWARD_CTAS_PER_SM}" if all(in_shared) else f"{tile.threads}, 1"
     assert f"__launch_bounds__({bounds})" in source
+
+
+def test_strides_fixed_keeps_tensors_without_size_one_dims_and_fixes_the_others() -> None:
+    """``_strides_fixed`` (every launch of a one-row or one-head call): a tensor without a size-1
+    dim comes back itself; otherwise each size-1 dim's stride becomes a multiple of ``vec`` (a
+    size-1 last dim's 1), sizes-above-1 strides untouched, a view of the same storage, the cached
+    layout lookup giving the same result on a second call."""
+    from tileplug.backend_cuda.norm.kernels import _strides_fixed
+
+    storage = torch.empty(4096)
+    cases = [((3, 64), (64, 1)), ((1, 64), (64, 1)), ((1, 64), (67, 1)), ((1, 1, 64), (3, 5, 1)),
+             ((5, 1, 64), (192, 7, 1)), ((2, 8, 1), (16, 2, 3)), ((1, 1), (9, 9)), ((4, 2, 32), (80, 33, 1))]
+    for vec in (1, 4, 8):
+        for shape, strides in cases:
+            tensor = storage.as_strided(shape, strides)
+            for _ in range(2):
+                result = _strides_fixed(tensor, vec)
+                if 1 not in shape:
+                    assert result is tensor
+                    continue
+                assert result.shape == tensor.shape and result.data_ptr() == tensor.data_ptr()
+                for d, (size, old, new) in enumerate(zip(shape, strides, result.stride())):
+                    if size > 1:
+                        assert new == old, (shape, strides, vec)
+                    elif d == len(shape) - 1:
+                        assert new == (old if old == 1 else 1), (shape, strides, vec)
+                    else:
+                        assert new % vec == 0 and (new == old or old % vec), (shape, strides, vec)

@@ -16,6 +16,8 @@ call and only where they can matter:
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable
 from typing import Any
 
@@ -78,14 +80,24 @@ def _vector_aligned(tensor: torch.Tensor, vec: int) -> torch.Tensor:
 
 def _strides_fixed(tensor: torch.Tensor, vec: int) -> torch.Tensor:
     """``tensor`` with every size-1 dim's stride (unused) a multiple of ``vec``, a size-1 last
-    dim's stride 1 (the kernel's buffers have unit last stride): a view."""
-    if tensor.dim() < 2:
+    dim's stride 1 (the kernel's buffers have unit last stride): a view. A tensor without a size-1
+    dim is itself (the common case, decided without looking at its strides); the others' strides
+    are looked up by their layout (:func:`_fixed_strides`)."""
+    shape = tensor.shape
+    if len(shape) < 2 or 1 not in shape:
         return tensor
     strides = tensor.stride()
-    last = tensor.dim() - 1
+    fixed = _fixed_strides(shape, strides, vec)
+    return tensor if fixed is None else tensor.as_strided(shape, fixed)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fixed_strides(shape: tuple[int, ...], strides: tuple[int, ...], vec: int) -> tuple[int, ...] | None:
+    """The strides :func:`_strides_fixed` gives a tensor of this ``shape`` and ``strides`` (None: its own)."""
+    last = len(shape) - 1
     fixed = tuple(s if size > 1 or (s % vec == 0 and (d < last or s == 1)) else (1 if d == last else vec)
-                  for d, (size, s) in enumerate(zip(tensor.shape, strides)))
-    return tensor if fixed == strides else tensor.as_strided(tensor.shape, fixed)
+                  for d, (size, s) in enumerate(zip(shape, strides)))
+    return None if fixed == strides else fixed
 
 
 def make_launcher(spec: NormKernelSpec, kernel: Any, order: Callable[[Any, Any], tuple]) -> Launcher:
