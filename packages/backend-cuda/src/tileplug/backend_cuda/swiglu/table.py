@@ -25,8 +25,10 @@ Launcher = Callable[[Any, Any], None]
 
 
 def halves(x: torch.Tensor) -> torch.Tensor:
-    """x ``[N, 2H]`` as ``[N, 2, H]`` (a view: gate half, up half)."""
-    return x.unflatten(1, (HALVES, x.shape[1] // HALVES))
+    """x ``[N, 2H]`` as ``[N, 2, H]`` (a view: gate half, up half; splitting the unit-stride last dim
+    is a view at any row stride, and ``view`` costs less host time than ``unflatten``)."""
+    rows, width = x.shape
+    return x.view(rows, HALVES, width // HALVES)
 
 
 def single(tensor: torch.Tensor) -> torch.Tensor:
