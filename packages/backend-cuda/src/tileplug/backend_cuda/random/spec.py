@@ -39,12 +39,12 @@ def box_muller() -> str:
 class RandomKernelSpec:
     """``op``: fill_rand / fill_randn / advance_offset; ``dtype``: the values' TileLang dtype;
     ``vectorize``: 128-bit stores of whole runs; ``box_muller``: how ``fill_randn`` evaluates
-    its transform (:data:`BOX_MULLER_VARIABLE`)."""
+    its transform (:data:`BOX_MULLER_VARIABLE`; None for the other ops, which have none)."""
 
     op: str
     dtype: str = "float32"
     vectorize: bool = True
-    box_muller: str = BOX_MULLER
+    box_muller: str | None = None
 
     def build(self):
         """The TileLang ``PrimFunc`` (``tileplug.backend_cuda.jit``), built by the op's module."""
@@ -77,4 +77,4 @@ class RandomKernelSpec:
             return ADVANCE
         short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
         name = f"{self.op}_{short}_{'v128' if self.vectorize else 'scalar'}_t{THREADS}"
-        return name + "_reduced" if self.op == "fill_randn" and self.box_muller == "reduced" else name
+        return name + "_reduced" if self.box_muller == "reduced" else name

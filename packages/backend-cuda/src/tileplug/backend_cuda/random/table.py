@@ -32,7 +32,7 @@ class RandomKernel:
         return None
 
     def spec(self, call: RandomCall, vectorize: bool = True) -> RandomKernelSpec:
-        normal = box_muller() if self.op == FILL_RANDN else RandomKernelSpec.box_muller
+        normal = box_muller() if self.op == FILL_RANDN else None
         return RandomKernelSpec(self.op, TL_DTYPES[call.dtype], vectorize, normal)
 
     def specs(self, call: RandomCall) -> list:
