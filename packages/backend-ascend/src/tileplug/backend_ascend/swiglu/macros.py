@@ -34,13 +34,23 @@ EXP_PRECISE = "vexp_1ulp_ftz_false"
 
 
 @T.macro
-def clamp_gate(gate, clamp):
-    """``min(gate, c)`` (NaN stays NaN); ``gate`` itself without a clamp."""
+def gate_cut(gate, clamp):
+    """Lane mask: the clamp cuts the gate (``gate > c``; a NaN gate is not cut); None without a
+    clamp. Taken once a register: the clamped gate, its table sigmoid and the backward's zeroed
+    gradient all select on it."""
+    if clamp is None:
+        return None
+    else:
+        return T.simd.vcmps(gate, T.float32(f32_value(clamp)), op="gt")
+
+
+@T.macro
+def clamp_gate(gate, clamp, cut):
+    """``min(gate, c)`` (NaN stays NaN) given ``cut`` (:func:`gate_cut`); ``gate`` itself without a clamp."""
     if clamp is None:
         return gate
     else:
-        return T.simd.vsel(T.simd.vdup(T.float32(f32_value(clamp)), F32), gate,
-                           T.simd.vcmps(gate, T.float32(f32_value(clamp)), op="gt"))
+        return T.simd.vsel(T.simd.vdup(T.float32(f32_value(clamp)), F32), gate, cut)
 
 
 @T.macro
@@ -63,13 +73,13 @@ def sigmoid(g):
 
 
 @T.macro
-def table_sigmoid(gate, clamp, table_ub):
+def table_sigmoid(gate, clamp, cut, table_ub):
     """``sigmoid(g)`` of a bf16 gate read from the table in UB (``table_ub``: the
     ``table_layout.ENTRIES`` fp32 values of ``table_layout.sigmoid_table``): ``gate`` is the bf16
     value widened to fp32, so its top 16 bits are the bf16 bits; the entry is
     ``clamp(bits & 0x7FFF, LOW, HIGH) − LOW + (sign · SPAN)`` (``table_layout.table_index``),
-    gathered lane by lane; where the clamp cut (``gate > c``, ``g = c``: not a bf16 value) the
-    constant ``sigmoid(c)`` as the reference rounds it."""
+    gathered lane by lane; where the clamp cut (``cut``: :func:`gate_cut`; ``g = c``, not a bf16
+    value) the constant ``sigmoid(c)`` as the reference rounds it."""
     bits = T.simd.vshrs(tirx.reinterpret("uint32x64", gate), T.uint32(16))
     magnitude = T.simd.vmins(T.simd.vmaxs(T.simd.vand(bits, T.simd.vdup(T.uint32(0x7FFF), U32)),
                                           T.uint32(table_layout.LOW)), T.uint32(table_layout.HIGH))
@@ -79,9 +89,7 @@ def table_sigmoid(gate, clamp, table_ub):
     if clamp is None:
         return looked_up
     else:
-        limit = T.float32(f32_value(clamp))
-        return T.simd.vsel(T.simd.vdup(T.float32(table_layout.clamp_sigmoid(clamp)), F32), looked_up,
-                           T.simd.vcmps(gate, limit, op="gt"))
+        return T.simd.vsel(T.simd.vdup(T.float32(table_layout.clamp_sigmoid(clamp)), F32), looked_up, cut)
 
 
 @T.macro
@@ -113,11 +121,12 @@ def activation(gate, up, clamp, scale, table_ub):
     """``y = ((g · sigmoid(g)) · u) · w'`` in fp32, each product rounded (``scale`` None: no
     ``w'`` product); the sigmoid read from ``table_ub`` (:func:`table_sigmoid`), or evaluated
     (:func:`sigmoid`) where ``table_ub`` is None."""
-    g = clamp_gate(gate, clamp)
+    cut = gate_cut(gate, clamp)
+    g = clamp_gate(gate, clamp, cut)
     if table_ub is None:
         return scaled(T.simd.vmul(T.simd.vmul(g, sigmoid(g)), clamp_up(up, clamp)), scale)
     else:
-        return scaled(T.simd.vmul(T.simd.vmul(g, table_sigmoid(gate, clamp, table_ub)), clamp_up(up, clamp)),
+        return scaled(T.simd.vmul(T.simd.vmul(g, table_sigmoid(gate, clamp, cut, table_ub)), clamp_up(up, clamp)),
                       scale)
 
 

@@ -41,7 +41,8 @@ def tile_compute(spec: SwigluSpec, width: int):
         gate = rows.load_f32(buffers["gate_ub"], off, dt)
         up = rows.load_f32(buffers["up_ub"], off, dt)
         grad = rows.load_f32(buffers["grad_ub"], off, gdt)
-        g = macros.clamp_gate(gate, clamp)
+        cut = macros.gate_cut(gate, clamp)
+        g = macros.clamp_gate(gate, clamp, cut)
         u = macros.clamp_up(up, clamp)
         s = macros.sigmoid(g)
         grad_silu = T.simd.vmul(grad, T.simd.vmul(g, s))
@@ -51,7 +52,7 @@ def tile_compute(spec: SwigluSpec, width: int):
         if clamp is not None:
             zero = T.simd.vdup(T.float32(0.0), F32)
             limit = T.float32(f32_value(clamp))
-            grad_gate = T.simd.vsel(zero, grad_gate, T.simd.vcmps(gate, limit, op="gt"))
+            grad_gate = T.simd.vsel(zero, grad_gate, cut)
             grad_up = T.simd.vsel(zero, grad_up, T.simd.vcmps(T.simd.vabs(up), limit, op="gt"))
         rows.store_rounded(buffers["gate_ub"], off, macros.kept(grad_gate, keep), dt)
         rows.store_rounded(buffers["up_ub"], off, macros.kept(grad_up, keep), dt)
