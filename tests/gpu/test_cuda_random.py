@@ -54,14 +54,14 @@ def _philox_kernel():
     import tilelang
     import tilelang.language as T
 
-    from tileplug.backend_cuda.random.philox import philox_block
+    from tileplug.backend_cuda.random.philox import DEVICE_HELPERS, philox_block
 
     N = T.dynamic("N")
 
     @T.prim_func
     def kernel(blocks: T.Tensor((N,), "int64"), seeds: T.Tensor((N,), "int64"), offsets: T.Tensor((N,), "int64"),
                out: T.Tensor((N, 4), "int32")):
-        with T.Kernel(T.ceildiv(N, 128), threads=128) as bx:
+        with T.Kernel(T.ceildiv(N, 128), threads=128, prelude=DEVICE_HELPERS) as bx:
             tx = T.get_thread_binding()
             words = T.alloc_local((4,), "uint32")
             i = bx * 128 + tx

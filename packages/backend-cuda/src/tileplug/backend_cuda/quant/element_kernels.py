@@ -27,7 +27,7 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.random.philox import RunLayout, philox_block, state_buffers
+from tileplug.backend_cuda.random.philox import DEVICE_HELPERS, RunLayout, philox_block, state_buffers
 
 MANTISSA_SHIFT = 8
 """``word >> 8``: the 24 random bits of a word (those of ``fill_rand``)."""
@@ -141,7 +141,7 @@ def build_stochastic(spec):
 
     @T.prim_func
     def kernel(result: T.Tensor((N,), TARGET), x: T.Tensor((N,), SOURCE), seed: seed_t, offset: offset_t):
-        with T.Kernel(layout.grid(N), threads=THREADS) as bx:
+        with T.Kernel(layout.grid(N), threads=THREADS, prelude=DEVICE_HELPERS) as bx:
             tx = T.get_thread_binding()
             words = T.alloc_local((4,), "uint32")
             values = T.alloc_local((RUN,), SOURCE)

@@ -38,7 +38,7 @@ import tilelang.language as T
 from tileplug.backend_cuda.quant import sf_math
 from tileplug.backend_cuda.quant.spec import KernelSpec
 from tileplug.backend_cuda.quant.element_kernels import grid_rounding
-from tileplug.backend_cuda.random.philox import philox_block, state_buffers
+from tileplug.backend_cuda.random.philox import DEVICE_HELPERS, philox_block, state_buffers
 from tileplug.core.call import QuantMode
 from tileplug.core.quant.formats import QUANT_FORMATS
 
@@ -112,6 +112,7 @@ def build_kernel(spec: KernelSpec):
     LOSSLESS = spec.lossless  # the group scale from the input scales' exponents (SPEC §11)
     assert not LOSSLESS or (QUANTIZED and MODE is QuantMode.CAST and not spec.stochastic)
     STOCHASTIC = spec.stochastic
+    PRELUDE = DEVICE_HELPERS if STOCHASTIC else None  # the Philox product's helper
     if STOCHASTIC:
         assert MODE is QuantMode.CAST and VEC % 4 == 0, "a stochastic slot is whole Philox blocks"
         round_to_grid = grid_rounding(spec.fmt)
@@ -453,7 +454,7 @@ def build_kernel(spec: KernelSpec):
     @T.macro
     def build(x, sf_in, given, q, sf, seed=None, offset=None):
         if spec.grid_cols:  # column tiles of a row tile adjacent in launch order
-            with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT) as bid:
+            with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT, prelude=PRELUDE) as bid:
                 if spec.inline_coords:
                     # the coordinates inlined: every offset re-derives them with a 64-bit
                     # floor division (see KernelSpec.inline_coords)
@@ -468,7 +469,7 @@ def build_kernel(spec: KernelSpec):
                     col_tile = T.truncmod(bid, T.ceildiv(H, TC))
                     tile(x, sf_in, given, q, sf, seed, offset, row_tile, col_tile)
         else:
-            with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT) as (bx, by):
+            with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT, prelude=PRELUDE) as (bx, by):
                 tile(x, sf_in, given, q, sf, seed, offset, bx, by)
 
 

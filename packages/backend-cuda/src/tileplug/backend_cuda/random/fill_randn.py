@@ -19,7 +19,9 @@ Two evaluations (``RandomKernelSpec.box_muller``):
   (``tests/test_cuda_randn_reduced.py`` emulates it over every ``a`` and every ``t``), so its fp32
   values are the reference's but for a near-tie (2 of 2^24 values one ulp away in that test,
   SPEC allowing 2): 544 SASS instructions for a thread's 8 fp32 values with their Philox blocks,
-  no branch, against 1360 (static, slow paths included) for the library evaluation. On an H100
+  no branch, against 1360 (static, slow paths included) for the library evaluation; 864 for 16
+  values since 2026-12-06 (54 a value: one ``mul.wide.u32`` a Philox product, the MUFU seeds
+  without CUDA's subnormal fix-ups, 16 values a thread: ``spec.NORMAL_RUN_BYTES``). On an H100
   (2026-12-05) 2^28 fp32 values took 698 us (1539 GB/s) against the library's 1514 us and
   ``torch.randn``'s 596; of 16 777 221 values under each of three states, 3 to 8 fp32 values
   differed from the reference's (within SPEC's 2 ulp) and no bf16 value.
@@ -135,7 +137,7 @@ def box_muller_reduced(words, run, k):
         f = T.reinterpret(bits - T.shift_left(exponent, 23), "float32")
         numerator = T.cast(f - T.float32(1.0), "float64")  # exact (f in [1/2, 2])
         denominator = _add(numerator, T.float64(2.0))  # exact: f + 1
-        seed = T.cast(T.call_extern("float32", "__fdividef", T.float32(1.0), f + T.float32(1.0)), "float64")
+        seed = T.cast(T.fast_rcp(f + T.float32(1.0)), "float64")
         quotient = _mul(numerator, seed)
         s = _fma(_fma(denominator * T.float64(-1.0), quotient, numerator), seed, quotient)
         z = _mul(s, s)
@@ -143,7 +145,8 @@ def box_muller_reduced(words, run, k):
         square = _fma(T.cast(exponent - 24, "float64"), T.float64(-2.0 * LN2),
                       _fma(_mul(s, z), _horner(z, NEGATED_ATANH_TERMS), _mul(s, T.float64(-4.0))))
         # the seed of rsqrt(0) (a = 1) is kept finite, so the radius comes out 0 without a select
-        rsqrt_seed = T.cast(T.rsqrt(T.max(T.cast(square, "float32"), T.float32(RSQRT_FLOOR))), "float64")
+        rsqrt_seed = T.cast(T.call_extern("float32", "tileplug_rsqrt_approx_ftz",
+                                           T.max(T.cast(square, "float32"), T.float32(RSQRT_FLOOR))), "float64")
         root = _mul(square, rsqrt_seed)
         radius = _fma(_fma(root * T.float64(-1.0), root, square), _mul(T.float64(0.5), rsqrt_seed), root)
         # the angle
