@@ -21,7 +21,7 @@ Two evaluations (``RandomKernelSpec.box_muller``):
   SPEC allowing 2): 544 SASS instructions for a thread's 8 fp32 values with their Philox blocks,
   no branch, against 1360 (static, slow paths included) for the library evaluation; 864 for 16
   values since 2026-12-06 (54 a value: one ``mul.wide.u32`` a Philox product, the MUFU seeds
-  without CUDA's subnormal fix-ups, 16 values a thread: ``spec.NORMAL_RUN_BYTES``). On an H100
+  without CUDA's subnormal fix-ups, 16 values a thread: ``spec.RUN_BYTES``). On an H100
   (2026-12-05) 2^28 fp32 values took 698 us (1539 GB/s) against the library's 1514 us and
   ``torch.randn``'s 596; of 16 777 221 values under each of three states, 3 to 8 fp32 values
   differed from the reference's (within SPEC's 2 ulp) and no bf16 value.

@@ -13,13 +13,11 @@ import torch
 
 TL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 THREADS = 256
-RUN_BYTES = 32
-"""Bytes of values one thread of ``fill_rand`` writes (two 128-bit stores): 2 Philox blocks of fp32, 4 of
-bf16/fp16."""
-NORMAL_RUN_BYTES = 64
-"""Bytes one thread of ``fill_randn`` writes (four 128-bit stores): the thread's fixed cost (the
-generator's state, the key schedule, its index, the constants) over twice the values: 60 → 54 SASS
-instructions a value (static, fp32), 80 registers (3 CTAs an SM)."""
+RUN_BYTES = 64
+"""Bytes of values one thread writes (four 128-bit stores): 4 Philox blocks of fp32, 8 of bf16/fp16. A
+thread's fixed cost (the generator's state, the key schedule, its index, the constants) over that
+many values: ``fill_randn`` fp32 60 → 54 SASS instructions a value and ``fill_rand`` bf16 23 → 20
+against 32 bytes (static, sm_90, 2026-12-06); ``fill_randn`` fp32 takes 80 registers (3 CTAs an SM)."""
 WORDS_PER_BLOCK = 4
 ADVANCE = "advance_offset"
 """The one-thread kernel that adds 1 to a generator's offset after a draw (see ``philox``)."""
@@ -74,8 +72,7 @@ class RandomKernelSpec:
     @property
     def blocks_per_thread(self) -> int:
         """Philox blocks one thread computes (its run of ``4 · blocks`` consecutive values)."""
-        run_bytes = NORMAL_RUN_BYTES if self.op == "fill_randn" else RUN_BYTES
-        return run_bytes // (WORDS_PER_BLOCK * self.itemsize)
+        return RUN_BYTES // (WORDS_PER_BLOCK * self.itemsize)
 
     @property
     def name(self) -> str:
