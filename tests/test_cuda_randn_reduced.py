@@ -1,4 +1,4 @@
-"""The CUDA ``fill_randn`` kernel's reduced Box–Muller (opt-in: ``TILEPLUG_CUDA_RANDN_BOX_MULLER=reduced``),
+"""The CUDA ``fill_randn`` kernel's reduced Box–Muller (the default; ``TILEPLUG_CUDA_RANDN_BOX_MULLER=library`` is the other),
 without a GPU: its arithmetic emulated in PyTorch fp64 with the kernel's constants (products and
 sums rounded one by one where the kernel fuses them: the same values to within a few fp64 ulps)
 against the reference's Box–Muller over every radius input, every angle and a 2^24-value draw;
@@ -27,18 +27,40 @@ def _horner(z: torch.Tensor, terms) -> torch.Tensor:
     return value
 
 
-def _radius(m: torch.Tensor, atanh_terms=kernel_module.NEGATED_ATANH_TERMS) -> torch.Tensor:
-    """The kernel's ``sqrt(−2 ln(m · 2^-24))`` for int64 ``m`` in ``[1, 2^24]``."""
+def _parts(m: torch.Tensor):
+    """``(exponent, f, rcp seed)`` of int64 ``m`` in ``[1, 2^24]``: ``m = 2^e · f``, ``f`` in ``[√½, √2)``."""
     bits = m.to(torch.float32).view(torch.int32)
     exponent = (bits - kernel_module.SQRT_HALF_BITS) >> 23
     f = (bits - (exponent << 23)).view(torch.float32)
+    return exponent, f, (1.0 / (f + 1.0)).to(F64)
+
+
+def _unscaled_square(m: torch.Tensor) -> torch.Tensor:
+    """``−2 ln a`` the unscaled way (``s = (f − 1) / (f + 1)``, ``−4s`` and ``s³ · P(s²)``), rounded step by step."""
+    exponent, f, seed = _parts(m)
     numerator = (f - 1.0).to(F64)
     denominator = numerator + 2.0
-    seed = (1.0 / (f + 1.0)).to(F64)
     quotient = numerator * seed
     s = (numerator - denominator * quotient) * seed + quotient
     z = s * s
-    square = (exponent - 24).to(F64) * (-2.0 * kernel_module.LN2) + ((s * z) * _horner(z, atanh_terms) + s * -4.0)
+    return (exponent - 24).to(F64) * (-2.0 * kernel_module.LN2) + (
+        (s * z) * _horner(z, kernel_module.NEGATED_ATANH_TERMS) + s * -4.0)
+
+
+def _square(m: torch.Tensor, atanh_terms=kernel_module.SCALED_ATANH_TERMS) -> torch.Tensor:
+    """The kernel's ``−2 ln a`` (``u = 4s`` and the polynomial in ``u²``), rounded step by step."""
+    exponent, f, seed = _parts(m)
+    numerator = (f * 4.0 - 4.0).to(F64)
+    denominator = numerator * 0.25 + 2.0
+    quotient = numerator * seed
+    u = (numerator - denominator * quotient) * seed + quotient
+    w = u * u
+    return (exponent - 24).to(F64) * (-2.0 * kernel_module.LN2) + ((u * w) * _horner(w, atanh_terms) - u)
+
+
+def _radius(m: torch.Tensor, atanh_terms=kernel_module.SCALED_ATANH_TERMS) -> torch.Tensor:
+    """The kernel's ``sqrt(−2 ln(m · 2^-24))`` for int64 ``m`` in ``[1, 2^24]``."""
+    square = _square(m, atanh_terms)
     rsqrt_seed = torch.rsqrt(square.to(torch.float32).clamp_min(kernel_module.RSQRT_FLOOR)).to(F64)
     root = square * rsqrt_seed
     return (square - root * root) * (0.5 * rsqrt_seed) + root
@@ -82,8 +104,17 @@ def test_the_radius_is_within_2_to_the_minus_44_of_the_reference_for_every_input
     have = _radius(m)
     assert float(have[-1]) == 0.0 and float(want[-1]) == 0.0
     assert _relative(have[:-1], want[:-1]) < 2.0**-44
-    shorter = tuple(kernel_module.NEGATED_ATANH_TERMS[:-1])
+    shorter = tuple(kernel_module.SCALED_ATANH_TERMS[:-1])
     assert _relative(_radius(m[:-1], shorter), want[:-1]) > 2.0**-40
+
+
+def test_the_scaled_logarithm_has_the_unscaled_bits_for_every_input() -> None:
+    """``u = 4s`` and the polynomial in ``u²`` (one multiply fewer) give the bits of the unscaled form,
+    the zero at ``a = 1`` included (−0): every step is the unscaled step's value times a power of two."""
+    m = torch.arange(1, STEPS + 1, dtype=torch.int64)
+    assert torch.equal(_square(m).view(torch.int64), _unscaled_square(m).view(torch.int64))
+    for k, (scaled, term) in enumerate(zip(kernel_module.SCALED_ATANH_TERMS, kernel_module.NEGATED_ATANH_TERMS)):
+        assert scaled * 2.0 ** (6 + 4 * k) == term
 
 
 def test_the_angle_is_within_2_to_the_minus_43_of_the_reference_but_near_the_zeros_of_cos() -> None:

@@ -19,9 +19,10 @@ Two evaluations (``RandomKernelSpec.box_muller``):
   (``tests/test_cuda_randn_reduced.py`` emulates it over every ``a`` and every ``t``), so its fp32
   values are the reference's but for a near-tie (2 of 2^24 values one ulp away in that test,
   SPEC allowing 2): 544 SASS instructions for a thread's 8 fp32 values with their Philox blocks,
-  no branch, against 1360 (static, slow paths included) for the library evaluation; 864 for 16
-  values since 2026-12-06 (54 a value: one ``mul.wide.u32`` a Philox product, the MUFU seeds
-  without CUDA's subnormal fix-ups, 16 values a thread: ``spec.RUN_BYTES``). On an H100
+  no branch, against 1360 (static, slow paths included) for the library evaluation; 840 for 16
+  values since 2026-12-06 (52.5 a value: one ``mul.wide.u32`` a Philox product, the MUFU seeds
+  without CUDA's subnormal fix-ups, 16 values a thread (``spec.RUN_BYTES``), ``u = 4s``, the
+  products swapped in fp32; the same bits). On an H100
   (2026-12-05) 2^28 fp32 values took 698 us (1539 GB/s) against the library's 1514 us and
   ``torch.randn``'s 596; of 16 777 221 values under each of three states, 3 to 8 fp32 values
   differed from the reference's (within SPEC's 2 ulp) and no bf16 value.
@@ -49,6 +50,11 @@ ATANH_TERMS = (0.6666666667602635, 0.39999995562918905, 0.2857211431827041, 0.22
 Chebyshev nodes (within 2^-44.9 of ``ln f``, relative; the Taylor series needs six terms for 2^-40)."""
 NEGATED_ATANH_TERMS = tuple(-2.0 * term for term in ATANH_TERMS)
 """``−2 ·`` :data:`ATANH_TERMS` (exact: a power of two)."""
+SCALED_ATANH_TERMS = tuple(-term * 2.0 ** -(5 + 4 * k) for k, term in enumerate(ATANH_TERMS))
+"""The kernel's polynomial in ``w = u²``, ``u = 4s``: :data:`NEGATED_ATANH_TERMS` ``[k] / (64 · 16^k)``
+(exact: powers of two), so that ``u³ · P'(w)`` is the product ``s³ · P(s²)`` and each Horner step the
+unscaled step's value times a power of two: the same fp64 bits (zeros included), one multiply fewer
+(``−4s`` is ``−u``, a negated operand)."""
 RSQRT_FLOOR = 2.0**-40
 """Below every nonzero ``−2 ln a`` (the smallest, at ``m = 2^24 − 1``, is about ``2^-23``)."""
 QUADRANT_BITS = 22
@@ -108,12 +114,13 @@ def box_muller_reduced(words, run, k):
     - ``ln a`` of ``a = m · 2^-24`` (``m`` in ``[1, 2^24]``): ``m = 2^e · f`` with ``f`` in
       ``[√½, √2)`` from ``m``'s fp32 bits (exact), ``ln a = (e − 24) ln 2 + 2 atanh(s)`` with ``s =
       (f − 1) / (f + 1)`` (an fp32 reciprocal seed and one FMA correction) and ``2 atanh(s) = 2s +
-      s³ · P(s²)``: relative accuracy near ``a = 1`` too (``e = 24`` there);
+      s³ · P(s²)``: relative accuracy near ``a = 1`` too (``e = 24`` there); computed as ``u = 4s``
+      (:data:`SCALED_ATANH_TERMS`: the same bits, one multiply fewer);
     - the radius ``sqrt(−2 ln a)`` from an fp32 ``rsqrt`` seed and one FMA correction (0 at ``a = 1``);
     - the angle's quadrant from the top two bits of ``t · 2^24`` (the reference's reduction), the
       rest ``r`` (22 bits) as ``x = r · ANGLE_STEP``, past ``π/4`` as ``(2^22 − r) · ANGLE_STEP``
       with ``sin`` and ``cos`` swapped; ``sin x = x + x³ · S(x²)``, ``cos x = 1 + x² · C(x²)``;
-    - ``z = radius · cos`` and ``radius · sin`` in fp64, rounded once to fp32, then given the
+    - ``z = radius · cos`` and ``radius · sin`` in fp64, rounded once to fp32 (then swapped), then given the
       quadrant's sign as ``0 − z`` in fp32 (an exact zero stays +0; the reference's ``0 − cos``
       before the product gives the same values, and the same zeros but for ``a = 1``, where its
       ``0 · (−cos)`` is −0).
@@ -124,10 +131,9 @@ def box_muller_reduced(words, run, k):
     # named registers: each value below is used more than once
     m, bits, exponent, steps, quadrant, rest = (T.alloc_var("int32") for _ in range(6))
     f = T.alloc_var("float32")
-    numerator, denominator, seed, quotient, s, z, log_a, square, rsqrt_seed, root = (
-        T.alloc_var("float64") for _ in range(10))
+    numerator, denominator, seed, quotient, u, w, square, rsqrt_seed, root = (T.alloc_var("float64") for _ in range(9))
     radius, x, angle_square, sine, cosine = (T.alloc_var("float64") for _ in range(5))
-    first, second = T.alloc_var("float32"), T.alloc_var("float32")
+    first, second, radius_cosine, radius_sine = (T.alloc_var("float32") for _ in range(4))
     upper, swap = T.alloc_var("bool"), T.alloc_var("bool")
     for pair in T.unroll(2):
         # the radius
@@ -135,15 +141,16 @@ def box_muller_reduced(words, run, k):
         bits = T.reinterpret(T.cast(m, "float32"), "int32")
         exponent = T.shift_right(bits - SQRT_HALF_BITS, 23)
         f = T.reinterpret(bits - T.shift_left(exponent, 23), "float32")
-        numerator = T.cast(f - T.float32(1.0), "float64")  # exact (f in [1/2, 2])
-        denominator = _add(numerator, T.float64(2.0))  # exact: f + 1
+        # u = 4s = (4f − 4) / (f + 1): every step 4 times the unscaled step's value, exactly
+        numerator = T.cast(f * T.float32(4.0) - T.float32(4.0), "float64")  # exact (f in [1/2, 2])
+        denominator = _fma(numerator, T.float64(0.25), T.float64(2.0))  # exact: f + 1
         seed = T.cast(T.fast_rcp(f + T.float32(1.0)), "float64")
         quotient = _mul(numerator, seed)
-        s = _fma(_fma(denominator * T.float64(-1.0), quotient, numerator), seed, quotient)
-        z = _mul(s, s)
-        # −2 ln a = (e − 24)(−2 ln 2) − 4s − 2 s³ P(s²): the factor −2 taken into the constants
+        u = _fma(_fma(denominator * T.float64(-1.0), quotient, numerator), seed, quotient)
+        w = _mul(u, u)
+        # −2 ln a = (e − 24)(−2 ln 2) − 4s − 2 s³ P(s²) = (e − 24)(−2 ln 2) − u + u³ P'(u²)
         square = _fma(T.cast(exponent - 24, "float64"), T.float64(-2.0 * LN2),
-                      _fma(_mul(s, z), _horner(z, NEGATED_ATANH_TERMS), _mul(s, T.float64(-4.0))))
+                      _fma(_mul(u, w), _horner(w, SCALED_ATANH_TERMS), u * T.float64(-1.0)))
         # the seed of rsqrt(0) (a = 1) is kept finite, so the radius comes out 0 without a select
         rsqrt_seed = T.cast(T.call_extern("float32", "tileplug_rsqrt_approx_ftz",
                                            T.max(T.cast(square, "float32"), T.float32(RSQRT_FLOOR))), "float64")
@@ -159,8 +166,11 @@ def box_muller_reduced(words, run, k):
         sine = _fma(_mul(x, angle_square), _horner(angle_square, SIN_TERMS), x)
         cosine = _fma(angle_square, _horner(angle_square, COS_TERMS), T.float64(1.0))
         swap = upper != (T.bitwise_and(quadrant, 1) == 1)
-        first = T.cast(_mul(radius, T.if_then_else(swap, sine, cosine)), "float32")  # before the quadrant's sign
-        second = T.cast(_mul(radius, T.if_then_else(swap, cosine, sine)), "float32")
+        # both products rounded to fp32, then swapped (two fp32 selects, not four 32-bit halves)
+        radius_cosine = T.cast(_mul(radius, cosine), "float32")
+        radius_sine = T.cast(_mul(radius, sine), "float32")
+        first = T.if_then_else(swap, radius_sine, radius_cosine)  # before the quadrant's sign
+        second = T.if_then_else(swap, radius_cosine, radius_sine)
         run[4 * k + 2 * pair] = T.if_then_else(T.Or(quadrant == 1, quadrant == 2), T.float32(0.0) - first, first)
         run[4 * k + 2 * pair + 1] = T.if_then_else(quadrant >= 2, T.float32(0.0) - second, second)
 
