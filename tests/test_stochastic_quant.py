@@ -162,3 +162,22 @@ def test_refusals_name_the_argument(op, kwargs, argument) -> None:
     with pytest.raises(ContractError) as raised:
         op(torch.randn(2, 128), **kwargs)
     assert raised.value.op == op.__name__ and raised.value.argument == argument, str(raised.value)
+
+
+def test_the_contract_keeps_each_calls_token_count_and_device() -> None:
+    """The stochastic call is remembered per deterministic call with its token count and device
+    (fields its equality leaves out): a second signature's rows never take the first one's."""
+    from tileplug.core import opdefs
+
+    contract = opdefs.get("per_token_cast").contract
+    generator = Generator("cpu", 3)
+    calls = {}
+    for tokens in (2, 5, 2):
+        x = torch.randn(tokens, 256)
+        call, inputs = contract(x, "e4m3", 128, stochastic_rounding=True, generator=generator)
+        assert call.tokens == tokens and call.device == x.device and call.cast.stochastic
+        assert inputs.seed is generator.seed_state and inputs.offset is generator.offset_state
+        calls.setdefault(tokens, call)
+        assert call is calls[tokens]  # the same object once seen
+    deterministic, _ = contract(torch.randn(2, 256), "e4m3", 128)
+    assert not deterministic.cast.stochastic and deterministic.tokens == 2

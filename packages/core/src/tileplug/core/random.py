@@ -87,7 +87,7 @@ def generator_of_draw(op: str, generator: Generator | None, device: Any, of: str
         return default_generator("cpu" if device is None else device)
     if not isinstance(generator, Generator):
         raise ContractError(op, "generator", "a tileplug.core.random.Generator or None", describe(generator))
-    if device is not None and _device(op, device) != generator.device:
+    if device is not None and device != generator.device and _device(op, device) != generator.device:
         raise ContractError(op, "generator", f"a generator on {_device(op, device)}, the device of {of}",
                             repr(generator))
     return generator

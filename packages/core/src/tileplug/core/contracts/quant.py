@@ -574,6 +574,9 @@ def _checked_cast_call(
 
 
 _stochastic_casts: dict[CastConfig, CastConfig] = {}
+_stochastic_calls = RecentCalls(1024)
+"""A deterministic call (with its token count and device) → the same call rounding stochastically:
+``dataclasses.replace`` per call was two thirds of the stochastic casts' contract."""
 
 
 def with_stochastic_rounding(name: str, call: QuantCall, inputs: QuantInputs, stochastic_rounding: Any,
@@ -590,11 +593,16 @@ def with_stochastic_rounding(name: str, call: QuantCall, inputs: QuantInputs, st
     from tileplug.core.random import generator_of_draw
 
     state = generator_of_draw(name, generator, call.device, "x")
-    cast = _stochastic_casts.get(call.cast)
-    if cast is None:
-        cast = _stochastic_casts.setdefault(call.cast, dataclasses.replace(call.cast, stochastic=True))
-    # (a fresh call: the memoized one's per-call fields, tokens and device, stay this call's)
-    return dataclasses.replace(call, cast=cast), inputs._replace(seed=state.seed_state, offset=state.offset_state)
+    # (keyed with the per-call fields, tokens and device, which the call's equality leaves out)
+    key = (call, call.tokens, call.device)
+    stochastic_call = _stochastic_calls.get(key)
+    if stochastic_call is None:
+        cast = _stochastic_casts.get(call.cast)
+        if cast is None:
+            cast = _stochastic_casts.setdefault(call.cast, dataclasses.replace(call.cast, stochastic=True))
+        stochastic_call = dataclasses.replace(call, cast=cast)
+        _stochastic_calls.put(key, stochastic_call, None)
+    return stochastic_call, inputs._replace(seed=state.seed_state, offset=state.offset_state)
 
 
 # ---------------------------------------------------------------------- the four kernels' contracts
