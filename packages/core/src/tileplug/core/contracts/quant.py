@@ -593,15 +593,17 @@ def with_stochastic_rounding(name: str, call: QuantCall, inputs: QuantInputs, st
     from tileplug.core.random import generator_of_draw
 
     state = generator_of_draw(name, generator, call.device, "x")
-    # (keyed with the per-call fields, tokens and device, which the call's equality leaves out)
-    key = (call, call.tokens, call.device)
-    stochastic_call = _stochastic_calls.get(key)
+    # keyed with the per-call fields, tokens and device, which the call's equality leaves out (a
+    # symbolic token count under torch.compile does not hash: no memo then)
+    key = (call, call.tokens, call.device) if call.tokens.__class__ is int else None
+    stochastic_call = None if key is None else _stochastic_calls.get(key)
     if stochastic_call is None:
         cast = _stochastic_casts.get(call.cast)
         if cast is None:
             cast = _stochastic_casts.setdefault(call.cast, dataclasses.replace(call.cast, stochastic=True))
         stochastic_call = dataclasses.replace(call, cast=cast)
-        _stochastic_calls.put(key, stochastic_call, None)
+        if key is not None:
+            _stochastic_calls.put(key, stochastic_call, None)
     return stochastic_call, inputs._replace(seed=state.seed_state, offset=state.offset_state)
 
 
