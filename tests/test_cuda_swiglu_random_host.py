@@ -181,6 +181,22 @@ def test_a_draw_compiles_three_specialisations() -> None:
         "fill_randn_bf16_v128_t256_reduced", "fill_randn_bf16_scalar_t256_reduced", "advance_offset"]
 
 
+def test_a_draw_runs_64_bytes_a_thread_unless_asked_for_32(monkeypatch) -> None:
+    from tileplug.backend_cuda.random.spec import RUN_BYTES_VARIABLE
+
+    call = describe_call(ops.fill_rand, torch.empty(7, dtype=torch.float32), torch.zeros(1, dtype=torch.int64),
+                         torch.zeros(1, dtype=torch.int64))[0]
+    monkeypatch.delenv(RUN_BYTES_VARIABLE, raising=False)
+    default = _KERNELS["fill_rand"].spec(call)
+    assert default.blocks_per_thread == 4 and default.name == "fill_rand_fp32_v128_t256"
+    monkeypatch.setenv(RUN_BYTES_VARIABLE, "32")
+    shorter = _KERNELS["fill_rand"].spec(call)
+    assert shorter.blocks_per_thread == 2 and shorter.name == "fill_rand_fp32_v128_t256_run32"
+    monkeypatch.setenv(RUN_BYTES_VARIABLE, "48")
+    with pytest.raises(ValueError, match=f"{RUN_BYTES_VARIABLE}='48': expected one of 32, 64"):
+        _KERNELS["fill_rand"].spec(call)
+
+
 # ---------------------------------------------------------------------- the fp32 sigmoid's error, emulated
 
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

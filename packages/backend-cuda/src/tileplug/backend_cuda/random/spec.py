@@ -17,7 +17,12 @@ RUN_BYTES = 64
 """Bytes of values one thread writes (four 128-bit stores): 4 Philox blocks of fp32, 8 of bf16/fp16. A
 thread's fixed cost (the generator's state, the key schedule, its index, the constants) over that
 many values: ``fill_randn`` fp32 60 → 54 SASS instructions a value and ``fill_rand`` bf16 23 → 20
-against 32 bytes (static, sm_90, 2026-12-06); ``fill_randn`` fp32 takes 80 registers (3 CTAs an SM)."""
+against 32 bytes (static, sm_90, 2026-12-06); ``fill_randn`` fp32 takes 80 registers (3 CTAs an SM), bf16
+126 (2). Not yet timed: :data:`RUN_BYTES_VARIABLE` picks 32 (the run before) for a comparison on a GPU."""
+RUN_BYTES_VARIABLE = "TILEPLUG_CUDA_RANDOM_RUN_BYTES"
+"""``32`` or ``64``: the bytes a thread of ``fill_rand`` / ``fill_randn`` writes (default
+:data:`RUN_BYTES`; read when a kernel is prepared; a non-default run is in the kernel's name)."""
+RUN_BYTES_CHOICES = ("32", "64")
 WORDS_PER_BLOCK = 4
 ADVANCE = "advance_offset"
 """The one-thread kernel that adds 1 to a generator's offset after a draw (see ``philox``)."""
@@ -38,6 +43,13 @@ def box_muller() -> str:
     return tuning_choice(BOX_MULLER_VARIABLE, BOX_MULLER, BOX_MULLERS)
 
 
+def run_bytes() -> int:
+    """:data:`RUN_BYTES`, or what :data:`RUN_BYTES_VARIABLE` names."""
+    from tileplug.backend_cuda.norm.spec import tuning_choice
+
+    return int(tuning_choice(RUN_BYTES_VARIABLE, str(RUN_BYTES), RUN_BYTES_CHOICES))
+
+
 @dataclass(frozen=True)
 class RandomKernelSpec:
     """``op``: fill_rand / fill_randn / advance_offset; ``dtype``: the values' TileLang dtype;
@@ -48,6 +60,7 @@ class RandomKernelSpec:
     dtype: str = "float32"
     vectorize: bool = True
     box_muller: str | None = None
+    run_bytes: int = RUN_BYTES
 
     def build(self):
         """The TileLang ``PrimFunc`` (``tileplug.backend_cuda.jit``), built by the op's module."""
@@ -72,7 +85,7 @@ class RandomKernelSpec:
     @property
     def blocks_per_thread(self) -> int:
         """Philox blocks one thread computes (its run of ``4 · blocks`` consecutive values)."""
-        return RUN_BYTES // (WORDS_PER_BLOCK * self.itemsize)
+        return self.run_bytes // (WORDS_PER_BLOCK * self.itemsize)
 
     @property
     def name(self) -> str:
@@ -80,4 +93,6 @@ class RandomKernelSpec:
             return ADVANCE
         short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
         name = f"{self.op}_{short}_{'v128' if self.vectorize else 'scalar'}_t{THREADS}"
+        if self.run_bytes != RUN_BYTES:
+            name += f"_run{self.run_bytes}"
         return name + "_reduced" if self.box_muller == "reduced" else name

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tileplug.backend_cuda import jit
-from tileplug.backend_cuda.random.spec import ADVANCE, TL_DTYPES, RandomKernelSpec, box_muller
+from tileplug.backend_cuda.random.spec import ADVANCE, TL_DTYPES, RandomKernelSpec, box_muller, run_bytes
 from tileplug.core.contracts.random import FILL_RANDN, RandomCall
 
 Launcher = Callable[[Any, Any], None]
@@ -33,7 +33,7 @@ class RandomKernel:
 
     def spec(self, call: RandomCall, vectorize: bool = True) -> RandomKernelSpec:
         normal = box_muller() if self.op == FILL_RANDN else None
-        return RandomKernelSpec(self.op, TL_DTYPES[call.dtype], vectorize, normal)
+        return RandomKernelSpec(self.op, TL_DTYPES[call.dtype], vectorize, normal, run_bytes())
 
     def specs(self, call: RandomCall) -> list:
         """The draw's two store forms and the offset's advance."""
