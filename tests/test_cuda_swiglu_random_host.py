@@ -181,20 +181,26 @@ def test_a_draw_compiles_three_specialisations() -> None:
         "fill_randn_bf16_v128_t256_reduced", "fill_randn_bf16_scalar_t256_reduced", "advance_offset"]
 
 
-def test_a_draw_runs_64_bytes_a_thread_unless_asked_for_32(monkeypatch) -> None:
+def test_each_draw_runs_its_measured_bytes_a_thread_unless_asked(monkeypatch) -> None:
     from tileplug.backend_cuda.random.spec import RUN_BYTES_VARIABLE
 
-    call = describe_call(ops.fill_rand, torch.empty(7, dtype=torch.float32), torch.zeros(1, dtype=torch.int64),
-                         torch.zeros(1, dtype=torch.int64))[0]
+    seed, offset = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    uniform = describe_call(ops.fill_rand, torch.empty(7, dtype=torch.float32), seed, offset)[0]
+    normal = describe_call(ops.fill_randn, torch.empty(7, dtype=torch.float32), seed, offset)[0]
     monkeypatch.delenv(RUN_BYTES_VARIABLE, raising=False)
-    default = _KERNELS["fill_rand"].spec(call)
-    assert default.blocks_per_thread == 4 and default.name == "fill_rand_fp32_v128_t256"
+    rand, randn = _KERNELS["fill_rand"].spec(uniform), _KERNELS["fill_randn"].spec(normal)
+    assert (rand.blocks_per_thread, rand.name) == (2, "fill_rand_fp32_v128_t256")
+    assert (randn.blocks_per_thread, randn.name) == (4, "fill_randn_fp32_v128_t256_reduced")
+    assert not rand.wide_product and randn.wide_product  # fill_rand fp32 keeps the split product
+    monkeypatch.setenv(RUN_BYTES_VARIABLE, "64")
+    longer = _KERNELS["fill_rand"].spec(uniform)
+    assert (longer.blocks_per_thread, longer.name) == (4, "fill_rand_fp32_v128_t256_run64")
     monkeypatch.setenv(RUN_BYTES_VARIABLE, "32")
-    shorter = _KERNELS["fill_rand"].spec(call)
-    assert shorter.blocks_per_thread == 2 and shorter.name == "fill_rand_fp32_v128_t256_run32"
+    shorter = _KERNELS["fill_randn"].spec(normal)
+    assert (shorter.blocks_per_thread, shorter.name) == (2, "fill_randn_fp32_v128_t256_run32_reduced")
     monkeypatch.setenv(RUN_BYTES_VARIABLE, "48")
     with pytest.raises(ValueError, match=f"{RUN_BYTES_VARIABLE}='48': expected one of 32, 64"):
-        _KERNELS["fill_rand"].spec(call)
+        _KERNELS["fill_rand"].spec(uniform)
 
 
 # ---------------------------------------------------------------------- the fp32 sigmoid's error, emulated

@@ -66,11 +66,19 @@ def high_word(value):
     return T.cast(T.shift_right(T.cast(value, "uint64"), WORD_BITS), "uint32")
 
 
+def multiply_high(word, multiplier: int):
+    """The high 32 bits of the 64-bit product of uint32 ``word`` and the constant ``multiplier``
+    (``__umulhi``; with the low half's 32-bit product: the split form of a round's product)."""
+    return T.call_extern("uint32", "__umulhi", word, T.uint32(multiplier))
+
+
 @T.macro
-def philox_block(seed, offset, block, words):
+def philox_block(seed, offset, block, words, wide: bool = True):
     """``words[0..3]`` (uint32 locals) = Philox4x32-10 of counter ``(block, offset)`` under key
     ``seed`` (``seed`` / ``offset``: the int64 values read from the generator's tensors,
-    ``block``: the block's 64-bit index)."""
+    ``block``: the block's 64-bit index); ``wide``: each product as one ``mul.wide.u32`` (the
+    kernel's prelude is :data:`DEVICE_HELPERS`), else ``__umulhi`` and a 32-bit product (the same
+    words)."""
     key = T.alloc_local((2,), "uint32")
     high = T.alloc_local((2,), "uint32")
     low = T.alloc_local((2,), "uint32")
@@ -85,12 +93,18 @@ def philox_block(seed, offset, block, words):
         if index > 0:
             key[0] = key[0] + T.uint32(WEYL_CONSTANTS[0])
             key[1] = key[1] + T.uint32(WEYL_CONSTANTS[1])
-        product[0] = wide_product(words[0], MULTIPLIERS[0])
-        product[1] = wide_product(words[2], MULTIPLIERS[1])
-        high[0] = high_word(product[0])
-        high[1] = high_word(product[1])
-        low[0] = low_word(product[0])
-        low[1] = low_word(product[1])
+        if wide:
+            product[0] = wide_product(words[0], MULTIPLIERS[0])
+            product[1] = wide_product(words[2], MULTIPLIERS[1])
+            high[0] = high_word(product[0])
+            high[1] = high_word(product[1])
+            low[0] = low_word(product[0])
+            low[1] = low_word(product[1])
+        else:
+            high[0] = multiply_high(words[0], MULTIPLIERS[0])
+            high[1] = multiply_high(words[2], MULTIPLIERS[1])
+            low[0] = words[0] * T.uint32(MULTIPLIERS[0])
+            low[1] = words[2] * T.uint32(MULTIPLIERS[1])
         words[0] = high[1] ^ words[1] ^ key[0]
         words[2] = high[0] ^ words[3] ^ key[1]
         words[1] = low[1]
@@ -162,6 +176,7 @@ def build_draw(spec: RandomKernelSpec, transform):
     N = T.dynamic("N", "int64")
     layout = RunLayout(spec, N)
     BLOCKS, RUN, THREADS = layout.BLOCKS, layout.RUN, layout.THREADS
+    WIDE = spec.wide_product
     seed_t, offset_t = state_buffers()
 
     @T.prim_func
@@ -172,7 +187,7 @@ def build_draw(spec: RandomKernelSpec, transform):
             run = T.alloc_local((RUN,), "float32")
             thread = T.cast(bx, "int64") * THREADS + tx
             for k in T.unroll(BLOCKS):
-                philox_block(seed[0], offset[0], thread * BLOCKS + k, words)
+                philox_block(seed[0], offset[0], thread * BLOCKS + k, words, WIDE)
                 transform(words, run, k)
             layout.store_run(values, thread * RUN, run)
 

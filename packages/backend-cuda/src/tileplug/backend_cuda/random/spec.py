@@ -13,15 +13,16 @@ import torch
 
 TL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 THREADS = 256
-RUN_BYTES = 64
-"""Bytes of values one thread writes (four 128-bit stores): 4 Philox blocks of fp32, 8 of bf16/fp16. A
-thread's fixed cost (the generator's state, the key schedule, its index, the constants) over that
-many values: ``fill_randn`` fp32 60 → 54 SASS instructions a value and ``fill_rand`` bf16 23 → 20
-against 32 bytes (static, sm_90, 2026-12-06); ``fill_randn`` fp32 takes 80 registers (3 CTAs an SM), bf16
-126 (2). Not yet timed: :data:`RUN_BYTES_VARIABLE` picks 32 (the run before) for a comparison on a GPU."""
+RUN_BYTES = {"fill_rand": 32, "fill_randn": 64}
+"""Bytes of values one thread writes (16-byte stores), by op. Measured on an H100 (2^28 values, eager µs,
+2026-12-06, ``tests/gpu/probe_random_bandwidth.py``), 32 / 64 bytes: ``fill_randn`` fp32 602.9 / 582.6
+(``torch.randn`` 596.2), bf16 577.1 / 561.2; ``fill_rand`` fp32 449.4 / 786.7 (with the wide product, see
+:attr:`RandomKernelSpec.wide_product`), bf16 226.0 / 290.2. The longer run spreads a thread's fixed cost
+(the generator's state, the key schedule, its index) over twice the values: ``fill_randn`` fp32 60 → 54
+SASS instructions a value; it takes 80 registers (3 CTAs an SM)."""
 RUN_BYTES_VARIABLE = "TILEPLUG_CUDA_RANDOM_RUN_BYTES"
-"""``32`` or ``64``: the bytes a thread of ``fill_rand`` / ``fill_randn`` writes (default
-:data:`RUN_BYTES`; read when a kernel is prepared; a non-default run is in the kernel's name)."""
+"""``32`` or ``64``: the bytes a thread of ``fill_rand`` / ``fill_randn`` writes (default :data:`RUN_BYTES`
+of the op; read when a kernel is prepared; a run other than the op's default is in the kernel's name)."""
 RUN_BYTES_CHOICES = ("32", "64")
 WORDS_PER_BLOCK = 4
 ADVANCE = "advance_offset"
@@ -43,11 +44,11 @@ def box_muller() -> str:
     return tuning_choice(BOX_MULLER_VARIABLE, BOX_MULLER, BOX_MULLERS)
 
 
-def run_bytes() -> int:
-    """:data:`RUN_BYTES`, or what :data:`RUN_BYTES_VARIABLE` names."""
+def run_bytes(op: str) -> int:
+    """:data:`RUN_BYTES` of ``op``, or what :data:`RUN_BYTES_VARIABLE` names."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
 
-    return int(tuning_choice(RUN_BYTES_VARIABLE, str(RUN_BYTES), RUN_BYTES_CHOICES))
+    return int(tuning_choice(RUN_BYTES_VARIABLE, str(RUN_BYTES[op]), RUN_BYTES_CHOICES))
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class RandomKernelSpec:
     dtype: str = "float32"
     vectorize: bool = True
     box_muller: str | None = None
-    run_bytes: int = RUN_BYTES
+    run_bytes: int | None = None
 
     def build(self):
         """The TileLang ``PrimFunc`` (``tileplug.backend_cuda.jit``), built by the op's module."""
@@ -85,7 +86,22 @@ class RandomKernelSpec:
     @property
     def blocks_per_thread(self) -> int:
         """Philox blocks one thread computes (its run of ``4 · blocks`` consecutive values)."""
-        return self.run_bytes // (WORDS_PER_BLOCK * self.itemsize)
+        return self.run // (WORDS_PER_BLOCK * self.itemsize)
+
+    @property
+    def run(self) -> int:
+        """Bytes a thread writes: ``run_bytes``, else the op's :data:`RUN_BYTES`."""
+        return RUN_BYTES[self.op] if self.run_bytes is None else self.run_bytes
+
+    @property
+    def wide_product(self) -> bool:
+        """Whether the Philox rounds take each 32 × 32 → 64-bit product as one ``mul.wide.u32``
+        (``philox.DEVICE_HELPERS``) rather than ``__umulhi`` and a 32-bit product: fewer
+        instructions (``fill_randn`` fp32 544 → 504 SASS for 8 values), and on an H100 (2026-12-06)
+        ``fill_randn`` fp32 698 → 583 µs for 2^28 values with the other changes of that day,
+        ``fill_rand`` bf16 279 → 226; but ``fill_rand`` fp32 346 → 449, so that kernel keeps the split
+        product (not understood: it was the one kernel slower with fewer instructions)."""
+        return not (self.op == "fill_rand" and self.dtype == "float32")
 
     @property
     def name(self) -> str:
@@ -93,6 +109,6 @@ class RandomKernelSpec:
             return ADVANCE
         short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
         name = f"{self.op}_{short}_{'v128' if self.vectorize else 'scalar'}_t{THREADS}"
-        if self.run_bytes != RUN_BYTES:
-            name += f"_run{self.run_bytes}"
+        if self.run != RUN_BYTES[self.op]:
+            name += f"_run{self.run}"
         return name + "_reduced" if self.box_muller == "reduced" else name

@@ -33,7 +33,7 @@ class RandomKernel:
 
     def spec(self, call: RandomCall, vectorize: bool = True) -> RandomKernelSpec:
         normal = box_muller() if self.op == FILL_RANDN else None
-        return RandomKernelSpec(self.op, TL_DTYPES[call.dtype], vectorize, normal, run_bytes())
+        return RandomKernelSpec(self.op, TL_DTYPES[call.dtype], vectorize, normal, run_bytes(self.op))
 
     def specs(self, call: RandomCall) -> list:
         """The draw's two store forms and the offset's advance."""
