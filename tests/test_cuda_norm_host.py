@@ -429,8 +429,8 @@ def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int,
     """More than one row tile and a fused grid under ``split_below`` CTAs: the split path (the row
     kernel at one row tile a CTA, one one-row partial per row slot, the block sum into the fused
     kernel's partial rows, the column sum); otherwise the fused row kernel. Without ``split_below``
-    the bound is the environment variable's, else the default: 0 (never split) until the split path
-    has run on a GPU."""
+    the bound is the environment variable's, else the default: 64 (since the split path ran on a GPU,
+    2026-12-06)."""
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.norm.backward import ColumnSumSpec, RowBlockSumSpec
     from tileplug.backend_cuda.norm.spec import BACKWARD_SPLIT_BELOW
@@ -474,11 +474,12 @@ def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int,
         for one_row, blocked in block_sums:
             assert one_row.shape == (tiles * slots, hidden) and blocked.shape == (blocks * slots, hidden)
         assert names.count(ColumnSumSpec().name) == reduced
-    assert BACKWARD_SPLIT_BELOW == 0 and run(2 * rows_per_fused_cta)[2][0][0] == spec.name  # off until GPU-run
-    monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", str(split_below))
-    assert run(2 * rows_per_fused_cta)[2][0][0] == split.name
+    monkeypatch.delenv("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", raising=False)
+    assert BACKWARD_SPLIT_BELOW == split_below and run(2 * rows_per_fused_cta)[2][0][0] == split.name  # the default
     monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", "0")
     assert run(2 * rows_per_fused_cta)[2][0][0] == spec.name
+    monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", str(split_below))
+    assert run(2 * rows_per_fused_cta)[2][0][0] == split.name
 
 
 def _fused_order(terms: torch.Tensor, masked: torch.Tensor, row_block: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The norm backwards' split path (opt-in, ``TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW``) on a GPU (a script, not a
+"""The norm backwards' split path (``TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW``, 64 by default since 2026-12-06) on a GPU (a script, not a
 test): compile its specs and the bench's in parallel, then split vs fused bytes and the reference comparison of
 ``tests/gpu/test_cuda_norm.py``'s SPLIT cases at their token counts, the split path on there; one line a check.
 
