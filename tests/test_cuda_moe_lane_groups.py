@@ -1,4 +1,4 @@
-"""The CUDA ``moe_topk_gate``'s lane-by-lane group scores (opt-in: ``TILEPLUG_CUDA_MOE_LANE_GROUPS=1``),
+"""The CUDA ``moe_topk_gate``'s lane-by-lane group scores (the default; ``TILEPLUG_CUDA_MOE_LANE_GROUPS=0`` the masked rounds),
 without a GPU: the kernel's arithmetic on the warp layout (``warp_topk.WarpRow``: lane ``l`` holds
 the ``VEC`` columns ``(j·32 + l)·VEC …`` of each chunk ``j``) emulated lane by lane in Python — each
 lane's two largest keys of a chunk, the xor-shuffle merges, the move to lane ``g`` — against the
@@ -121,13 +121,14 @@ def test_the_variable_picks_it_where_it_fits(monkeypatch) -> None:
     grouped = describe_call(ops.moe_topk_gate, logits, 8, "sigmoid", bias=bias, num_groups=8, topk_groups=4)[0]
     plain = describe_call(ops.moe_topk_gate, logits, 8, "sigmoid", bias=bias)[0]
     monkeypatch.delenv(LANE_GROUPS_VARIABLE, raising=False)
-    assert not _KERNELS["moe_topk_gate"].spec(grouped).lane_groups
-    monkeypatch.setenv(LANE_GROUPS_VARIABLE, "1")
-    spec = _KERNELS["moe_topk_gate"].spec(grouped)
+    spec = _KERNELS["moe_topk_gate"].spec(grouped)  # the default since it ran on a GPU
     assert spec.lane_groups and spec.name.endswith("_lanegroups")
     assert not _KERNELS["moe_topk_gate"].spec(plain).lane_groups
+    monkeypatch.setenv(LANE_GROUPS_VARIABLE, "0")
+    masked = _KERNELS["moe_topk_gate"].spec(grouped)
+    assert not masked.lane_groups and masked.name == spec.name[: -len("_lanegroups")]
     monkeypatch.setenv(LANE_GROUPS_VARIABLE, "yes")
-    with pytest.raises(ValueError, match=f"{LANE_GROUPS_VARIABLE}='yes': expected 0 or 1"):
+    with pytest.raises(ValueError, match=f"{LANE_GROUPS_VARIABLE}='yes': expected one of 0, 1"):
         _KERNELS["moe_topk_gate"].spec(grouped)
 
 

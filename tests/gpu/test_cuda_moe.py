@@ -21,8 +21,9 @@ What is checked, per SPEC §4 and §7:
 - **non-finite rows**: other rows keep their bytes; the row gets −1 / 0 in every slot, and a
   later CUDA call still works (no device assert).
 - **large T**: topk_gate and moe_permute at T = 65536 once.
-- **the lane group scores** (opt-in, ``TILEPLUG_CUDA_MOE_LANE_GROUPS=1``): the grouped gates' bytes
-  equal the default kernel's; running the module with the variable set puts every grouped case on it.
+- **the lane group scores** (the default; ``TILEPLUG_CUDA_MOE_LANE_GROUPS=0`` the masked rounds): the
+  grouped gates' bytes equal the masked rounds' kernel's; running the module with the variable at 0 puts
+  every grouped case on the masked rounds.
 """
 
 from __future__ import annotations
@@ -132,10 +133,10 @@ def precompiled(gate_forced_on):
     specs = [spec for case in dict.fromkeys(GRID + INVARIANCE + NONFINITE + LARGE) for spec in _specs(case)]
     from tileplug.backend_cuda.moe.spec import lane_groups_fit
 
-    lane = [dataclasses.replace(spec, lane_groups=True) for case in GRID if case.op == FULL
+    both = [dataclasses.replace(spec, lane_groups=lanes) for case in GRID if case.op == FULL
             and dict(case.kwargs).get("num_groups", 1) > 1 for spec in _specs(case)
-            if lane_groups_fit(spec.experts, spec.groups, spec.vec)]
-    jit.precompile(specs + lane)
+            if lane_groups_fit(spec.experts, spec.groups, spec.vec) for lanes in (False, True)]
+    jit.precompile(list(dict.fromkeys(specs + both)))
 
 
 # ---------------------------------------------------------------------- vs the reference
@@ -158,31 +159,31 @@ def test_large_batch(case: Case) -> None:
     opdefs.get(case.op).compare(case, 65536, [moved(a, "cpu") for a in actual], [moved(e, "cpu") for e in expected])
 
 
-# ---------------------------------------------------------------------- the lane group scores (opt-in)
+# ---------------------------------------------------------------------- the lane group scores
 
 GROUPED = [case for case in GRID if case.op == FULL and dict(case.kwargs).get("num_groups", 1) > 1]
 
 
 @pytest.mark.parametrize("case", GROUPED, ids=[case.id for case in GROUPED])
-def test_lane_group_scores_give_the_default_kernels_bytes(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``TILEPLUG_CUDA_MOE_LANE_GROUPS=1`` (opt-in): the grouped gate with its group scores taken lane
-    by lane gives the default kernel's indices, weights and scores, byte for byte, at 4001 rows
-    (ties included), and the lane form's kernel ran."""
+def test_lane_group_scores_give_the_masked_rounds_bytes(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grouped gate with its group scores taken lane by lane (``TILEPLUG_CUDA_MOE_LANE_GROUPS=1``,
+    the default) gives the masked rounds' kernel's (``=0``) indices, weights and scores, byte for byte,
+    at 4001 rows (ties included), and the lane form's kernel ran."""
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.moe.spec import LANE_GROUPS_VARIABLE
     from tileplug.core.registry import registry
 
     args, kwargs = case.arguments(BATCH, "cpu", seed=23)
     monkeypatch.setattr(registry, "_cache", {})  # routes prepared before the variable was set would hide it
-    monkeypatch.delenv(LANE_GROUPS_VARIABLE, raising=False)
-    default = _cuda(case, args, kwargs)
+    monkeypatch.setenv(LANE_GROUPS_VARIABLE, "0")
+    masked = _cuda(case, args, kwargs)
     monkeypatch.setattr(registry, "_cache", {})
     monkeypatch.setenv(LANE_GROUPS_VARIABLE, "1")
     lane = _cuda(case, args, kwargs)
     (spec,) = _specs(case)
     if spec.lane_groups:  # (a layout it does not fit keeps the masked rounds: the same kernel twice)
         assert any(entry == spec for entry, _ in jit._entries), "the lane form did not run"
-    for index, (have, want) in enumerate(zip(lane, default)):
+    for index, (have, want) in enumerate(zip(lane, masked)):
         assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"), what=f"{case.id} output {index} (lane groups)")
 
 
