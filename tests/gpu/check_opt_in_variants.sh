@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# What still waits on a GPU (a script, not a test; results under $OUT). The twenty-third session made the SwiGLU sigmoid
-# table and the reduced Box-Muller defaults after their GPU runs; what is left:
-#   1. the norm backwards' split path (TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW, opt-in): tests/gpu/probe_norm_backward_split.py
+# What waited on a GPU (a script, not a test; results under $OUT). The twenty-third session made the SwiGLU sigmoid
+# table and the reduced Box-Muller defaults after their GPU runs; steps 1 and 2 ran on an H100 in the twenty-fourth
+# (docs/benchmarks/h100-randn-split-lane-groups-2026-12-06-s24.txt) and became defaults; they stay as before / after:
+#   1. the norm backwards' split path (TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW, 64 by default): tests/gpu/probe_norm_backward_split.py
 #      (its bytes against the fused path's, the reference comparison), then both backwards at split 0 / 64 beside
 #      TileKernels (the first) at short and long T;
-#   2. the MoE gate's lane group scores (TILEPLUG_CUDA_MOE_LANE_GROUPS, opt-in): its GPU test (the default kernel's
+#   2. the MoE gate's lane group scores (TILEPLUG_CUDA_MOE_LANE_GROUPS, 1 by default): its GPU test (the masked rounds'
 #      bytes), then the DeepSeek-V3 router with it off / on;
 #   3. the SwiGLU and random GPU modules at the new defaults, and the compile / CUDA-graph module (the sigmoid table is
 #      built at a kernel's first call, before the capture);
