@@ -7,9 +7,9 @@ consecutive values, written with 128-bit stores where the whole run lies inside 
 A block's counter is ``(b mod 2^32, b >> 32, offset mod 2^32, offset >> 32)`` and the key
 ``(seed mod 2^32, seed >> 32)``, both read from the device tensors (nothing on the host, so
 a captured graph draws with the offset of the moment it replays). A round multiplies two
-counter words by the round constants as 32 × 32 → 64-bit products (``uint64`` of the zero-
-extended words: one ``mul.wide.u32`` each, exact by construction) and mixes the halves with
-the key; the key gains the Weyl constants between rounds.
+counter words by the round constants as 32 × 32 → 64-bit products (one ``mul.wide.u32`` each,
+or ``__umulhi`` and a 32-bit product: the same words, a kernel's choice by measurement) and
+mixes the halves with the key; the key gains the Weyl constants between rounds.
 
 The offset is advanced by a second launch on the same stream (``build_advance``: one thread,
 ``offset += 1``) once every block of the draw has read it: inside one kernel a block
@@ -42,11 +42,12 @@ __device__ __forceinline__ float tileplug_rsqrt_approx_ftz(float x) {
 }
 #endif
 """
-"""The prelude (``T.Kernel(prelude=...)``) of every kernel drawing Philox blocks: the 32 × 32 →
-64-bit product as one ``mul.wide.u32`` (``philox_block``; written as ``__umulhi`` and a 32-bit
-product, ptxas issued two multiplies a word: 544 → 504 SASS instructions for ``fill_randn``'s 8
-fp32 values a thread), and the MUFU reciprocal square root without CUDA's subnormal fix-up
-(``fill_randn``: its argument is never subnormal)."""
+"""The prelude (``T.Kernel(prelude=...)``) of the kernels whose Philox rounds take the wide product:
+the 32 × 32 → 64-bit product as one ``mul.wide.u32`` (``philox_block(..., wide=True)``; written as
+``__umulhi`` and a 32-bit product, ptxas issued two multiplies a word: 544 → 504 SASS instructions
+for ``fill_randn``'s 8 fp32 values a thread), and the MUFU reciprocal square root without CUDA's
+subnormal fix-up (``fill_randn``: its argument is never subnormal). Which kernels take the wide
+product was measured: ``spec.RandomKernelSpec.wide_product``, ``quant.element_kernels.build_stochastic``."""
 WORD_BITS = 32
 
 
