@@ -182,7 +182,7 @@ def test_a_draw_compiles_three_specialisations() -> None:
 
 
 def test_each_draw_runs_its_measured_bytes_a_thread_unless_asked(monkeypatch) -> None:
-    from tileplug.backend_cuda.random.spec import RUN_BYTES_VARIABLE
+    from tileplug.backend_cuda.random.spec import RUN_BYTES_VARIABLE, RandomKernelSpec
 
     seed, offset = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
     uniform = describe_call(ops.fill_rand, torch.empty(7, dtype=torch.float32), seed, offset)[0]
@@ -192,6 +192,7 @@ def test_each_draw_runs_its_measured_bytes_a_thread_unless_asked(monkeypatch) ->
     assert (rand.blocks_per_thread, rand.name) == (2, "fill_rand_fp32_v128_t256")
     assert (randn.blocks_per_thread, randn.name) == (4, "fill_randn_fp32_v128_t256_reduced")
     assert not rand.wide_product and randn.wide_product  # fill_rand fp32 keeps the split product
+    assert RandomKernelSpec("fill_rand") == rand and RandomKernelSpec("fill_randn", box_muller="reduced") == randn
     monkeypatch.setenv(RUN_BYTES_VARIABLE, "64")
     longer = _KERNELS["fill_rand"].spec(uniform)
     assert (longer.blocks_per_thread, longer.name) == (4, "fill_rand_fp32_v128_t256_run64")

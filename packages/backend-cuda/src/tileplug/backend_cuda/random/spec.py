@@ -55,13 +55,19 @@ def run_bytes(op: str) -> int:
 class RandomKernelSpec:
     """``op``: fill_rand / fill_randn / advance_offset; ``dtype``: the values' TileLang dtype;
     ``vectorize``: 128-bit stores of whole runs; ``box_muller``: how ``fill_randn`` evaluates
-    its transform (:data:`BOX_MULLER_VARIABLE`; None for the other ops, which have none)."""
+    its transform (:data:`BOX_MULLER_VARIABLE`; None for the other ops, which have none); ``run_bytes``:
+    the bytes a thread writes (None: the op's :data:`RUN_BYTES`)."""
 
     op: str
     dtype: str = "float32"
     vectorize: bool = True
     box_muller: str | None = None
     run_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        # an absent run is the op's default, so that a spec equals (and indexes as) the table's of the same kernel
+        if self.run_bytes is None and self.op in RUN_BYTES:
+            object.__setattr__(self, "run_bytes", RUN_BYTES[self.op])
 
     def build(self):
         """The TileLang ``PrimFunc`` (``tileplug.backend_cuda.jit``), built by the op's module."""
@@ -86,12 +92,7 @@ class RandomKernelSpec:
     @property
     def blocks_per_thread(self) -> int:
         """Philox blocks one thread computes (its run of ``4 · blocks`` consecutive values)."""
-        return self.run // (WORDS_PER_BLOCK * self.itemsize)
-
-    @property
-    def run(self) -> int:
-        """Bytes a thread writes: ``run_bytes``, else the op's :data:`RUN_BYTES`."""
-        return RUN_BYTES[self.op] if self.run_bytes is None else self.run_bytes
+        return self.run_bytes // (WORDS_PER_BLOCK * self.itemsize)
 
     @property
     def wide_product(self) -> bool:
@@ -109,6 +110,6 @@ class RandomKernelSpec:
             return ADVANCE
         short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
         name = f"{self.op}_{short}_{'v128' if self.vectorize else 'scalar'}_t{THREADS}"
-        if self.run != RUN_BYTES[self.op]:
-            name += f"_run{self.run}"
+        if self.run_bytes != RUN_BYTES[self.op]:
+            name += f"_run{self.run_bytes}"
         return name + "_reduced" if self.box_muller == "reduced" else name
