@@ -4,6 +4,10 @@
   CUDA tensors: no graph break, the eager bytes.
 - CUDA-graph capture of every op, replayed over distinct inputs copied into the captured
   input buffers: the bytes of eager calls on the same inputs.
+
+The stochastic cases carry a ``Generator`` that each call advances: the compiled run starts
+from the offsets the eager one started from (``_rewinder``), and a replay from the fresh
+call's generator state (copied in with its tensors), so both round with the eager bits.
 """
 
 from __future__ import annotations
@@ -49,14 +53,32 @@ def _run_all(calls):
     return results
 
 
+def _rewinder(calls):
+    """A function that puts every ``Generator`` of ``calls`` back at its offset of now (fills of
+    its state tensor, which a captured graph reads at replay)."""
+    from tileplug.core.generator import Generator
+
+    generators = [value for _, args, kwargs in calls for value in list(args) + list(kwargs.values())
+                  if isinstance(value, Generator)]
+    starts = [generator.offset_state.clone() for generator in generators]
+
+    def rewind() -> None:
+        for generator, start in zip(generators, starts):
+            generator.offset_state.copy_(start)
+
+    return rewind
+
+
 def test_fullgraph_compile_on_cuda_gives_the_eager_bytes() -> None:
     from tileplug.core.testing import assert_bytes_equal
 
     calls = _calls()
+    rewind = _rewinder(calls)
     eager = _run_all(calls)
     torch._dynamo.reset()
     explanation = torch._dynamo.explain(lambda: _run_all(calls))()
     assert explanation.graph_break_count == 0, explanation.break_reasons
+    rewind()
     compiled = torch.compile(lambda: _run_all(calls), fullgraph=True)()
     torch.cuda.synchronize()
     for index, (have, want) in enumerate(zip(compiled, eager)):
@@ -86,9 +108,15 @@ def test_cuda_graph_capture_replays_every_op_over_distinct_inputs() -> None:
 
 
 def _flat(args, kwargs) -> list[torch.Tensor]:
+    """The tensors of a call, a ``Generator``'s state tensors included (copying a fresh call's
+    into the captured one's sets its seed and rewinds its offset)."""
+    from tileplug.core.generator import Generator
+
     found = []
     for value in list(args) + list(kwargs.values()):
         for item in value if isinstance(value, tuple) else (value,):
             if isinstance(item, torch.Tensor):
                 found.append(item)
+            elif isinstance(item, Generator):
+                found.extend((item.seed_state, item.offset_state))
     return found
