@@ -11,10 +11,13 @@ One warp per row (``warp_topk.WarpRow``), ``WARPS`` rows per CTA, every value in
    plan, in registers then in the warp's part of a shared buffer, ``__syncwarp`` per level),
    bit for bit; ``1 / (1 + exp(−x))``; or ``sqrt(softplus(x))`` with the reference's stable
    ``softplus(x) = max(x, 0) + log1p(exp(−|x|))``. Every add / divide / square root is IEEE
-   (``__fadd_rn``, ``__fdiv_rn``, ``__fsqrt_rn``); ``exp`` and ``log1p`` are taken in fp64 and
-   rounded once to fp32, the correctly rounded fp32 result (but for a double rounding at a
-   near-tie, about 2^-28 of the inputs), as the reference computes them
-   (``formulas.correctly_rounded``) — CUDA's ``expf`` is up to 2 ulp off.
+   (``__fadd_rn``, ``__fdiv_rn``, ``__fsqrt_rn``); ``exp`` and ``log1p`` are the fp32 roundings
+   of fp64 values, as the reference computes them (``formulas.correctly_rounded``; CUDA's
+   ``expf`` is up to 2 ulp off): ``tileplug.backend_cuda.fp32_math``'s table-driven fp64
+   polynomials, which defer to CUDA's fp64 ``exp`` / ``log1p`` wherever their few ulps of error
+   could change the fp32 rounding — the same bits as those functions rounded once, at about a
+   third of their fp64 instructions. (A double rounding at a near-tie, about 2^-28 of the
+   inputs, can still put a score one ulp from the reference.)
 2. Selection keys on ``u + bias`` (bias for selection only).
 3. Groups (``G > 1``): group ``g``'s score is the sum of its two largest biased scores (two
    warp argmax rounds over its members); lane ``g`` holds it, and ``topk_groups`` argmax
@@ -36,6 +39,7 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
+from tileplug.backend_cuda.fp32_math import device_helpers, fast_f32, library_f32
 from tileplug.backend_cuda.moe.spec import GateSpec, lane_groups_fit
 from tileplug.backend_cuda.moe.warp_topk import NO_COLUMN, NONE, WARP, WarpRow, key_of, value_of
 
@@ -76,27 +80,23 @@ def build(spec: GateSpec):
     scores_t = T.Tensor((rows, E), "float32") if spec.with_scores else \
         T.StridedTensor((T.dynamic("sA"), T.dynamic("sB")), (T.dynamic("sC"), 1), spec.dtype)
 
-    def exp32(v):
-        """fp32 ``exp(v)``, correctly rounded: the fp64 exponential rounded once to fp32, as the
-        reference's ``formulas.correctly_rounded`` (CUDA's ``expf`` is up to 2 ulp off)."""
-        return T.cast(T.exp(T.cast(v, "float64")), "float32")
-
-    def log1p32(v):
-        """fp32 ``log1p(v)``, correctly rounded the same way."""
-        return T.cast(T.log1p(T.cast(v, "float64")), "float32")
-
-    def elementwise_score(v):
-        """fp32 sigmoid / sqrtsoftplus score of logit ``v``, with the reference's rounding points:
-        ``1 / (1 + exp(−v))``; ``sqrt(max(v, 0) + log1p(exp(−|v|)))`` (each op rounded to fp32)."""
-        if SCORING == "sigmoid":
-            return T.ieee_fdiv(T.float32(1.0), T.ieee_add(T.float32(1.0), exp32(T.ieee_sub(T.float32(0.0), v))))
-        softplus = T.ieee_add(T.max(v, T.float32(0.0)), log1p32(exp32(T.ieee_sub(T.float32(0.0), T.abs(v)))))
-        return T.ieee_fsqrt(softplus)
+    @T.macro
+    def settle(function, values, arguments):
+        """``values[i]`` = ``rn32(function(arguments[i]))`` for every entry: the fast values, computed by
+        the caller for all entries first (branch-free, so they interleave), then the rare NaN
+        (``fast_f32``: the library must decide) replaced by CUDA's fp64 function, behind a branch."""
+        for i in ENTRIES:
+            if T.isnan(values[i]):
+                values[i] = library_f32(function, arguments[i])
 
     @T.macro
-    def score_row(x, u, lane, acc, total, tree, base):
+    def score_row(x, u, e, lane, acc, total, tree, base):
         """``u`` = the scores of the lane's values ``x`` (softmax: over the whole row, ``acc``
-        holding the row's maximum key, ``total`` the denominator; ``x`` is consumed)."""
+        holding the row's maximum key, ``total`` the denominator; ``x`` is consumed; ``e`` is
+        scratch: the arguments of ``exp`` / ``log1p``). Each ``exp`` / ``log1p`` is the fp32
+        rounding of the fp64 value, as the reference's (``fp32_math``); the other operations are
+        IEEE fp32, in the reference's order: ``1 / (1 + exp(−v))``; ``sqrt(max(v, 0) +
+        log1p(exp(−|v|)))``."""
         if SCORING == "softmax":
             acc[0] = NONE
             for i in ENTRIES:
@@ -107,15 +107,34 @@ def build(spec: GateSpec):
                         acc[0] = T.max(acc[0], key_of(x[i]))
             row_max = value_of(T.warp_reduce_max(acc[0]))
             for i in ENTRIES:
-                u[i] = T.if_then_else(row.present(i, lane), exp32(T.ieee_sub(x[i], row_max)), T.float32(0.0)) \
-                    if row.present(i, lane) is not True else exp32(T.ieee_sub(x[i], row_max))
+                e[i] = T.ieee_sub(x[i], row_max)
+                u[i] = fast_f32("exp", e[i])
+            settle("exp", u, e)
+            for i in ENTRIES:
+                if row.present(i, lane) is not True:
+                    u[i] = T.if_then_else(row.present(i, lane), u[i], T.float32(0.0))
                 x[i] = u[i]
             row.row_sum(x, tree, base, lane, total)  # the reference's pairwise tree, bit for bit
             for i in ENTRIES:
                 u[i] = T.ieee_fdiv(u[i], total[0])
-        else:
+        elif SCORING == "sigmoid":
             for i in ENTRIES:
-                u[i] = elementwise_score(x[i])
+                e[i] = T.ieee_sub(T.float32(0.0), x[i])
+                u[i] = fast_f32("exp", e[i])
+            settle("exp", u, e)
+            for i in ENTRIES:
+                u[i] = T.ieee_fdiv(T.float32(1.0), T.ieee_add(T.float32(1.0), u[i]))
+        else:  # sqrtsoftplus, with the reference's stable softplus(v) = max(v, 0) + log1p(exp(−|v|))
+            for i in ENTRIES:
+                e[i] = T.ieee_sub(T.float32(0.0), T.abs(x[i]))
+                u[i] = fast_f32("exp", e[i])
+            settle("exp", u, e)
+            for i in ENTRIES:
+                e[i] = u[i]
+                u[i] = fast_f32("log1p", e[i])
+            settle("log1p", u, e)
+            for i in ENTRIES:
+                u[i] = T.ieee_fsqrt(T.ieee_add(T.max(x[i], T.float32(0.0)), u[i]))
 
     @T.macro
     def lane_group_scores(keys, lane, group_key):
@@ -175,7 +194,7 @@ def build(spec: GateSpec):
 
     @T.macro
     def body(logits, bias, mask, topk_idx, topk_weights, scores_out):
-        with T.Kernel(T.ceildiv(rows, WARPS), threads=WARPS * WARP) as bx:
+        with T.Kernel(T.ceildiv(rows, WARPS), threads=WARPS * WARP, prelude=device_helpers()) as bx:
             if spec.vec > 1:
                 T.assume(logits_t.strides[0] % spec.vec == 0)
             tree = T.alloc_shared((WARPS * row.TREE_WIDTH,), "float32") if SCORING == "softmax" else None
@@ -185,6 +204,7 @@ def build(spec: GateSpec):
             if t < rows:
                 x = T.alloc_local((VALUES,), "float32")
                 u = T.alloc_local((VALUES,), "float32")
+                e = T.alloc_local((VALUES,), "float32")
                 keys = row.keys()
                 scratch = row.keys()
                 ok = T.alloc_local((1,), "int32")
@@ -202,7 +222,7 @@ def build(spec: GateSpec):
                 slot_weight = T.alloc_local((1,), "float32")
                 row.load_row(logits, t, lane, x)
                 row.all_finite(x, lane, ok)  # the logits decide (sqrt(softplus(-inf)) = 0 is finite)
-                score_row(x, u, lane, acc, total, tree, (tx // WARP) * row.TREE_WIDTH)
+                score_row(x, u, e, lane, acc, total, tree, (tx // WARP) * row.TREE_WIDTH)
                 if spec.with_scores:
                     row.store_row(scores_out, t, lane, u)
                 for i in ENTRIES:
