@@ -2,11 +2,11 @@
 for the host with ``cc`` from the same C source the kernels carry, against the C library's fp64
 functions rounded to fp32 (what the kernels called before, and what the reference rounds).
 
-Every fp32 input was swept once (``python tests/test_cuda_fp32_math.py``, 2026-12-06, x86-64 glibc):
-exp over all 4 278 190 080 finite inputs, log1p over all finite inputs — no result differs from
-the library's rounding; the fast paths' largest error against ``expl`` / ``log1pl`` is 1.26 / 1.63
-fp64 ulps (the margin is 16), and the fast path leaves FULL_SWEEP_NOTE. The tests below sweep every
-7919th bit pattern and the edges.
+Every finite fp32 input was swept once (``python tests/test_cuda_fp32_math.py``, 2026-12-06, x86-64
+glibc): no exp or log1p result differs from the library's rounding. exp's fast path took 2 237 399 042
+inputs (``|t| ≤ 87``) and left 34 of them to the library, its largest error against ``expl`` 1.278 fp64
+ulps; log1p's took 218 103 808 (``[2^-26, 1)``), left 19, largest error against ``log1pl`` 1.661 ulps
+(the margin is 16). The tests below sweep every 7919th bit pattern and the edges.
 """
 
 from __future__ import annotations

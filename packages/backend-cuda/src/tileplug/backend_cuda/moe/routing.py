@@ -17,14 +17,25 @@ thread, never raced:
    gives the ``j``-th pair routed to ``e`` the row ``partial[chunk, e] + j``:
    ``permutation[t, s]`` (−1: not routed). Rows of an expert follow token order (then slot order).
 
+With ``spec.match_ranks`` (``spec.MATCH_RANKS_VARIABLE``) steps 1 and 3 rank the chunk's pairs in
+batches of ``COUNT_THREADS`` instead (:func:`_match_ranks`): thread ``i`` of a batch takes pair
+``batch · COUNT_THREADS + i``; ``__match_any_sync`` gives each lane the lanes of its warp routed to the
+same expert, so its place among them (the lanes below it) and, for the lowest such lane, the warp's
+count of that expert (``warp_counts[w, e]``); a pair's row is its expert's running base plus the
+counts of the batch's earlier warps plus its place; the bases then gain the batch's counts. The same
+numbers: every count is an exact integer, and a pair's row is the number of the chunk's earlier pairs
+routed to its expert (plus the chunk's first row), whichever way they are counted.
+
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.moe.spec import SCAN_THREADS, LayoutSpec, chunk_tokens
+from tileplug.backend_cuda.moe.spec import SCAN_THREADS, WARP, LayoutSpec, chunk_tokens
 
 COUNT_THREADS = 256
+COUNT_WARPS = COUNT_THREADS // WARP
+FULL_WARP = 0xFFFFFFFF
 
 
 def _load_chunk(topk_idx, chunk, tx, experts, K, CT, rows, NT):
@@ -46,12 +57,90 @@ def _load_chunk(topk_idx, chunk, tx, experts, K, CT, rows, NT):
     return load
 
 
+def _match_ranks(topk_idx, chunk, tx, experts, K, CT, rows, with_rows: bool):
+    """Macro body (``spec.match_ranks``): the chunk's pairs, a batch of ``COUNT_THREADS`` at a time, in
+    pair order. ``base[e]`` (shared ``[E]``, set by the caller) gains the count of expert ``e``'s pairs;
+    with ``with_rows`` each pair's row (``base[e]`` before it, plus the earlier pairs of its batch routed
+    to ``e``) goes to ``permutation[t, slot]`` (−1: not routed), for every pair of a row below ``T``."""
+    BATCHES = -(-(CT * K) // COUNT_THREADS)
+    E = experts
+
+    @T.macro
+    def ranks(base, warp_counts, permutation):
+        lane = tx % WARP
+        warp = tx // WARP
+        ids = T.alloc_local((BATCHES,), "int32")
+        same = T.alloc_local((1,), "uint32")
+        place = T.alloc_local((1,), "int32")
+        row = T.alloc_local((1,), "int32")
+        for b in T.unroll(BATCHES):  # every batch's expert id first: the loads overlap
+            i = b * COUNT_THREADS + tx
+            t = chunk * CT + i // K
+            ids[b] = -1
+            if T.And(i < CT * K, t < rows):
+                expert = topk_idx[t, i % K]
+                if T.And(expert >= 0, expert < E):
+                    ids[b] = T.cast(expert, "int32")
+        for b in T.unroll(BATCHES):
+            for step in T.serial(T.ceildiv(COUNT_WARPS * E, COUNT_THREADS)):
+                j = step * COUNT_THREADS + tx
+                if j < COUNT_WARPS * E:
+                    warp_counts[j // E, j % E] = 0
+            T.sync_threads()
+            # the lanes of this warp routed to the same expert; this lane's place among them
+            same[0] = T.call_extern("uint32", "__match_any_sync", T.uint32(FULL_WARP), ids[b])
+            place[0] = T.call_extern("int32", "__popc",
+                                     same[0] & (T.shift_left(T.uint32(1), T.cast(lane, "uint32")) - T.uint32(1)))
+            if T.And(ids[b] >= 0, place[0] == 0):
+                warp_counts[warp, ids[b]] = T.call_extern("int32", "__popc", same[0])
+            T.sync_threads()
+            if with_rows:
+                i = b * COUNT_THREADS + tx
+                t = chunk * CT + i // K
+                if ids[b] >= 0:
+                    row[0] = base[ids[b]] + place[0]
+                    for w in T.serial(COUNT_WARPS):
+                        if w < warp:
+                            row[0] = row[0] + warp_counts[w, ids[b]]
+                else:
+                    row[0] = -1
+                if T.And(i < CT * K, t < rows):
+                    permutation[t, i % K] = row[0]
+                T.sync_threads()
+            for step in T.serial(T.ceildiv(E, COUNT_THREADS)):
+                e = step * COUNT_THREADS + tx
+                if e < E:
+                    for w in T.serial(COUNT_WARPS):
+                        base[e] = base[e] + warp_counts[w, e]
+            T.sync_threads()
+
+    return ranks
+
+
 def build_chunk_counts(spec: LayoutSpec):
     """``(topk_idx [T, K], partial [C, E])``: the pairs of each chunk routed to each expert."""
     E, K = spec.experts, spec.slots
     CT = chunk_tokens(K)
     rows, chunks = T.dynamic("T"), T.dynamic("C")
     idx_t = T.StridedTensor((rows, K), (T.dynamic("I0"), 1), spec.index_dtype)
+
+    if spec.match_ranks:
+
+        @T.prim_func
+        def kernel(topk_idx: idx_t, partial: T.Tensor((chunks, E), "int32")):
+            with T.Kernel(chunks, threads=COUNT_THREADS) as bx:
+                tx = T.get_thread_binding()
+                base = T.alloc_shared((E,), "int32")
+                warp_counts = T.alloc_shared((COUNT_WARPS, E), "int32")
+                for step in T.serial(T.ceildiv(E, COUNT_THREADS)):
+                    if step * COUNT_THREADS + tx < E:
+                        base[step * COUNT_THREADS + tx] = 0
+                _match_ranks(topk_idx, bx, tx, E, K, CT, rows, False)(base, warp_counts, partial)
+                for step in T.serial(T.ceildiv(E, COUNT_THREADS)):
+                    if step * COUNT_THREADS + tx < E:
+                        partial[bx, step * COUNT_THREADS + tx] = base[step * COUNT_THREADS + tx]
+
+        return kernel.with_attr("global_symbol", spec.name)
 
     @T.prim_func
     def kernel(topk_idx: idx_t, partial: T.Tensor((chunks, E), "int32")):
@@ -122,6 +211,21 @@ def build_permute_index(spec: LayoutSpec):
     CT = chunk_tokens(K)
     rows, chunks = T.dynamic("T"), T.dynamic("C")
     idx_t = T.StridedTensor((rows, K), (T.dynamic("I0"), 1), spec.index_dtype)
+
+    if spec.match_ranks:
+
+        @T.prim_func
+        def kernel(topk_idx: idx_t, partial: T.Tensor((chunks, E), "int32"), permutation: T.Tensor((rows, K), "int32")):
+            with T.Kernel(chunks, threads=COUNT_THREADS) as bx:
+                tx = T.get_thread_binding()
+                base = T.alloc_shared((E,), "int32")
+                warp_counts = T.alloc_shared((COUNT_WARPS, E), "int32")
+                for step in T.serial(T.ceildiv(E, COUNT_THREADS)):
+                    if step * COUNT_THREADS + tx < E:
+                        base[step * COUNT_THREADS + tx] = partial[bx, step * COUNT_THREADS + tx]
+                _match_ranks(topk_idx, bx, tx, E, K, CT, rows, True)(base, warp_counts, permutation)
+
+        return kernel.with_attr("global_symbol", spec.name)
 
     @T.prim_func
     def kernel(topk_idx: idx_t, partial: T.Tensor((chunks, E), "int32"), permutation: T.Tensor((rows, K), "int32")):

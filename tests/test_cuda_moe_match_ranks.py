@@ -1,0 +1,135 @@
+"""The CUDA layout kernels' warp-match ranking (``TILEPLUG_CUDA_MOE_MATCH_RANKS=1``, opt-in until a
+GPU host has timed it), without a GPU: ``routing._match_ranks``'s steps emulated in Python — batches of
+256 pairs, ``__match_any_sync`` within each warp of 32, the counts of the earlier warps and batches —
+against the default form's walk (thread ``e`` counts the chunk's pairs routed to ``e`` in order), on
+routing with skew, unrouted pairs (−1, ids past E) and a ragged last chunk, for slot counts whose
+chunks do not fill the last batch; which specs the variable picks; and the compiled kernels."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tileplug.backend_cuda.moe.spec import MATCH_RANKS_VARIABLE, WARP, chunk_tokens
+
+THREADS = 256
+
+
+def walk_rows(ids: list[int], experts: int, base: list[int]) -> tuple[list[int], list[int]]:
+    """The default form: each pair's row (−1: not routed) and the chunk's counts, pair by pair."""
+    running = list(base)
+    rows = []
+    for expert in ids:
+        if 0 <= expert < experts:
+            rows.append(running[expert])
+            running[expert] += 1
+        else:
+            rows.append(-1)
+    return rows, [running[e] - base[e] for e in range(experts)]
+
+
+def match_rows(ids: list[int], experts: int, base: list[int]) -> tuple[list[int], list[int]]:
+    """The match form as the kernel runs it: batch by batch, warp by warp, lane by lane."""
+    running = list(base)
+    rows = []
+    for start in range(0, len(ids), THREADS):
+        batch = ids[start:start + THREADS] + [-1] * (THREADS - len(ids[start:start + THREADS]))
+        batch = [e if 0 <= e < experts else -1 for e in batch]
+        warp_counts = [[0] * experts for _ in range(THREADS // WARP)]
+        places = []
+        for warp in range(THREADS // WARP):
+            lanes = batch[warp * WARP:(warp + 1) * WARP]
+            for lane, expert in enumerate(lanes):
+                same = [other for other in range(WARP) if lanes[other] == expert]  # __match_any_sync
+                place = sum(1 for other in same if other < lane)  # __popc(same & lanes below)
+                places.append(place)
+                if expert >= 0 and place == 0:
+                    warp_counts[warp][expert] = len(same)
+        for thread, expert in enumerate(batch):
+            if start + thread >= len(ids):
+                continue
+            if expert < 0:
+                rows.append(-1)
+                continue
+            warp = thread // WARP
+            rows.append(running[expert] + places[thread] + sum(warp_counts[w][expert] for w in range(warp)))
+        for expert in range(experts):
+            running[expert] += sum(warp_counts[w][expert] for w in range(THREADS // WARP))
+    return rows, [running[e] - base[e] for e in range(experts)]
+
+
+def _routing(tokens: int, slots: int, experts: int, seed: int) -> list[int]:
+    """Chunk-order expert ids: skewed (a few hot experts), with unrouted slots and ids past E."""
+    rng = random.Random(seed)
+    hot = [rng.randrange(experts) for _ in range(3)]
+    ids = []
+    for _ in range(tokens * slots):
+        draw = rng.random()
+        ids.append(rng.choice(hot) if draw < 0.4 else -1 if draw < 0.45 else experts + 3 if draw < 0.47
+                   else rng.randrange(experts))
+    return ids
+
+
+@pytest.mark.parametrize("experts, slots, tokens", [(256, 8, 600), (8, 2, 1500), (1024, 6, 700), (33, 9, 250),
+                                                     (256, 1, 2048), (64, 2048, 2), (512, 1500, 3)])
+def test_match_ranks_give_the_walks_rows_and_counts(experts, slots, tokens) -> None:
+    per_chunk = chunk_tokens(slots)
+    ids = _routing(tokens, slots, experts, seed=experts + slots)
+    rng = random.Random(7)
+    for chunk_start in range(0, tokens, per_chunk):
+        chunk = ids[chunk_start * slots:(chunk_start + per_chunk) * slots]
+        base = [rng.randrange(1 << 20) for _ in range(experts)]
+        assert match_rows(chunk, experts, base) == walk_rows(chunk, experts, base), (chunk_start, len(chunk))
+
+
+def test_a_batch_of_one_expert_and_of_all_different_experts() -> None:
+    same = [5] * THREADS
+    assert match_rows(same, 8, [10] * 8)[0] == list(range(10, 10 + THREADS))
+    distinct = list(range(THREADS))
+    assert match_rows(distinct, THREADS, [0] * THREADS)[0] == [0] * THREADS
+
+
+def test_the_variable_picks_the_match_kernels(monkeypatch) -> None:
+    from tileplug.backend_cuda.plugin import _KERNELS
+    from tileplug.core import ops
+    from tileplug.core.lowering import describe_call
+
+    topk_idx = torch.zeros(4, 8, dtype=torch.int64)
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    counts_call = describe_call(ops.moe_expert_counts, topk_idx, 256)[0]
+    permute_call = describe_call(ops.moe_permute, x, topk_idx, 256)[0]
+    monkeypatch.delenv(MATCH_RANKS_VARIABLE, raising=False)
+    assert not any(getattr(spec, "match_ranks", False) for spec in _KERNELS["moe_permute"].specs(permute_call))
+    monkeypatch.setenv(MATCH_RANKS_VARIABLE, "1")
+    chosen = {spec.kernel: spec for spec in _KERNELS["moe_permute"].specs(permute_call) if hasattr(spec, "match_ranks")}
+    assert chosen["chunk_counts"].match_ranks and chosen["permute_index"].match_ranks
+    assert not chosen["expert_scan"].match_ranks
+    assert chosen["permute_index"].name.endswith("_match")
+    assert _KERNELS["moe_expert_counts"].specs(counts_call)[0].match_ranks
+    monkeypatch.setenv(MATCH_RANKS_VARIABLE, "on")
+    with pytest.raises(ValueError, match=f"{MATCH_RANKS_VARIABLE}='on': expected one of 0, 1"):
+        _KERNELS["moe_permute"].specs(permute_call)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("kernel", ["chunk_counts", "permute_index"])
+def test_the_match_kernels_compile_without_spills(kernel) -> None:
+    pytest.importorskip("tilelang")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_cuda_compile import nvcc, spill_bytes
+
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.moe.spec import LayoutSpec
+
+    for experts, slots, index in ((256, 8, "int64"), (1024, 6, "int32"), (33, 9, "int64")):
+        spec = LayoutSpec(kernel, experts, slots, index, match_ranks=True)
+        source = jit.lower_source(spec)
+        assert "__match_any_sync" in source and "__popc" in source, spec.name
+        error, _, report = nvcc(source)
+        assert error is None, error
+        assert spill_bytes(report) == {spec.name + "_kernel": 0}, report[-2000:]
