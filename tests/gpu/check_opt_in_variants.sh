@@ -11,13 +11,19 @@
 #      built at a kernel's first call, before the capture);
 #   4. the host time per call of the norm, SwiGLU and quant bench cases (the launchers' stride fix-up changed on the
 #      CPU in the twenty-third session): tests/gpu/probe_host_cases.py.
+# The twenty-fifth session (CPU only after its GPU time) added:
+#   5. the MoE gates' exp / log1p from backend_cuda/fp32_math.py (the default: the same bits by construction, swept on the
+#      CPU): the gate tests against the reference, then the sqrtsoftplus and DeepSeek-V3 routers at fp32 logits beside
+#      TileKernels (before, on an H100: 170.4 / 110.8 us at T = 65536, TileKernels' sqrtsoftplus gate 108.3);
+#   6. the layout kernels' warp-match ranking (TILEPLUG_CUDA_MOE_MATCH_RANKS, 0 by default): its GPU test (the walk's
+#      bytes), then counting and permutation with it off / on.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
 set -u
 start=$(date +%s)
 BUDGET=${BUDGET:-400}
-STEPS=" ${STEPS:-1 2 3 4} "
+STEPS=" ${STEPS:-1 2 3 4 5 6} "
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 cd "$(dirname "$0")/../.."
@@ -60,5 +66,22 @@ fi
 if want 4 && [ $(left) -gt 60 ]; then
   HOST_CASES=rms_norm,layer_norm,rms_norm_backward,layer_norm_backward,swiglu,swiglu_backward,per_token_cast,per_channel_cast \
     timeout $(( $(left) - 10 )) python3 tests/gpu/probe_host_cases.py 2>> $OUT/stderr.log | cut -c1-160
+fi
+# 5. the gates' fp32_math: bytes against the reference, then time beside TileKernels
+if want 5 && [ $(left) -gt 90 ]; then
+  timeout 150 $P -n 8 -k "moe_topk_gate and not backward" tests/gpu/test_cuda_moe.py > $OUT/gate.txt 2>&1; tail -2 $OUT/gate.txt
+  [ $(left) -gt 50 ] && timeout $(( $(left) > 110 ? 100 : $(left) - 10 )) $BENCH --dtype fp32 --peer tile_kernels \
+    --ops moe_topk_gate/sqrtsoftplus-shared1,moe_topk_gate/deepseek-v3 --tokens 1,128,1024,4096,16384,65536 \
+    2>> $OUT/stderr.log | tee -a $OUT/gate_bench.txt | grep -E "^moe_"
+fi
+# 6. the warp-match layout ranks: bytes, then time (a variable setting a process)
+if want 6 && [ $(left) -gt 60 ]; then
+  timeout 150 $P -n 8 -k match_ranks tests/gpu/test_cuda_moe.py > $OUT/match.txt 2>&1; tail -2 $OUT/match.txt
+  for ranks in 0 1; do
+    [ $(left) -gt 50 ] || break
+    echo "== match ranks $ranks, $(left) s left" | tee -a $OUT/match_bench.txt
+    env TILEPLUG_CUDA_MOE_MATCH_RANKS=$ranks timeout 60 $BENCH --ops moe_expert_counts/e256-k8,moe_permute/e256-k8 \
+      --tokens 128,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/match_bench.txt | grep -E "^moe_"
+  done
 fi
 echo "all done, $(left) s left"
