@@ -106,8 +106,9 @@ def build(spec: GateSpec):
                     if row.present(i, lane):
                         acc[0] = T.max(acc[0], key_of(x[i]))
             row_max = value_of(T.warp_reduce_max(acc[0]))
-            for i in ENTRIES:
-                e[i] = T.ieee_sub(x[i], row_max)
+            for i in ENTRIES:  # (a column past E: exp(0), never the library's path)
+                e[i] = T.ieee_sub(x[i], row_max) if row.present(i, lane) is True else \
+                    T.if_then_else(row.present(i, lane), T.ieee_sub(x[i], row_max), T.float32(0.0))
                 u[i] = fast_f32("exp", e[i])
             settle("exp", u, e)
             for i in ENTRIES:
