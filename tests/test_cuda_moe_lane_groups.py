@@ -159,4 +159,5 @@ def test_the_lane_group_kernel_compiles_without_spills(monkeypatch) -> None:
         assert "__shfl_xor_sync" in source, spec.name
         error, _, report = nvcc(source)
         assert error is None, error
-        assert spill_bytes(report) == {spec.name + "_kernel": 0}, report[-2000:]
+        spills = spill_bytes(report)  # the kernel and the out-of-line fp32_math library calls
+        assert spills.get(spec.name + "_kernel") == 0 and not any(spills.values()), report[-2000:]
