@@ -15,8 +15,8 @@
 #   5. the MoE gates' exp / log1p from backend_cuda/fp32_math.py (the default: the same bits by construction, swept on the
 #      CPU): the gate tests against the reference, then the sqrtsoftplus and DeepSeek-V3 routers at fp32 logits beside
 #      TileKernels (before, on an H100: 170.4 / 110.8 us at T = 65536, TileKernels' sqrtsoftplus gate 108.3);
-#   6. the layout kernels' warp-match ranking (TILEPLUG_CUDA_MOE_MATCH_RANKS, 0 by default): its GPU test (the walk's
-#      bytes), then counting and permutation with it off / on.
+#   6. the layout kernels' batched form (TILEPLUG_CUDA_MOE_BATCHED_LAYOUT, 0 by default: warp-match ranks, batched scan
+#      loads): its GPU test (the walk's bytes), then counting and permutation with it off / on.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -74,13 +74,13 @@ if want 5 && [ $(left) -gt 90 ]; then
     --ops moe_topk_gate/sqrtsoftplus-shared1,moe_topk_gate/deepseek-v3 --tokens 1,128,1024,4096,16384,65536 \
     2>> $OUT/stderr.log | tee -a $OUT/gate_bench.txt | grep -E "^moe_"
 fi
-# 6. the warp-match layout ranks: bytes, then time (a variable setting a process)
+# 6. the batched layout kernels: bytes, then time (a variable setting a process)
 if want 6 && [ $(left) -gt 60 ]; then
-  timeout 150 $P -n 8 -k match_ranks tests/gpu/test_cuda_moe.py > $OUT/match.txt 2>&1; tail -2 $OUT/match.txt
-  for ranks in 0 1; do
+  timeout 150 $P -n 8 -k batched_layout tests/gpu/test_cuda_moe.py > $OUT/match.txt 2>&1; tail -2 $OUT/match.txt
+  for batched in 0 1; do
     [ $(left) -gt 50 ] || break
-    echo "== match ranks $ranks, $(left) s left" | tee -a $OUT/match_bench.txt
-    env TILEPLUG_CUDA_MOE_MATCH_RANKS=$ranks timeout 60 $BENCH --ops moe_expert_counts/e256-k8,moe_permute/e256-k8 \
+    echo "== batched layout $batched, $(left) s left" | tee -a $OUT/match_bench.txt
+    env TILEPLUG_CUDA_MOE_BATCHED_LAYOUT=$batched timeout 60 $BENCH --ops moe_expert_counts/e256-k8,moe_permute/e256-k8 \
       --tokens 128,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/match_bench.txt | grep -E "^moe_"
   done
 fi

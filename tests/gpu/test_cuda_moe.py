@@ -136,8 +136,8 @@ def precompiled(gate_forced_on):
     both = [dataclasses.replace(spec, lane_groups=lanes) for case in GRID if case.op == FULL
             and dict(case.kwargs).get("num_groups", 1) > 1 for spec in _specs(case)
             if lane_groups_fit(spec.experts, spec.groups, spec.vec) for lanes in (False, True)]
-    matched = [dataclasses.replace(spec, match_ranks=True) for case in GRID if case.op in (COUNTS, PERMUTE)
-               for spec in _specs(case) if hasattr(spec, "match_ranks") and spec.kernel != "expert_scan"]
+    matched = [dataclasses.replace(spec, batched=True) for case in GRID if case.op in (COUNTS, PERMUTE)
+               for spec in _specs(case) if hasattr(spec, "batched")]
     jit.precompile(list(dict.fromkeys(specs + both + matched)))
 
 
@@ -189,33 +189,33 @@ def test_lane_group_scores_give_the_masked_rounds_bytes(case: Case, monkeypatch:
         assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"), what=f"{case.id} output {index} (lane groups)")
 
 
-# ---------------------------------------------------------------------- the warp-match layout ranks
+# ---------------------------------------------------------------------- the batched layout kernels
 
 LAYOUT = [case for case in GRID if case.op in (COUNTS, PERMUTE)]
 
 
 @pytest.mark.parametrize("tokens", [1, 300, BATCH])
 @pytest.mark.parametrize("case", LAYOUT, ids=[case.id for case in LAYOUT])
-def test_match_ranks_give_the_walks_bytes(case: Case, tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Counting and permutation with the layout kernels' warp-match ranking
-    (``TILEPLUG_CUDA_MOE_MATCH_RANKS=1``) give the default walk's outputs byte for byte, and the match
+def test_batched_layout_gives_the_walks_bytes(case: Case, tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counting and permutation with the layout kernels' batched form (``TILEPLUG_CUDA_MOE_BATCHED_LAYOUT=1``:
+    warp-match ranks, batched scan loads) give the default walk's outputs byte for byte, and the batched
     kernels ran."""
     from tileplug.backend_cuda import jit
-    from tileplug.backend_cuda.moe.spec import MATCH_RANKS_VARIABLE
+    from tileplug.backend_cuda.moe.spec import BATCHED_LAYOUT_VARIABLE
     from tileplug.core.registry import registry
 
     args, kwargs = case.arguments(tokens, "cpu", seed=29)
     monkeypatch.setattr(registry, "_cache", {})
-    monkeypatch.setenv(MATCH_RANKS_VARIABLE, "0")
+    monkeypatch.setenv(BATCHED_LAYOUT_VARIABLE, "0")
     walked = _cuda(case, args, kwargs)
     monkeypatch.setattr(registry, "_cache", {})
-    monkeypatch.setenv(MATCH_RANKS_VARIABLE, "1")
+    monkeypatch.setenv(BATCHED_LAYOUT_VARIABLE, "1")
     matched = _cuda(case, args, kwargs)
-    ran = {entry.name for entry, _ in jit._entries if hasattr(entry, "match_ranks") and entry.match_ranks}
+    ran = {entry.name for entry, _ in jit._entries if hasattr(entry, "batched") and entry.batched}
     assert any(name.startswith("moe_chunk_counts") for name in ran), ran
     for index, (have, want) in enumerate(zip(matched, walked)):
         if want is not None:
-            assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"), what=f"{case.id} output {index} (match ranks)")
+            assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"), what=f"{case.id} output {index} (batched layout)")
 
 
 # ---------------------------------------------------------------------- batch invariance

@@ -17,7 +17,8 @@ thread, never raced:
    gives the ``j``-th pair routed to ``e`` the row ``partial[chunk, e] + j``:
    ``permutation[t, s]`` (−1: not routed). Rows of an expert follow token order (then slot order).
 
-With ``spec.match_ranks`` (``spec.MATCH_RANKS_VARIABLE``) steps 1 and 3 rank the chunk's pairs in
+With ``spec.batched`` (``spec.BATCHED_LAYOUT_VARIABLE``) step 2 loads ``SCAN_BATCH`` chunk counts at a
+time, and steps 1 and 3 rank the chunk's pairs in
 batches of ``COUNT_THREADS`` instead (:func:`_match_ranks`): thread ``i`` of a batch takes pair
 ``batch · COUNT_THREADS + i``; ``__match_any_sync`` gives each lane the lanes of its warp routed to the
 same expert, so its place among them (the lanes below it) and, for the lowest such lane, the warp's
@@ -31,7 +32,7 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.moe.spec import SCAN_THREADS, WARP, LayoutSpec, chunk_tokens
+from tileplug.backend_cuda.moe.spec import SCAN_BATCH, SCAN_THREADS, WARP, LayoutSpec, chunk_tokens
 
 COUNT_THREADS = 256
 COUNT_WARPS = COUNT_THREADS // WARP
@@ -58,7 +59,7 @@ def _load_chunk(topk_idx, chunk, tx, experts, K, CT, rows, NT):
 
 
 def _match_ranks(topk_idx, chunk, tx, experts, K, CT, rows, with_rows: bool):
-    """Macro body (``spec.match_ranks``): the chunk's pairs, a batch of ``COUNT_THREADS`` at a time, in
+    """Macro body (``spec.batched``): the chunk's pairs, a batch of ``COUNT_THREADS`` at a time, in
     pair order. ``base[e]`` (shared ``[E]``, set by the caller) gains the count of expert ``e``'s pairs;
     with ``with_rows`` each pair's row (``base[e]`` before it, plus the earlier pairs of its batch routed
     to ``e``) goes to ``permutation[t, slot]`` (−1: not routed), for every pair of a row below ``T``."""
@@ -124,7 +125,7 @@ def build_chunk_counts(spec: LayoutSpec):
     rows, chunks = T.dynamic("T"), T.dynamic("C")
     idx_t = T.StridedTensor((rows, K), (T.dynamic("I0"), 1), spec.index_dtype)
 
-    if spec.match_ranks:
+    if spec.batched:
 
         @T.prim_func
         def kernel(topk_idx: idx_t, partial: T.Tensor((chunks, E), "int32")):
@@ -180,10 +181,19 @@ def build_expert_scan(spec: LayoutSpec):
             total = T.alloc_local((1,), "int32")
             running = T.alloc_local((1,), "int32")
             value = T.alloc_local((1,), "int32")
+            counts_in = T.alloc_local((SCAN_BATCH,), "int32")
             total[0] = 0
             if e < E:
-                for b in T.serial(chunks):
-                    total[0] = total[0] + partial[b, e]
+                if spec.batched:  # SCAN_BATCH independent loads in flight, then their sum (integers: any order)
+                    for batch in T.serial(T.ceildiv(chunks, SCAN_BATCH)):
+                        for i in T.unroll(SCAN_BATCH):
+                            counts_in[i] = T.if_then_else(batch * SCAN_BATCH + i < chunks,
+                                                          partial[batch * SCAN_BATCH + i, e], 0)
+                        for i in T.unroll(SCAN_BATCH):
+                            total[0] = total[0] + counts_in[i]
+                else:
+                    for b in T.serial(chunks):
+                        total[0] = total[0] + partial[b, e]
             scan[0, e] = T.if_then_else(e < E, (total[0] + (ALIGN - 1)) // ALIGN * ALIGN, 0)
             T.sync_threads()
             for level, distance in enumerate(LEVELS):
@@ -197,10 +207,20 @@ def build_expert_scan(spec: LayoutSpec):
                 expert_ends[e] = start + total[0]
                 if spec.bases:
                     running[0] = start
-                    for b in T.serial(chunks):
-                        value[0] = partial[b, e]
-                        partial[b, e] = running[0]
-                        running[0] = running[0] + value[0]
+                    if spec.batched:
+                        for batch in T.serial(T.ceildiv(chunks, SCAN_BATCH)):
+                            for i in T.unroll(SCAN_BATCH):
+                                counts_in[i] = T.if_then_else(batch * SCAN_BATCH + i < chunks,
+                                                              partial[batch * SCAN_BATCH + i, e], 0)
+                            for i in T.unroll(SCAN_BATCH):
+                                if batch * SCAN_BATCH + i < chunks:
+                                    partial[batch * SCAN_BATCH + i, e] = running[0]
+                                running[0] = running[0] + counts_in[i]
+                    else:
+                        for b in T.serial(chunks):
+                            value[0] = partial[b, e]
+                            partial[b, e] = running[0]
+                            running[0] = running[0] + value[0]
 
     return kernel.with_attr("global_symbol", spec.name)
 
@@ -212,7 +232,7 @@ def build_permute_index(spec: LayoutSpec):
     rows, chunks = T.dynamic("T"), T.dynamic("C")
     idx_t = T.StridedTensor((rows, K), (T.dynamic("I0"), 1), spec.index_dtype)
 
-    if spec.match_ranks:
+    if spec.batched:
 
         @T.prim_func
         def kernel(topk_idx: idx_t, partial: T.Tensor((chunks, E), "int32"), permutation: T.Tensor((rows, K), "int32")):

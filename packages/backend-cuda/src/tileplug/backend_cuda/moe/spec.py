@@ -32,14 +32,17 @@ rounds' (``tests/gpu/test_cuda_moe.py -k lane_group``, 5 cases at 4001 rows), an
 (256 experts, 8 groups, bf16 logits) takes 108.5 µs at T = 65536 against 180.7 (32.1 / 50.7 at 16384, 12.6
 / 18.0 at 4096, 7.4 / 8.0 at 128). The kernel's name says which."""
 LANE_GROUPS_CHOICES = ("0", "1")
-MATCH_RANKS_VARIABLE = "TILEPLUG_CUDA_MOE_MATCH_RANKS"
-"""``1``: the layout kernels ``chunk_counts`` / ``permute_index`` rank a chunk's pairs a warp at a time
-(``__match_any_sync``: the pairs of a warp with the same expert, their places among them by the lanes below,
-then the counts of the earlier warps of the batch and of the earlier batches, in shared memory), about
-``CHUNK_PAIRS / 256`` steps a thread; ``0`` (the default until measured): thread ``e`` walks the chunk's
-``CHUNK_PAIRS`` pairs for expert ``e``. The same counts and rows (each pair's row is the number of earlier
-pairs of the chunk routed to its expert, whichever way it is counted); the kernel's name says which."""
-MATCH_RANKS_CHOICES = ("0", "1")
+BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
+"""``1``: the layout kernels work in batches. ``chunk_counts`` / ``permute_index`` rank a chunk's pairs a
+warp at a time (``__match_any_sync``: the pairs of a warp with the same expert, their places among them by the
+lanes below, then the counts of the earlier warps of the batch and of the earlier batches, in shared memory),
+about ``CHUNK_PAIRS / 256`` steps a thread; ``expert_scan`` reads its column of chunk counts
+``SCAN_BATCH`` chunks at a time (independent loads in flight, where one chunk at a time waited for each).
+``0`` (the default until measured): thread ``e`` walks the chunk's ``CHUNK_PAIRS`` pairs for expert ``e``, and
+the scan reads one chunk at a time. The same counts and rows (integer sums, and each pair's row is the
+number of earlier pairs of the chunk routed to its expert, whichever way it is counted); the kernel's name
+says which."""
+BATCHED_LAYOUT_CHOICES = ("0", "1")
 
 
 def lane_groups_fit(experts: int, groups: int, vec: int) -> bool:
@@ -61,11 +64,11 @@ def lane_groups(experts: int, groups: int, vec: int) -> bool:
     return tuning_choice(LANE_GROUPS_VARIABLE, "1", LANE_GROUPS_CHOICES) == "1" and lane_groups_fit(experts, groups, vec)
 
 
-def match_ranks() -> bool:
-    """Whether the layout kernels rank by warp matches (:data:`MATCH_RANKS_VARIABLE`)."""
+def batched_layout() -> bool:
+    """Whether the layout kernels work in batches (:data:`BATCHED_LAYOUT_VARIABLE`)."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
 
-    return tuning_choice(MATCH_RANKS_VARIABLE, "0", MATCH_RANKS_CHOICES) == "1"
+    return tuning_choice(BATCHED_LAYOUT_VARIABLE, "0", BATCHED_LAYOUT_CHOICES) == "1"
 
 
 def values_per_vector(dtype: str) -> int:
@@ -163,6 +166,8 @@ CHUNK_PAIRS = 2048
 placement never depends on T's split or the device."""
 SCAN_THREADS = 1024
 """Threads of the one-CTA expert scan: one per expert (E ≤ 1024)."""
+SCAN_BATCH = 8
+"""Chunk counts the batched expert scan loads at once (:data:`BATCHED_LAYOUT_VARIABLE`)."""
 
 
 def chunk_tokens(slots: int) -> int:
@@ -174,8 +179,8 @@ def chunk_tokens(slots: int) -> int:
 class LayoutSpec:
     """One of the expert layout kernels (``routing``): ``kernel`` chunk_counts / expert_scan /
     permute_index, ``experts`` E, ``slots`` K, ``index_dtype`` of topk_idx, ``alignment``
-    (expert_scan), ``bases`` (expert_scan also writes each chunk's first rows), ``match_ranks``
-    (chunk_counts / permute_index: :data:`MATCH_RANKS_VARIABLE`)."""
+    (expert_scan), ``bases`` (expert_scan also writes each chunk's first rows), ``batched``
+    (:data:`BATCHED_LAYOUT_VARIABLE`)."""
 
     kernel: str
     experts: int
@@ -183,7 +188,7 @@ class LayoutSpec:
     index_dtype: str = "int64"
     alignment: int = 1
     bases: bool = False
-    match_ranks: bool = False
+    batched: bool = False
 
     @property
     def name(self) -> str:
@@ -194,8 +199,8 @@ class LayoutSpec:
             parts.append(f"a{self.alignment}")
             if self.bases:
                 parts.append("bases")
-        if self.match_ranks:
-            parts.append("match")
+        if self.batched:
+            parts.append("batched")
         return "_".join(parts)
 
     def build(self):

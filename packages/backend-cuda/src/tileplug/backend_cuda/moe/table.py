@@ -28,7 +28,7 @@ from tileplug.backend_cuda.moe.spec import (
     RowSpec,
     chunk_tokens,
     lane_groups,
-    match_ranks,
+    batched_layout,
     values_per_vector,
 )
 from tileplug.core.call import Scoring
@@ -251,8 +251,9 @@ class ExpertCounts(_Kernel):
 
     def specs(self, call: Any) -> list:
         index = TL_NAMES[call.index_dtype]
-        return [LayoutSpec("chunk_counts", call.num_experts, call.num_slots, index, match_ranks=match_ranks()),
-                LayoutSpec("expert_scan", call.num_experts, alignment=call.alignment)]
+        batched = batched_layout()
+        return [LayoutSpec("chunk_counts", call.num_experts, call.num_slots, index, batched=batched),
+                LayoutSpec("expert_scan", call.num_experts, alignment=call.alignment, batched=batched)]
 
     def prepare(self, call: Any) -> Launcher:
         counts_spec, scan_spec = self.specs(call)
@@ -299,12 +300,12 @@ class Permute(_Kernel):
         index, dtype, vec = TL_NAMES[call.index_dtype], TL_NAMES[call.row_dtype], self._vec(call)
         sf = None if call.sf_dtype is None else TL_NAMES[call.sf_dtype]
         width = call.sf_width or 0
-        ranks = match_ranks()
+        batched = batched_layout()
         return [RowCopySpec("permute_rows", dtype, call.row_width, vec, slots=call.num_slots, sf_dtype=sf,
                             sf_width=width),
-                LayoutSpec("chunk_counts", call.num_experts, call.num_slots, index, match_ranks=ranks),
-                LayoutSpec("expert_scan", call.num_experts, alignment=call.alignment, bases=True),
-                LayoutSpec("permute_index", call.num_experts, call.num_slots, index, match_ranks=ranks),
+                LayoutSpec("chunk_counts", call.num_experts, call.num_slots, index, batched=batched),
+                LayoutSpec("expert_scan", call.num_experts, alignment=call.alignment, bases=True, batched=batched),
+                LayoutSpec("permute_index", call.num_experts, call.num_slots, index, batched=batched),
                 RowCopySpec("zero_padding", dtype, call.row_width, vec, experts=call.num_experts,
                             alignment=call.alignment, sf_dtype=sf, sf_width=width)]
 

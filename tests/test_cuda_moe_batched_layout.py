@@ -1,9 +1,10 @@
-"""The CUDA layout kernels' warp-match ranking (``TILEPLUG_CUDA_MOE_MATCH_RANKS=1``, opt-in until a
-GPU host has timed it), without a GPU: ``routing._match_ranks``'s steps emulated in Python — batches of
-256 pairs, ``__match_any_sync`` within each warp of 32, the counts of the earlier warps and batches —
-against the default form's walk (thread ``e`` counts the chunk's pairs routed to ``e`` in order), on
-routing with skew, unrouted pairs (−1, ids past E) and a ragged last chunk, for slot counts whose
-chunks do not fill the last batch; which specs the variable picks; and the compiled kernels."""
+"""The CUDA layout kernels' batched form (``TILEPLUG_CUDA_MOE_BATCHED_LAYOUT=1``, opt-in until a GPU host
+has timed it), without a GPU: the warp-match ranking's steps (``routing._match_ranks``) emulated in Python
+— batches of 256 pairs, ``__match_any_sync`` within each warp of 32, the counts of the earlier warps and
+batches — against the default form's walk (thread ``e`` counts the chunk's pairs routed to ``e`` in
+order), on routing with skew, unrouted pairs (−1, ids past E) and a ragged last chunk, for slot counts
+whose chunks do not fill the last batch; which specs the variable picks; and the compiled kernels (the
+expert scan's batched loads among them)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import random
 import pytest
 import torch
 
-from tileplug.backend_cuda.moe.spec import MATCH_RANKS_VARIABLE, WARP, chunk_tokens
+from tileplug.backend_cuda.moe.spec import BATCHED_LAYOUT_VARIABLE, WARP, chunk_tokens
 
 THREADS = 256
 
@@ -74,7 +75,7 @@ def _routing(tokens: int, slots: int, experts: int, seed: int) -> list[int]:
 
 @pytest.mark.parametrize("experts, slots, tokens", [(256, 8, 600), (8, 2, 1500), (1024, 6, 700), (33, 9, 250),
                                                      (256, 1, 2048), (64, 2048, 2), (512, 1500, 3)])
-def test_match_ranks_give_the_walks_rows_and_counts(experts, slots, tokens) -> None:
+def test_warp_match_ranks_give_the_walks_rows_and_counts(experts, slots, tokens) -> None:
     per_chunk = chunk_tokens(slots)
     ids = _routing(tokens, slots, experts, seed=experts + slots)
     rng = random.Random(7)
@@ -91,7 +92,7 @@ def test_a_batch_of_one_expert_and_of_all_different_experts() -> None:
     assert match_rows(distinct, THREADS, [0] * THREADS)[0] == [0] * THREADS
 
 
-def test_the_variable_picks_the_match_kernels(monkeypatch) -> None:
+def test_the_variable_picks_the_batched_kernels(monkeypatch) -> None:
     from tileplug.backend_cuda.plugin import _KERNELS
     from tileplug.core import ops
     from tileplug.core.lowering import describe_call
@@ -100,22 +101,21 @@ def test_the_variable_picks_the_match_kernels(monkeypatch) -> None:
     x = torch.zeros(4, 64, dtype=torch.bfloat16)
     counts_call = describe_call(ops.moe_expert_counts, topk_idx, 256)[0]
     permute_call = describe_call(ops.moe_permute, x, topk_idx, 256)[0]
-    monkeypatch.delenv(MATCH_RANKS_VARIABLE, raising=False)
-    assert not any(getattr(spec, "match_ranks", False) for spec in _KERNELS["moe_permute"].specs(permute_call))
-    monkeypatch.setenv(MATCH_RANKS_VARIABLE, "1")
-    chosen = {spec.kernel: spec for spec in _KERNELS["moe_permute"].specs(permute_call) if hasattr(spec, "match_ranks")}
-    assert chosen["chunk_counts"].match_ranks and chosen["permute_index"].match_ranks
-    assert not chosen["expert_scan"].match_ranks
-    assert chosen["permute_index"].name.endswith("_match")
-    assert _KERNELS["moe_expert_counts"].specs(counts_call)[0].match_ranks
-    monkeypatch.setenv(MATCH_RANKS_VARIABLE, "on")
-    with pytest.raises(ValueError, match=f"{MATCH_RANKS_VARIABLE}='on': expected one of 0, 1"):
+    monkeypatch.delenv(BATCHED_LAYOUT_VARIABLE, raising=False)
+    assert not any(getattr(spec, "batched", False) for spec in _KERNELS["moe_permute"].specs(permute_call))
+    monkeypatch.setenv(BATCHED_LAYOUT_VARIABLE, "1")
+    chosen = {spec.kernel: spec for spec in _KERNELS["moe_permute"].specs(permute_call) if hasattr(spec, "batched")}
+    assert chosen["chunk_counts"].batched and chosen["permute_index"].batched and chosen["expert_scan"].batched
+    assert chosen["permute_index"].name.endswith("_batched")
+    assert all(spec.batched for spec in _KERNELS["moe_expert_counts"].specs(counts_call))
+    monkeypatch.setenv(BATCHED_LAYOUT_VARIABLE, "on")
+    with pytest.raises(ValueError, match=f"{BATCHED_LAYOUT_VARIABLE}='on': expected one of 0, 1"):
         _KERNELS["moe_permute"].specs(permute_call)
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("kernel", ["chunk_counts", "permute_index"])
-def test_the_match_kernels_compile_without_spills(kernel) -> None:
+@pytest.mark.parametrize("kernel", ["chunk_counts", "permute_index", "expert_scan"])
+def test_the_batched_kernels_compile_without_spills(kernel) -> None:
     pytest.importorskip("tilelang")
     import sys
     from pathlib import Path
@@ -127,9 +127,13 @@ def test_the_match_kernels_compile_without_spills(kernel) -> None:
     from tileplug.backend_cuda.moe.spec import LayoutSpec
 
     for experts, slots, index in ((256, 8, "int64"), (1024, 6, "int32"), (33, 9, "int64")):
-        spec = LayoutSpec(kernel, experts, slots, index, match_ranks=True)
+        spec = (LayoutSpec(kernel, experts, alignment=slots, bases=index == "int64", batched=True)
+                if kernel == "expert_scan" else LayoutSpec(kernel, experts, slots, index, batched=True))
         source = jit.lower_source(spec)
-        assert "__match_any_sync" in source and "__popc" in source, spec.name
+        if kernel == "expert_scan":
+            assert "int counts_in[8]" in source, spec.name
+        else:
+            assert "__match_any_sync" in source and "__popc" in source, spec.name
         error, _, report = nvcc(source)
         assert error is None, error
         assert spill_bytes(report) == {spec.name + "_kernel": 0}, report[-2000:]
