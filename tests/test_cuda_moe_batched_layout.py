@@ -92,6 +92,52 @@ def test_a_batch_of_one_expert_and_of_all_different_experts() -> None:
     assert match_rows(distinct, THREADS, [0] * THREADS)[0] == [0] * THREADS
 
 
+def _ends(counts: list[int], alignment: int) -> list[int]:
+    """``expert_ends`` as the scan writes them: each expert starts at the aligned end of the one before."""
+    ends, start = [], 0
+    for count in counts:
+        ends.append(start + count)
+        start += -(-count // alignment) * alignment
+    return ends
+
+
+def searched_padding(ends: list[int], alignment: int, rows: int) -> set[int]:
+    """The default ``zero_padding``: row ``r`` is padding when no expert's ``[start, end)`` holds it."""
+    padding = set()
+    for r in range(rows):
+        expert = next((e for e, end in enumerate(ends) if end > r), len(ends))  # the lower bound it searches
+        start = 0 if expert == 0 else -(-ends[expert - 1] // alignment) * alignment
+        if expert >= len(ends) or r < start:
+            padding.add(r)
+    return padding
+
+
+def batched_padding(ends: list[int], alignment: int, rows: int) -> set[int]:
+    """The batched form: ``[end, align(end))`` after each expert but the last, then ``[ends[-1], R)``."""
+    padding = set(range(ends[-1], rows))
+    if alignment > 1:
+        for end in ends[:-1]:
+            padding.update(range(end, -(-end // alignment) * alignment))
+    return padding
+
+
+@pytest.mark.parametrize("experts, alignment", [(8, 1), (8, 16), (33, 128), (1, 4), (256, 128)])
+def test_batched_padding_zeroes_the_searched_rows(experts, alignment) -> None:
+    from tileplug.core.contracts.moe import expanded_rows
+
+    rng = random.Random(experts * alignment)
+    for tokens, slots in ((1, 1), (37, 3), (300, 8)):
+        for routed_share in (1.0, 0.7, 0.0):
+            pairs = tokens * slots
+            counts = [0] * experts
+            for _ in range(int(pairs * routed_share)):
+                counts[rng.randrange(experts) if rng.random() < 0.8 else 0] += 1
+            rows = expanded_rows(tokens, slots, experts, alignment)
+            ends = _ends(counts, alignment)
+            assert ends[-1] <= rows
+            assert batched_padding(ends, alignment, rows) == searched_padding(ends, alignment, rows)
+
+
 def test_the_variable_picks_the_batched_kernels(monkeypatch) -> None:
     from tileplug.backend_cuda.plugin import _KERNELS
     from tileplug.core import ops
@@ -106,11 +152,36 @@ def test_the_variable_picks_the_batched_kernels(monkeypatch) -> None:
     monkeypatch.setenv(BATCHED_LAYOUT_VARIABLE, "1")
     chosen = {spec.kernel: spec for spec in _KERNELS["moe_permute"].specs(permute_call) if hasattr(spec, "batched")}
     assert chosen["chunk_counts"].batched and chosen["permute_index"].batched and chosen["expert_scan"].batched
+    padding = [spec for spec in _KERNELS["moe_permute"].specs(permute_call) if spec.kernel == "zero_padding"]
+    assert padding[0].batched and padding[0].name.endswith("_batched")
     assert chosen["permute_index"].name.endswith("_batched")
     assert all(spec.batched for spec in _KERNELS["moe_expert_counts"].specs(counts_call))
     monkeypatch.setenv(BATCHED_LAYOUT_VARIABLE, "on")
     with pytest.raises(ValueError, match=f"{BATCHED_LAYOUT_VARIABLE}='on': expected one of 0, 1"):
         _KERNELS["moe_permute"].specs(permute_call)
+
+
+@pytest.mark.nvcc
+def test_the_batched_padding_kernel_compiles_without_spills() -> None:
+    pytest.importorskip("tilelang")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_cuda_compile import nvcc, spill_bytes
+
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.moe.spec import RowCopySpec
+
+    for dtype, width, vec, alignment, sf in (("bfloat16", 7168, 8, 1, None), ("float8_e4m3fn", 7168, 16, 128, "int32"),
+                                               ("float32", 100, 1, 16, None)):
+        spec = RowCopySpec("zero_padding", dtype, width, vec, experts=33, alignment=alignment, sf_dtype=sf,
+                           sf_width=56 if sf else 0, batched=True)
+        source = jit.lower_source(spec)
+        assert "expert_ends[32]" in source, spec.name  # the tail starts at the last expert's end
+        error, _, report = nvcc(source)
+        assert error is None, error
+        assert spill_bytes(report) == {spec.name + "_kernel": 0}, report[-2000:]
 
 
 @pytest.mark.nvcc

@@ -9,7 +9,11 @@ path); thread ``tx`` of a CTA of ``ROW_THREADS`` holds pieces ``p · ROW_THREADS
 - ``zero_padding``: one warp per expanded row ``r``; ``r`` is padding when no expert's range
   ``[start[e], expert_ends[e])`` holds it (a binary search of ``expert_ends``, ascending;
   ``start[e] = align(expert_ends[e − 1], alignment)``): such a row (and its scale row) is
-  written with zeros. Copies and zeros touch disjoint rows.
+  written with zeros. Copies and zeros touch disjoint rows. Batched (``spec.batched``,
+  ``spec.BATCHED_LAYOUT_VARIABLE``): the padding rows are found from the ends instead of searched
+  for — CTA ``e < E − 1`` zeroes ``[expert_ends[e], align(expert_ends[e]))`` (that is
+  ``start[e + 1]``), and ``TAIL_CTAS`` CTAs the rows ``[expert_ends[E − 1], R)`` past the last
+  expert — so a launch no longer searches for each of the ``T·K`` rows that are not padding.
 - ``unpermute``: one CTA per token: ``y[t] = Σ_s w[t, s] · y_expanded[permutation[t, s]]``,
   each product and sum rounded to fp32 in slot order (slots whose row is outside ``[0, R)`` skipped), rounded once to
   the output dtype.
@@ -23,6 +27,9 @@ from tileplug.backend_cuda.moe.spec import RowCopySpec
 
 ROW_THREADS = 128
 PADDING_WARPS = 4
+TAIL_CTAS = 256
+"""CTAs of the batched ``zero_padding`` striding over the rows past the last expert (none when every pair
+is routed; a constant: which CTA zeroes a row changes no byte)."""
 
 
 class RowPieces:
@@ -93,6 +100,43 @@ def build_zero_padding(spec: RowCopySpec):
     sf_out_t = T.Tensor((expanded, F), spec.sf_dtype) if spec.sf_dtype is not None else \
         T.StridedTensor((T.dynamic("gA"), T.dynamic("gB")), (T.dynamic("gC"), 1), spec.dtype)
 
+    @T.macro
+    def zero_row(r, lane, x_expanded, x_sf_expanded):
+        for step in T.serial(T.ceildiv(PIECES, 32)):
+            piece = step * 32 + lane
+            if piece < PIECES:
+                for c in T.vectorized(VEC):
+                    x_expanded[r, piece * VEC + c] = T.cast(0, spec.dtype)
+        if spec.sf_dtype is not None:
+            for step in T.serial(T.ceildiv(F, 32)):
+                j = step * 32 + lane
+                if j < F:
+                    x_sf_expanded[r, j] = T.cast(0, spec.sf_dtype)
+
+    if spec.batched:
+        EXPERT_CTAS = E - 1 if ALIGN > 1 else 0  # the padding after expert e < E − 1 (none without alignment)
+
+        @T.prim_func
+        def kernel(expert_ends: T.Tensor((E,), "int32"), x_expanded: out_t, x_sf_expanded: sf_out_t):
+            with T.Kernel(EXPERT_CTAS + TAIL_CTAS, threads=PADDING_WARPS * 32) as bx:
+                tx = T.get_thread_binding()
+                lane = tx % 32
+                warp = tx // 32
+                if bx < EXPERT_CTAS:  # rows [end, align(end)): fewer than ALIGN
+                    end = expert_ends[bx]
+                    for step in T.serial(T.ceildiv(ALIGN - 1, PADDING_WARPS)):
+                        r = end + step * PADDING_WARPS + warp
+                        if r < (end + (ALIGN - 1)) // ALIGN * ALIGN:
+                            zero_row(r, lane, x_expanded, x_sf_expanded)
+                else:  # the tail [expert_ends[E − 1], R), a warp a row, striding over the tail CTAs
+                    first = expert_ends[E - 1] + (bx - EXPERT_CTAS) * PADDING_WARPS + warp
+                    for step in T.serial(T.ceildiv(expanded - expert_ends[E - 1], TAIL_CTAS * PADDING_WARPS)):
+                        r = first + step * (TAIL_CTAS * PADDING_WARPS)
+                        if r < expanded:
+                            zero_row(r, lane, x_expanded, x_sf_expanded)
+
+        return kernel.with_attr("global_symbol", spec.name)
+
     @T.prim_func
     def kernel(expert_ends: T.Tensor((E,), "int32"), x_expanded: out_t, x_sf_expanded: sf_out_t):
         with T.Kernel(T.ceildiv(expanded, PADDING_WARPS), threads=PADDING_WARPS * 32) as bx:
@@ -114,16 +158,7 @@ def build_zero_padding(spec: RowCopySpec):
                 start = T.if_then_else(low[0] == 0, 0,
                                        (expert_ends[T.max(low[0] - 1, 0)] + (ALIGN - 1)) // ALIGN * ALIGN)
                 if T.Or(low[0] >= E, r < start):
-                    for step in T.serial(T.ceildiv(PIECES, 32)):
-                        piece = step * 32 + lane
-                        if piece < PIECES:
-                            for c in T.vectorized(VEC):
-                                x_expanded[r, piece * VEC + c] = T.cast(0, spec.dtype)
-                    if spec.sf_dtype is not None:
-                        for step in T.serial(T.ceildiv(F, 32)):
-                            j = step * 32 + lane
-                            if j < F:
-                                x_sf_expanded[r, j] = T.cast(0, spec.sf_dtype)
+                    zero_row(r, lane, x_expanded, x_sf_expanded)
 
     return kernel.with_attr("global_symbol", spec.name)
 

@@ -37,7 +37,8 @@ BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
 warp at a time (``__match_any_sync``: the pairs of a warp with the same expert, their places among them by the
 lanes below, then the counts of the earlier warps of the batch and of the earlier batches, in shared memory),
 about ``CHUNK_PAIRS / 256`` steps a thread; ``expert_scan`` reads its column of chunk counts
-``SCAN_BATCH`` chunks at a time (independent loads in flight, where one chunk at a time waited for each).
+``SCAN_BATCH`` chunks at a time (independent loads in flight, where one chunk at a time waited for each);
+``zero_padding`` finds the padding rows from the experts' ends instead of searching for each row.
 ``0`` (the default until measured): thread ``e`` walks the chunk's ``CHUNK_PAIRS`` pairs for expert ``e``, and
 the scan reads one chunk at a time. The same counts and rows (integer sums, and each pair's row is the
 number of earlier pairs of the chunk routed to its expert, whichever way it is counted); the kernel's name
@@ -215,7 +216,8 @@ class RowCopySpec:
     unpermute, the rows' TileLang ``dtype`` and ``width`` (elements), ``vec`` elements per
     piece (16 bytes on the vector path, 1 otherwise), ``slots`` K, ``index_dtype`` (of the
     permutation, unpermute), ``experts`` / ``alignment`` (zero_padding), the scale rows'
-    ``sf_dtype`` / ``sf_width`` (permute_rows, zero_padding of quantized rows)."""
+    ``sf_dtype`` / ``sf_width`` (permute_rows, zero_padding of quantized rows), ``batched``
+    (zero_padding: :data:`BATCHED_LAYOUT_VARIABLE`)."""
 
     kernel: str
     dtype: str
@@ -227,6 +229,7 @@ class RowCopySpec:
     alignment: int = 1
     sf_dtype: str | None = None
     sf_width: int = 0
+    batched: bool = False
 
     @property
     def name(self) -> str:
@@ -239,6 +242,8 @@ class RowCopySpec:
         if self.sf_dtype is not None:
             parts += ["sf" + self.sf_dtype.replace("float8_e4m3fn", "e4m3").replace("float8_e4m3", "e4m3"),
                       f"f{self.sf_width}"]
+        if self.batched:
+            parts.append("batched")
         return "_".join(parts)
 
     @property

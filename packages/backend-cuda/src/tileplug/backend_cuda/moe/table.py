@@ -307,7 +307,7 @@ class Permute(_Kernel):
                 LayoutSpec("expert_scan", call.num_experts, alignment=call.alignment, bases=True, batched=batched),
                 LayoutSpec("permute_index", call.num_experts, call.num_slots, index, batched=batched),
                 RowCopySpec("zero_padding", dtype, call.row_width, vec, experts=call.num_experts,
-                            alignment=call.alignment, sf_dtype=sf, sf_width=width)]
+                            alignment=call.alignment, sf_dtype=sf, sf_width=width, batched=batched)]
 
     def prepare(self, call: Any) -> Launcher:
         rows_spec, counts_spec, scan_spec, index_spec, padding_spec = self.specs(call)
