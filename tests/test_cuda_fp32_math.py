@@ -209,3 +209,33 @@ def _full_sweep() -> int:
 
 if __name__ == "__main__":
     sys.exit(_full_sweep())
+
+
+def test_the_gate_takes_the_tables_unless_told(monkeypatch) -> None:
+    """``moe_topk_gate`` evaluates with the fast helpers by default and with CUDA's fp64 functions inline under
+    ``TILEPLUG_CUDA_MOE_SCORE_MATH=library``; other values are refused, naming the variable."""
+    pytest.importorskip("tilelang")
+    import torch
+
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.moe.spec import SCORE_MATH_VARIABLE
+    from tileplug.backend_cuda.plugin import _KERNELS
+    from tileplug.core import ops
+    from tileplug.core.lowering import describe_call
+
+    logits = torch.empty(4, 256, dtype=torch.float32, device="meta")
+    call = describe_call(ops.moe_topk_gate, logits, 8, "sqrtsoftplus", bias=torch.empty(256, device="meta"))[0]
+    monkeypatch.delenv(SCORE_MATH_VARIABLE, raising=False)
+    tables = _KERNELS["moe_topk_gate"].spec(call)
+    source = jit.lower_source(tables)
+    assert not tables.library_math and "tileplug_exp_f32_fast(" in source and "tileplug_log1p_f32_fast(" in source
+    assert "tileplug_exp_f32_library(" in source  # the rare path
+    monkeypatch.setenv(SCORE_MATH_VARIABLE, "library")
+    library = _KERNELS["moe_topk_gate"].spec(call)
+    assert library.library_math and library.name == tables.name + "_libmath"
+    source = jit.lower_source(library)
+    body = source[source.index("__global__ void __launch_bounds__"):]
+    assert "_fast(" not in body and "exp(((double)" in body and "log1p(((double)" in body
+    monkeypatch.setenv(SCORE_MATH_VARIABLE, "fast")
+    with pytest.raises(ValueError, match=f"{SCORE_MATH_VARIABLE}='fast': expected one of tables, library"):
+        _KERNELS["moe_topk_gate"].spec(call)

@@ -13,8 +13,9 @@
 #      CPU in the twenty-third session): tests/gpu/probe_host_cases.py.
 # The twenty-fifth session (CPU only after its GPU time) added:
 #   5. the MoE gates' exp / log1p from backend_cuda/fp32_math.py (the default: the same bits by construction, swept on the
-#      CPU): the gate tests against the reference, then the sqrtsoftplus and DeepSeek-V3 routers at fp32 logits beside
-#      TileKernels (before, on an H100: 170.4 / 110.8 us at T = 65536, TileKernels' sqrtsoftplus gate 108.3);
+#      CPU; TILEPLUG_CUDA_MOE_SCORE_MATH=library keeps CUDA's fp64 functions): the gate tests against the reference and
+#      against the library form's bytes, then the sqrtsoftplus and DeepSeek-V3 routers at fp32 logits in both forms, the
+#      second beside TileKernels (before, on an H100: 170.4 / 110.8 us at T = 65536, TileKernels' sqrtsoftplus gate 108.3);
 #   6. the layout kernels' batched form (TILEPLUG_CUDA_MOE_BATCHED_LAYOUT, 0 by default: warp-match ranks, batched scan
 #      loads): its GPU test (the walk's bytes), then counting and permutation with it off / on.
 #
@@ -69,10 +70,16 @@ if want 4 && [ $(left) -gt 60 ]; then
 fi
 # 5. the gates' fp32_math: bytes against the reference, then time beside TileKernels
 if want 5 && [ $(left) -gt 90 ]; then
-  timeout 150 $P -n 8 -k "moe_topk_gate and not backward" tests/gpu/test_cuda_moe.py > $OUT/gate.txt 2>&1; tail -2 $OUT/gate.txt
-  [ $(left) -gt 50 ] && timeout $(( $(left) > 110 ? 100 : $(left) - 10 )) $BENCH --dtype fp32 --peer tile_kernels \
-    --ops moe_topk_gate/sqrtsoftplus-shared1,moe_topk_gate/deepseek-v3 --tokens 1,128,1024,4096,16384,65536 \
-    2>> $OUT/stderr.log | tee -a $OUT/gate_bench.txt | grep -E "^moe_"
+  timeout 150 $P -n 8 -k "score_math or (moe_topk_gate and matches_reference)" tests/gpu/test_cuda_moe.py > $OUT/gate.txt 2>&1
+  tail -2 $OUT/gate.txt
+  for math in library tables; do
+    [ $(left) -gt 50 ] || break
+    extra=$([ $math = tables ] && echo "--peer tile_kernels" || echo "")
+    echo "== score math $math, $(left) s left" | tee -a $OUT/gate_bench.txt
+    env TILEPLUG_CUDA_MOE_SCORE_MATH=$math timeout $(( $(left) > 110 ? 100 : $(left) - 10 )) $BENCH --dtype fp32 $extra \
+      --ops moe_topk_gate/sqrtsoftplus-shared1,moe_topk_gate/deepseek-v3 --tokens 1,128,1024,4096,16384,65536 \
+      2>> $OUT/stderr.log | tee -a $OUT/gate_bench.txt | grep -E "^moe_"
+  done
 fi
 # 6. the batched layout kernels: bytes, then time (a variable setting a process)
 if want 6 && [ $(left) -gt 60 ]; then

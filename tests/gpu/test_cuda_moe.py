@@ -138,7 +138,8 @@ def precompiled(gate_forced_on):
             if lane_groups_fit(spec.experts, spec.groups, spec.vec) for lanes in (False, True)]
     matched = [dataclasses.replace(spec, batched=True) for case in GRID if case.op in (COUNTS, PERMUTE)
                for spec in _specs(case) if spec.kernel in ("chunk_counts", "expert_scan", "permute_index", "zero_padding")]
-    jit.precompile(list(dict.fromkeys(specs + both + matched)))
+    library = [dataclasses.replace(spec, library_math=True) for case in GRID if case.op == FULL for spec in _specs(case)]
+    jit.precompile(list(dict.fromkeys(specs + both + matched + library)))
 
 
 # ---------------------------------------------------------------------- vs the reference
@@ -187,6 +188,36 @@ def test_lane_group_scores_give_the_masked_rounds_bytes(case: Case, monkeypatch:
         assert any(entry == spec for entry, _ in jit._entries), "the lane form did not run"
     for index, (have, want) in enumerate(zip(lane, masked)):
         assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"), what=f"{case.id} output {index} (lane groups)")
+
+
+# ---------------------------------------------------------------------- the gate's score math
+
+SCORED = [case for case in GRID if case.op == FULL]
+
+
+@pytest.mark.parametrize("case", SCORED, ids=[case.id for case in SCORED])
+def test_table_score_math_gives_the_library_bytes(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate with ``fp32_math``'s exp / log1p (the default) gives the bytes of CUDA's fp64 functions
+    (``TILEPLUG_CUDA_MOE_SCORE_MATH=library``: the kernels before) — indices, weights and scores — at
+    4001 rows, and both kernels ran."""
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.moe.spec import SCORE_MATH_VARIABLE
+    from tileplug.core.registry import registry
+
+    args, kwargs = case.arguments(BATCH, "cpu", seed=31)
+    monkeypatch.setattr(registry, "_cache", {})
+    monkeypatch.setenv(SCORE_MATH_VARIABLE, "library")
+    library = _cuda(case, args, kwargs)
+    monkeypatch.setattr(registry, "_cache", {})
+    monkeypatch.setenv(SCORE_MATH_VARIABLE, "tables")
+    tables = _cuda(case, args, kwargs)
+    names = {entry.name for entry, _ in jit._entries if getattr(entry, "op", None) == FULL}
+    (spec,) = _specs(case)
+    assert spec.name in names and spec.name + "_libmath" in names, sorted(names)[:5]
+    for index, (have, want) in enumerate(zip(tables, library)):
+        if want is not None:
+            assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"), what=f"{case.id} output {index} (score math)",
+                               nan_equal=True)
 
 
 # ---------------------------------------------------------------------- the batched layout kernels

@@ -80,14 +80,25 @@ def build(spec: GateSpec):
     scores_t = T.Tensor((rows, E), "float32") if spec.with_scores else \
         T.StridedTensor((T.dynamic("sA"), T.dynamic("sB")), (T.dynamic("sC"), 1), spec.dtype)
 
+    LIBRARY_MATH = spec.library_math
+
+    def fast(function, argument):
+        """The fast value (NaN: the library must decide); with ``spec.library_math``
+        (:data:`spec.SCORE_MATH_VARIABLE`) CUDA's fp64 function inline, rounded once (the kernels before)."""
+        if LIBRARY_MATH:
+            wide = T.cast(argument, "float64")
+            return T.cast(T.exp(wide) if function == "exp" else T.log1p(wide), "float32")
+        return fast_f32(function, argument)
+
     @T.macro
     def settle(function, values, arguments):
         """``values[i]`` = ``rn32(function(arguments[i]))`` for every entry: the fast values, computed by
         the caller for all entries first (branch-free, so they interleave), then the rare NaN
         (``fast_f32``: the library must decide) replaced by CUDA's fp64 function, behind a branch."""
-        for i in ENTRIES:
-            if T.isnan(values[i]):
-                values[i] = library_f32(function, arguments[i])
+        if not LIBRARY_MATH:
+            for i in ENTRIES:
+                if T.isnan(values[i]):
+                    values[i] = library_f32(function, arguments[i])
 
     @T.macro
     def score_row(x, u, e, lane, acc, total, tree, base):
@@ -109,7 +120,7 @@ def build(spec: GateSpec):
             for i in ENTRIES:  # (a column past E: exp(0), never the library's path)
                 e[i] = T.ieee_sub(x[i], row_max) if row.present(i, lane) is True else \
                     T.if_then_else(row.present(i, lane), T.ieee_sub(x[i], row_max), T.float32(0.0))
-                u[i] = fast_f32("exp", e[i])
+                u[i] = fast("exp", e[i])
             settle("exp", u, e)
             for i in ENTRIES:
                 if row.present(i, lane) is not True:
@@ -121,18 +132,18 @@ def build(spec: GateSpec):
         elif SCORING == "sigmoid":
             for i in ENTRIES:
                 e[i] = T.ieee_sub(T.float32(0.0), x[i])
-                u[i] = fast_f32("exp", e[i])
+                u[i] = fast("exp", e[i])
             settle("exp", u, e)
             for i in ENTRIES:
                 u[i] = T.ieee_fdiv(T.float32(1.0), T.ieee_add(T.float32(1.0), u[i]))
         else:  # sqrtsoftplus, with the reference's stable softplus(v) = max(v, 0) + log1p(exp(−|v|))
             for i in ENTRIES:
                 e[i] = T.ieee_sub(T.float32(0.0), T.abs(x[i]))
-                u[i] = fast_f32("exp", e[i])
+                u[i] = fast("exp", e[i])
             settle("exp", u, e)
             for i in ENTRIES:
                 e[i] = u[i]
-                u[i] = fast_f32("log1p", e[i])
+                u[i] = fast("log1p", e[i])
             settle("log1p", u, e)
             for i in ENTRIES:
                 u[i] = T.ieee_fsqrt(T.ieee_add(T.max(x[i], T.float32(0.0)), u[i]))

@@ -44,6 +44,12 @@ the scan reads one chunk at a time. The same counts and rows (integer sums, and 
 number of earlier pairs of the chunk routed to its expert, whichever way it is counted); the kernel's name
 says which."""
 BATCHED_LAYOUT_CHOICES = ("0", "1")
+SCORE_MATH_VARIABLE = "TILEPLUG_CUDA_MOE_SCORE_MATH"
+"""How ``moe_topk_gate`` takes each score's ``exp`` / ``log1p``: ``tables`` (the default since 2026-12-06:
+``tileplug.backend_cuda.fp32_math``, which leaves to CUDA's fp64 functions only the inputs whose fp32 rounding
+its few ulps could change) or ``library`` (CUDA's fp64 ``exp`` / ``log1p`` for every score, rounded once: the
+kernels before). The same bits either way; the kernel's name says which."""
+SCORE_MATHS = ("tables", "library")
 
 
 def lane_groups_fit(experts: int, groups: int, vec: int) -> bool:
@@ -72,6 +78,13 @@ def batched_layout() -> bool:
     return tuning_choice(BATCHED_LAYOUT_VARIABLE, "0", BATCHED_LAYOUT_CHOICES) == "1"
 
 
+def score_math() -> str:
+    """:data:`SCORE_MATH_VARIABLE`'s choice (``tables`` by default)."""
+    from tileplug.backend_cuda.norm.spec import tuning_choice
+
+    return tuning_choice(SCORE_MATH_VARIABLE, "tables", SCORE_MATHS)
+
+
 def values_per_vector(dtype: str) -> int:
     """Values of ``dtype`` in 16 bytes."""
     return VECTOR_BYTES // (4 if dtype == "float32" else 2)
@@ -85,7 +98,8 @@ class GateSpec:
     per CTA, and (moe_topk_gate) the routing constants: ``scoring``, ``biased``, ``groups`` /
     ``topk_groups``, ``renormalize``, ``scaling`` (routed_scaling_factor), ``shared`` slots,
     ``masked``, ``with_scores``, ``lane_groups`` (the group scores lane by lane:
-    :data:`LANE_GROUPS_VARIABLE`); (backward) ``index_dtype`` of topk_idx."""
+    :data:`LANE_GROUPS_VARIABLE`), ``library_math`` (CUDA's fp64 ``exp`` / ``log1p`` for every score:
+    :data:`SCORE_MATH_VARIABLE`); (backward) ``index_dtype`` of topk_idx."""
 
     op: str
     experts: int
@@ -104,6 +118,7 @@ class GateSpec:
     with_scores: bool = False
     index_dtype: str = "int64"
     lane_groups: bool = False
+    library_math: bool = False
 
     @property
     def name(self) -> str:
@@ -131,6 +146,8 @@ class GateSpec:
         parts.append(f"w{self.warps}")
         if self.lane_groups:
             parts.append("lanegroups")
+        if self.library_math:
+            parts.append("libmath")
         return "_".join(parts)
 
     @property

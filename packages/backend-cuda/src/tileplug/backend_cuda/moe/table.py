@@ -28,6 +28,7 @@ from tileplug.backend_cuda.moe.spec import (
     RowSpec,
     chunk_tokens,
     lane_groups,
+    score_math,
     batched_layout,
     values_per_vector,
 )
@@ -166,7 +167,8 @@ class MoeTopkGate(_Kernel):
                          topk_groups=call.topk_groups if call.num_groups > 1 else 1, renormalize=call.renormalize,
                          scaling=float(call.routed_scaling_factor), shared=call.num_shared_experts,
                          masked=call.has_mask, with_scores=call.return_scores,
-                         lane_groups=lane_groups(call.num_experts, call.num_groups, vec if vector else 1))]
+                         lane_groups=lane_groups(call.num_experts, call.num_groups, vec if vector else 1),
+                         library_math=score_math() == "library")]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
