@@ -96,6 +96,17 @@ def _cuda(case: Case, args: tuple, kwargs: dict) -> list:
     return outputs
 
 
+def _cuda_under(variable: str, value: str, case: Case, args: tuple, kwargs: dict,
+                monkeypatch: pytest.MonkeyPatch) -> list:
+    """:func:`_cuda` with the tuning variable ``variable`` set to ``value`` (routes prepared before are
+    dropped: they would hide it)."""
+    from tileplug.core.registry import registry
+
+    monkeypatch.setattr(registry, "_cache", {})
+    monkeypatch.setenv(variable, value)
+    return _cuda(case, args, kwargs)
+
+
 def _specs(case: Case) -> list:
     """Every CUDA specialisation ``case`` launches (asserts the kernel accepts it)."""
     from tileplug.backend_cuda.plugin import _KERNELS
@@ -174,15 +185,10 @@ def test_lane_group_scores_give_the_masked_rounds_bytes(case: Case, monkeypatch:
     at 4001 rows (ties included), and the lane form's kernel ran."""
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.moe.spec import LANE_GROUPS_VARIABLE
-    from tileplug.core.registry import registry
 
     args, kwargs = case.arguments(BATCH, "cpu", seed=23)
-    monkeypatch.setattr(registry, "_cache", {})  # routes prepared before the variable was set would hide it
-    monkeypatch.setenv(LANE_GROUPS_VARIABLE, "0")
-    masked = _cuda(case, args, kwargs)
-    monkeypatch.setattr(registry, "_cache", {})
-    monkeypatch.setenv(LANE_GROUPS_VARIABLE, "1")
-    lane = _cuda(case, args, kwargs)
+    masked = _cuda_under(LANE_GROUPS_VARIABLE, "0", case, args, kwargs, monkeypatch)
+    lane = _cuda_under(LANE_GROUPS_VARIABLE, "1", case, args, kwargs, monkeypatch)
     (spec,) = _specs(case)
     if spec.lane_groups:  # (a layout it does not fit keeps the masked rounds: the same kernel twice)
         assert any(entry == spec for entry, _ in jit._entries), "the lane form did not run"
@@ -202,15 +208,10 @@ def test_table_score_math_gives_the_library_bytes(case: Case, monkeypatch: pytes
     4001 rows, and both kernels ran."""
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.moe.spec import SCORE_MATH_VARIABLE
-    from tileplug.core.registry import registry
 
     args, kwargs = case.arguments(BATCH, "cpu", seed=31)
-    monkeypatch.setattr(registry, "_cache", {})
-    monkeypatch.setenv(SCORE_MATH_VARIABLE, "library")
-    library = _cuda(case, args, kwargs)
-    monkeypatch.setattr(registry, "_cache", {})
-    monkeypatch.setenv(SCORE_MATH_VARIABLE, "tables")
-    tables = _cuda(case, args, kwargs)
+    library = _cuda_under(SCORE_MATH_VARIABLE, "library", case, args, kwargs, monkeypatch)
+    tables = _cuda_under(SCORE_MATH_VARIABLE, "tables", case, args, kwargs, monkeypatch)
     names = {entry.name for entry, _ in jit._entries if getattr(entry, "op", None) == FULL}
     (spec,) = _specs(case)
     assert spec.name in names and spec.name + "_libmath" in names, sorted(names)[:5]
@@ -233,18 +234,13 @@ def test_batched_layout_gives_the_walks_bytes(case: Case, tokens: int, monkeypat
     kernels ran."""
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.moe.spec import BATCHED_LAYOUT_VARIABLE
-    from tileplug.core.registry import registry
 
     args, kwargs = case.arguments(tokens, "cpu", seed=29)
-    monkeypatch.setattr(registry, "_cache", {})
-    monkeypatch.setenv(BATCHED_LAYOUT_VARIABLE, "0")
-    walked = _cuda(case, args, kwargs)
-    monkeypatch.setattr(registry, "_cache", {})
-    monkeypatch.setenv(BATCHED_LAYOUT_VARIABLE, "1")
-    matched = _cuda(case, args, kwargs)
-    ran = {entry.name for entry, _ in jit._entries if hasattr(entry, "batched") and entry.batched}
+    walked = _cuda_under(BATCHED_LAYOUT_VARIABLE, "0", case, args, kwargs, monkeypatch)
+    batched = _cuda_under(BATCHED_LAYOUT_VARIABLE, "1", case, args, kwargs, monkeypatch)
+    ran = {entry.name for entry, _ in jit._entries if getattr(entry, "batched", False)}
     assert any(name.startswith("moe_chunk_counts") for name in ran), ran
-    for index, (have, want) in enumerate(zip(matched, walked)):
+    for index, (have, want) in enumerate(zip(batched, walked)):
         if want is not None:
             assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"), what=f"{case.id} output {index} (batched layout)")
 

@@ -60,20 +60,28 @@ def _load_chunk(topk_idx, chunk, tx, experts, K, CT, rows, NT):
 
 def _match_ranks(topk_idx, chunk, tx, experts, K, CT, rows, with_rows: bool):
     """Macro body (``spec.batched``): the chunk's pairs, a batch of ``COUNT_THREADS`` at a time, in
-    pair order. ``base[e]`` (shared ``[E]``, set by the caller) gains the count of expert ``e``'s pairs;
-    with ``with_rows`` each pair's row (``base[e]`` before it, plus the earlier pairs of its batch routed
-    to ``e``) goes to ``permutation[t, slot]`` (−1: not routed), for every pair of a row below ``T``."""
+    pair order, with each expert's running ``base`` in shared memory. Without ``with_rows`` the bases
+    start at 0 and end as the chunk's counts, written to ``partial[chunk, e]``; with ``with_rows`` they
+    start at ``partial[chunk, e]`` (the scan's first rows) and each pair's row (its expert's base before
+    it, plus the earlier pairs of its batch routed there) goes to ``permutation[t, slot]`` (−1: not
+    routed), for every pair of a row below ``T``."""
     BATCHES = -(-(CT * K) // COUNT_THREADS)
     E = experts
+    EXPERT_STEPS = -(-E // COUNT_THREADS)
 
     @T.macro
-    def ranks(base, warp_counts, permutation):
+    def ranks(partial, permutation):
         lane = tx % WARP
         warp = tx // WARP
+        base = T.alloc_shared((E,), "int32")
+        warp_counts = T.alloc_shared((COUNT_WARPS, E), "int32")
         ids = T.alloc_local((BATCHES,), "int32")
         same = T.alloc_local((1,), "uint32")
         place = T.alloc_local((1,), "int32")
         row = T.alloc_local((1,), "int32")
+        for step in T.serial(EXPERT_STEPS):
+            if step * COUNT_THREADS + tx < E:
+                base[step * COUNT_THREADS + tx] = partial[chunk, step * COUNT_THREADS + tx] if with_rows else 0
         for b in T.unroll(BATCHES):  # every batch's expert id first: the loads overlap
             i = b * COUNT_THREADS + tx
             t = chunk * CT + i // K
@@ -83,7 +91,7 @@ def _match_ranks(topk_idx, chunk, tx, experts, K, CT, rows, with_rows: bool):
                 if T.And(expert >= 0, expert < E):
                     ids[b] = T.cast(expert, "int32")
         for b in T.unroll(BATCHES):
-            for step in T.serial(T.ceildiv(COUNT_WARPS * E, COUNT_THREADS)):
+            for step in T.serial(-(-(COUNT_WARPS * E) // COUNT_THREADS)):
                 j = step * COUNT_THREADS + tx
                 if j < COUNT_WARPS * E:
                     warp_counts[j // E, j % E] = 0
@@ -108,12 +116,16 @@ def _match_ranks(topk_idx, chunk, tx, experts, K, CT, rows, with_rows: bool):
                 if T.And(i < CT * K, t < rows):
                     permutation[t, i % K] = row[0]
                 T.sync_threads()
-            for step in T.serial(T.ceildiv(E, COUNT_THREADS)):
+            for step in T.serial(EXPERT_STEPS):
                 e = step * COUNT_THREADS + tx
                 if e < E:
                     for w in T.serial(COUNT_WARPS):
                         base[e] = base[e] + warp_counts[w, e]
             T.sync_threads()
+        if not with_rows:
+            for step in T.serial(EXPERT_STEPS):
+                if step * COUNT_THREADS + tx < E:
+                    partial[chunk, step * COUNT_THREADS + tx] = base[step * COUNT_THREADS + tx]
 
     return ranks
 
@@ -131,15 +143,7 @@ def build_chunk_counts(spec: LayoutSpec):
         def kernel(topk_idx: idx_t, partial: T.Tensor((chunks, E), "int32")):
             with T.Kernel(chunks, threads=COUNT_THREADS) as bx:
                 tx = T.get_thread_binding()
-                base = T.alloc_shared((E,), "int32")
-                warp_counts = T.alloc_shared((COUNT_WARPS, E), "int32")
-                for step in T.serial(T.ceildiv(E, COUNT_THREADS)):
-                    if step * COUNT_THREADS + tx < E:
-                        base[step * COUNT_THREADS + tx] = 0
-                _match_ranks(topk_idx, bx, tx, E, K, CT, rows, False)(base, warp_counts, partial)
-                for step in T.serial(T.ceildiv(E, COUNT_THREADS)):
-                    if step * COUNT_THREADS + tx < E:
-                        partial[bx, step * COUNT_THREADS + tx] = base[step * COUNT_THREADS + tx]
+                _match_ranks(topk_idx, bx, tx, E, K, CT, rows, False)(partial, partial)
 
         return kernel.with_attr("global_symbol", spec.name)
 
@@ -238,12 +242,7 @@ def build_permute_index(spec: LayoutSpec):
         def kernel(topk_idx: idx_t, partial: T.Tensor((chunks, E), "int32"), permutation: T.Tensor((rows, K), "int32")):
             with T.Kernel(chunks, threads=COUNT_THREADS) as bx:
                 tx = T.get_thread_binding()
-                base = T.alloc_shared((E,), "int32")
-                warp_counts = T.alloc_shared((COUNT_WARPS, E), "int32")
-                for step in T.serial(T.ceildiv(E, COUNT_THREADS)):
-                    if step * COUNT_THREADS + tx < E:
-                        base[step * COUNT_THREADS + tx] = partial[bx, step * COUNT_THREADS + tx]
-                _match_ranks(topk_idx, bx, tx, E, K, CT, rows, True)(base, warp_counts, permutation)
+                _match_ranks(topk_idx, bx, tx, E, K, CT, rows, True)(partial, permutation)
 
         return kernel.with_attr("global_symbol", spec.name)
 
