@@ -9,7 +9,8 @@ fp64 ulps, and test whether that error could change the fp32 rounding: the resul
 :data:`ROUNDING_MARGIN` fp64 ulps from the midpoint of two fp32 values (an fp64 value's low 29
 mantissa bits are its position between two fp32 values) or the helper falls back to CUDA's fp64
 function. So the result is, for every input, the fp32 rounding of CUDA's fp64 function — the
-value the kernels computed before — and the fallback runs for about 2^-22 of the inputs.
+value the kernels computed before. Over every fp32 input (``tests/test_cuda_fp32_math.py``) the
+fallback takes 34 of exp's 2 237 399 042 fast-range inputs and 19 of log1p's 218 103 808.
 
 - ``tileplug_exp_f32(t)``: ``rn32(exp(t))``. Fast path for ``|t| ≤ 87`` (normal fp32 results):
   ``k = rint(t · 64 / ln 2)``, ``r = t − k · ln 2 / 64`` (Cody–Waite, exact), ``exp(r) − 1`` by
