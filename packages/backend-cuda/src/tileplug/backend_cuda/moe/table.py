@@ -26,10 +26,10 @@ from tileplug.backend_cuda.moe.spec import (
     LayoutSpec,
     RowCopySpec,
     RowSpec,
+    batched_layout,
     chunk_tokens,
     lane_groups,
     score_math,
-    batched_layout,
     values_per_vector,
 )
 from tileplug.core.call import Scoring
