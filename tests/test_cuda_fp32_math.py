@@ -211,9 +211,9 @@ if __name__ == "__main__":
     sys.exit(_full_sweep())
 
 
-def test_the_gate_takes_the_tables_unless_told(monkeypatch) -> None:
-    """``moe_topk_gate`` evaluates with the fast helpers by default and with CUDA's fp64 functions inline under
-    ``TILEPLUG_CUDA_MOE_SCORE_MATH=library``; other values are refused, naming the variable."""
+def test_the_gate_takes_the_tables_when_told(monkeypatch) -> None:
+    """``moe_topk_gate`` evaluates with CUDA's fp64 functions inline by default and with the fast helpers under
+    ``TILEPLUG_CUDA_MOE_SCORE_MATH=tables``; other values are refused, naming the variable."""
     pytest.importorskip("tilelang")
     import torch
 
@@ -226,16 +226,17 @@ def test_the_gate_takes_the_tables_unless_told(monkeypatch) -> None:
     logits = torch.empty(4, 256, dtype=torch.float32, device="meta")
     call = describe_call(ops.moe_topk_gate, logits, 8, "sqrtsoftplus", bias=torch.empty(256, device="meta"))[0]
     monkeypatch.delenv(SCORE_MATH_VARIABLE, raising=False)
-    tables = _KERNELS["moe_topk_gate"].spec(call)
-    source = jit.lower_source(tables)
-    assert not tables.library_math and "tileplug_exp_f32_fast(" in source and "tileplug_log1p_f32_fast(" in source
-    assert "tileplug_exp_f32_library(" in source  # the rare path
-    monkeypatch.setenv(SCORE_MATH_VARIABLE, "library")
     library = _KERNELS["moe_topk_gate"].spec(call)
-    assert library.library_math and library.name == tables.name + "_libmath"
     source = jit.lower_source(library)
+    assert not library.table_math and "tileplug_" not in source  # no prelude, CUDA's functions inline
+    assert "exp(((double)" in source and "log1p(((double)" in source
+    monkeypatch.setenv(SCORE_MATH_VARIABLE, "tables")
+    tables = _KERNELS["moe_topk_gate"].spec(call)
+    assert tables.table_math and tables.name == library.name + "_tablemath"
+    source = jit.lower_source(tables)
     body = source[source.index("__global__ void __launch_bounds__"):]
-    assert "_fast(" not in body and "exp(((double)" in body and "log1p(((double)" in body
+    assert "tileplug_exp_f32_fast(" in body and "tileplug_log1p_f32_fast(" in body
+    assert "tileplug_exp_f32_library(" in body  # the rare path
     monkeypatch.setenv(SCORE_MATH_VARIABLE, "fast")
-    with pytest.raises(ValueError, match=f"{SCORE_MATH_VARIABLE}='fast': expected one of tables, library"):
+    with pytest.raises(ValueError, match=f"{SCORE_MATH_VARIABLE}='fast': expected one of library, tables"):
         _KERNELS["moe_topk_gate"].spec(call)

@@ -12,9 +12,9 @@
 #   4. the host time per call of the norm, SwiGLU and quant bench cases (the launchers' stride fix-up changed on the
 #      CPU in the twenty-third session): tests/gpu/probe_host_cases.py.
 # The twenty-fifth session (CPU only after its GPU time) added:
-#   5. the MoE gates' exp / log1p from backend_cuda/fp32_math.py (the default: the same bits by construction, swept on the
-#      CPU; TILEPLUG_CUDA_MOE_SCORE_MATH=library keeps CUDA's fp64 functions): the gate tests against the reference and
-#      against the library form's bytes, then the sqrtsoftplus and DeepSeek-V3 routers at fp32 logits in both forms, the
+#   5. the MoE gates' exp / log1p from backend_cuda/fp32_math.py (TILEPLUG_CUDA_MOE_SCORE_MATH=tables, opt-in: the same
+#      bits by construction, swept on the CPU; the default keeps CUDA's fp64 functions): the gate tests against the
+#      reference and the two forms' bytes, then the sqrtsoftplus and DeepSeek-V3 routers at fp32 logits in both forms, the
 #      second beside TileKernels (before, on an H100: 170.4 / 110.8 us at T = 65536, TileKernels' sqrtsoftplus gate 108.3);
 #   6. the layout kernels' batched form (TILEPLUG_CUDA_MOE_BATCHED_LAYOUT, 0 by default: warp-match ranks, batched scan
 #      loads): its GPU test (the walk's bytes), then counting and permutation with it off / on.

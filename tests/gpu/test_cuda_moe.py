@@ -149,8 +149,8 @@ def precompiled(gate_forced_on):
             if lane_groups_fit(spec.experts, spec.groups, spec.vec) for lanes in (False, True)]
     matched = [dataclasses.replace(spec, batched=True) for case in GRID if case.op in (COUNTS, PERMUTE)
                for spec in _specs(case) if spec.kernel in ("chunk_counts", "expert_scan", "permute_index", "zero_padding")]
-    library = [dataclasses.replace(spec, library_math=True) for case in GRID if case.op == FULL for spec in _specs(case)]
-    jit.precompile(list(dict.fromkeys(specs + both + matched + library)))
+    tables = [dataclasses.replace(spec, table_math=True) for case in GRID if case.op == FULL for spec in _specs(case)]
+    jit.precompile(list(dict.fromkeys(specs + both + matched + tables)))
 
 
 # ---------------------------------------------------------------------- vs the reference
@@ -203,9 +203,8 @@ SCORED = [case for case in GRID if case.op == FULL]
 
 @pytest.mark.parametrize("case", SCORED, ids=[case.id for case in SCORED])
 def test_table_score_math_gives_the_library_bytes(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The gate with ``fp32_math``'s exp / log1p (the default) gives the bytes of CUDA's fp64 functions
-    (``TILEPLUG_CUDA_MOE_SCORE_MATH=library``: the kernels before) — indices, weights and scores — at
-    4001 rows, and both kernels ran."""
+    """The gate with ``fp32_math``'s exp / log1p (``TILEPLUG_CUDA_MOE_SCORE_MATH=tables``) gives the bytes of
+    CUDA's fp64 functions (the default) — indices, weights and scores — at 4001 rows, and both kernels ran."""
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.moe.spec import SCORE_MATH_VARIABLE
 
@@ -213,8 +212,8 @@ def test_table_score_math_gives_the_library_bytes(case: Case, monkeypatch: pytes
     library = _cuda_under(SCORE_MATH_VARIABLE, "library", case, args, kwargs, monkeypatch)
     tables = _cuda_under(SCORE_MATH_VARIABLE, "tables", case, args, kwargs, monkeypatch)
     names = {entry.name for entry, _ in jit._entries if getattr(entry, "op", None) == FULL}
-    (spec,) = _specs(case)
-    assert spec.name in names and spec.name + "_libmath" in names, sorted(names)[:5]
+    (spec,) = _specs(case)  # the tables form: the variable is still set
+    assert spec.table_math and spec.name in names and spec.name[:-len("_tablemath")] in names, sorted(names)[:5]
     for index, (have, want) in enumerate(zip(tables, library)):
         if want is not None:
             assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"), what=f"{case.id} output {index} (score math)",

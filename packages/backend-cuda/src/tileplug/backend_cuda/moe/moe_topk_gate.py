@@ -13,11 +13,12 @@ One warp per row (``warp_topk.WarpRow``), ``WARPS`` rows per CTA, every value in
    ``softplus(x) = max(x, 0) + log1p(exp(−|x|))``. Every add / divide / square root is IEEE
    (``__fadd_rn``, ``__fdiv_rn``, ``__fsqrt_rn``); ``exp`` and ``log1p`` are the fp32 roundings
    of fp64 values, as the reference computes them (``formulas.correctly_rounded``; CUDA's
-   ``expf`` is up to 2 ulp off): ``tileplug.backend_cuda.fp32_math``'s table-driven fp64
-   polynomials, which defer to CUDA's fp64 ``exp`` / ``log1p`` wherever their few ulps of error
-   could change the fp32 rounding — the same bits as those functions rounded once, at about a
-   third of their fp64 instructions. (A double rounding at a near-tie, about 2^-28 of the
-   inputs, can still put a score one ulp from the reference.)
+   ``expf`` is up to 2 ulp off): CUDA's fp64 ``exp`` / ``log1p`` rounded once, or, with
+   ``spec.table_math`` (``spec.SCORE_MATH_VARIABLE=tables``), ``tileplug.backend_cuda.fp32_math``'s
+   table-driven fp64 polynomials, which defer to CUDA's functions wherever their few ulps of
+   error could change the fp32 rounding — the same bits, at about a third of the fp64
+   instructions. (A double rounding at a near-tie, about 2^-28 of the inputs, can still put a
+   score one ulp from the reference.)
 2. Selection keys on ``u + bias`` (bias for selection only).
 3. Groups (``G > 1``): group ``g``'s score is the sum of its two largest biased scores (two
    warp argmax rounds over its members); lane ``g`` holds it, and ``topk_groups`` argmax
@@ -80,11 +81,11 @@ def build(spec: GateSpec):
     scores_t = T.Tensor((rows, E), "float32") if spec.with_scores else \
         T.StridedTensor((T.dynamic("sA"), T.dynamic("sB")), (T.dynamic("sC"), 1), spec.dtype)
 
-    LIBRARY_MATH = spec.library_math
+    LIBRARY_MATH = not spec.table_math
 
     def fast(function, argument):
-        """The fast value (NaN: the library must decide); with ``spec.library_math``
-        (:data:`spec.SCORE_MATH_VARIABLE`) CUDA's fp64 function inline, rounded once (the kernels before)."""
+        """CUDA's fp64 function inline, rounded once; with ``spec.table_math``
+        (:data:`spec.SCORE_MATH_VARIABLE`) the fast value (NaN: the library must decide, :func:`settle`)."""
         if LIBRARY_MATH:
             wide = T.cast(argument, "float64")
             return T.cast(T.exp(wide) if function == "exp" else T.log1p(wide), "float32")
@@ -206,7 +207,8 @@ def build(spec: GateSpec):
 
     @T.macro
     def body(logits, bias, mask, topk_idx, topk_weights, scores_out):
-        with T.Kernel(T.ceildiv(rows, WARPS), threads=WARPS * WARP, prelude=device_helpers()) as bx:
+        with T.Kernel(T.ceildiv(rows, WARPS), threads=WARPS * WARP,
+                      prelude=None if LIBRARY_MATH else device_helpers()) as bx:
             if spec.vec > 1:
                 T.assume(logits_t.strides[0] % spec.vec == 0)
             tree = T.alloc_shared((WARPS * row.TREE_WIDTH,), "float32") if SCORING == "softmax" else None

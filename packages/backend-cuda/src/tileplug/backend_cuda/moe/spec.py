@@ -45,11 +45,12 @@ number of earlier pairs of the chunk routed to its expert, whichever way it is c
 says which."""
 BATCHED_LAYOUT_CHOICES = ("0", "1")
 SCORE_MATH_VARIABLE = "TILEPLUG_CUDA_MOE_SCORE_MATH"
-"""How ``moe_topk_gate`` takes each score's ``exp`` / ``log1p``: ``tables`` (the default since 2026-12-06:
-``tileplug.backend_cuda.fp32_math``, which leaves to CUDA's fp64 functions only the inputs whose fp32 rounding
-its few ulps could change) or ``library`` (CUDA's fp64 ``exp`` / ``log1p`` for every score, rounded once: the
-kernels before). The same bits either way; the kernel's name says which."""
-SCORE_MATHS = ("tables", "library")
+"""How ``moe_topk_gate`` takes each score's ``exp`` / ``log1p``: ``library`` (the default: CUDA's fp64 ``exp`` /
+``log1p`` for every score, rounded once, as the GPU runs verified) or ``tables`` (opt-in since 2026-12-06 until a
+GPU run compares its bytes and times it: ``tileplug.backend_cuda.fp32_math``, which leaves to CUDA's fp64
+functions only the inputs whose fp32 rounding its few ulps could change; 21 fp64 instructions a sqrtsoftplus score
+against 72). The same bits either way by construction; the kernel's name says which."""
+SCORE_MATHS = ("library", "tables")
 
 
 def lane_groups_fit(experts: int, groups: int, vec: int) -> bool:
@@ -79,10 +80,10 @@ def batched_layout() -> bool:
 
 
 def score_math() -> str:
-    """:data:`SCORE_MATH_VARIABLE`'s choice (``tables`` by default)."""
+    """:data:`SCORE_MATH_VARIABLE`'s choice (``library`` by default)."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
 
-    return tuning_choice(SCORE_MATH_VARIABLE, "tables", SCORE_MATHS)
+    return tuning_choice(SCORE_MATH_VARIABLE, "library", SCORE_MATHS)
 
 
 def values_per_vector(dtype: str) -> int:
@@ -98,7 +99,7 @@ class GateSpec:
     per CTA, and (moe_topk_gate) the routing constants: ``scoring``, ``biased``, ``groups`` /
     ``topk_groups``, ``renormalize``, ``scaling`` (routed_scaling_factor), ``shared`` slots,
     ``masked``, ``with_scores``, ``lane_groups`` (the group scores lane by lane:
-    :data:`LANE_GROUPS_VARIABLE`), ``library_math`` (CUDA's fp64 ``exp`` / ``log1p`` for every score:
+    :data:`LANE_GROUPS_VARIABLE`), ``table_math`` (the scores' ``exp`` / ``log1p`` from ``fp32_math``:
     :data:`SCORE_MATH_VARIABLE`); (backward) ``index_dtype`` of topk_idx."""
 
     op: str
@@ -118,7 +119,7 @@ class GateSpec:
     with_scores: bool = False
     index_dtype: str = "int64"
     lane_groups: bool = False
-    library_math: bool = False
+    table_math: bool = False
 
     @property
     def name(self) -> str:
@@ -146,8 +147,8 @@ class GateSpec:
         parts.append(f"w{self.warps}")
         if self.lane_groups:
             parts.append("lanegroups")
-        if self.library_math:
-            parts.append("libmath")
+        if self.table_math:
+            parts.append("tablemath")
         return "_".join(parts)
 
     @property

@@ -168,7 +168,7 @@ class MoeTopkGate(_Kernel):
                          scaling=float(call.routed_scaling_factor), shared=call.num_shared_experts,
                          masked=call.has_mask, with_scores=call.return_scores,
                          lane_groups=lane_groups(call.num_experts, call.num_groups, vec if vector else 1),
-                         library_math=score_math() == "library")]
+                         table_math=score_math() == "tables")]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
