@@ -176,6 +176,13 @@ def build_expert_scan(spec: LayoutSpec):
         LEVELS.append(step)
         step *= 2
 
+    @T.macro
+    def load_batch(partial, batch, e, counts_in):
+        """``counts_in[i]`` = expert ``e``'s count in chunk ``batch · SCAN_BATCH + i`` (0 past the last chunk):
+        ``SCAN_BATCH`` independent loads in flight (``spec.batched``)."""
+        for i in T.unroll(SCAN_BATCH):
+            counts_in[i] = T.if_then_else(batch * SCAN_BATCH + i < chunks, partial[batch * SCAN_BATCH + i, e], 0)
+
     @T.prim_func
     def kernel(partial: T.Tensor((chunks, E), "int32"), counts: T.Tensor((E,), "int32"),
                expert_ends: T.Tensor((E,), "int32")):
@@ -190,9 +197,7 @@ def build_expert_scan(spec: LayoutSpec):
             if e < E:
                 if spec.batched:  # SCAN_BATCH independent loads in flight, then their sum (integers: any order)
                     for batch in T.serial(T.ceildiv(chunks, SCAN_BATCH)):
-                        for i in T.unroll(SCAN_BATCH):
-                            counts_in[i] = T.if_then_else(batch * SCAN_BATCH + i < chunks,
-                                                          partial[batch * SCAN_BATCH + i, e], 0)
+                        load_batch(partial, batch, e, counts_in)
                         for i in T.unroll(SCAN_BATCH):
                             total[0] = total[0] + counts_in[i]
                 else:
@@ -213,9 +218,7 @@ def build_expert_scan(spec: LayoutSpec):
                     running[0] = start
                     if spec.batched:
                         for batch in T.serial(T.ceildiv(chunks, SCAN_BATCH)):
-                            for i in T.unroll(SCAN_BATCH):
-                                counts_in[i] = T.if_then_else(batch * SCAN_BATCH + i < chunks,
-                                                              partial[batch * SCAN_BATCH + i, e], 0)
+                            load_batch(partial, batch, e, counts_in)
                             for i in T.unroll(SCAN_BATCH):
                                 if batch * SCAN_BATCH + i < chunks:
                                     partial[batch * SCAN_BATCH + i, e] = running[0]

@@ -154,7 +154,7 @@ def build_stochastic(spec):
                 values[j] = T.cast(0, SOURCE)
             layout.load_run(x, thread * RUN, values)
             for k in T.unroll(BLOCKS):
-                philox_block(seed[0], offset[0], thread * BLOCKS + k, words, False)  # the split product: see below
+                philox_block(seed[0], offset[0], thread * BLOCKS + k, words, False)  # the split product (docstring)
                 for i in T.unroll(4):
                     round_value(T.cast(values[4 * k + i], "float32"), words[i], run, 4 * k + i)
             layout.store_run(result, thread * RUN, run)
