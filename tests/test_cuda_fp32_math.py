@@ -212,8 +212,9 @@ if __name__ == "__main__":
 
 
 def test_the_gate_takes_the_tables_when_told(monkeypatch) -> None:
-    """``moe_topk_gate`` evaluates with CUDA's fp64 functions inline by default and with the fast helpers under
-    ``TILEPLUG_CUDA_MOE_SCORE_MATH=tables``; other values are refused, naming the variable."""
+    """``moe_topk_gate`` evaluates with CUDA's fp64 functions inline under ``TILEPLUG_CUDA_MOE_SCORE_MATH=library``
+    and with the fast helpers under ``tables``; by default (``auto``) the sqrtsoftplus gate takes the tables and the
+    sigmoid one CUDA's functions; other values are refused, naming the variable."""
     pytest.importorskip("tilelang")
     import torch
 
@@ -224,19 +225,25 @@ def test_the_gate_takes_the_tables_when_told(monkeypatch) -> None:
     from tileplug.core.lowering import describe_call
 
     logits = torch.empty(4, 256, dtype=torch.float32, device="meta")
-    call = describe_call(ops.moe_topk_gate, logits, 8, "sqrtsoftplus", bias=torch.empty(256, device="meta"))[0]
-    monkeypatch.delenv(SCORE_MATH_VARIABLE, raising=False)
-    library = _KERNELS["moe_topk_gate"].spec(call)
+    bias = torch.empty(256, device="meta")
+    call = describe_call(ops.moe_topk_gate, logits, 8, "sqrtsoftplus", bias=bias)[0]
+    sigmoid_call = describe_call(ops.moe_topk_gate, logits, 8, "sigmoid", bias=bias)[0]
+    gate = _KERNELS["moe_topk_gate"]
+    monkeypatch.setenv(SCORE_MATH_VARIABLE, "library")
+    library = gate.spec(call)
     source = jit.lower_source(library)
     assert not library.table_math and "tileplug_" not in source  # no prelude, CUDA's functions inline
     assert "exp(((double)" in source and "log1p(((double)" in source
     monkeypatch.setenv(SCORE_MATH_VARIABLE, "tables")
-    tables = _KERNELS["moe_topk_gate"].spec(call)
+    tables = gate.spec(call)
     assert tables.table_math and tables.name == library.name + "_tablemath"
+    assert gate.spec(sigmoid_call).table_math
     source = jit.lower_source(tables)
     body = source[source.index("__global__ void __launch_bounds__"):]
     assert "tileplug_exp_f32_fast(" in body and "tileplug_log1p_f32_fast(" in body
     assert "tileplug_exp_f32_library(" in body  # the rare path
+    monkeypatch.delenv(SCORE_MATH_VARIABLE)
+    assert gate.spec(call) == tables and not gate.spec(sigmoid_call).table_math
     monkeypatch.setenv(SCORE_MATH_VARIABLE, "fast")
-    with pytest.raises(ValueError, match=f"{SCORE_MATH_VARIABLE}='fast': expected one of library, tables"):
-        _KERNELS["moe_topk_gate"].spec(call)
+    with pytest.raises(ValueError, match=f"{SCORE_MATH_VARIABLE}='fast': expected one of auto, library, tables"):
+        gate.spec(call)

@@ -1,5 +1,5 @@
-"""The CUDA layout kernels' batched form (``TILEPLUG_CUDA_MOE_BATCHED_LAYOUT=1``, opt-in until a GPU host
-has timed it), without a GPU: the warp-match ranking's steps (``routing._match_ranks``) emulated in Python
+"""The CUDA layout kernels' batched form (``TILEPLUG_CUDA_MOE_BATCHED_LAYOUT=1``, the default since an H100
+compared its bytes and timed it on 2026-12-06), without a GPU: the warp-match ranking's steps (``routing._match_ranks``) emulated in Python
 — batches of 256 pairs, ``__match_any_sync`` within each warp of 32, the counts of the earlier warps and
 batches — against the default form's walk (thread ``e`` counts the chunk's pairs routed to ``e`` in
 order), on routing with skew, unrouted pairs (−1, ids past E) and a ragged last chunk, for slot counts
@@ -147,8 +147,11 @@ def test_the_variable_picks_the_batched_kernels(monkeypatch) -> None:
     x = torch.zeros(4, 64, dtype=torch.bfloat16)
     counts_call = describe_call(ops.moe_expert_counts, topk_idx, 256)[0]
     permute_call = describe_call(ops.moe_permute, x, topk_idx, 256)[0]
-    monkeypatch.delenv(BATCHED_LAYOUT_VARIABLE, raising=False)
+    monkeypatch.setenv(BATCHED_LAYOUT_VARIABLE, "0")
     assert not any(getattr(spec, "batched", False) for spec in _KERNELS["moe_permute"].specs(permute_call))
+    assert not any(spec.batched for spec in _KERNELS["moe_expert_counts"].specs(counts_call))
+    monkeypatch.delenv(BATCHED_LAYOUT_VARIABLE)  # the default: batched
+    assert all(spec.batched for spec in _KERNELS["moe_expert_counts"].specs(counts_call))
     monkeypatch.setenv(BATCHED_LAYOUT_VARIABLE, "1")
     chosen = {spec.kernel: spec for spec in _KERNELS["moe_permute"].specs(permute_call) if hasattr(spec, "batched")}
     assert chosen["chunk_counts"].batched and chosen["permute_index"].batched and chosen["expert_scan"].batched
@@ -185,8 +188,11 @@ def test_the_batched_padding_kernel_compiles_without_spills() -> None:
 
 
 @pytest.mark.nvcc
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "walk"])
 @pytest.mark.parametrize("kernel", ["chunk_counts", "permute_index", "expert_scan"])
-def test_the_batched_kernels_compile_without_spills(kernel) -> None:
+def test_the_layout_kernels_compile_without_spills(kernel, batched) -> None:
+    """Both forms compile (the compile grid takes the default, batched, one): the batched one at three layouts,
+    the walk (``TILEPLUG_CUDA_MOE_BATCHED_LAYOUT=0``) at E = 256, k = 8."""
     pytest.importorskip("tilelang")
     import sys
     from pathlib import Path
@@ -197,14 +203,15 @@ def test_the_batched_kernels_compile_without_spills(kernel) -> None:
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.moe.spec import LayoutSpec
 
-    for experts, slots, index in ((256, 8, "int64"), (1024, 6, "int32"), (33, 9, "int64")):
-        spec = (LayoutSpec(kernel, experts, alignment=slots, bases=index == "int64", batched=True)
-                if kernel == "expert_scan" else LayoutSpec(kernel, experts, slots, index, batched=True))
+    layouts = ((256, 8, "int64"), (1024, 6, "int32"), (33, 9, "int64")) if batched else ((256, 8, "int64"),)
+    for experts, slots, index in layouts:
+        spec = (LayoutSpec(kernel, experts, alignment=slots, bases=index == "int64", batched=batched)
+                if kernel == "expert_scan" else LayoutSpec(kernel, experts, slots, index, batched=batched))
         source = jit.lower_source(spec)
         if kernel == "expert_scan":
-            assert "int counts_in[8]" in source, spec.name
+            assert ("int counts_in[8]" in source) == batched, spec.name
         else:
-            assert "__match_any_sync" in source and "__popc" in source, spec.name
+            assert ("__match_any_sync" in source and "__popc" in source) == batched, spec.name
         error, _, report = nvcc(source)
         assert error is None, error
         assert spill_bytes(report) == {spec.name + "_kernel": 0}, report[-2000:]

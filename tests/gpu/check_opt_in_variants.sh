@@ -11,12 +11,13 @@
 #      built at a kernel's first call, before the capture);
 #   4. the host time per call of the norm, SwiGLU and quant bench cases (the launchers' stride fix-up changed on the
 #      CPU in the twenty-third session): tests/gpu/probe_host_cases.py.
-# The twenty-fifth session (CPU only after its GPU time) added:
-#   5. the MoE gates' exp / log1p from backend_cuda/fp32_math.py (TILEPLUG_CUDA_MOE_SCORE_MATH=tables, opt-in: the same
-#      bits by construction, swept on the CPU; the default keeps CUDA's fp64 functions): the gate tests against the
-#      reference and the two forms' bytes, then the sqrtsoftplus and DeepSeek-V3 routers at fp32 logits in both forms, the
-#      second beside TileKernels (before, on an H100: 170.4 / 110.8 us at T = 65536, TileKernels' sqrtsoftplus gate 108.3);
-#   6. the layout kernels' batched form (TILEPLUG_CUDA_MOE_BATCHED_LAYOUT, 0 by default: warp-match ranks, batched scan
+# The twenty-fifth session (CPU only after its GPU time) added steps 5 and 6; they ran on an H100 in the twenty-sixth
+# (docs/benchmarks/h100-moe-score-math-batched-layout-2026-12-06-s26.txt) and became defaults (the tables for the
+# sqrtsoftplus gate only: TILEPLUG_CUDA_MOE_SCORE_MATH=auto); they stay as before / after:
+#   5. the MoE gates' exp / log1p from backend_cuda/fp32_math.py (TILEPLUG_CUDA_MOE_SCORE_MATH=library / tables): the
+#      gate tests against the reference and the two forms' bytes, then the sqrtsoftplus and DeepSeek-V3 routers at fp32
+#      logits in both forms, the second beside TileKernels;
+#   6. the layout kernels' batched form (TILEPLUG_CUDA_MOE_BATCHED_LAYOUT, 1 by default: warp-match ranks, batched scan
 #      loads): its GPU test (the walk's bytes), then counting and permutation with it off / on.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
@@ -70,7 +71,7 @@ if want 4 && [ $(left) -gt 60 ]; then
 fi
 # 5. the gates' fp32_math: bytes against the reference, then time beside TileKernels
 if want 5 && [ $(left) -gt 90 ]; then
-  timeout 150 $P -n 8 -k "score_math or (moe_topk_gate and matches_reference)" tests/gpu/test_cuda_moe.py > $OUT/gate.txt 2>&1
+  timeout 300 $P -n 12 -k "score_math or (moe_topk_gate and matches_reference)" tests/gpu/test_cuda_moe.py > $OUT/gate.txt 2>&1
   tail -2 $OUT/gate.txt
   for math in library tables; do
     [ $(left) -gt 50 ] || break

@@ -29,7 +29,7 @@ from tileplug.backend_cuda.moe.spec import (
     batched_layout,
     chunk_tokens,
     lane_groups,
-    score_math,
+    table_math,
     values_per_vector,
 )
 from tileplug.core.call import Scoring
@@ -168,7 +168,7 @@ class MoeTopkGate(_Kernel):
                          scaling=float(call.routed_scaling_factor), shared=call.num_shared_experts,
                          masked=call.has_mask, with_scores=call.return_scores,
                          lane_groups=lane_groups(call.num_experts, call.num_groups, vec if vector else 1),
-                         table_math=score_math() == "tables")]
+                         table_math=table_math(scoring[call.scoring]))]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
