@@ -19,13 +19,17 @@
 #      logits in both forms, the second beside TileKernels;
 #   6. the layout kernels' batched form (TILEPLUG_CUDA_MOE_BATCHED_LAYOUT, 1 by default: warp-match ranks, batched scan
 #      loads): its GPU test (the walk's bytes), then counting and permutation with it off / on.
+# The twenty-sixth session added:
+#   7. the gates' rounds over the lanes' two heads (TILEPLUG_CUDA_MOE_LANE_HEADS=1, opt-in): their GPU test (the
+#      default rounds' bytes), then topk_gate and the sqrtsoftplus / DeepSeek-V3 routers at fp32 logits with it off /
+#      on, beside TileKernels.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
 set -u
 start=$(date +%s)
 BUDGET=${BUDGET:-400}
-STEPS=" ${STEPS:-1 2 3 4 5 6} "
+STEPS=" ${STEPS:-1 2 3 4 5 6 7} "
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 cd "$(dirname "$0")/../.."
@@ -90,6 +94,19 @@ if want 6 && [ $(left) -gt 60 ]; then
     echo "== batched layout $batched, $(left) s left" | tee -a $OUT/match_bench.txt
     env TILEPLUG_CUDA_MOE_BATCHED_LAYOUT=$batched timeout 60 $BENCH --ops moe_expert_counts/e256-k8,moe_permute/e256-k8 \
       --tokens 128,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/match_bench.txt | grep -E "^moe_"
+  done
+fi
+# 7. the lanes' heads: bytes, then time beside TileKernels
+if want 7 && [ $(left) -gt 60 ]; then
+  timeout 300 $P -n 12 -k "lane_heads or (matches_reference and gate)" tests/gpu/test_cuda_moe.py > $OUT/heads.txt 2>&1
+  tail -2 $OUT/heads.txt
+  for heads in 0 1; do
+    [ $(left) -gt 50 ] || break
+    extra=$([ $heads = 1 ] && echo "--peer tile_kernels" || echo "")
+    echo "== lane heads $heads, $(left) s left" | tee -a $OUT/heads_bench.txt
+    env TILEPLUG_CUDA_MOE_LANE_HEADS=$heads timeout $(( $(left) > 110 ? 100 : $(left) - 10 )) $BENCH --dtype fp32 $extra \
+      --ops topk_gate/e256-k8,moe_topk_gate/sqrtsoftplus-shared1,moe_topk_gate/deepseek-v3 --tokens 128,4096,16384,65536 \
+      2>> $OUT/stderr.log | tee -a $OUT/heads_bench.txt | grep -E "^(moe_|topk_)"
   done
 fi
 echo "all done, $(left) s left"

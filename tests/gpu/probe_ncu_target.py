@@ -3,6 +3,9 @@
 called a few times by tileplug and, when importable, by TileKernels.
 
     ncu --clock-control none -k regex:per_block python3 tests/gpu/probe_ncu_target.py per_block_cast 128
+    ncu --clock-control none -k regex:gate python3 tests/gpu/probe_ncu_target.py moe_topk_gate/deepseek-v3 65536 fp32
+
+The optional third argument is the input dtype (``bf16`` by default, ``fp32``, ``fp16``), as ``tileplug bench --dtype``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ def main() -> int:
     from tileplug.core.benchmark import bench_cases, peer_arguments
 
     name, tokens = sys.argv[1], int(sys.argv[2])
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[sys.argv[3] if len(sys.argv) > 3 else "bf16"]
     case = bench_cases()[name]
-    args, kwargs = case.arguments(tokens, 7168, torch.bfloat16, torch.device("cuda"))
+    args, kwargs = case.arguments(tokens, 7168, dtype, torch.device("cuda"))
     function = opdefs.get(case.op).function
     runners = [("tileplug", function, args, kwargs)]
     try:

@@ -147,10 +147,14 @@ def precompiled(gate_forced_on):
     both = [dataclasses.replace(spec, lane_groups=lanes) for case in GRID if case.op == FULL
             and dict(case.kwargs).get("num_groups", 1) > 1 for spec in _specs(case)
             if lane_groups_fit(spec.experts, spec.groups, spec.vec) for lanes in (False, True)]
-    matched = [dataclasses.replace(spec, batched=True) for case in GRID if case.op in (COUNTS, PERMUTE)
-               for spec in _specs(case) if spec.kernel in ("chunk_counts", "expert_scan", "permute_index", "zero_padding")]
-    tables = [dataclasses.replace(spec, table_math=True) for case in GRID if case.op == FULL for spec in _specs(case)]
-    jit.precompile(list(dict.fromkeys(specs + both + matched + tables)))
+    matched = [dataclasses.replace(spec, batched=batched) for case in GRID if case.op in (COUNTS, PERMUTE)
+               for spec in _specs(case) if spec.kernel in ("chunk_counts", "expert_scan", "permute_index", "zero_padding")
+               for batched in (False, True)]
+    tables = [dataclasses.replace(spec, table_math=tables) for case in GRID if case.op == FULL for spec in _specs(case)
+              for tables in (False, True)]
+    heads = [dataclasses.replace(spec, lane_heads=True) for case in GRID if case.op in (GATE, FULL)
+             for spec in _specs(case)]
+    jit.precompile(list(dict.fromkeys(specs + both + matched + tables + heads)))
 
 
 # ---------------------------------------------------------------------- vs the reference
@@ -217,6 +221,31 @@ def test_table_score_math_gives_the_library_bytes(case: Case, monkeypatch: pytes
     for index, (have, want) in enumerate(zip(tables, library)):
         if want is not None:
             assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"), what=f"{case.id} output {index} (score math)",
+                               nan_equal=True)
+
+
+# ---------------------------------------------------------------------- the rounds over the lanes' heads
+
+HEADED = [case for case in GRID if case.op in (GATE, FULL)]
+
+
+@pytest.mark.parametrize("tokens", [1, BATCH])
+@pytest.mark.parametrize("case", HEADED, ids=[case.id for case in HEADED])
+def test_lane_heads_give_the_rounds_bytes(case: Case, tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``topk_gate`` / ``moe_topk_gate`` choosing from the lanes' two heads (``TILEPLUG_CUDA_MOE_LANE_HEADS=1``)
+    give the default rounds' indices, weights and scores byte for byte (ties included), and the heads'
+    kernel ran."""
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.moe.spec import LANE_HEADS_VARIABLE
+
+    args, kwargs = case.arguments(tokens, "cpu", seed=37)
+    rounds = _cuda_under(LANE_HEADS_VARIABLE, "0", case, args, kwargs, monkeypatch)
+    headed = _cuda_under(LANE_HEADS_VARIABLE, "1", case, args, kwargs, monkeypatch)
+    (spec,) = _specs(case)  # the heads' form: the variable is still set
+    assert spec.lane_heads and any(entry == spec for entry, _ in jit._entries), spec.name
+    for index, (have, want) in enumerate(zip(headed, rounds)):
+        if want is not None:
+            assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"), what=f"{case.id} output {index} (lane heads)",
                                nan_equal=True)
 
 

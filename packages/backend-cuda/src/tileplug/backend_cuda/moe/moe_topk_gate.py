@@ -24,9 +24,10 @@ One warp per row (``warp_topk.WarpRow``), ``WARPS`` rows per CTA, every value in
    warp argmax rounds over its members); lane ``g`` holds it, and ``topk_groups`` argmax
    rounds over the lanes pick the groups (ties to the smaller group); other groups' experts
    become ``NONE``.
-4. ``k`` argmax rounds; round ``r`` gives slot ``r`` (lane ``r`` keeps it) its expert and
-   unbiased ``u``, and adds ``u`` to the running sum in slot order, left to right from 0 (the
-   reference's ``slot_sum``; every lane the same sum).
+4. ``k`` argmax rounds (or, with ``spec.lane_heads``, rounds over the lanes' two heads, which
+   choose the same experts: ``warp_topk.WarpRow.lane_heads``); round ``r`` gives slot ``r`` (lane
+   ``r`` keeps it) its expert and unbiased ``u``, and adds ``u`` to the running sum in slot order,
+   left to right from 0 (the reference's ``slot_sum``; every lane the same sum).
 5. Weights: ``u / (sum + 1e-20) · routed_scaling_factor`` with ``renormalize``, else
    ``u · routed_scaling_factor`` (each op rounded to fp32, as the reference's tensor ops);
    slots ``k .. k+S−1`` expert ``E + s``, weight 1.
@@ -234,6 +235,7 @@ def build(spec: GateSpec):
                 total = T.alloc_local((1,), "float32")
                 slot_index = T.alloc_local((1,), "int64")
                 slot_weight = T.alloc_local((1,), "float32")
+                heads = row.lane_heads() if spec.lane_heads else None
                 row.load_row(logits, t, lane, x)
                 row.all_finite(x, lane, ok)  # the logits decide (sqrt(softplus(-inf)) = 0 is finite)
                 score_row(x, u, e, lane, acc, total, tree, (tx // WARP) * row.TREE_WIDTH)
@@ -262,14 +264,19 @@ def build(spec: GateSpec):
                     if GROUPS > 1:
                         pick_groups(keys, scratch, lane, best, where, found, index, group_key, chosen)
                     total[0] = T.float32(0.0)
+                    if spec.lane_heads:
+                        row.fill_heads(keys, u, lane, heads, False)
                     for r in T.serial(K):
-                        row.argmax(keys, lane, best, where, found, index)
-                        picked[0] = T.float32(0.0)
-                        for i in ENTRIES:
-                            if row.column(i, lane) == index[0]:
-                                picked[0] = u[i]
-                                keys[i] = NONE
-                        picked[0] = row.broadcast(picked[0], index[0])
+                        if spec.lane_heads:
+                            row.heads_round(keys, u, lane, heads, r, found, index, picked)
+                        else:
+                            row.argmax(keys, lane, best, where, found, index)
+                            picked[0] = T.float32(0.0)
+                            for i in ENTRIES:
+                                if row.column(i, lane) == index[0]:
+                                    picked[0] = u[i]
+                                    keys[i] = NONE
+                            picked[0] = row.broadcast(picked[0], index[0])
                         total[0] = T.ieee_add(total[0], picked[0])
                         if lane == r:
                             slot_index[0] = T.cast(index[0], "int64")

@@ -32,6 +32,16 @@ rounds' (``tests/gpu/test_cuda_moe.py -k lane_group``, 5 cases at 4001 rows), an
 (256 experts, 8 groups, bf16 logits) takes 108.5 µs at T = 65536 against 180.7 (32.1 / 50.7 at 16384, 12.6
 / 18.0 at 4096, 7.4 / 8.0 at 128). The kernel's name says which."""
 LANE_GROUPS_CHOICES = ("0", "1")
+LANE_HEADS_VARIABLE = "TILEPLUG_CUDA_MOE_LANE_HEADS"
+"""``1``: ``topk_gate`` / ``moe_topk_gate`` choose their ``k`` experts from each lane's two *heads*
+(``warp_topk.WarpRow.lane_heads``): a lane finds its two first entries once, a round compares the heads
+(``redux.sync`` max / min), and the lane that gave up its chosen head moves its second one up; a lane that
+gave up both refills them from the entries after the last one it gave up (a warp-uniform branch). ``0``
+(the default until measured): every round visits each lane's every entry (its own maximum, then the chosen
+entry's key and value by column). The same experts in the same order by construction; on an H100 the
+sqrtsoftplus router at fp32 logits spent its time in the ALU pipe (73 % busy, 2026-12-06 ncu), about two
+thirds of it in the rounds. The kernel's name says which."""
+LANE_HEADS_CHOICES = ("0", "1")
 BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
 """``1`` (the default since 2026-12-06): the layout kernels work in batches. ``chunk_counts`` /
 ``permute_index`` rank a chunk's pairs a warp at a time (``__match_any_sync``: the pairs of a warp with the same
@@ -76,6 +86,13 @@ def lane_groups(experts: int, groups: int, vec: int) -> bool:
     return tuning_choice(LANE_GROUPS_VARIABLE, "1", LANE_GROUPS_CHOICES) == "1" and lane_groups_fit(experts, groups, vec)
 
 
+def lane_heads() -> bool:
+    """Whether the gates choose from the lanes' heads (:data:`LANE_HEADS_VARIABLE`)."""
+    from tileplug.backend_cuda.norm.spec import tuning_choice
+
+    return tuning_choice(LANE_HEADS_VARIABLE, "0", LANE_HEADS_CHOICES) == "1"
+
+
 def batched_layout() -> bool:
     """Whether the layout kernels work in batches (:data:`BATCHED_LAYOUT_VARIABLE`)."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
@@ -106,7 +123,8 @@ class GateSpec:
     ``topk_groups``, ``renormalize``, ``scaling`` (routed_scaling_factor), ``shared`` slots,
     ``masked``, ``with_scores``, ``lane_groups`` (the group scores lane by lane:
     :data:`LANE_GROUPS_VARIABLE`), ``table_math`` (the scores' ``exp`` / ``log1p`` from ``fp32_math``:
-    :data:`SCORE_MATH_VARIABLE`); (backward) ``index_dtype`` of topk_idx."""
+    :data:`SCORE_MATH_VARIABLE`); (topk_gate, moe_topk_gate) ``lane_heads`` (the rounds over the lanes'
+    heads: :data:`LANE_HEADS_VARIABLE`); (backward) ``index_dtype`` of topk_idx."""
 
     op: str
     experts: int
@@ -126,6 +144,7 @@ class GateSpec:
     index_dtype: str = "int64"
     lane_groups: bool = False
     table_math: bool = False
+    lane_heads: bool = False
 
     @property
     def name(self) -> str:
@@ -155,6 +174,8 @@ class GateSpec:
             parts.append("lanegroups")
         if self.table_math:
             parts.append("tablemath")
+        if self.lane_heads:
+            parts.append("heads")
         return "_".join(parts)
 
     @property

@@ -29,6 +29,7 @@ from tileplug.backend_cuda.moe.spec import (
     batched_layout,
     chunk_tokens,
     lane_groups,
+    lane_heads,
     table_math,
     values_per_vector,
 )
@@ -124,7 +125,8 @@ class TopkGate(_Kernel):
     def specs(self, call: Any) -> list:
         vec = values_per_vector("float32")
         vector = call.num_experts % vec == 0 and call.input_alignment >= VECTOR_BYTES
-        return [GateSpec("topk_gate", call.num_experts, call.num_topk, "float32", vec if vector else 1)]
+        return [GateSpec("topk_gate", call.num_experts, call.num_topk, "float32", vec if vector else 1,
+                         lane_heads=lane_heads())]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
@@ -168,7 +170,7 @@ class MoeTopkGate(_Kernel):
                          scaling=float(call.routed_scaling_factor), shared=call.num_shared_experts,
                          masked=call.has_mask, with_scores=call.return_scores,
                          lane_groups=lane_groups(call.num_experts, call.num_groups, vec if vector else 1),
-                         table_math=table_math(scoring[call.scoring]))]
+                         table_math=table_math(scoring[call.scoring]), lane_heads=lane_heads())]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)

@@ -3,7 +3,8 @@ largest scores in descending order, ties to the smaller index, int64 ``[T, k]``;
 a non-finite score gets −1 in every slot (no device assert: nothing else changes).
 
 One warp per row (``warp_topk.WarpRow``), ``WARPS`` rows per CTA; ``k`` rounds of the warp
-argmax, lane ``r`` keeping slot ``r`` and writing it (``k ≤ 32``: one coalesced store).
+argmax (or, with ``spec.lane_heads``, over the lanes' two heads), lane ``r`` keeping slot ``r`` and
+writing it (``k ≤ 32``: one coalesced store).
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
@@ -41,6 +42,7 @@ def build(spec: GateSpec):
                 found = T.alloc_local((1,), "int32")
                 index = T.alloc_local((1,), "int32")
                 mine = T.alloc_var("int64")  # slot `lane`'s index
+                heads = row.lane_heads() if spec.lane_heads else None
                 row.load_row(scores, t, lane, values)
                 row.all_finite(values, lane, finite)
                 mine = -1
@@ -48,11 +50,17 @@ def build(spec: GateSpec):
                     for i in row.entries:
                         keys[i] = key_of(values[i]) if row.present(i, lane) is True else \
                             T.if_then_else(row.present(i, lane), key_of(values[i]), NONE)
+                    if spec.lane_heads:
+                        row.fill_heads(keys, None, lane, heads, False)
                     for r in T.serial(K):
-                        row.argmax(keys, lane, best, where, found, index)
+                        if spec.lane_heads:
+                            row.heads_round(keys, None, lane, heads, r, found, index, None)
+                        else:
+                            row.argmax(keys, lane, best, where, found, index)
                         if lane == r:
                             mine = T.cast(index[0], "int64")
-                        row.take(keys, lane, index[0])
+                        if not spec.lane_heads:
+                            row.take(keys, lane, index[0])
                 if lane < K:
                     topk_idx[t, lane] = mine
 

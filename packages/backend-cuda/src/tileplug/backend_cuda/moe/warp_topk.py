@@ -142,6 +142,72 @@ class WarpRow:
             index[0] = T.warp_reduce_min(T.if_then_else(best[0] == found[0], where[0], NO_COLUMN))
 
         @T.macro
+        def fill_heads(keys, values, lane, heads, refill):
+            """The lane's two ``heads`` (:meth:`WarpRow.lane_heads`) = its first two entries in the order
+            (key descending, column ascending): among those after the last one it gave up when
+            ``refill``, else among all (and nothing given up yet); ``(NONE, NO_COLUMN)`` where it holds
+            fewer. ``values`` (None: none) travel with their keys. A strict ``>`` in column order keeps
+            ties in column order; both new heads are computed before either is written."""
+            head_key, head_column, head_value, after_key, after_column, dropped = heads
+            head_key[0] = NONE
+            head_key[1] = NONE
+            head_column[0] = NO_COLUMN
+            head_column[1] = NO_COLUMN
+            if not refill:
+                after_key[0] = NONE
+                after_column[0] = NO_COLUMN
+                if values is not None:
+                    head_value[0] = T.float32(0.0)
+                    head_value[1] = T.float32(0.0)
+            dropped[0] = 0
+            for i in ENTRIES:
+                if refill:
+                    later = (keys[i] < after_key[0]) | ((keys[i] == after_key[0]) & (column(i, lane) > after_column[0]))
+                    above_first = later & (keys[i] > head_key[0])
+                    above_second = later & (keys[i] > head_key[1])
+                else:
+                    above_first = keys[i] > head_key[0]
+                    above_second = keys[i] > head_key[1]
+                head_key[1] = T.if_then_else(above_first, head_key[0],
+                                             T.if_then_else(above_second, keys[i], head_key[1]))
+                head_column[1] = T.if_then_else(above_first, head_column[0],
+                                                T.if_then_else(above_second, column(i, lane), head_column[1]))
+                if values is not None:
+                    head_value[1] = T.if_then_else(above_first, head_value[0],
+                                                   T.if_then_else(above_second, values[i], head_value[1]))
+                    head_value[0] = T.if_then_else(above_first, values[i], head_value[0])
+                head_key[0] = T.if_then_else(above_first, keys[i], head_key[0])
+                head_column[0] = T.if_then_else(above_first, column(i, lane), head_column[0])
+
+        @T.macro
+        def heads_round(keys, values, lane, heads, round_index, found, index, picked):
+            """One selection round over the lanes' ``heads`` (:meth:`WarpRow.lane_heads`): ``found[0]`` /
+            ``index[0]`` as :func:`argmax` gives them over the entries not yet chosen, ``picked[0]`` (with
+            ``values``) the chosen entry's value in every lane, and the lane whose first head is
+            ``index`` gives it up (the second moves up). From the third round on, a
+            lane that gave up both heads first refills them (a warp-uniform branch, taken where one lane
+            holds three of the chosen)."""
+            head_key, head_column, head_value, after_key, after_column, dropped = heads
+            if round_index >= 2:
+                if T.any_sync(dropped[0] == 2):
+                    if dropped[0] == 2:
+                        fill_heads(keys, values, lane, heads, True)
+            found[0] = T.warp_reduce_max(head_key[0])
+            index[0] = T.warp_reduce_min(T.if_then_else(head_key[0] == found[0], head_column[0], NO_COLUMN))
+            if values is not None:
+                picked[0] = T.shfl_sync(head_value[0], (index[0] // VEC) % WARP)
+            if head_column[0] == index[0]:
+                after_key[0] = head_key[0]
+                after_column[0] = head_column[0]
+                head_key[0] = head_key[1]
+                head_column[0] = head_column[1]
+                if values is not None:
+                    head_value[0] = head_value[1]
+                head_key[1] = NONE
+                head_column[1] = NO_COLUMN
+                dropped[0] = dropped[0] + 1
+
+        @T.macro
         def take(keys, lane, index):
             """Column ``index`` can no longer be chosen."""
             for i in ENTRIES:
@@ -193,8 +259,23 @@ class WarpRow:
         self.all_finite = all_finite
         self.argmax = argmax
         self.take = take
+        self.fill_heads = fill_heads
+        self.heads_round = heads_round
         self.broadcast = broadcast
 
     def keys(self):
         """A lane's key registers."""
         return T.alloc_local((self.VALUES,), "int32")
+
+    @staticmethod
+    def lane_heads():
+        """A lane's two *heads* (:data:`spec.LANE_HEADS_VARIABLE`): registers ``(head_key, head_column,
+        head_value, after_key, after_column, dropped)``. The heads are the lane's first two entries not
+        yet chosen in the selection order (key descending, column ascending) with their columns and
+        values, ``(NONE, NO_COLUMN)`` where fewer remain; ``after_*`` is the last entry the lane gave up
+        and ``dropped`` how many it gave up since it last filled its heads. Round by round the warp's
+        largest head is the warp's largest entry not yet chosen (each lane's first head is its own),
+        so the rounds choose what :func:`argmax` and :func:`take` choose, without visiting every entry
+        each round."""
+        return (T.alloc_local((2,), "int32"), T.alloc_local((2,), "int32"), T.alloc_local((2,), "float32"),
+                T.alloc_local((1,), "int32"), T.alloc_local((1,), "int32"), T.alloc_local((1,), "int32"))
