@@ -22,6 +22,10 @@ fallback takes 34 of exp's 2 237 399 042 fast-range inputs and 19 of log1p's 218
   its mantissa, ``z = R_j · m − 1`` (one exact FMA: ``R_j`` ≈ ``1 / m`` on a multiple of
   2^-12, so ``|z| < 2^-7``), ``log1p(e) = −ln R_j + log1p(z)`` with ``log1p(z)`` by its
   degree-8 Taylor polynomial (truncation below 2^-56 relative).
+- ``tileplug_softplus_log_f32_fast(x)``: ``rn32(log1p(rn32(exp(−|x|))))``, softplus's second term,
+  both fast paths at once: one range test (``|x| ≤ 87``) and no check between the two functions
+  (``e`` lies in ``(0, 1]``); NaN unless both round surely, where ``..._library(x)`` (the two
+  functions above, out of line) decides.
 
 :data:`DEVICE_HELPERS` is a kernel prelude (``T.Kernel(prelude=...)``); :func:`host_source`
 is the same C code for a host compiler (the tests build it with ``cc`` and sweep fp32 inputs
@@ -171,6 +175,22 @@ TP_DEV float tileplug_log1p_f32(float e) {
   if (rounded != rounded) rounded = tileplug_log1p_f32_library(e);
   return rounded;
 }
+
+/* softplus's second term, rn32(log1p(rn32(exp(-|x|)))), each function as above: the rare path, out of line. */
+TP_RARE float tileplug_softplus_log_f32_library(float x) { return tileplug_log1p_f32(tileplug_exp_f32(-fabsf(x))); }
+
+/* The same where the fast values surely round so, else NaN (also for |x| > %(exp_limit)s, infinite and NaN x). One
+   range test for both functions: e = rn32(exp(-|x|)) lies in (0, 1] there, so log1p's tests reduce to e itself
+   below %(direct_below)s and rn32(ln 2) at 1. */
+TP_DEV float tileplug_softplus_log_f32_fast(float x) {
+  float t = -fabsf(x);
+  double y = tileplug_exp_wide(t);
+  float e = (tileplug_rounds_surely(y) & (t >= -%(exp_limit)sf)) ? (float)y : TP_NAN;
+  double l = tileplug_log1p_wide(e);
+  float rounded = tileplug_rounds_surely(l) ? (float)l : TP_NAN;
+  rounded = e < %(direct_below)sf ? e : rounded;
+  return e == 1.0f ? %(ln2_f32)sf : rounded;  /* (NaN e: NaN l, so NaN) */
+}
 """
 
 _DEVICE_MACROS = r"""
@@ -238,7 +258,7 @@ def host_source() -> str:
     return _HOST_MACROS + _body()
 
 
-FUNCTIONS = ("exp", "log1p")
+FUNCTIONS = ("exp", "log1p", "softplus_log")
 
 
 def fast_f32(function: str, value):

@@ -14,10 +14,11 @@ One warp per row (``warp_topk.WarpRow``), ``WARPS`` rows per CTA, every value in
    (``__fadd_rn``, ``__fdiv_rn``, ``__fsqrt_rn``); ``exp`` and ``log1p`` are the fp32 roundings
    of fp64 values, as the reference computes them (``formulas.correctly_rounded``; CUDA's
    ``expf`` is up to 2 ulp off): CUDA's fp64 ``exp`` / ``log1p`` rounded once, or, with
-   ``spec.table_math`` (``spec.SCORE_MATH_VARIABLE=tables``), ``tileplug.backend_cuda.fp32_math``'s
-   table-driven fp64 polynomials, which defer to CUDA's functions wherever their few ulps of
-   error could change the fp32 rounding — the same bits, at about a third of the fp64
-   instructions. (A double rounding at a near-tie, about 2^-28 of the inputs, can still put a
+   ``spec.table_math`` (``spec.SCORE_MATH_VARIABLE``: the default for sqrtsoftplus),
+   ``tileplug.backend_cuda.fp32_math``'s table-driven fp64 polynomials, which defer to CUDA's
+   functions wherever their few ulps of error could change the fp32 rounding — the same bits, at
+   about a third of the fp64 instructions (sqrtsoftplus: both functions in one helper,
+   ``softplus_log``, one range test for the two). (A double rounding at a near-tie, about 2^-28 of the inputs, can still put a
    score one ulp from the reference.)
 2. Selection keys on ``u + bias`` (bias for selection only).
 3. Groups (``G > 1``): group ``g``'s score is the sum of its two largest biased scores (two
@@ -139,14 +140,17 @@ def build(spec: GateSpec):
             for i in ENTRIES:
                 u[i] = T.ieee_fdiv(T.float32(1.0), T.ieee_add(T.float32(1.0), u[i]))
         else:  # sqrtsoftplus, with the reference's stable softplus(v) = max(v, 0) + log1p(exp(−|v|))
-            for i in ENTRIES:
-                e[i] = T.ieee_sub(T.float32(0.0), T.abs(x[i]))
-                u[i] = fast("exp", e[i])
-            settle("exp", u, e)
-            for i in ENTRIES:
-                e[i] = u[i]
-                u[i] = fast("log1p", e[i])
-            settle("log1p", u, e)
+            if LIBRARY_MATH:
+                for i in ENTRIES:
+                    e[i] = T.ieee_sub(T.float32(0.0), T.abs(x[i]))
+                    u[i] = fast("exp", e[i])
+                for i in ENTRIES:
+                    e[i] = u[i]
+                    u[i] = fast("log1p", e[i])
+            else:  # both functions' fast values at once (one range test), the rare rest by the library
+                for i in ENTRIES:
+                    u[i] = fast_f32("softplus_log", x[i])
+                settle("softplus_log", u, x)
             for i in ENTRIES:
                 u[i] = T.ieee_fsqrt(T.ieee_add(T.max(x[i], T.float32(0.0)), u[i]))
 
