@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from tileplug.backend_cuda.moe.spec import LANE_HEADS_VARIABLE, GateSpec
+from tileplug.backend_cuda.moe.spec import GATE_CTAS_PER_SM_VARIABLE, LANE_HEADS_VARIABLE, GateSpec
 
 WARP = 32
 NONE = -(2**31)
@@ -214,3 +214,50 @@ def test_the_heads_kernels_compile_without_spills(op: str) -> None:
         assert error is None, error
         spills = spill_bytes(report)
         assert spills.get(spec.name + "_kernel") == 0 and not any(spills.values()), report[-2000:]
+
+
+def test_the_variable_bounds_the_gates_registers(monkeypatch) -> None:
+    """``TILEPLUG_CUDA_MOE_GATE_CTAS_PER_SM`` reaches the gates' specs (and their names) and the kernel's
+    ``__launch_bounds__``; other values are refused, naming the variable."""
+    pytest.importorskip("tilelang")
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.plugin import _KERNELS
+    from tileplug.core import ops
+    from tileplug.core.lowering import describe_call
+
+    scores, logits = torch.randn(4, 256), torch.randn(4, 256)
+    plain = describe_call(ops.topk_gate, scores, 8)[0]
+    full = describe_call(ops.moe_topk_gate, logits, 8, "sqrtsoftplus", bias=torch.randn(256))[0]
+    monkeypatch.delenv(GATE_CTAS_PER_SM_VARIABLE, raising=False)
+    assert _KERNELS["moe_topk_gate"].spec(full).ctas_per_sm == 0
+    monkeypatch.setenv(GATE_CTAS_PER_SM_VARIABLE, "10")
+    for kernel, call in (("topk_gate", plain), ("moe_topk_gate", full)):
+        spec = _KERNELS[kernel].spec(call)
+        assert spec.ctas_per_sm == 10 and "_c10" in spec.name, spec.name
+        assert "__launch_bounds__(128, 10)" in jit.lower_source(spec), spec.name
+    monkeypatch.setenv(GATE_CTAS_PER_SM_VARIABLE, "16")
+    with pytest.raises(ValueError, match=f"{GATE_CTAS_PER_SM_VARIABLE}='16': expected one of 0, 6, 8, 10"):
+        _KERNELS["topk_gate"].spec(plain)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("ctas", [8, 10])
+def test_the_bounded_gate_compiles_without_spills(ctas: int) -> None:
+    """The sqrtsoftplus gate with the heads under each offered bound: no spills, registers within it."""
+    pytest.importorskip("tilelang")
+    import re
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_cuda_compile import nvcc, spill_bytes
+
+    from tileplug.backend_cuda import jit
+
+    spec = GateSpec("moe_topk_gate", 256, 8, "float32", 4, scoring="sqrtsoftplus", biased=True, renormalize=True,
+                    shared=1, table_math=True, lane_heads=True, ctas_per_sm=ctas)
+    error, _, report = nvcc(jit.lower_source(spec))
+    assert error is None, error
+    assert not any(spill_bytes(report).values()), report[-2000:]
+    registers = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
+    assert registers and max(registers) <= 65536 // (ctas * 128), registers

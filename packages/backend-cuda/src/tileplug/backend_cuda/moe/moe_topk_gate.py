@@ -214,6 +214,8 @@ def build(spec: GateSpec):
     def body(logits, bias, mask, topk_idx, topk_weights, scores_out):
         with T.Kernel(T.ceildiv(rows, WARPS), threads=WARPS * WARP,
                       prelude=None if LIBRARY_MATH else device_helpers()) as bx:
+            if spec.ctas_per_sm:
+                T.annotate_min_blocks_per_sm(spec.ctas_per_sm)
             if spec.vec > 1:
                 T.assume(logits_t.strides[0] % spec.vec == 0)
             tree = T.alloc_shared((WARPS * row.TREE_WIDTH,), "float32") if SCORING == "softmax" else None

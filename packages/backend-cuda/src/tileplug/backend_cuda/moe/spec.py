@@ -42,6 +42,13 @@ entry's key and value by column). The same experts in the same order by construc
 sqrtsoftplus router at fp32 logits spent its time in the ALU pipe (73 % busy, 2026-12-06 ncu), about two
 thirds of it in the rounds. The kernel's name says which."""
 LANE_HEADS_CHOICES = ("0", "1")
+GATE_CTAS_PER_SM_VARIABLE = "TILEPLUG_CUDA_MOE_GATE_CTAS_PER_SM"
+"""The least CTAs (of ``GATE_WARPS`` warps) per SM that ``topk_gate`` / ``moe_topk_gate`` ask the compiler for
+(``__launch_bounds__``' second argument), which caps their registers: ``0`` (the default until measured) asks
+nothing (the sqrtsoftplus gate then takes 82 registers, 31 % occupancy on an H100, where TileKernels' gate runs
+at 75 %); ``8`` caps it at 64 registers (50 %), ``10`` at 48 (62.5 %), both without spills (nvcc 13.0, sm_90;
+``12`` spills). The kernel's name says which (``_c8``)."""
+GATE_CTAS_PER_SM_CHOICES = ("0", "6", "8", "10")
 BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
 """``1`` (the default since 2026-12-06): the layout kernels work in batches. ``chunk_counts`` /
 ``permute_index`` rank a chunk's pairs a warp at a time (``__match_any_sync``: the pairs of a warp with the same
@@ -93,6 +100,13 @@ def lane_heads() -> bool:
     return tuning_choice(LANE_HEADS_VARIABLE, "0", LANE_HEADS_CHOICES) == "1"
 
 
+def gate_ctas_per_sm() -> int:
+    """The gates' least CTAs per SM (:data:`GATE_CTAS_PER_SM_VARIABLE`; 0: no bound)."""
+    from tileplug.backend_cuda.norm.spec import tuning_choice
+
+    return int(tuning_choice(GATE_CTAS_PER_SM_VARIABLE, "0", GATE_CTAS_PER_SM_CHOICES))
+
+
 def batched_layout() -> bool:
     """Whether the layout kernels work in batches (:data:`BATCHED_LAYOUT_VARIABLE`)."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
@@ -124,7 +138,8 @@ class GateSpec:
     ``masked``, ``with_scores``, ``lane_groups`` (the group scores lane by lane:
     :data:`LANE_GROUPS_VARIABLE`), ``table_math`` (the scores' ``exp`` / ``log1p`` from ``fp32_math``:
     :data:`SCORE_MATH_VARIABLE`); (topk_gate, moe_topk_gate) ``lane_heads`` (the rounds over the lanes'
-    heads: :data:`LANE_HEADS_VARIABLE`); (backward) ``index_dtype`` of topk_idx."""
+    heads: :data:`LANE_HEADS_VARIABLE`) and ``ctas_per_sm`` (:data:`GATE_CTAS_PER_SM_VARIABLE`); (backward)
+    ``index_dtype`` of topk_idx."""
 
     op: str
     experts: int
@@ -145,6 +160,7 @@ class GateSpec:
     lane_groups: bool = False
     table_math: bool = False
     lane_heads: bool = False
+    ctas_per_sm: int = 0
 
     @property
     def name(self) -> str:
@@ -176,6 +192,8 @@ class GateSpec:
             parts.append("tablemath")
         if self.lane_heads:
             parts.append("heads")
+        if self.ctas_per_sm:
+            parts.append(f"c{self.ctas_per_sm}")
         return "_".join(parts)
 
     @property

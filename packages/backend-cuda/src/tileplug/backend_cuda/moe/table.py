@@ -28,6 +28,7 @@ from tileplug.backend_cuda.moe.spec import (
     RowSpec,
     batched_layout,
     chunk_tokens,
+    gate_ctas_per_sm,
     lane_groups,
     lane_heads,
     table_math,
@@ -126,7 +127,7 @@ class TopkGate(_Kernel):
         vec = values_per_vector("float32")
         vector = call.num_experts % vec == 0 and call.input_alignment >= VECTOR_BYTES
         return [GateSpec("topk_gate", call.num_experts, call.num_topk, "float32", vec if vector else 1,
-                         lane_heads=lane_heads())]
+                         lane_heads=lane_heads(), ctas_per_sm=gate_ctas_per_sm())]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
@@ -170,7 +171,8 @@ class MoeTopkGate(_Kernel):
                          scaling=float(call.routed_scaling_factor), shared=call.num_shared_experts,
                          masked=call.has_mask, with_scores=call.return_scores,
                          lane_groups=lane_groups(call.num_experts, call.num_groups, vec if vector else 1),
-                         table_math=table_math(scoring[call.scoring]), lane_heads=lane_heads())]
+                         table_math=table_math(scoring[call.scoring]), lane_heads=lane_heads(),
+                         ctas_per_sm=gate_ctas_per_sm())]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)

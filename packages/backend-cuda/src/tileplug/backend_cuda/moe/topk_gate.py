@@ -28,6 +28,8 @@ def build(spec: GateSpec):
     @T.prim_func
     def kernel(scores: scores_t, topk_idx: idx_t):
         with T.Kernel(T.ceildiv(rows, WARPS), threads=WARPS * WARP) as bx:
+            if spec.ctas_per_sm:
+                T.annotate_min_blocks_per_sm(spec.ctas_per_sm)
             if spec.vec > 1:
                 T.assume(scores_t.strides[0] % spec.vec == 0)
             tx = T.get_thread_binding()
