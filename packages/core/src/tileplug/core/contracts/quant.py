@@ -98,14 +98,16 @@ class AllocationPlan:
     def _allocator(self) -> Callable[[int, torch.device | None], QuantOutputs]:
         """``allocate(tokens, device)``: a closure over this plan's constants, so a call does
         the sf's row count and nothing else (the GPU host timed per_channel's allocation at 14.5 µs
-        through the attribute-reading method this replaces, against 6.3 µs for per_token's closure)."""
+        through the attribute-reading method this replaces, against 6.3 µs for per_token's closure).
+        ``torch.empty`` takes the sizes as separate arguments: its argument parser takes 0.45 µs
+        longer over a ``(rows, columns)`` tuple (torch 2.13, CPU; the same tensor either way)."""
         q_columns, q_dtype, sf_dtype, columns = self.q_columns, self.q_dtype, self.sf_dtype, self.sf_columns
         multiple = self.col_major_multiple
         tokens_per_sf_row = self.bm * (self.pack_factor if self.pack_axis == 0 else 1)  # (nested ceilings compose)
         empty, empty_strided = torch.empty, torch.empty_strided
 
         def allocate(tokens: int, device: torch.device | None) -> QuantOutputs:
-            q = None if q_columns is None else empty((tokens, q_columns), dtype=q_dtype, device=device)
+            q = None if q_columns is None else empty(tokens, q_columns, dtype=q_dtype, device=device)
             if sf_dtype is None:
                 return QuantOutputs(q, None)
             rows = tokens if tokens_per_sf_row == 1 else -(-tokens // tokens_per_sf_row)
@@ -113,7 +115,7 @@ class AllocationPlan:
                 # column-major, each column padded; an empty sf is allocated row-major (ordinary strides, viewable)
                 padded = -(-rows // multiple) * multiple
                 return QuantOutputs(q, empty_strided((rows, columns), (1, padded), dtype=sf_dtype, device=device))
-            return QuantOutputs(q, empty((rows, columns), dtype=sf_dtype, device=device))
+            return QuantOutputs(q, empty(rows, columns, dtype=sf_dtype, device=device))
 
         return allocate
 
