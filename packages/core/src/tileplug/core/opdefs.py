@@ -30,6 +30,7 @@ import torch
 
 from tileplug.core.contracts.checks import describe
 from tileplug.core.errors import BackendError, ContractError
+from tileplug.core.registry import registry  # (imported here, not in run: a local import costs 0.6 µs a call)
 
 LIBRARY_NAMESPACE = "tileplug"
 
@@ -379,8 +380,6 @@ def run(call: Any, inputs: Sequence[Any], out: Any = None, given: Any = None) ->
     ``given``: output tensors the contract already checked (an op's ``written`` arguments,
     which may alias inputs), passed to ``plan.allocate(tokens, device, given)``, which
     allocates only the outputs not given."""
-    from tileplug.core.registry import registry
-
     route = registry.route(call)
     if given is not None:
         outputs = route.plan.allocate(call.tokens, call.device, given)
@@ -613,8 +612,6 @@ def _register_library_op(opdef: OpDef) -> None:
             _in_library_op.reset(token)
 
     def fake(*flat: Any) -> Any:
-        from tileplug.core.registry import registry
-
         call, _ = opdef.contract(**unflatten(flat))
         if opdef.mutates:  # in place: the mutated inputs are the outputs, nothing to allocate
             return None
