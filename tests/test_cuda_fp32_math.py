@@ -269,7 +269,7 @@ def test_the_gate_takes_the_tables_when_told(monkeypatch) -> None:
     assert "exp(((double)" in source and "log1p(((double)" in source
     monkeypatch.setenv(SCORE_MATH_VARIABLE, "tables")
     tables = gate.spec(call)
-    assert tables.table_math and tables.name == library.name + "_tablemath"
+    assert tables.table_math and tables.name == library.name.replace("_w4", "_w4_tablemath")
     assert gate.spec(sigmoid_call).table_math
     source = jit.lower_source(tables)
     body = source[source.index("__global__ void __launch_bounds__"):]

@@ -1,5 +1,5 @@
-"""The CUDA gates' rounds over the lanes' two heads (``TILEPLUG_CUDA_MOE_LANE_HEADS=1``, opt-in until a
-GPU has compared its bytes and timed it), without a GPU: the kernel's steps (``warp_topk.WarpRow``'s
+"""The CUDA gates' rounds over the lanes' two heads (``TILEPLUG_CUDA_MOE_LANE_HEADS=1``, the default since an
+H100 compared their bytes and timed them on 2026-12-06) and their register bound, without a GPU: the kernel's steps (``warp_topk.WarpRow``'s
 ``fill_heads`` / ``heads_round``) emulated lane by lane in Python — each lane's two first entries in
 the order (key descending, column ascending), the rounds' max / min reductions over the heads, the
 lane that gives up its head, the refill from the entries after the last one given up — against the
@@ -174,12 +174,12 @@ def test_the_variable_picks_the_heads(monkeypatch) -> None:
     plain = describe_call(ops.topk_gate, scores, 8)[0]
     full = describe_call(ops.moe_topk_gate, logits, 8, "sqrtsoftplus", bias=torch.randn(256))[0]
     backward_spec = GateSpec("moe_topk_gate_backward", 256, 8)
-    monkeypatch.delenv(LANE_HEADS_VARIABLE, raising=False)
+    monkeypatch.setenv(LANE_HEADS_VARIABLE, "0")
     assert not _KERNELS["topk_gate"].spec(plain).lane_heads and not _KERNELS["moe_topk_gate"].spec(full).lane_heads
-    monkeypatch.setenv(LANE_HEADS_VARIABLE, "1")
+    monkeypatch.delenv(LANE_HEADS_VARIABLE)  # the default: the heads
     for kernel, call in (("topk_gate", plain), ("moe_topk_gate", full)):
         spec = _KERNELS[kernel].spec(call)
-        assert spec.lane_heads and spec.name.endswith("_heads"), spec.name
+        assert spec.lane_heads and "_heads" in spec.name, spec.name
     assert not backward_spec.lane_heads
     monkeypatch.setenv(LANE_HEADS_VARIABLE, "2")
     with pytest.raises(ValueError, match=f"{LANE_HEADS_VARIABLE}='2': expected one of 0, 1"):
@@ -228,12 +228,13 @@ def test_the_variable_bounds_the_gates_registers(monkeypatch) -> None:
     scores, logits = torch.randn(4, 256), torch.randn(4, 256)
     plain = describe_call(ops.topk_gate, scores, 8)[0]
     full = describe_call(ops.moe_topk_gate, logits, 8, "sqrtsoftplus", bias=torch.randn(256))[0]
-    monkeypatch.delenv(GATE_CTAS_PER_SM_VARIABLE, raising=False)
-    assert _KERNELS["moe_topk_gate"].spec(full).ctas_per_sm == 0
-    monkeypatch.setenv(GATE_CTAS_PER_SM_VARIABLE, "10")
+    monkeypatch.setenv(GATE_CTAS_PER_SM_VARIABLE, "0")
+    unbound = _KERNELS["moe_topk_gate"].spec(full)
+    assert unbound.ctas_per_sm == 0 and "_c" not in unbound.name.rsplit("_w4", 1)[1], unbound.name
+    monkeypatch.delenv(GATE_CTAS_PER_SM_VARIABLE)  # the default: 10
     for kernel, call in (("topk_gate", plain), ("moe_topk_gate", full)):
         spec = _KERNELS[kernel].spec(call)
-        assert spec.ctas_per_sm == 10 and "_c10" in spec.name, spec.name
+        assert spec.ctas_per_sm == 10 and spec.name.endswith("_c10"), spec.name
         assert "__launch_bounds__(128, 10)" in jit.lower_source(spec), spec.name
     monkeypatch.setenv(GATE_CTAS_PER_SM_VARIABLE, "16")
     with pytest.raises(ValueError, match=f"{GATE_CTAS_PER_SM_VARIABLE}='16': expected one of 0, 6, 8, 10"):

@@ -19,8 +19,10 @@
 #      logits in both forms, the second beside TileKernels;
 #   6. the layout kernels' batched form (TILEPLUG_CUDA_MOE_BATCHED_LAYOUT, 1 by default: warp-match ranks, batched scan
 #      loads): its GPU test (the walk's bytes), then counting and permutation with it off / on.
-# The twenty-sixth session added:
-#   7. the gates' rounds over the lanes' two heads (TILEPLUG_CUDA_MOE_LANE_HEADS=1, opt-in): their GPU test (the
+# The twenty-sixth session added step 7, ran it on an H100 the same day
+# (docs/benchmarks/h100-moe-lane-heads-host-2026-12-06-s26.txt) and made it the default (with
+# TILEPLUG_CUDA_MOE_GATE_CTAS_PER_SM=10); it stays as before / after:
+#   7. the gates' rounds over the lanes' two heads (TILEPLUG_CUDA_MOE_LANE_HEADS, 1 by default): their GPU test (the
 #      default rounds' bytes), then topk_gate and the sqrtsoftplus / DeepSeek-V3 routers at fp32 logits with it off /
 #      on, beside TileKernels.
 #

@@ -33,21 +33,24 @@ rounds' (``tests/gpu/test_cuda_moe.py -k lane_group``, 5 cases at 4001 rows), an
 / 18.0 at 4096, 7.4 / 8.0 at 128). The kernel's name says which."""
 LANE_GROUPS_CHOICES = ("0", "1")
 LANE_HEADS_VARIABLE = "TILEPLUG_CUDA_MOE_LANE_HEADS"
-"""``1``: ``topk_gate`` / ``moe_topk_gate`` choose their ``k`` experts from each lane's two *heads*
-(``warp_topk.WarpRow.lane_heads``): a lane finds its two first entries once, a round compares the heads
-(``redux.sync`` max / min), and the lane that gave up its chosen head moves its second one up; a lane that
-gave up both refills them from the entries after the last one it gave up (a warp-uniform branch). ``0``
-(the default until measured): every round visits each lane's every entry (its own maximum, then the chosen
-entry's key and value by column). The same experts in the same order by construction; on an H100 the
-sqrtsoftplus router at fp32 logits spent its time in the ALU pipe (73 % busy, 2026-12-06 ncu), about two
-thirds of it in the rounds. The kernel's name says which."""
+"""``1`` (the default since 2026-12-06): ``topk_gate`` / ``moe_topk_gate`` choose their ``k`` experts from each
+lane's two *heads* (``warp_topk.WarpRow.lane_heads``): a lane finds its two first entries once, a round compares
+the heads (``redux.sync`` max / min), and the lane that gave up its chosen head moves its second one up; a lane that
+gave up both refills them from the entries after the last one it gave up (a warp-uniform branch). ``0``: every
+round visits each lane's every entry (its own maximum, then the chosen entry's key and value by column). The same
+experts in the same order: on an H100 the same bytes for every gate case of ``tests/gpu/test_cuda_moe.py`` at 1 and
+4001 rows; the rounds had been the ALU pipe's main load (73 % busy, ncu). fp32 logits at T = 65536, no register
+bound (:data:`GATE_CTAS_PER_SM_VARIABLE` = 0): ``topk_gate`` (E = 256, k = 8) 53.3 → 45.2 µs, the sqrtsoftplus
+router 119.9 → 112.5, DeepSeek-V3 111.9 → 105.8 (with the bound's default 10: 45.5, 100.7, 87.3). The kernel's
+name says which."""
 LANE_HEADS_CHOICES = ("0", "1")
 GATE_CTAS_PER_SM_VARIABLE = "TILEPLUG_CUDA_MOE_GATE_CTAS_PER_SM"
 """The least CTAs (of ``GATE_WARPS`` warps) per SM that ``topk_gate`` / ``moe_topk_gate`` ask the compiler for
-(``__launch_bounds__``' second argument), which caps their registers: ``0`` (the default until measured) asks
-nothing (the sqrtsoftplus gate then takes 82 registers, 31 % occupancy on an H100, where TileKernels' gate runs
-at 75 %); ``8`` caps it at 64 registers (50 %), ``10`` at 48 (62.5 %), both without spills (nvcc 13.0, sm_90;
-``12`` spills). The kernel's name says which (``_c8``)."""
+(``__launch_bounds__``' second argument), which caps their registers: ``10`` (the default since 2026-12-06) at 48
+(62.5 % occupancy), ``8`` at 64 (50 %), both without spills (nvcc 13.0, sm_90; ``12`` spills); ``0`` asks nothing
+(the sqrtsoftplus gate then takes 82 registers, 31 %, where TileKernels' gate runs at 75 %). On an H100, with the
+lanes' heads, fp32 logits at T = 65536: the sqrtsoftplus router 112.5 / 103.0 / 100.7 µs at 0 / 8 / 10, DeepSeek-V3
+105.8 / 90.3 / 87.3, ``topk_gate`` 45.2 / 45.8 / 45.5. The kernel's name says which (``_c10``)."""
 GATE_CTAS_PER_SM_CHOICES = ("0", "6", "8", "10")
 BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
 """``1`` (the default since 2026-12-06): the layout kernels work in batches. ``chunk_counts`` /
@@ -97,14 +100,14 @@ def lane_heads() -> bool:
     """Whether the gates choose from the lanes' heads (:data:`LANE_HEADS_VARIABLE`)."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
 
-    return tuning_choice(LANE_HEADS_VARIABLE, "0", LANE_HEADS_CHOICES) == "1"
+    return tuning_choice(LANE_HEADS_VARIABLE, "1", LANE_HEADS_CHOICES) == "1"
 
 
 def gate_ctas_per_sm() -> int:
     """The gates' least CTAs per SM (:data:`GATE_CTAS_PER_SM_VARIABLE`; 0: no bound)."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
 
-    return int(tuning_choice(GATE_CTAS_PER_SM_VARIABLE, "0", GATE_CTAS_PER_SM_CHOICES))
+    return int(tuning_choice(GATE_CTAS_PER_SM_VARIABLE, "10", GATE_CTAS_PER_SM_CHOICES))
 
 
 def batched_layout() -> bool:
