@@ -218,7 +218,7 @@ def test_the_heads_kernels_compile_without_spills(op: str) -> None:
 
 def test_the_variable_bounds_the_gates_registers(monkeypatch) -> None:
     """``TILEPLUG_CUDA_MOE_GATE_CTAS_PER_SM`` reaches the gates' specs (and their names) and the kernel's
-    ``__launch_bounds__``; other values are refused, naming the variable."""
+    ``__launch_bounds__`` for rows of at most 8 values a lane; other values are refused, naming the variable."""
     pytest.importorskip("tilelang")
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.plugin import _KERNELS
@@ -236,6 +236,8 @@ def test_the_variable_bounds_the_gates_registers(monkeypatch) -> None:
         spec = _KERNELS[kernel].spec(call)
         assert spec.ctas_per_sm == 10 and spec.name.endswith("_c10"), spec.name
         assert "__launch_bounds__(128, 10)" in jit.lower_source(spec), spec.name
+    long_row = describe_call(ops.topk_gate, torch.randn(4, 1024), 8)[0]  # 32 values a lane: spills under a bound
+    assert _KERNELS["topk_gate"].spec(long_row).ctas_per_sm == 0
     monkeypatch.setenv(GATE_CTAS_PER_SM_VARIABLE, "16")
     with pytest.raises(ValueError, match=f"{GATE_CTAS_PER_SM_VARIABLE}='16': expected one of 0, 6, 8, 10"):
         _KERNELS["topk_gate"].spec(plain)

@@ -50,7 +50,8 @@ GATE_CTAS_PER_SM_VARIABLE = "TILEPLUG_CUDA_MOE_GATE_CTAS_PER_SM"
 (62.5 % occupancy), ``8`` at 64 (50 %), both without spills (nvcc 13.0, sm_90; ``12`` spills); ``0`` asks nothing
 (the sqrtsoftplus gate then takes 82 registers, 31 %, where TileKernels' gate runs at 75 %). On an H100, with the
 lanes' heads, fp32 logits at T = 65536: the sqrtsoftplus router 112.5 / 103.0 / 100.7 µs at 0 / 8 / 10, DeepSeek-V3
-105.8 / 90.3 / 87.3, ``topk_gate`` 45.2 / 45.8 / 45.5. The kernel's name says which (``_c10``)."""
+105.8 / 90.3 / 87.3, ``topk_gate`` 45.2 / 45.8 / 45.5. Only rows of at most :data:`BOUNDED_GATE_VALUES` values a
+lane take it. The kernel's name says which (``_c10``)."""
 GATE_CTAS_PER_SM_CHOICES = ("0", "6", "8", "10")
 BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
 """``1`` (the default since 2026-12-06): the layout kernels work in batches. ``chunk_counts`` /
@@ -103,11 +104,20 @@ def lane_heads() -> bool:
     return tuning_choice(LANE_HEADS_VARIABLE, "1", LANE_HEADS_CHOICES) == "1"
 
 
-def gate_ctas_per_sm() -> int:
-    """The gates' least CTAs per SM (:data:`GATE_CTAS_PER_SM_VARIABLE`; 0: no bound)."""
+BOUNDED_GATE_VALUES = 8
+"""Values a lane holds (``WarpRow.VALUES``) up to which the gates take the register bound: the measured rows
+(E = 256 at 128-bit loads); longer rows spill under it (E = 384 bf16, 16 values: 468 bytes; E = 1024 fp32, 32:
+up to 1380) and keep no bound."""
+
+
+def gate_ctas_per_sm(experts: int, vec: int) -> int:
+    """The least CTAs per SM of a gate over ``experts`` columns read ``vec`` at a time
+    (:data:`GATE_CTAS_PER_SM_VARIABLE`; 0: no bound, also for rows past :data:`BOUNDED_GATE_VALUES`)."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
 
-    return int(tuning_choice(GATE_CTAS_PER_SM_VARIABLE, "10", GATE_CTAS_PER_SM_CHOICES))
+    bound = int(tuning_choice(GATE_CTAS_PER_SM_VARIABLE, "10", GATE_CTAS_PER_SM_CHOICES))
+    values = -(-experts // (WARP * vec)) * vec
+    return bound if values <= BOUNDED_GATE_VALUES else 0
 
 
 def batched_layout() -> bool:

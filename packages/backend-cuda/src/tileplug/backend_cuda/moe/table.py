@@ -125,9 +125,9 @@ class TopkGate(_Kernel):
 
     def specs(self, call: Any) -> list:
         vec = values_per_vector("float32")
-        vector = call.num_experts % vec == 0 and call.input_alignment >= VECTOR_BYTES
-        return [GateSpec("topk_gate", call.num_experts, call.num_topk, "float32", vec if vector else 1,
-                         lane_heads=lane_heads(), ctas_per_sm=gate_ctas_per_sm())]
+        vec = vec if call.num_experts % vec == 0 and call.input_alignment >= VECTOR_BYTES else 1
+        return [GateSpec("topk_gate", call.num_experts, call.num_topk, "float32", vec, lane_heads=lane_heads(),
+                         ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec))]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
@@ -172,7 +172,7 @@ class MoeTopkGate(_Kernel):
                          masked=call.has_mask, with_scores=call.return_scores,
                          lane_groups=lane_groups(call.num_experts, call.num_groups, vec if vector else 1),
                          table_math=table_math(scoring[call.scoring]), lane_heads=lane_heads(),
-                         ctas_per_sm=gate_ctas_per_sm())]
+                         ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec if vector else 1))]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
