@@ -18,8 +18,8 @@ One warp per row (``warp_topk.WarpRow``), ``WARPS`` rows per CTA, every value in
    ``tileplug.backend_cuda.fp32_math``'s table-driven fp64 polynomials, which defer to CUDA's
    functions wherever their few ulps of error could change the fp32 rounding — the same bits, at
    about a third of the fp64 instructions (sqrtsoftplus: both functions in one helper,
-   ``softplus_log``, one range test for the two). (A double rounding at a near-tie, about 2^-28 of the inputs, can still put a
-   score one ulp from the reference.)
+   ``softplus_log``, one range test for the two). (A double rounding at a near-tie, about 2^-28
+   of the inputs, can still put a score one ulp from the reference.)
 2. Selection keys on ``u + bias`` (bias for selection only).
 3. Groups (``G > 1``): group ``g``'s score is the sum of its two largest biased scores (two
    warp argmax rounds over its members); lane ``g`` holds it, and ``topk_groups`` argmax

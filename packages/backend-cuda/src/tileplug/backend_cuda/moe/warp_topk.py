@@ -15,7 +15,9 @@ the warp's maximum key (one ``redux.sync.max``), then the smallest column among 
 holding that key (one ``redux.sync.min``): the index is exact. The chosen column's key then
 becomes ``NONE`` (below every finite value's key), and so is every column past ``E`` or
 excluded by a group mask. Only finite values are ever ranked: a row holding a non-finite
-value is detected first (``__any_sync``) and never selected from.
+value is detected first (``__any_sync``) and never selected from. The gates' default rounds
+(:meth:`WarpRow.lane_heads`) keep each lane's two first entries instead, so that a round reduces
+the heads only; they choose the same columns in the same order.
 
 No ``from __future__ import annotations``: TileLang evaluates macro annotations.
 """
@@ -195,7 +197,7 @@ class WarpRow:
             found[0] = T.warp_reduce_max(head_key[0])
             index[0] = T.warp_reduce_min(T.if_then_else(head_key[0] == found[0], head_column[0], NO_COLUMN))
             if values is not None:
-                picked[0] = T.shfl_sync(head_value[0], (index[0] // VEC) % WARP)
+                picked[0] = T.shfl_sync(head_value[0], (index[0] // VEC) % WARP)  # (broadcast, defined below)
             if head_column[0] == index[0]:
                 after_key[0] = head_key[0]
                 after_column[0] = head_column[0]
