@@ -104,6 +104,11 @@ def lane_heads() -> bool:
     return tuning_choice(LANE_HEADS_VARIABLE, "1", LANE_HEADS_CHOICES) == "1"
 
 
+def lane_chunks(experts: int, vec: int) -> int:
+    """Pieces of ``vec`` columns a lane holds of a warp's row of ``experts`` (``warp_topk.WarpRow``)."""
+    return -(-experts // (WARP * vec))
+
+
 BOUNDED_GATE_VALUES = 8
 """Values a lane holds (``WarpRow.VALUES``) up to which the gates take the register bound: the measured rows
 (E = 256 at 128-bit loads); longer rows spill under it (E = 384 bf16, 16 values: 468 bytes; E = 1024 fp32, 32:
@@ -116,8 +121,7 @@ def gate_ctas_per_sm(experts: int, vec: int) -> int:
     from tileplug.backend_cuda.norm.spec import tuning_choice
 
     bound = int(tuning_choice(GATE_CTAS_PER_SM_VARIABLE, "10", GATE_CTAS_PER_SM_CHOICES))
-    values = -(-experts // (WARP * vec)) * vec
-    return bound if values <= BOUNDED_GATE_VALUES else 0
+    return bound if lane_chunks(experts, vec) * vec <= BOUNDED_GATE_VALUES else 0
 
 
 def batched_layout() -> bool:

@@ -59,10 +59,9 @@ def build(spec: GateSpec):
                             row.heads_round(keys, None, lane, heads, r, found, index, None)
                         else:
                             row.argmax(keys, lane, best, where, found, index)
+                            row.take(keys, lane, index[0])
                         if lane == r:
                             mine = T.cast(index[0], "int64")
-                        if not spec.lane_heads:
-                            row.take(keys, lane, index[0])
                 if lane < K:
                     topk_idx[t, lane] = mine
 

@@ -24,6 +24,7 @@ No ``from __future__ import annotations``: TileLang evaluates macro annotations.
 
 import tilelang.language as T
 
+from tileplug.backend_cuda.moe.spec import lane_chunks
 from tileplug.backend_cuda.norm.spec import RowTile, reduction_plan
 
 WARP = 32
@@ -55,7 +56,7 @@ class WarpRow:
     def __init__(self, experts: int, vec: int) -> None:
         self.E = experts
         self.VEC = vec
-        self.CHUNKS = -(-experts // (WARP * vec))
+        self.CHUNKS = lane_chunks(experts, vec)
         self.VALUES = self.CHUNKS * vec
         E, VEC, CHUNKS, VALUES = self.E, self.VEC, self.CHUNKS, self.VALUES
         # piece j of some lane lies (partly) past E: only those pieces test their columns
