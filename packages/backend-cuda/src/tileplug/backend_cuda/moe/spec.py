@@ -53,6 +53,21 @@ lanes' heads, fp32 logits at T = 65536: the sqrtsoftplus router 112.5 / 103.0 / 
 105.8 / 90.3 / 87.3, ``topk_gate`` 45.2 / 45.8 / 45.5. Only rows of at most :data:`BOUNDED_GATE_VALUES` values a
 lane take it. The kernel's name says which (``_c10``)."""
 GATE_CTAS_PER_SM_CHOICES = ("0", "6", "8", "10")
+GATE_ROWS_PER_WARP_VARIABLE = "TILEPLUG_CUDA_MOE_GATE_ROWS_PER_WARP"
+"""Rows a warp of ``topk_gate`` selects from, one after the other (``1``, the default: one row a warp, as many
+warps as rows). With ``2`` or ``4`` a warp loads its next row as soon as the keys of the current one are taken, so
+that row's loads are in flight during the current row's rounds (no register added: the loads land in the values
+just turned into keys). Rows are independent: the same experts whichever warp selects them. The kernel's name
+says which (``_r2``)."""
+GATE_ROWS_PER_WARP_CHOICES = ("1", "2", "4")
+GATE_FULL_WARP_VARIABLE = "TILEPLUG_CUDA_MOE_GATE_FULL_WARP"
+"""How many values of a row the gates (``topk_gate`` / ``moe_topk_gate``) load at a time: ``0`` (the default) 16
+bytes where ``E`` and the rows allow it, else one; ``1`` the width that spreads the row over the most lanes
+(:func:`gate_vec`): a short row read 16 bytes at a time leaves lanes idle (E = 64 bf16: 8 lanes of 8 values, each
+lane's scores one after the other), read 4 bytes at a time it fills the warp (32 lanes of 2). Rows of 256 fp32 / bf16
+keep 16 bytes either way. The same experts and weights (the softmax denominator keeps the reference's order on any
+layout: ``WarpRow.row_sum``). The kernel's name says which (``_v32`` / ``_v64``)."""
+GATE_FULL_WARP_CHOICES = ("0", "1")
 BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
 """``1`` (the default since 2026-12-06): the layout kernels work in batches. ``chunk_counts`` /
 ``permute_index`` rank a chunk's pairs a warp at a time (``__match_any_sync``: the pairs of a warp with the same
@@ -124,6 +139,29 @@ def gate_ctas_per_sm(experts: int, vec: int) -> int:
     return bound if lane_chunks(experts, vec) * vec <= BOUNDED_GATE_VALUES else 0
 
 
+def gate_rows_per_warp() -> int:
+    """Rows a ``topk_gate`` warp selects from (:data:`GATE_ROWS_PER_WARP_VARIABLE`)."""
+    from tileplug.backend_cuda.norm.spec import tuning_choice
+
+    return int(tuning_choice(GATE_ROWS_PER_WARP_VARIABLE, "1", GATE_ROWS_PER_WARP_CHOICES))
+
+
+def gate_vec(experts: int, dtype: str, alignment: int) -> int:
+    """Values a gate lane loads at a time from rows of ``experts`` ``dtype`` values whose starts are
+    ``alignment``-byte aligned (:data:`GATE_FULL_WARP_VARIABLE`): 16 bytes, or 1 where ``E`` or the rows do not
+    allow it; with the variable set, of the widths ``E`` and the rows allow, the one giving a lane the fewest values
+    (the widest among equals)."""
+    from tileplug.backend_cuda.norm.spec import tuning_choice
+
+    widest = values_per_vector(dtype)
+    size = VECTOR_BYTES // widest
+    if tuning_choice(GATE_FULL_WARP_VARIABLE, "0", GATE_FULL_WARP_CHOICES) == "0":
+        return widest if experts % widest == 0 and alignment >= VECTOR_BYTES else 1
+    widths = [vec for vec in (widest, widest // 2, widest // 4, widest // 8)
+              if vec >= 1 and experts % vec == 0 and alignment >= vec * size]
+    return min(widths + [1], key=lambda vec: (lane_chunks(experts, vec) * vec, -vec))
+
+
 def batched_layout() -> bool:
     """Whether the layout kernels work in batches (:data:`BATCHED_LAYOUT_VARIABLE`)."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
@@ -155,7 +193,8 @@ class GateSpec:
     ``masked``, ``with_scores``, ``lane_groups`` (the group scores lane by lane:
     :data:`LANE_GROUPS_VARIABLE`), ``table_math`` (the scores' ``exp`` / ``log1p`` from ``fp32_math``:
     :data:`SCORE_MATH_VARIABLE`); (topk_gate, moe_topk_gate) ``lane_heads`` (the rounds over the lanes'
-    heads: :data:`LANE_HEADS_VARIABLE`) and ``ctas_per_sm`` (:data:`GATE_CTAS_PER_SM_VARIABLE`); (backward)
+    heads: :data:`LANE_HEADS_VARIABLE`) and ``ctas_per_sm`` (:data:`GATE_CTAS_PER_SM_VARIABLE`); (topk_gate)
+    ``rows_per_warp`` (:data:`GATE_ROWS_PER_WARP_VARIABLE`); (backward)
     ``index_dtype`` of topk_idx."""
 
     op: str
@@ -178,12 +217,13 @@ class GateSpec:
     table_math: bool = False
     lane_heads: bool = False
     ctas_per_sm: int = 0
+    rows_per_warp: int = 1
 
     @property
     def name(self) -> str:
         """A short, unique, identifier-safe name (kernel symbol and cache key text)."""
         parts = [self.op, SHORT[self.dtype], f"e{self.experts}", f"k{self.topk}",
-                 "v128" if self.vec > 1 else "scalar"]
+                 f"v{self.vec * self.value_bytes * 8}" if self.vec > 1 else "scalar"]
         if self.scoring:
             parts.append(self.scoring)
         if self.biased:
@@ -211,11 +251,21 @@ class GateSpec:
             parts.append("heads")
         if self.ctas_per_sm:
             parts.append(f"c{self.ctas_per_sm}")
+        if self.rows_per_warp > 1:
+            parts.append(f"r{self.rows_per_warp}")
         return "_".join(parts)
 
     @property
+    def value_bytes(self) -> int:
+        """Bytes of one value of the loaded rows."""
+        return VECTOR_BYTES // values_per_vector(self.dtype)
+
+    @property
     def vector_buffers(self) -> tuple[str, ...]:
-        """Buffers the vector path loads 128 bits at a time (compile-grid check)."""
+        """Buffers the vector path loads 128 bits at a time (compile-grid check; none where a narrower width
+        spreads a short row over the warp: :func:`gate_vec`)."""
+        if self.vec * self.value_bytes < VECTOR_BYTES:
+            return ()
         return ("scores",) if self.op == "topk_gate" else ("logits",) if self.op == "moe_topk_gate" else ("scores",)
 
     @property

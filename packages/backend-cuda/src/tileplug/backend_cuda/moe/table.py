@@ -29,10 +29,11 @@ from tileplug.backend_cuda.moe.spec import (
     batched_layout,
     chunk_tokens,
     gate_ctas_per_sm,
+    gate_rows_per_warp,
+    gate_vec,
     lane_groups,
     lane_heads,
     table_math,
-    values_per_vector,
 )
 from tileplug.core.call import Scoring
 
@@ -124,10 +125,9 @@ class TopkGate(_Kernel):
         return _experts_reason(call.num_experts)
 
     def specs(self, call: Any) -> list:
-        vec = values_per_vector("float32")
-        vec = vec if call.num_experts % vec == 0 and call.input_alignment >= VECTOR_BYTES else 1
+        vec = gate_vec(call.num_experts, "float32", call.input_alignment)
         return [GateSpec("topk_gate", call.num_experts, call.num_topk, "float32", vec, lane_heads=lane_heads(),
-                         ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec))]
+                         ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec), rows_per_warp=gate_rows_per_warp())]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
@@ -162,17 +162,16 @@ class MoeTopkGate(_Kernel):
 
     def specs(self, call: Any) -> list:
         dtype = TL_NAMES[call.logits_dtype]
-        vec = values_per_vector(dtype)
-        vector = call.num_experts % vec == 0 and call.input_alignment >= VECTOR_BYTES
+        vec = gate_vec(call.num_experts, dtype, call.input_alignment)
         scoring = {Scoring.SOFTMAX: "softmax", Scoring.SIGMOID: "sigmoid", Scoring.SQRTSOFTPLUS: "sqrtsoftplus"}
-        return [GateSpec("moe_topk_gate", call.num_experts, call.num_topk, dtype, vec if vector else 1,
+        return [GateSpec("moe_topk_gate", call.num_experts, call.num_topk, dtype, vec,
                          scoring=scoring[call.scoring], biased=call.has_bias, groups=call.num_groups,
                          topk_groups=call.topk_groups if call.num_groups > 1 else 1, renormalize=call.renormalize,
                          scaling=float(call.routed_scaling_factor), shared=call.num_shared_experts,
                          masked=call.has_mask, with_scores=call.return_scores,
-                         lane_groups=lane_groups(call.num_experts, call.num_groups, vec if vector else 1),
+                         lane_groups=lane_groups(call.num_experts, call.num_groups, vec),
                          table_math=table_math(scoring[call.scoring]), lane_heads=lane_heads(),
-                         ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec if vector else 1))]
+                         ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec))]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
