@@ -250,34 +250,32 @@ def test_lane_heads_give_the_rounds_bytes(case: Case, tokens: int, monkeypatch: 
                                nan_equal=True)
 
 
-# ---------------------------------------------------------------------- the gates' row layouts
+# ---------------------------------------------------------------------- the gates' load width and unrolled rounds
 
-LAYOUT_VARIANTS = [("TILEPLUG_CUDA_MOE_GATE_ROWS_PER_WARP", "2", (GATE,)),
-                   ("TILEPLUG_CUDA_MOE_GATE_ROWS_PER_WARP", "4", (GATE,)),
-                   ("TILEPLUG_CUDA_MOE_GATE_FULL_WARP", "1", (GATE, FULL))]
-LAID_OUT = [(case, variable, value) for case in HEADED for variable, value, ops in LAYOUT_VARIANTS if case.op in ops]
+GATE_FORMS = [("TILEPLUG_CUDA_MOE_GATE_FULL_WARP", "0", "1"), ("TILEPLUG_CUDA_MOE_GATE_UNROLLED", "0", "1")]
+FORMED = [(case, *form) for case in HEADED for form in GATE_FORMS]
 
 
-@pytest.mark.parametrize("tokens", [1, 3, BATCH])
-@pytest.mark.parametrize("entry", LAID_OUT, ids=[f"{case.id}-{variable[-9:].lower()}{value}"
-                                                 for case, variable, value in LAID_OUT])
-def test_gate_layouts_give_the_default_bytes(entry: tuple, tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The gates with several rows a warp (``TILEPLUG_CUDA_MOE_GATE_ROWS_PER_WARP``, the next row loaded during
-    this one's rounds) or a short row spread over the whole warp (``TILEPLUG_CUDA_MOE_GATE_FULL_WARP``) give the
-    default kernels' indices, weights and scores byte for byte, at row counts that leave a warp's last rows out,
-    and the variant's kernel ran."""
+@pytest.mark.parametrize("tokens", [1, BATCH])
+@pytest.mark.parametrize("entry", FORMED, ids=[f"{case.id}-{variable.rsplit('_', 1)[1].lower()}"
+                                               for case, variable, _, _ in FORMED])
+def test_gate_forms_give_the_same_bytes(entry: tuple, tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gates reading a short row at the width that spreads it over the whole warp
+    (``TILEPLUG_CUDA_MOE_GATE_FULL_WARP=1``) give the 16-byte form's indices, weights and scores byte for byte
+    (softmax denominators included); the gates with their selection rounds unrolled
+    (``TILEPLUG_CUDA_MOE_GATE_UNROLLED=1``) the loop's; and the form's kernel ran."""
     from tileplug.backend_cuda import jit
 
-    case, variable, value = entry
+    case, variable, one, other = entry
     args, kwargs = case.arguments(tokens, "cpu", seed=41)
-    default = _cuda_under(variable, "0" if variable.endswith("FULL_WARP") else "1", case, args, kwargs, monkeypatch)
-    varied = _cuda_under(variable, value, case, args, kwargs, monkeypatch)
-    (spec,) = _specs(case)  # the variant: the variable is still set
+    first = _cuda_under(variable, one, case, args, kwargs, monkeypatch)
+    second = _cuda_under(variable, other, case, args, kwargs, monkeypatch)
+    (spec,) = _specs(case)  # the second form: the variable is still set
     assert any(entry == spec for entry, _ in jit._entries), spec.name
-    for index, (have, want) in enumerate(zip(varied, default)):
+    for index, (have, want) in enumerate(zip(second, first)):
         if want is not None:
-            assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"), what=f"{case.id} output {index} ({variable}={value})",
-                               nan_equal=True)
+            assert_bytes_equal(moved(have, "cpu"), moved(want, "cpu"),
+                               what=f"{case.id} output {index} ({variable}={other})", nan_equal=True)
 
 
 # ---------------------------------------------------------------------- the batched layout kernels

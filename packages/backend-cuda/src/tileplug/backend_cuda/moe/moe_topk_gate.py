@@ -272,7 +272,7 @@ def build(spec: GateSpec):
                     total[0] = T.float32(0.0)
                     if spec.lane_heads:
                         row.fill_heads(keys, u, lane, heads, False)
-                    for r in T.serial(K):
+                    for r in (list(range(K)) if spec.unrolled else T.serial(K)):
                         if spec.lane_heads:
                             row.heads_round(keys, u, lane, heads, r, found, index, picked)
                         else:

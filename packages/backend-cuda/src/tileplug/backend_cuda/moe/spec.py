@@ -53,21 +53,23 @@ lanes' heads, fp32 logits at T = 65536: the sqrtsoftplus router 112.5 / 103.0 / 
 105.8 / 90.3 / 87.3, ``topk_gate`` 45.2 / 45.8 / 45.5. Only rows of at most :data:`BOUNDED_GATE_VALUES` values a
 lane take it. The kernel's name says which (``_c10``)."""
 GATE_CTAS_PER_SM_CHOICES = ("0", "6", "8", "10")
-GATE_ROWS_PER_WARP_VARIABLE = "TILEPLUG_CUDA_MOE_GATE_ROWS_PER_WARP"
-"""Rows a warp of ``topk_gate`` selects from, one after the other (``1``, the default: one row a warp, as many
-warps as rows). With ``2`` or ``4`` a warp loads its next row as soon as the keys of the current one are taken, so
-that row's loads are in flight during the current row's rounds (no register added: the loads land in the values
-just turned into keys). Rows are independent: the same experts whichever warp selects them. The kernel's name
-says which (``_r2``)."""
-GATE_ROWS_PER_WARP_CHOICES = ("1", "2", "4")
 GATE_FULL_WARP_VARIABLE = "TILEPLUG_CUDA_MOE_GATE_FULL_WARP"
-"""How many values of a row the gates (``topk_gate`` / ``moe_topk_gate``) load at a time: ``0`` (the default) 16
-bytes where ``E`` and the rows allow it, else one; ``1`` the width that spreads the row over the most lanes
-(:func:`gate_vec`): a short row read 16 bytes at a time leaves lanes idle (E = 64 bf16: 8 lanes of 8 values, each
-lane's scores one after the other), read 4 bytes at a time it fills the warp (32 lanes of 2). Rows of 256 fp32 / bf16
-keep 16 bytes either way. The same experts and weights (the softmax denominator keeps the reference's order on any
-layout: ``WarpRow.row_sum``). The kernel's name says which (``_v32`` / ``_v64``)."""
+"""How many values of a row a gate lane (``topk_gate`` / ``moe_topk_gate``) loads at a time. ``1`` (the default
+since 2026-12-06): a row shorter than a warp of 16-byte pieces is read at the width that spreads it over the most
+lanes (:func:`gate_vec`) — read 16 bytes at a time it leaves lanes idle (E = 64 bf16: 8 lanes of 8 values, each
+lane's scores one after the other; read 4 bytes at a time, 32 lanes of 2); longer rows keep 16 bytes. ``0``: 16
+bytes wherever ``E`` and the rows allow it. The same experts and weights (the softmax denominator keeps the
+reference's order on any layout: ``WarpRow.row_sum``); on an H100 at T = 65536 the softmax router over 64 experts
+(k = 6) 103.7 → 34.0 µs with bf16 logits, 59.1 → 34.4 with fp32, ``topk_gate`` over 64 (k = 6) 26.1 → 20.6. The
+kernel's name says which (``_v32`` / ``_v64``: 4 / 8 bytes)."""
 GATE_FULL_WARP_CHOICES = ("0", "1")
+GATE_UNROLLED_VARIABLE = "TILEPLUG_CUDA_MOE_GATE_UNROLLED"
+"""``1``: the gates' ``k`` selection rounds (over the lanes' heads) unrolled while tracing — no round counter, the
+refill check only where it can be needed (round 3 on), ``topk_gate``'s slot index held in 32 bits until its store;
+``0`` (the default): one loop of ``k`` rounds. ncu on an H100 (``topk_gate`` 16384 × 256, k = 8) showed the ALU
+pipe as the limit (issue 48 % busy, math-pipe-throttle stalls, 435 warp instructions a row, 55 % of them in the
+rounds). The same experts in the same order. The kernel's name says which (``_unrolled``)."""
+GATE_UNROLLED_CHOICES = ("0", "1")
 BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
 """``1`` (the default since 2026-12-06): the layout kernels work in batches. ``chunk_counts`` /
 ``permute_index`` rank a chunk's pairs a warp at a time (``__match_any_sync``: the pairs of a warp with the same
@@ -139,27 +141,28 @@ def gate_ctas_per_sm(experts: int, vec: int) -> int:
     return bound if lane_chunks(experts, vec) * vec <= BOUNDED_GATE_VALUES else 0
 
 
-def gate_rows_per_warp() -> int:
-    """Rows a ``topk_gate`` warp selects from (:data:`GATE_ROWS_PER_WARP_VARIABLE`)."""
-    from tileplug.backend_cuda.norm.spec import tuning_choice
-
-    return int(tuning_choice(GATE_ROWS_PER_WARP_VARIABLE, "1", GATE_ROWS_PER_WARP_CHOICES))
-
-
 def gate_vec(experts: int, dtype: str, alignment: int) -> int:
     """Values a gate lane loads at a time from rows of ``experts`` ``dtype`` values whose starts are
-    ``alignment``-byte aligned (:data:`GATE_FULL_WARP_VARIABLE`): 16 bytes, or 1 where ``E`` or the rows do not
-    allow it; with the variable set, of the widths ``E`` and the rows allow, the one giving a lane the fewest values
-    (the widest among equals)."""
+    ``alignment``-byte aligned: 16 bytes, or 1 where ``E`` or the rows do not allow it; for a row shorter than a
+    warp of 16-byte pieces (:data:`GATE_FULL_WARP_VARIABLE`), of the widths ``E`` and the rows allow, the one
+    giving a lane the fewest values (the widest among equals)."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
 
     widest = values_per_vector(dtype)
     size = VECTOR_BYTES // widest
-    if tuning_choice(GATE_FULL_WARP_VARIABLE, "0", GATE_FULL_WARP_CHOICES) == "0":
+    full_warp = tuning_choice(GATE_FULL_WARP_VARIABLE, "1", GATE_FULL_WARP_CHOICES) == "1"
+    if not full_warp or experts >= WARP * widest:
         return widest if experts % widest == 0 and alignment >= VECTOR_BYTES else 1
     widths = [vec for vec in (widest, widest // 2, widest // 4, widest // 8)
               if vec >= 1 and experts % vec == 0 and alignment >= vec * size]
     return min(widths + [1], key=lambda vec: (lane_chunks(experts, vec) * vec, -vec))
+
+
+def gate_unrolled() -> bool:
+    """Whether the gates' selection rounds are unrolled (:data:`GATE_UNROLLED_VARIABLE`)."""
+    from tileplug.backend_cuda.norm.spec import tuning_choice
+
+    return tuning_choice(GATE_UNROLLED_VARIABLE, "0", GATE_UNROLLED_CHOICES) == "1"
 
 
 def batched_layout() -> bool:
@@ -193,8 +196,8 @@ class GateSpec:
     ``masked``, ``with_scores``, ``lane_groups`` (the group scores lane by lane:
     :data:`LANE_GROUPS_VARIABLE`), ``table_math`` (the scores' ``exp`` / ``log1p`` from ``fp32_math``:
     :data:`SCORE_MATH_VARIABLE`); (topk_gate, moe_topk_gate) ``lane_heads`` (the rounds over the lanes'
-    heads: :data:`LANE_HEADS_VARIABLE`) and ``ctas_per_sm`` (:data:`GATE_CTAS_PER_SM_VARIABLE`); (topk_gate)
-    ``rows_per_warp`` (:data:`GATE_ROWS_PER_WARP_VARIABLE`); (backward)
+    heads: :data:`LANE_HEADS_VARIABLE`), ``ctas_per_sm`` (:data:`GATE_CTAS_PER_SM_VARIABLE`) and ``unrolled``
+    (:data:`GATE_UNROLLED_VARIABLE`); (backward)
     ``index_dtype`` of topk_idx."""
 
     op: str
@@ -217,7 +220,7 @@ class GateSpec:
     table_math: bool = False
     lane_heads: bool = False
     ctas_per_sm: int = 0
-    rows_per_warp: int = 1
+    unrolled: bool = False
 
     @property
     def name(self) -> str:
@@ -251,8 +254,8 @@ class GateSpec:
             parts.append("heads")
         if self.ctas_per_sm:
             parts.append(f"c{self.ctas_per_sm}")
-        if self.rows_per_warp > 1:
-            parts.append(f"r{self.rows_per_warp}")
+        if self.unrolled:
+            parts.append("unrolled")
         return "_".join(parts)
 
     @property

@@ -25,47 +25,17 @@ def build(spec: GateSpec):
     scores_t = T.StridedTensor((rows, spec.experts), (T.dynamic("S0"), 1), "float32")
     idx_t = T.Tensor((rows, K), "int64")
 
-    ROWS = spec.rows_per_warp
-
-    @T.macro
-    def select(scores, topk_idx, t, lane, values, keys, finite, best, where, found, index, heads, prefetch):
-        """Row ``t`` from its ``values`` (loaded by the caller); with ``prefetch`` the next row of the
-        warp is loaded into ``values`` once the keys are taken (its loads in flight during the rounds)."""
-        mine = T.alloc_var("int64")  # slot `lane`'s index
-        row.all_finite(values, lane, finite)
-        mine = -1
-        if finite[0]:
-            for i in row.entries:
-                keys[i] = key_of(values[i]) if row.present(i, lane) is True else \
-                    T.if_then_else(row.present(i, lane), key_of(values[i]), NONE)
-        if prefetch:
-            if t + 1 < rows:
-                row.load_row(scores, t + 1, lane, values)
-        if finite[0]:
-            if spec.lane_heads:
-                row.fill_heads(keys, None, lane, heads, False)
-            for r in T.serial(K):
-                if spec.lane_heads:
-                    row.heads_round(keys, None, lane, heads, r, found, index, None)
-                else:
-                    row.argmax(keys, lane, best, where, found, index)
-                    row.take(keys, lane, index[0])
-                if lane == r:
-                    mine = T.cast(index[0], "int64")
-        if lane < K:
-            topk_idx[t, lane] = mine
-
     @T.prim_func
     def kernel(scores: scores_t, topk_idx: idx_t):
-        with T.Kernel(T.ceildiv(rows, WARPS * ROWS), threads=WARPS * WARP) as bx:
+        with T.Kernel(T.ceildiv(rows, WARPS), threads=WARPS * WARP) as bx:
             if spec.ctas_per_sm:
                 T.annotate_min_blocks_per_sm(spec.ctas_per_sm)
             if spec.vec > 1:
                 T.assume(scores_t.strides[0] % spec.vec == 0)
             tx = T.get_thread_binding()
             lane = tx % WARP
-            first = (bx * WARPS + tx // WARP) * ROWS
-            if first < rows:
+            t = bx * WARPS + tx // WARP
+            if t < rows:
                 values = T.alloc_local((VALUES,), "float32")
                 keys = row.keys()
                 finite = T.alloc_local((1,), "int32")
@@ -73,15 +43,26 @@ def build(spec: GateSpec):
                 where = T.alloc_local((1,), "int32")
                 found = T.alloc_local((1,), "int32")
                 index = T.alloc_local((1,), "int32")
+                mine = T.alloc_var("int32" if spec.unrolled else "int64")  # slot `lane`'s index
                 heads = row.lane_heads() if spec.lane_heads else None
-                row.load_row(scores, first, lane, values)
-                if ROWS == 1:
-                    select(scores, topk_idx, first, lane, values, keys, finite, best, where, found, index, heads,
-                           False)
-                else:
-                    for step in T.serial(ROWS):
-                        if first + step < rows:
-                            select(scores, topk_idx, first + step, lane, values, keys, finite, best, where, found,
-                                   index, heads, step + 1 < ROWS)
+                row.load_row(scores, t, lane, values)
+                row.all_finite(values, lane, finite)
+                mine = -1
+                if finite[0]:
+                    for i in row.entries:
+                        keys[i] = key_of(values[i]) if row.present(i, lane) is True else \
+                            T.if_then_else(row.present(i, lane), key_of(values[i]), NONE)
+                    if spec.lane_heads:
+                        row.fill_heads(keys, None, lane, heads, False)
+                    for r in (list(range(K)) if spec.unrolled else T.serial(K)):
+                        if spec.lane_heads:
+                            row.heads_round(keys, None, lane, heads, r, found, index, None)
+                        else:
+                            row.argmax(keys, lane, best, where, found, index)
+                            row.take(keys, lane, index[0])
+                        if lane == r:
+                            mine = index[0] if spec.unrolled else T.cast(index[0], "int64")
+                if lane < K:
+                    topk_idx[t, lane] = T.cast(mine, "int64") if spec.unrolled else mine
 
     return kernel.with_attr("global_symbol", spec.name)
