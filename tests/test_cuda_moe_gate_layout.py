@@ -1,7 +1,8 @@
-"""The width a CUDA gate lane loads at a time and the unrolled selection rounds (``TILEPLUG_CUDA_MOE_GATE_UNROLLED``), without a GPU (``TILEPLUG_CUDA_MOE_GATE_FULL_WARP``: by
-default the width that spreads a short row over the whole warp, ``0``: 16 bytes wherever the row allows):
-which widths and specs the variable picks, the softmax denominator's order on every width (emulated step
-by step against the reference's sum), and the compiled kernels."""
+"""The width a CUDA gate lane loads at a time and the unrolled selection rounds, without a GPU:
+``TILEPLUG_CUDA_MOE_GATE_FULL_WARP`` (by default the width that spreads a short row over the whole warp,
+``0``: 16 bytes wherever the row allows) and ``TILEPLUG_CUDA_MOE_GATE_UNROLLED`` (by default the ``k ≤ 8``
+rounds unrolled, ``0``: one loop) — which widths and specs the variables pick, the softmax denominator's
+order on every width (emulated step by step against the reference's sum), and the compiled kernels."""
 
 from __future__ import annotations
 
@@ -82,9 +83,12 @@ def test_the_variable_reaches_the_specs(monkeypatch: pytest.MonkeyPatch) -> None
     assert (narrow.vec, narrow_full.vec) == (2, 2) and "_v64_" in narrow.name and "_v32_" in narrow_full.name
     assert narrow.vector_buffers == () and _KERNELS["topk_gate"].spec(wide).vector_buffers == ("scores",)
     assert "_v128_" in _KERNELS["topk_gate"].spec(wide).name
-    monkeypatch.setenv(GATE_UNROLLED_VARIABLE, "1")
     assert all(_KERNELS[op].spec(call).unrolled and _KERNELS[op].spec(call).name.endswith("_unrolled")
-               for op, call in (("topk_gate", wide), ("moe_topk_gate", full)))
+               for op, call in (("topk_gate", wide), ("moe_topk_gate", full)))  # the default: unrolled
+    many = describe_call(ops.topk_gate, torch.randn(4, 256), 9)[0]
+    assert not _KERNELS["topk_gate"].spec(many).unrolled  # past MAX_UNROLLED_ROUNDS: the loop
+    monkeypatch.setenv(GATE_UNROLLED_VARIABLE, "0")
+    assert not _KERNELS["topk_gate"].spec(wide).unrolled and not _KERNELS["moe_topk_gate"].spec(full).unrolled
     monkeypatch.setenv(GATE_UNROLLED_VARIABLE, "2")
     with pytest.raises(ValueError, match=f"{GATE_UNROLLED_VARIABLE}='2': expected one of 0, 1"):
         _KERNELS["topk_gate"].spec(wide)

@@ -234,7 +234,7 @@ def test_the_variable_bounds_the_gates_registers(monkeypatch) -> None:
     monkeypatch.delenv(GATE_CTAS_PER_SM_VARIABLE)  # the default: 10
     for kernel, call in (("topk_gate", plain), ("moe_topk_gate", full)):
         spec = _KERNELS[kernel].spec(call)
-        assert spec.ctas_per_sm == 10 and spec.name.endswith("_c10"), spec.name
+        assert spec.ctas_per_sm == 10 and "_c10" in spec.name, spec.name
         assert "__launch_bounds__(128, 10)" in jit.lower_source(spec), spec.name
     long_row = describe_call(ops.topk_gate, torch.randn(4, 1024), 8)[0]  # 32 values a lane: spills under a bound
     assert _KERNELS["topk_gate"].spec(long_row).ctas_per_sm == 0

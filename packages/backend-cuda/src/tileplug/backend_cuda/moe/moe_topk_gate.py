@@ -26,7 +26,8 @@ One warp per row (``warp_topk.WarpRow``), ``WARPS`` rows per CTA, every value in
    rounds over the lanes pick the groups (ties to the smaller group); other groups' experts
    become ``NONE``.
 4. ``k`` argmax rounds (or, with ``spec.lane_heads``, rounds over the lanes' two heads, which
-   choose the same experts: ``warp_topk.WarpRow.lane_heads``); round ``r`` gives slot ``r`` (lane
+   choose the same experts: ``warp_topk.WarpRow.lane_heads``; with ``spec.unrolled`` unrolled while
+   tracing); round ``r`` gives slot ``r`` (lane
    ``r`` keeps it) its expert and unbiased ``u``, and adds ``u`` to the running sum in slot order,
    left to right from 0 (the reference's ``slot_sum``; every lane the same sum).
 5. Weights: ``u / (sum + 1e-20) · routed_scaling_factor`` with ``renormalize``, else

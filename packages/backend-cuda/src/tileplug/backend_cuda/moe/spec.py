@@ -64,11 +64,15 @@ reference's order on any layout: ``WarpRow.row_sum``); on an H100 at T = 65536 t
 kernel's name says which (``_v32`` / ``_v64``: 4 / 8 bytes)."""
 GATE_FULL_WARP_CHOICES = ("0", "1")
 GATE_UNROLLED_VARIABLE = "TILEPLUG_CUDA_MOE_GATE_UNROLLED"
-"""``1``: the gates' ``k`` selection rounds (over the lanes' heads) unrolled while tracing — no round counter, the
-refill check only where it can be needed (round 3 on), ``topk_gate``'s slot index held in 32 bits until its store;
-``0`` (the default): one loop of ``k`` rounds. ncu on an H100 (``topk_gate`` 16384 × 256, k = 8) showed the ALU
-pipe as the limit (issue 48 % busy, math-pipe-throttle stalls, 435 warp instructions a row, 55 % of them in the
-rounds). The same experts in the same order. The kernel's name says which (``_unrolled``)."""
+"""``1`` (the default since 2026-12-06): the gates' ``k ≤`` :data:`MAX_UNROLLED_ROUNDS` selection rounds unrolled
+while tracing — no round counter, the refill check only where it can be needed (round 3 on), ``topk_gate``'s slot
+index held in 32 bits until its store; ``0``: one loop of ``k`` rounds. ncu on an H100 (``topk_gate`` 16384 × 256,
+k = 8, the loop) showed the ALU pipe as the limit (issue slots 48 % busy, math-pipe-throttle stalls, 435 warp
+instructions a row, 55 % of them in the rounds). The same experts in the same order: on an H100 the loop's bytes for
+every gate case at 1 and 4001 rows (``-k gate_forms``). fp32 logits, two processes each, µs eager / graph:
+``topk_gate`` 256 × 8 at T = 16384 16.4–16.6 / 13.0 → 15.1–15.2 / 11.6 (14.2–14.4 eager on another machine), at
+65536 45.4–45.6 → 40.3–40.4; 384 × 8 at 65536 56.2 → 51.3; the sqrtsoftplus router 101.5 → 96.2–96.6, DeepSeek-V3
+88.0–88.1 → 82.1–82.5 (64 × 6: unchanged). The kernel's name says which (``_unrolled``)."""
 GATE_UNROLLED_CHOICES = ("0", "1")
 BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
 """``1`` (the default since 2026-12-06): the layout kernels work in batches. ``chunk_counts`` /
@@ -158,11 +162,17 @@ def gate_vec(experts: int, dtype: str, alignment: int) -> int:
     return min(widths + [1], key=lambda vec: (lane_chunks(experts, vec) * vec, -vec))
 
 
-def gate_unrolled() -> bool:
-    """Whether the gates' selection rounds are unrolled (:data:`GATE_UNROLLED_VARIABLE`)."""
+MAX_UNROLLED_ROUNDS = 8
+"""Rounds up to which :data:`GATE_UNROLLED_VARIABLE` unrolls them (each unrolled round past the second carries its
+own copy of the refill: ``k = 32`` over 32 values a lane would be tens of thousands of instructions)."""
+
+
+def gate_unrolled(topk: int) -> bool:
+    """Whether the gates' ``topk`` selection rounds are unrolled (:data:`GATE_UNROLLED_VARIABLE`, up to
+    :data:`MAX_UNROLLED_ROUNDS`)."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
 
-    return tuning_choice(GATE_UNROLLED_VARIABLE, "0", GATE_UNROLLED_CHOICES) == "1"
+    return tuning_choice(GATE_UNROLLED_VARIABLE, "1", GATE_UNROLLED_CHOICES) == "1" and topk <= MAX_UNROLLED_ROUNDS
 
 
 def batched_layout() -> bool:

@@ -127,7 +127,7 @@ class TopkGate(_Kernel):
     def specs(self, call: Any) -> list:
         vec = gate_vec(call.num_experts, "float32", call.input_alignment)
         return [GateSpec("topk_gate", call.num_experts, call.num_topk, "float32", vec, lane_heads=lane_heads(),
-                         ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec), unrolled=gate_unrolled())]
+                         ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec), unrolled=gate_unrolled(call.num_topk))]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
@@ -171,7 +171,7 @@ class MoeTopkGate(_Kernel):
                          masked=call.has_mask, with_scores=call.return_scores,
                          lane_groups=lane_groups(call.num_experts, call.num_groups, vec),
                          table_math=table_math(scoring[call.scoring]), lane_heads=lane_heads(),
-                         ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec), unrolled=gate_unrolled())]
+                         ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec), unrolled=gate_unrolled(call.num_topk))]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)

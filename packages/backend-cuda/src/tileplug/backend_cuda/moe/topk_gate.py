@@ -3,8 +3,8 @@ largest scores in descending order, ties to the smaller index, int64 ``[T, k]``;
 a non-finite score gets −1 in every slot (no device assert: nothing else changes).
 
 One warp per row (``warp_topk.WarpRow``), ``WARPS`` rows per CTA; ``k`` rounds of the warp
-argmax (or, with ``spec.lane_heads``, over the lanes' two heads), lane ``r`` keeping slot ``r`` and
-writing it (``k ≤ 32``: one coalesced store).
+argmax (or, with ``spec.lane_heads``, over the lanes' two heads; with ``spec.unrolled`` unrolled while
+tracing), lane ``r`` keeping slot ``r`` and writing it (``k ≤ 32``: one coalesced store).
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """

@@ -3,8 +3,8 @@
 
 Layout (:class:`WarpRow`): one warp per row of ``E`` values. Lane ``l`` holds ``CHUNKS``
 pieces of ``VEC`` values, piece ``j`` being columns ``[(j·32 + l)·VEC, + VEC)``: consecutive
-lanes read consecutive pieces (16 bytes each on the vector path, coalesced; one value each on
-the scalar path). A lane's values are held in increasing column order, so its own first
+lanes read consecutive pieces (up to 16 bytes each on the vector path, ``spec.gate_vec``;
+coalesced; one value each on the scalar path). A lane's values are held in increasing column order, so its own first
 maximum is its smallest column holding it.
 
 Selection ("repeatedly take the max, ties to the smaller index"): each value is turned into
@@ -49,7 +49,7 @@ def value_of(key):
 class WarpRow:
     """Trace-time constants of one warp's row of ``experts`` values and the macros over them.
 
-    ``vec``: values per piece (4 fp32 / 8 bf16 on the 128-bit path, 1 on the scalar path).
+    ``vec``: values per piece (``spec.gate_vec``: up to 4 fp32 / 8 bf16, 1 on the scalar path).
     Register arrays of a lane have ``VALUES = CHUNKS · VEC`` entries, entry ``i = j·VEC + c``
     being column :meth:`column` ``(i, lane)``."""
 
