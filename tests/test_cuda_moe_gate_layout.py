@@ -1,7 +1,8 @@
 """The width a CUDA gate lane loads at a time and the unrolled selection rounds, without a GPU:
 ``TILEPLUG_CUDA_MOE_GATE_FULL_WARP`` (by default the width that spreads a short row over the whole warp,
 ``0``: 16 bytes wherever the row allows) and ``TILEPLUG_CUDA_MOE_GATE_UNROLLED`` (by default the ``k ≤ 8``
-rounds unrolled, ``0``: one loop) — which widths and specs the variables pick, the softmax denominator's
+rounds unrolled, ``0``: one loop) and ``TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS`` (opt-in: the lanes' heads kept in
+place through the rounds) — which widths and specs the variables pick, the softmax denominator's
 order on every width (emulated step by step against the reference's sum), and the compiled kernels."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from tileplug.backend_cuda.moe.spec import (
+    GATE_FIXED_HEADS_VARIABLE,
     GATE_FULL_WARP_VARIABLE,
     GATE_UNROLLED_VARIABLE,
     GateSpec,
@@ -93,6 +95,17 @@ def test_the_variable_reaches_the_specs(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(ValueError, match=f"{GATE_UNROLLED_VARIABLE}='2': expected one of 0, 1"):
         _KERNELS["topk_gate"].spec(wide)
     monkeypatch.delenv(GATE_UNROLLED_VARIABLE)
+    assert not _KERNELS["topk_gate"].spec(wide).fixed_heads  # the default: the heads move up
+    monkeypatch.setenv(GATE_FIXED_HEADS_VARIABLE, "1")
+    assert all(_KERNELS[op].spec(call).fixed_heads and _KERNELS[op].spec(call).name.endswith("_unrolled_fixed")
+               for op, call in (("topk_gate", wide), ("moe_topk_gate", full)))
+    monkeypatch.setenv("TILEPLUG_CUDA_MOE_LANE_HEADS", "0")
+    assert not _KERNELS["topk_gate"].spec(wide).fixed_heads  # no heads, nothing to keep in place
+    monkeypatch.delenv("TILEPLUG_CUDA_MOE_LANE_HEADS")
+    monkeypatch.setenv(GATE_FIXED_HEADS_VARIABLE, "on")
+    with pytest.raises(ValueError, match=f"{GATE_FIXED_HEADS_VARIABLE}='on': expected one of 0, 1"):
+        _KERNELS["topk_gate"].spec(wide)
+    monkeypatch.delenv(GATE_FIXED_HEADS_VARIABLE)
     monkeypatch.setenv(GATE_FULL_WARP_VARIABLE, "yes")
     with pytest.raises(ValueError, match=f"{GATE_FULL_WARP_VARIABLE}='yes': expected one of 0, 1"):
         _KERNELS["topk_gate"].spec(wide)
@@ -105,13 +118,19 @@ def test_the_variable_reaches_the_specs(monkeypatch: pytest.MonkeyPatch) -> None
     GateSpec("topk_gate", 256, 8, "float32", 4, lane_heads=True, ctas_per_sm=10, unrolled=True),
     GateSpec("moe_topk_gate", 256, 8, "float32", 4, scoring="sqrtsoftplus", biased=True, renormalize=True, shared=1,
              table_math=True, lane_heads=True, ctas_per_sm=10, unrolled=True),
+    GateSpec("topk_gate", 256, 8, "float32", 4, lane_heads=True, ctas_per_sm=10, unrolled=True, fixed_heads=True),
+    GateSpec("topk_gate", 1000, 16, "float32", 4, lane_heads=True, fixed_heads=True),
+    GateSpec("moe_topk_gate", 256, 8, "bfloat16", 8, scoring="sigmoid", biased=True, groups=8, topk_groups=4,
+             renormalize=True, scaling=2.5, lane_groups=True, lane_heads=True, ctas_per_sm=10, unrolled=True,
+             fixed_heads=True),
     GateSpec("moe_topk_gate", 64, 6, "bfloat16", 2, scoring="softmax", lane_heads=True, ctas_per_sm=10),
     GateSpec("moe_topk_gate", 128, 8, "bfloat16", 4, scoring="sigmoid", biased=True, renormalize=True,
              lane_heads=True, ctas_per_sm=10),
 ], ids=lambda spec: spec.name)
 def test_the_forms_compile_without_spills(spec: GateSpec) -> None:
     """The full-warp widths compile without spills, loading ``vec`` values at a time (``float2`` / ``uint1``:
-    two fp32 / two bf16); the unrolled rounds too, with one pair of warp reductions a round and no round loop."""
+    two fp32 / two bf16); the unrolled rounds too, with one pair of warp reductions a round and no round loop;
+    the fixed heads too, and none of their rounds moves a head."""
     pytest.importorskip("tilelang")
     from test_cuda_compile import nvcc, spill_bytes
 
@@ -121,8 +140,11 @@ def test_the_forms_compile_without_spills(spec: GateSpec) -> None:
     if 1 < spec.vec and spec.vec * spec.value_bytes < 16:
         vector = {(2, 4): "float2", (2, 2): "uint1", (4, 2): "uint2"}[spec.vec, spec.value_bytes]
         assert re.search(rf"\*\({vector}\*\)\((scores|logits) \+", source), vector
-    if spec.unrolled:
+    if spec.unrolled and not spec.fixed_heads:
         assert source.count("tl::warp_reduce_max(head_key[0])") == spec.topk and "round_index" not in source
+    if spec.fixed_heads:  # the heads never move: no round writes the first head from the second
+        reductions = source.count("tl::warp_reduce_max(")
+        assert "head_key[0] = head_key[1]" not in source and reductions >= (spec.topk if spec.unrolled else 1)
     error, _, report = nvcc(source)
     assert error is None, error
     spills = spill_bytes(report)

@@ -50,8 +50,11 @@ def default_rounds(keys: dict[int, int], columns: list[list[int]], count: int) -
     return chosen
 
 
-def heads_rounds(keys: dict[int, int], columns: list[list[int]], count: int) -> tuple[list[tuple[int, int]], int]:
-    """``fill_heads`` / ``heads_round`` as the kernel runs them, lane by lane; also how many rounds refilled."""
+def heads_rounds(keys: dict[int, int], columns: list[list[int]], count: int,
+                 fixed: bool = False) -> tuple[list[tuple[int, int]], int]:
+    """``fill_heads`` / ``heads_round`` as the kernel runs them, lane by lane; also how many rounds refilled.
+    ``fixed``: the heads stay in place (``TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS``) — ``dropped`` picks the current
+    one, a lane giving it up only counts, and a refill takes the second head as its threshold."""
 
     def fill(lane_columns, after):
         head_key, head_column = [NONE, NONE], [NO_COLUMN, NO_COLUMN]
@@ -72,8 +75,18 @@ def heads_rounds(keys: dict[int, int], columns: list[list[int]], count: int) -> 
             refills += 1
             for lane, lane_columns in zip(lanes, columns):
                 if lane["dropped"] == 2:
+                    if fixed:
+                        lane["after"] = (lane["key"][1], lane["column"][1])
                     lane["key"], lane["column"] = fill(lane_columns, lane["after"])
                     lane["dropped"] = 0
+        if fixed:  # the current head of each lane: dropped is 0 or 1 here
+            current = [(lane["key"][lane["dropped"]], lane["column"][lane["dropped"]]) for lane in lanes]
+            found = max(key for key, _ in current)
+            index = min(column if key == found else NO_COLUMN for key, column in current)
+            chosen.append((found, index))
+            for lane, (_, column) in zip(lanes, current):
+                lane["dropped"] += column == index
+            continue
         found = max(lane["key"][0] for lane in lanes)
         index = min(lane["column"][0] if lane["key"][0] == found else NO_COLUMN for lane in lanes)
         chosen.append((found, index))
@@ -108,12 +121,14 @@ def _row(experts: int, vec: int, kind: str, rng: random.Random, groups: tuple[in
     return keys
 
 
+@pytest.mark.parametrize("fixed", [False, True], ids=["moving", "fixed"])
 @pytest.mark.parametrize("kind", ["random", "ties", "crowded"])
 @pytest.mark.parametrize(("experts", "vec", "topk", "grouped"), [
     (256, 4, 8, False), (256, 8, 9, False), (256, 4, 8, True), (72, 1, 6, False), (1024, 4, 32, False),
     (100, 4, 10, True), (64, 1, 1, False), (33, 1, 33, False),
 ])
-def test_the_heads_choose_what_the_rounds_choose(experts: int, vec: int, topk: int, grouped: bool, kind: str) -> None:
+def test_the_heads_choose_what_the_rounds_choose(experts: int, vec: int, topk: int, grouped: bool, kind: str,
+                                                 fixed: bool) -> None:
     rng = random.Random(f"{experts}-{vec}-{topk}-{kind}")
     columns = _columns(experts, vec)
     refilled = 0
@@ -127,7 +142,7 @@ def test_the_heads_choose_what_the_rounds_choose(experts: int, vec: int, topk: i
             topk_here = topk
         keys = _row(experts, vec, kind, rng, groups)
         want = default_rounds(keys, columns, topk_here)
-        have, refills = heads_rounds(keys, columns, topk_here)
+        have, refills = heads_rounds(keys, columns, topk_here, fixed)
         assert have == want, (kind, keys)
         assert all(index < experts for _, index in have)  # never a column past E or outside the groups
         refilled += refills

@@ -252,7 +252,8 @@ def test_lane_heads_give_the_rounds_bytes(case: Case, tokens: int, monkeypatch: 
 
 # ---------------------------------------------------------------------- the gates' load width and unrolled rounds
 
-GATE_FORMS = [("TILEPLUG_CUDA_MOE_GATE_FULL_WARP", "0", "1"), ("TILEPLUG_CUDA_MOE_GATE_UNROLLED", "0", "1")]
+GATE_FORMS = [("TILEPLUG_CUDA_MOE_GATE_FULL_WARP", "0", "1"), ("TILEPLUG_CUDA_MOE_GATE_UNROLLED", "0", "1"),
+              ("TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS", "0", "1")]
 FORMED = [(case, *form) for case in HEADED for form in GATE_FORMS]
 
 
@@ -263,7 +264,8 @@ def test_gate_forms_give_the_same_bytes(entry: tuple, tokens: int, monkeypatch: 
     """The gates reading a short row at the width that spreads it over the whole warp
     (``TILEPLUG_CUDA_MOE_GATE_FULL_WARP=1``) give the 16-byte form's indices, weights and scores byte for byte
     (softmax denominators included); the gates with their selection rounds unrolled
-    (``TILEPLUG_CUDA_MOE_GATE_UNROLLED=1``) the loop's; and the form's kernel ran."""
+    (``TILEPLUG_CUDA_MOE_GATE_UNROLLED=1``) the loop's; the lanes' heads kept in place
+    (``TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS=1``) the moving heads'; and the form's kernel ran."""
     from tileplug.backend_cuda import jit
 
     case, variable, one, other = entry

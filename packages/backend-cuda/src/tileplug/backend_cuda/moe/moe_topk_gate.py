@@ -53,7 +53,7 @@ RENORMALIZE_EPSILON = 1e-20
 def build(spec: GateSpec):
     """The ``T.prim_func`` of a ``moe_topk_gate`` specialisation: buffers ``(logits, bias, mask,
     topk_idx, topk_weights, scores)``, an absent one replaced by the logits (never read)."""
-    row = WarpRow(spec.experts, spec.vec)
+    row = WarpRow(spec.experts, spec.vec, spec.fixed_heads)
     E, K, S = spec.experts, spec.topk, spec.shared
     SLOTS = K + S
     WARPS = spec.warps

@@ -74,6 +74,16 @@ every gate case at 1 and 4001 rows (``-k gate_forms``). fp32 logits, two process
 65536 45.4–45.6 → 40.3–40.4; 384 × 8 at 65536 56.2 → 51.3; the sqrtsoftplus router 101.5 → 96.2–96.6, DeepSeek-V3
 88.0–88.1 → 82.1–82.5 (64 × 6: unchanged). The kernel's name says which (``_unrolled``)."""
 GATE_UNROLLED_CHOICES = ("0", "1")
+GATE_FIXED_HEADS_VARIABLE = "TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS"
+"""``1``: the lanes' heads (:data:`LANE_HEADS_VARIABLE`) stay in place through the rounds — ``dropped`` (0 or 1)
+says which one is current, a round picks it with one select a register, and the lane that gives it up only counts
+(the refill takes its threshold from the second head, the last one given up); ``0`` (the default): the lane that
+gives up its first head moves the second up and records it (six selects a round in every lane, predicated). The same
+experts in the same order (a Python model of both forms against the default rounds:
+``tests/test_cuda_moe_lane_heads.py``); not yet run on a GPU. SASS of the unrolled ``topk_gate`` (256 × 8, fp32),
+whose ALU pipe bounds it (ncu), on the path without refills: 297 → 280 instructions a row, selects 90 → 66 (64 × 6:
+177 → 162). The kernel's name says which (``_fixed``)."""
+GATE_FIXED_HEADS_CHOICES = ("0", "1")
 BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
 """``1`` (the default since 2026-12-06): the layout kernels work in batches. ``chunk_counts`` /
 ``permute_index`` rank a chunk's pairs a warp at a time (``__match_any_sync``: the pairs of a warp with the same
@@ -175,6 +185,13 @@ def gate_unrolled(topk: int) -> bool:
     return tuning_choice(GATE_UNROLLED_VARIABLE, "1", GATE_UNROLLED_CHOICES) == "1" and topk <= MAX_UNROLLED_ROUNDS
 
 
+def gate_fixed_heads() -> bool:
+    """Whether the lanes' heads stay in place through the rounds (:data:`GATE_FIXED_HEADS_VARIABLE`)."""
+    from tileplug.backend_cuda.norm.spec import tuning_choice
+
+    return tuning_choice(GATE_FIXED_HEADS_VARIABLE, "0", GATE_FIXED_HEADS_CHOICES) == "1"
+
+
 def batched_layout() -> bool:
     """Whether the layout kernels work in batches (:data:`BATCHED_LAYOUT_VARIABLE`)."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
@@ -206,8 +223,8 @@ class GateSpec:
     ``masked``, ``with_scores``, ``lane_groups`` (the group scores lane by lane:
     :data:`LANE_GROUPS_VARIABLE`), ``table_math`` (the scores' ``exp`` / ``log1p`` from ``fp32_math``:
     :data:`SCORE_MATH_VARIABLE`); (topk_gate, moe_topk_gate) ``lane_heads`` (the rounds over the lanes'
-    heads: :data:`LANE_HEADS_VARIABLE`), ``ctas_per_sm`` (:data:`GATE_CTAS_PER_SM_VARIABLE`) and ``unrolled``
-    (:data:`GATE_UNROLLED_VARIABLE`); (backward)
+    heads: :data:`LANE_HEADS_VARIABLE`; ``fixed_heads``: :data:`GATE_FIXED_HEADS_VARIABLE`), ``ctas_per_sm``
+    (:data:`GATE_CTAS_PER_SM_VARIABLE`) and ``unrolled`` (:data:`GATE_UNROLLED_VARIABLE`); (backward)
     ``index_dtype`` of topk_idx."""
 
     op: str
@@ -231,6 +248,7 @@ class GateSpec:
     lane_heads: bool = False
     ctas_per_sm: int = 0
     unrolled: bool = False
+    fixed_heads: bool = False
 
     @property
     def name(self) -> str:
@@ -266,6 +284,8 @@ class GateSpec:
             parts.append(f"c{self.ctas_per_sm}")
         if self.unrolled:
             parts.append("unrolled")
+        if self.fixed_heads:
+            parts.append("fixed")
         return "_".join(parts)
 
     @property

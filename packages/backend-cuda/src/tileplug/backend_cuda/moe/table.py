@@ -29,6 +29,7 @@ from tileplug.backend_cuda.moe.spec import (
     batched_layout,
     chunk_tokens,
     gate_ctas_per_sm,
+    gate_fixed_heads,
     gate_unrolled,
     gate_vec,
     lane_groups,
@@ -126,8 +127,10 @@ class TopkGate(_Kernel):
 
     def specs(self, call: Any) -> list:
         vec = gate_vec(call.num_experts, "float32", call.input_alignment)
-        return [GateSpec("topk_gate", call.num_experts, call.num_topk, "float32", vec, lane_heads=lane_heads(),
-                         ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec), unrolled=gate_unrolled(call.num_topk))]
+        headed = lane_heads()
+        return [GateSpec("topk_gate", call.num_experts, call.num_topk, "float32", vec, lane_heads=headed,
+                         fixed_heads=headed and gate_fixed_heads(), ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec),
+                         unrolled=gate_unrolled(call.num_topk))]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
@@ -163,6 +166,7 @@ class MoeTopkGate(_Kernel):
     def specs(self, call: Any) -> list:
         dtype = TL_NAMES[call.logits_dtype]
         vec = gate_vec(call.num_experts, dtype, call.input_alignment)
+        headed = lane_heads()
         scoring = {Scoring.SOFTMAX: "softmax", Scoring.SIGMOID: "sigmoid", Scoring.SQRTSOFTPLUS: "sqrtsoftplus"}
         return [GateSpec("moe_topk_gate", call.num_experts, call.num_topk, dtype, vec,
                          scoring=scoring[call.scoring], biased=call.has_bias, groups=call.num_groups,
@@ -170,8 +174,9 @@ class MoeTopkGate(_Kernel):
                          scaling=float(call.routed_scaling_factor), shared=call.num_shared_experts,
                          masked=call.has_mask, with_scores=call.return_scores,
                          lane_groups=lane_groups(call.num_experts, call.num_groups, vec),
-                         table_math=table_math(scoring[call.scoring]), lane_heads=lane_heads(),
-                         ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec), unrolled=gate_unrolled(call.num_topk))]
+                         table_math=table_math(scoring[call.scoring]), lane_heads=headed,
+                         fixed_heads=headed and gate_fixed_heads(), ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec),
+                         unrolled=gate_unrolled(call.num_topk))]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)

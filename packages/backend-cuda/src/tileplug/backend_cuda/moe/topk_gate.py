@@ -17,7 +17,7 @@ from tileplug.backend_cuda.moe.warp_topk import NONE, WARP, WarpRow, key_of
 
 def build(spec: GateSpec):
     """The ``T.prim_func`` of a ``topk_gate`` specialisation: buffers ``(scores, topk_idx)``."""
-    row = WarpRow(spec.experts, spec.vec)
+    row = WarpRow(spec.experts, spec.vec, spec.fixed_heads)
     K = spec.topk
     WARPS = spec.warps
     VALUES = row.VALUES

@@ -53,8 +53,9 @@ class WarpRow:
     Register arrays of a lane have ``VALUES = CHUNKS · VEC`` entries, entry ``i = j·VEC + c``
     being column :meth:`column` ``(i, lane)``."""
 
-    def __init__(self, experts: int, vec: int) -> None:
+    def __init__(self, experts: int, vec: int, fixed_heads: bool = False) -> None:
         self.E = experts
+        FIXED = fixed_heads  # the heads stay in place, ``dropped`` says which is current (``heads_round``)
         self.VEC = vec
         self.CHUNKS = lane_chunks(experts, vec)
         self.VALUES = self.CHUNKS * vec
@@ -157,8 +158,9 @@ class WarpRow:
             head_column[0] = NO_COLUMN
             head_column[1] = NO_COLUMN
             if not refill:
-                after_key[0] = NONE
-                after_column[0] = NO_COLUMN
+                if not FIXED:  # (fixed heads: the refill takes its threshold from the second head)
+                    after_key[0] = NONE
+                    after_column[0] = NO_COLUMN
                 if values is not None:
                     head_value[0] = T.float32(0.0)
                     head_value[1] = T.float32(0.0)
@@ -186,29 +188,50 @@ class WarpRow:
         def heads_round(keys, values, lane, heads, round_index, found, index, picked):
             """One selection round over the lanes' ``heads`` (:meth:`WarpRow.lane_heads`): ``found[0]`` /
             ``index[0]`` as :func:`argmax` gives them over the entries not yet chosen, ``picked[0]`` (with
-            ``values``) the chosen entry's value in every lane, and the lane whose first head is
-            ``index`` gives it up (the second moves up). From the third round on, a
-            lane that gave up both heads first refills them (a warp-uniform branch, taken where one lane
-            holds three of the chosen)."""
+            ``values``) the chosen entry's value in every lane, and the lane whose current head is
+            ``index`` gives it up: the second moves up (with ``fixed_heads`` nothing moves: ``dropped``
+            says which head is current, and the second head given up is the refill's threshold). From the
+            third round on, a lane that gave up both heads first refills them (a warp-uniform branch, taken
+            where one lane holds three of the chosen)."""
             head_key, head_column, head_value, after_key, after_column, dropped = heads
             if round_index >= 2:
                 if T.any_sync(dropped[0] == 2):
                     if dropped[0] == 2:
+                        if FIXED:
+                            after_key[0] = head_key[1]
+                            after_column[0] = head_column[1]
                         fill_heads(keys, values, lane, heads, True)
-            found[0] = T.warp_reduce_max(head_key[0])
-            index[0] = T.warp_reduce_min(T.if_then_else(head_key[0] == found[0], head_column[0], NO_COLUMN))
-            if values is not None:
-                picked[0] = T.shfl_sync(head_value[0], (index[0] // VEC) % WARP)  # (broadcast, defined below)
-            if head_column[0] == index[0]:
-                after_key[0] = head_key[0]
-                after_column[0] = head_column[0]
-                head_key[0] = head_key[1]
-                head_column[0] = head_column[1]
+            if FIXED:
+                # the current head: the first until it is given up, then the second (dropped is 0 or 1 here;
+                # the first round of unrolled rounds knows it is 0)
+                first_round = isinstance(round_index, int) and round_index == 0
+                second = dropped[0] != 0
+                current_key = head_key[0] if first_round else T.if_then_else(second, head_key[1], head_key[0])
+                current_column = head_column[0] if first_round else \
+                    T.if_then_else(second, head_column[1], head_column[0])
+                found[0] = T.warp_reduce_max(current_key)
+                index[0] = T.warp_reduce_min(T.if_then_else(current_key == found[0], current_column, NO_COLUMN))
                 if values is not None:
-                    head_value[0] = head_value[1]
-                head_key[1] = NONE
-                head_column[1] = NO_COLUMN
-                dropped[0] = dropped[0] + 1
+                    current_value = head_value[0] if first_round else \
+                        T.if_then_else(second, head_value[1], head_value[0])
+                    picked[0] = T.shfl_sync(current_value, (index[0] // VEC) % WARP)
+                if current_column == index[0]:
+                    dropped[0] = dropped[0] + 1
+            else:
+                found[0] = T.warp_reduce_max(head_key[0])
+                index[0] = T.warp_reduce_min(T.if_then_else(head_key[0] == found[0], head_column[0], NO_COLUMN))
+                if values is not None:
+                    picked[0] = T.shfl_sync(head_value[0], (index[0] // VEC) % WARP)  # (broadcast, defined below)
+                if head_column[0] == index[0]:
+                    after_key[0] = head_key[0]
+                    after_column[0] = head_column[0]
+                    head_key[0] = head_key[1]
+                    head_column[0] = head_column[1]
+                    if values is not None:
+                        head_value[0] = head_value[1]
+                    head_key[1] = NONE
+                    head_column[1] = NO_COLUMN
+                    dropped[0] = dropped[0] + 1
 
         @T.macro
         def take(keys, lane, index):
