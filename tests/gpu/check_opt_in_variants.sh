@@ -25,13 +25,18 @@
 #   7. the gates' rounds over the lanes' two heads (TILEPLUG_CUDA_MOE_LANE_HEADS, 1 by default): their GPU test (the
 #      default rounds' bytes), then topk_gate and the sqrtsoftplus / DeepSeek-V3 routers at fp32 logits with it off /
 #      on, beside TileKernels.
+# The twenty-seventh session ran its two gate forms on H100s the same day and made them the defaults (the full-warp
+# width, the unrolled rounds; docs/benchmarks/h100-moe-gate-forms-2026-12-06-s27.txt), and added step 8 (CPU only):
+#   8. the lanes' heads kept in place (TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS, 0 by default): the gate forms' GPU test (the
+#      moving heads' bytes), then topk_gate and the two routers at fp32 logits with it off / on, twice, beside
+#      TileKernels.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
 set -u
 start=$(date +%s)
 BUDGET=${BUDGET:-400}
-STEPS=" ${STEPS:-1 2 3 4 5 6 7} "
+STEPS=" ${STEPS:-1 2 3 4 5 6 7 8} "
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 cd "$(dirname "$0")/../.."
@@ -109,6 +114,18 @@ if want 7 && [ $(left) -gt 60 ]; then
     env TILEPLUG_CUDA_MOE_LANE_HEADS=$heads timeout $(( $(left) > 110 ? 100 : $(left) - 10 )) $BENCH --dtype fp32 $extra \
       --ops topk_gate/e256-k8,moe_topk_gate/sqrtsoftplus-shared1,moe_topk_gate/deepseek-v3 --tokens 128,4096,16384,65536 \
       2>> $OUT/stderr.log | tee -a $OUT/heads_bench.txt | grep -E "^(moe_|topk_)"
+  done
+fi
+if want 8 && [ $(left) -gt 60 ]; then
+  timeout 300 $P -n 14 -k "gate_forms" tests/gpu/test_cuda_moe.py > $OUT/fixed.txt 2>&1
+  tail -2 $OUT/fixed.txt
+  for fixed in 0 1 0 1; do
+    [ $(left) -gt 50 ] || break
+    extra=$([ $fixed = 1 ] && echo "--peer tile_kernels" || echo "")
+    echo "== fixed heads $fixed, $(left) s left" | tee -a $OUT/fixed_bench.txt
+    env TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS=$fixed timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $BENCH --dtype fp32 \
+      $extra --ops topk_gate/e64-k6,topk_gate/e256-k8,moe_topk_gate/sqrtsoftplus-shared1,moe_topk_gate/deepseek-v3 \
+      --tokens 128,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/fixed_bench.txt | grep -E "^(moe_|topk_)"
   done
 fi
 echo "all done, $(left) s left"
