@@ -273,7 +273,7 @@ def build(spec: GateSpec):
                     total[0] = T.float32(0.0)
                     if spec.lane_heads:
                         row.fill_heads(keys, u, lane, heads, False)
-                    for r in (list(range(K)) if spec.unrolled else T.serial(K)):
+                    for r in row.rounds(K, spec.unrolled):
                         if spec.lane_heads:
                             row.heads_round(keys, u, lane, heads, r, found, index, picked)
                         else:

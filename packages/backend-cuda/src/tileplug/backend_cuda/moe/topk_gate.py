@@ -54,7 +54,7 @@ def build(spec: GateSpec):
                             T.if_then_else(row.present(i, lane), key_of(values[i]), NONE)
                     if spec.lane_heads:
                         row.fill_heads(keys, None, lane, heads, False)
-                    for r in (list(range(K)) if spec.unrolled else T.serial(K)):
+                    for r in row.rounds(K, spec.unrolled):
                         if spec.lane_heads:
                             row.heads_round(keys, None, lane, heads, r, found, index, None)
                         else:

@@ -294,6 +294,13 @@ class WarpRow:
         return T.alloc_local((self.VALUES,), "int32")
 
     @staticmethod
+    def rounds(count: int, unrolled: bool):
+        """The iterator of ``count`` selection rounds: a Python list when ``unrolled`` (the rounds are
+        unrolled while tracing, each round index a constant; a ``range`` would become a loop), else
+        ``T.serial``."""
+        return list(range(count)) if unrolled else T.serial(count)
+
+    @staticmethod
     def lane_heads():
         """A lane's two *heads* (:data:`spec.LANE_HEADS_VARIABLE`): registers ``(head_key, head_column,
         head_value, after_key, after_column, dropped)``. The heads are the lane's first two entries not
