@@ -167,6 +167,22 @@ def backward_prefetch() -> bool:
     return bool(tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH", 1))
 
 
+PREFETCH_AHEAD_VARIABLE = "TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH_AHEAD"
+"""How many row iterations of ``grad_y`` and ``x`` a prefetching backward row loop keeps in flight while it
+works on one (``rows.RowPrefetch``; the same two stages of shared memory either way). ``1`` (the default):
+iteration ``i + 1``'s copies start at the top of iteration ``i``, so one row is in flight during its
+reductions and stores. ``2``: iteration ``i + 2``'s copies start into the stage iteration ``i`` was read from,
+as soon as the row's values are in registers and used (the register dependence orders the reads before the
+copies), so two rows are in flight. The same arithmetic in the same order: the same bytes. Not yet measured on
+a GPU (the twenty-eighth session). The kernel's name says which (``_pf2``)."""
+PREFETCH_AHEAD_CHOICES = ("1", "2")
+
+
+def backward_prefetch_ahead() -> int:
+    """Row iterations a prefetching backward loop keeps in flight (:data:`PREFETCH_AHEAD_VARIABLE`)."""
+    return int(tuning_choice(PREFETCH_AHEAD_VARIABLE, "1", PREFETCH_AHEAD_CHOICES))
+
+
 @dataclass(frozen=True)
 class RowTile:
     """``lanes`` threads per row, ``rows`` rows per CTA, ``chunks`` vectors per lane."""
@@ -334,7 +350,8 @@ class NormKernelSpec:
     ``VEC``), else per-element accesses. ``tile``: the row tile. ``quant``: the fused cast.
     ``grad_residual``: a backward adds ``grad_residual_out`` to ``grad_x``. ``prefetch``: a
     backward row loop copies its next row of ``grad_y`` and ``x`` into shared memory with
-    ``cp.async`` while it works on this one (``rows.RowPrefetch``; 128-bit tiles only).
+    ``cp.async`` while it works on this one (``rows.RowPrefetch``; 128-bit tiles only);
+    ``prefetch_ahead``: how many row iterations it keeps in flight (:data:`PREFETCH_AHEAD_VARIABLE`).
     ``row_block``: row-tile iterations a backward CTA runs (``backward.py``).
     """
 
@@ -355,6 +372,7 @@ class NormKernelSpec:
     grad_residual: bool = False
     prefetch: bool = False
     row_block: int = BACKWARD_ROW_BLOCK
+    prefetch_ahead: int = 1
 
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``): built by
@@ -394,7 +412,7 @@ class NormKernelSpec:
         if self.quant is not None:
             parts += self.quant.name_parts()
         if self.prefetch:
-            parts.append("pf")
+            parts.append("pf" if self.prefetch_ahead == 1 else f"pf{self.prefetch_ahead}")
         if self.row_block != BACKWARD_ROW_BLOCK:
             parts.append(f"rb{self.row_block}")
         return "_".join(parts)
@@ -435,6 +453,7 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
     tile = row_tile(call.hidden, call.input_dtype)
     vectorize = vectorizes(call)
     backward = call.op in BACKWARD_OPS
+    prefetch = backward and vectorize and backward_prefetch() and prefetch_bytes(tile) <= PREFETCH_MAX_BYTES
     return NormKernelSpec(
         op=call.op,
         hidden=call.hidden,
@@ -451,6 +470,7 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
         tile=tile,
         quant=quant,
         grad_residual=call.grad_residual,
-        prefetch=backward and vectorize and backward_prefetch() and prefetch_bytes(tile) <= PREFETCH_MAX_BYTES,
+        prefetch=prefetch,
         row_block=backward_row_block() if backward else BACKWARD_ROW_BLOCK,
+        prefetch_ahead=backward_prefetch_ahead() if prefetch else 1,
     )
