@@ -5,7 +5,6 @@ and the statistics), declines, specialisation keys and the launchers' argument m
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
@@ -559,63 +558,6 @@ def test_backward_prefetch_only_on_aligned_rows_that_fit() -> None:
     assert not spec(7168, TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH="0").prefetch
     assert not spec(576, 579).prefetch  # misaligned rows load element by element
     assert prefetch_bytes(row_tile(16384, torch.bfloat16)) > PREFETCH_MAX_BYTES and not spec(16384).prefetch
-
-
-def _backward_spec(op_name: str, hidden: int, **env: str):
-    from tileplug.core import ops
-
-    x = torch.empty(4, hidden, dtype=torch.bfloat16)
-    weight = torch.empty(hidden, dtype=torch.bfloat16)
-    statistics = (torch.empty(4, dtype=torch.float32),) * (2 if op_name == "layer_norm_backward" else 1)
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        kernel, call, _ = _kernel_call(getattr(ops, op_name), x, x, weight, *statistics)
-        return kernel.spec(call), kernel.split_spec(call)
-
-
-def test_prefetch_ahead_variable_names_its_kernel() -> None:
-    """``TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH_AHEAD``: 1 by default (``_pf``), 2 gives ``_pf2``; the split
-    path's row kernel (no prefetch) is the same either way; anything else names the variable."""
-    variable = "TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH_AHEAD"
-    for op_name in ("rms_norm_backward", "layer_norm_backward"):
-        one, split_one = _backward_spec(op_name, 7168)
-        two, split_two = _backward_spec(op_name, 7168, **{variable: "2"})
-        assert one.prefetch_ahead == 1 and one.name.endswith("_pf")
-        assert two.prefetch_ahead == 2 and two.name.endswith("_pf2") and two.name[:-1] == one.name
-        assert split_one == split_two and split_two.name.endswith("_rb1") and "_pf" not in split_two.name
-        unstaged, _ = _backward_spec(op_name, 7168, **{variable: "2", "TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH": "0"})
-        assert unstaged.prefetch_ahead == 1 and "_pf" not in unstaged.name  # nothing staged, nothing ahead
-    with pytest.raises(ValueError, match=variable):
-        _backward_spec("rms_norm_backward", 7168, **{variable: "3"})
-
-
-@pytest.mark.parametrize("op_name", ["rms_norm_backward", "layer_norm_backward"])
-def test_prefetch_two_ahead_copies_after_the_values_are_used(op_name: str) -> None:
-    """The ``_pf2`` row loop (generated CUDA): two iterations' copies before the loop (the second only
-    when the CTA has two), a wait that leaves the newest group in flight, and iteration ``i + 2``'s copies
-    into the stage iteration ``i`` was read from, issued after the loop has used every value it read
-    (the first products of ``grad_y`` and ``x``), guarded by ``i + 2 < count``, an empty group otherwise."""
-    from tileplug.backend_cuda import jit
-
-    spec, _ = _backward_spec(op_name, 7168, TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH_AHEAD="2")
-    source = jit.lower_source(spec)
-    header = re.search(r"for \(int (\w+) = 0; \1 < count; \+\+\1\) \{", source)
-    assert header, "the row loop"
-    i, prologue, loop = header.group(1), source[:header.start()], source[header.end():]
-    assert prologue.count("tl::cp_async_commit();") == 3  # row 0, then row 1 or an empty group
-    assert re.search(r"if \(1 < count\w*\)", prologue)
-    wait = loop.index("tl::cp_async_wait<1>();")
-    reads = [match.start() for match in re.finditer(r"= \*\(uint4\*\)\(\(\(bfloat16_t\*\)staged\)", loop)]
-    refill = re.search(r"if \(\(" + i + r" \+ 2\) < count\w*\) \{", loop)
-    assert refill and len(reads) == 8 and wait < min(reads) and max(reads) < refill.start()
-    assert loop.index("((float)gv[") < refill.start() and loop.index("((float)sv[") < refill.start()  # used
-    copies = loop[refill.start():loop.index("tl::cp_async_commit();", refill.start())]
-    assert copies.count("cp_async_gs_conditional<16>") == 8  # 4 vectors of grad_y and of x a thread
-    stage = f"({i} & 1) * 14336"
-    assert all(stage in line for line in copies.splitlines() if "cp_async_gs" in line)  # stage i % 2
-    assert f"+ ((int64_t){i})) + (int64_t)2)" in copies  # row first + i + 2
-    assert re.match(r"\s*\}\s*else\s*\{\s*tl::cp_async_commit\(\);", loop[loop.index("tl::cp_async_commit();", refill.start()) + 22:])
 
 
 # ---------------------------------------------------------------------- launchers

@@ -30,16 +30,15 @@
 #   8. the lanes' heads kept in place (TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS, 0 by default): the gate forms' GPU test (the
 #      moving heads' bytes), then topk_gate and the two routers at fp32 logits with it off / on, twice, beside
 #      TileKernels.
-# The twenty-eighth session added step 9 (CPU only):
-#   9. the norm backwards' row loop two iterations ahead (TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH_AHEAD, 1 by default):
-#      its GPU test (the one-ahead loop's bytes), then both backwards at 1 / 2, twice, beside TileKernels.
+# The twenty-eighth session's step 9 (the norm backwards' row loop two iterations ahead) ran on an H100 the same day
+# and was dropped, no faster (docs/benchmarks/h100-norm-backward-profile-2026-12-06-s28.txt); step 8 ran there too.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
 set -u
 start=$(date +%s)
 BUDGET=${BUDGET:-400}
-STEPS=" ${STEPS:-1 2 3 4 5 6 7 8 9} "
+STEPS=" ${STEPS:-1 2 3 4 5 6 7 8} "
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 cd "$(dirname "$0")/../.."
@@ -129,18 +128,6 @@ if want 8 && [ $(left) -gt 60 ]; then
     env TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS=$fixed timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $BENCH --dtype fp32 \
       $extra --ops topk_gate/e64-k6,topk_gate/e256-k8,moe_topk_gate/sqrtsoftplus-shared1,moe_topk_gate/deepseek-v3 \
       --tokens 128,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/fixed_bench.txt | grep -E "^(moe_|topk_)"
-  done
-fi
-if want 9 && [ $(left) -gt 60 ]; then
-  timeout 300 $P -n 14 -k "prefetch_two_rows_ahead" tests/gpu/test_cuda_norm.py > $OUT/ahead.txt 2>&1
-  tail -2 $OUT/ahead.txt
-  for ahead in 1 2 1 2; do
-    [ $(left) -gt 50 ] || break
-    extra=$([ $ahead = 2 ] && echo "--peer tile_kernels" || echo "")
-    echo "== prefetch ahead $ahead, $(left) s left" | tee -a $OUT/ahead_bench.txt
-    env TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH_AHEAD=$ahead timeout $(( $(left) > 110 ? 100 : $(left) - 10 )) $BENCH \
-      $extra --ops rms_norm_backward,layer_norm_backward --tokens 1024,4096,16384,65536 2>> $OUT/stderr.log \
-      | tee -a $OUT/ahead_bench.txt | grep -E "^(rms|layer)_norm_backward +[0-9]+ +[0-9]+ +(cuda|tile_kernels)"
   done
 fi
 echo "all done, $(left) s left"

@@ -58,7 +58,6 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 RMS, LAYER, CAST = "rms_norm", "layer_norm", "rms_norm_per_token_cast"
 RMS_BACK, LAYER_BACK = "rms_norm_backward", "layer_norm_backward"
 ORACLE_ON_GPU = os.environ.get("TILEPLUG_ORACLE", "cpu") == "gpu"
-PREFETCH_AHEAD = "TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH_AHEAD"
 
 # ---------------------------------------------------------------------- the grid
 
@@ -198,7 +197,6 @@ def precompiled():
 
     cases = GRID + INVARIANCE + IN_PLACE + NONFINITE + [Case.of(LAYER, 7168)] + [case for case, _ in SPLIT]
     specs = [spec for case in dict.fromkeys(cases) for spec in _case_specs(case)]
-    specs += [spec for case in AHEAD for spec in _ahead_specs(case)]
     for hidden, dtype, group, layout in FUSION:
         x = torch.empty(3, hidden, dtype=dtype)
         weight = torch.empty(hidden, dtype=dtype)
@@ -316,60 +314,6 @@ def test_split_path_gives_the_fused_bytes(case: Case, counts: tuple) -> None:
             fused, split = getattr(runs[0], name), getattr(runs[1], name)
             if fused is not None:
                 assert_bytes_equal(split.cpu(), fused.cpu(), what=f"{case.id} T={tokens} {name} (split / fused)",
-                                   nan_equal=True)
-
-
-AHEAD = [  # the backward row loop two row iterations ahead against one (the fused row kernel: split off)
-    Case.of(RMS_BACK, 7168, inputs={"grad_residual": True}),
-    Case.of(RMS_BACK, 7168, inputs={"weight": "none"}),
-    Case.of(RMS_BACK, 128, inputs={"heads": 4}),  # 8 rows a tile, 3-D
-    Case.of(RMS_BACK, 2048, FP32),
-    Case.of(LAYER_BACK, 576, inputs={"grad_residual": True}),  # 4 rows a tile
-    Case.of(LAYER_BACK, 5120),
-]
-AHEAD_TOKENS = (1, 2, 3, 17, 33, 4001)  # one, two and three iterations of a CTA, a full block and a short last one
-
-
-def _ahead_specs(case: Case) -> list:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(PREFETCH_AHEAD, "2")
-        return _case_specs(case)
-
-
-@pytest.mark.parametrize("case", AHEAD, ids=[case.id for case in AHEAD])
-def test_prefetch_two_rows_ahead_gives_the_same_bytes(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The backward row loop with two row iterations' copies in flight (``_pf2``) gives the bytes of the
-    loop with one (grad_x, grad_weight, grad_bias), on inputs with zeros in x, an inf and a NaN in grad_y,
-    at batches of one to 16 iterations a CTA."""
-    from tileplug.backend_cuda import jit
-    from tileplug.backend_cuda.plugin import _KERNELS
-    from tileplug.core import CUDA_LAYOUT
-    from tileplug.core.opdefs import describe_call
-
-    for tokens in AHEAD_TOKENS:
-        args, kwargs = _arguments(case, tokens, seed=23)
-        args, kwargs = list(moved(args, DEVICE, fresh=True)), moved(kwargs, DEVICE, fresh=True)
-        grad_y, x = args[0], args[1]
-        x[..., 0] = 0.0
-        grad_y.view(grad_y.shape[0], -1)[0, 3] = float("inf")
-        grad_y.view(grad_y.shape[0], -1)[-1, 5] = float("nan")
-        with config.host_layout("cuda"):
-            call, inputs = describe_call(case.op, *args, **kwargs)
-        kernel = _KERNELS[call.op].kernel()
-        runs, names = [], []
-        for ahead in ("1", "2"):
-            monkeypatch.setenv(PREFETCH_AHEAD, ahead)
-            outputs = call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, DEVICE)
-            kernel.prepare(call, split_below=0)(inputs, outputs)
-            runs.append(outputs)
-            names.append(kernel.spec(call).name)
-        torch.cuda.synchronize()
-        assert names[0].endswith("_pf") and names[1].endswith("_pf2"), names
-        assert any(spec.name == names[1] for spec, _ in jit._entries), f"{case.id} T={tokens}: _pf2 did not run"
-        for name in runs[0]._fields:
-            one, two = getattr(runs[0], name), getattr(runs[1], name)
-            if one is not None:
-                assert_bytes_equal(two.cpu(), one.cpu(), what=f"{case.id} T={tokens} {name} (two ahead / one)",
                                    nan_equal=True)
 
 

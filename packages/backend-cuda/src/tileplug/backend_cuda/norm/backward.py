@@ -251,7 +251,7 @@ class BackwardKernel(NormKernel):
     def split_spec(self, call: NormCall):
         """The split path's row kernel: the call's spec at one row tile a CTA (no prefetch: there
         is no next row)."""
-        return dataclasses.replace(self.spec(call), row_block=1, prefetch=False, prefetch_ahead=1)
+        return dataclasses.replace(self.spec(call), row_block=1, prefetch=False)
 
     def specs(self, call: NormCall) -> list:
         """Every specialisation a call may run: the row kernel, the split path's row kernel and

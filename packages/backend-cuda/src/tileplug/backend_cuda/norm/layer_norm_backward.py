@@ -47,7 +47,7 @@ def build(spec: NormKernelSpec):
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
     BLOCK = spec.row_block  # row-tile iterations per CTA (a constant: the weight gradient's fixed blocking)
-    ahead = RowPrefetch(rows, PREFETCH_SOURCES, spec.prefetch, spec.prefetch_ahead)  # grad_y and x, copied ahead or loaded
+    ahead = RowPrefetch(rows, PREFETCH_SOURCES, spec.prefetch)  # grad_y and x, copied one row iteration ahead or loaded
 
     def normalized(sv, i, row_mean, row_rstd):
         """``x̂ = (s − mean) · rstd`` of value ``i``."""
@@ -93,7 +93,7 @@ def build(spec: NormKernelSpec):
             # the last CTA stops at the last row (its masked iterations would add nothing)
             count = T.alloc_var("int32", init=T.min(BLOCK, T.ceildiv(R, ROWS) - first))
             staged = ahead.buffer()
-            ahead.start(staged, (grad_y, x), first, count, tx)
+            ahead.start(staged, (grad_y, x), first, tx)
             for block_row in T.serial(count):
                 t, n, _, valid = rows.coords(first + block_row, tx)
                 if GRAD_RESIDUAL:
@@ -108,7 +108,6 @@ def build(spec: NormKernelSpec):
                 rows.reuse_barrier()
                 for i in T.unroll(VALUES):
                     terms[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_mean, row_rstd))
-                ahead.refill(staged, (grad_y, x), first, block_row, count, tx)  # every value read and used
                 rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
                 projection = T.ieee_fdiv(acc[0], T.float32(D))
                 rows.reuse_barrier()

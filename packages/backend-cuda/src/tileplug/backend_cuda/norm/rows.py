@@ -340,39 +340,32 @@ class RowMacros:
 
 
 class RowPrefetch:
-    """How a backward row loop gets its rows of ``grad_y`` and ``x``: copied ahead into shared memory
-    with ``cp.async`` (``enabled``: the spec's ``prefetch``, 128-bit tiles only), else loaded
-    directly (:meth:`RowMacros.load_row`).
+    """How a backward row loop gets its rows of ``grad_y`` and ``x``: copied one iteration ahead
+    into shared memory with ``cp.async`` (``enabled``: the spec's ``prefetch``, 128-bit tiles
+    only), else loaded directly (:meth:`RowMacros.load_row`).
 
     With the copies, a CTA's loop over its ``count`` row iterations takes iteration ``i``'s rows
-    of each source from stage ``i % 2`` of the staging buffer while later iterations' copies are in
-    flight, so the loads overlap this row's reductions, barriers and stores instead of waiting for
-    them. ``ahead`` (the spec's ``prefetch_ahead``) says how many: ``1``, iteration ``i + 1``'s
-    copies into stage ``(i + 1) % 2`` start at the top of iteration ``i``; ``2``, iteration ``i + 2``'s
-    copies start into stage ``i % 2`` once iteration ``i`` has its values in registers and has used
-    them (:attr:`refill`: an instruction that reads a value waits for its load, so the copies that
-    overwrite the stage issue after every read of it). Each thread copies and reads back only its
-    own vectors (``cp.async.wait_group`` makes a thread's copies visible to itself), so no barrier
-    guards a stage. A vector past ``D`` or of a row past ``R`` is zero-filled (its copy reads
-    nothing), as :meth:`RowMacros.load_row` loads 0 there.
+    of each source from stage ``i % 2`` of the staging buffer while the copies of iteration
+    ``i + 1`` into stage ``(i + 1) % 2`` are in flight: the next row's loads overlap this row's
+    reductions, barriers and stores instead of waiting for them. Each thread copies and reads back
+    only its own vectors (``cp.async.wait_group`` makes a thread's copies visible to itself), so
+    no barrier guards a stage; a stage is written again one iteration after it was read, with the
+    row's barriers in between. A vector past ``D`` or of a row past ``R`` is zero-filled (its copy
+    reads nothing), as :meth:`RowMacros.load_row` loads 0 there.
 
     Shared memory: ``spec.prefetch_shape`` (``PREFETCH_STAGES`` stages), ``2 · sources · rows · lanes ·
     chunks · 16`` bytes (57344 at D = 7168 bf16, two sources): beyond the 48 KB default, which
     TileLang's launcher raises for the kernel; ``spec.prefetch_bytes`` counts the same for the
     choice of the prefetch.
 
-    Macros: :attr:`start` (``start(staged, sources, first, count, tx)``: before the loop, the first
-    iterations' copies), :attr:`load` (``load(staged, sources, values, first, i, count, tx,
+    Macros: :attr:`start` (``start(staged, sources, first, tx)``: before the loop, the first
+    iteration's copies), :attr:`load` (``load(staged, sources, values, first, i, count, tx,
     coords)``: at the top of iteration ``i``, the rows of ``sources`` into the registers
-    ``values``; ``coords`` are the iteration's ``(t, n, lane, valid)``), :attr:`refill`
-    (``refill(staged, sources, first, i, count, tx)``: after the first use of every value ``load``
-    gave; copies iteration ``i + 2``'s rows when ``ahead`` is 2, else nothing) and :attr:`finish`
+    ``values``; ``coords`` are the iteration's ``(t, n, lane, valid)``) and :attr:`finish`
     (after the loop)."""
 
-    def __init__(self, rows: RowMacros, sources: int, enabled: bool, ahead: int = 1) -> None:
+    def __init__(self, rows: RowMacros, sources: int, enabled: bool) -> None:
         assert rows.vectorize or not enabled, "cp.async copies whole 128-bit vectors"
-        assert ahead in (1, 2) and ahead <= PREFETCH_STAGES
-        AHEAD = ahead
         LANES, VEC = rows.LANES, rows.VEC
         KS = list(range(rows.CHUNKS))
         SOURCES = list(range(sources))
@@ -402,27 +395,20 @@ class RowPrefetch:
             T.ptx_commit_group()
 
         @T.macro
-        def start(staged, sources, first, count, tx):
+        def start(staged, sources, first, tx):
             if ENABLED:
                 issue(staged, 0, sources, first, tx)
-                if AHEAD == 2:
-                    if count > 1:
-                        issue(staged, 1, sources, first + 1, tx)
-                    else:
-                        T.ptx_commit_group()
 
         @T.macro
         def load(staged, sources, values, first, i, count, tx, coords):
             t, n, lane, valid = coords
             if ENABLED:
-                # one row ahead: iteration i + 1's copies, then the wait for iteration i's (an empty
-                # group after the last iteration keeps the wait's count right); two rows ahead: the
-                # groups committed are iterations ..., i, i + 1 (refill's), so the same wait
-                if AHEAD == 1:
-                    if i + 1 < count:
-                        issue(staged, (i + 1) % STAGES, sources, first + i + 1, tx)
-                    else:
-                        T.ptx_commit_group()
+                # iteration i + 1's copies, then the wait for iteration i's (an empty group after
+                # the last iteration keeps the wait's count right)
+                if i + 1 < count:
+                    issue(staged, (i + 1) % STAGES, sources, first + i + 1, tx)
+                else:
+                    T.ptx_commit_group()
                 T.ptx_wait_group(STAGES - 1)
                 slot = rows.slot(tx)
                 for s in SOURCES:
@@ -435,22 +421,13 @@ class RowPrefetch:
                     rows.load_row(sources[s], values[s], t, n, lane, valid, IN)
 
         @T.macro
-        def refill(staged, sources, first, i, count, tx):
-            if ENABLED:
-                if AHEAD == 2:
-                    if i + 2 < count:
-                        issue(staged, i % STAGES, sources, first + i + 2, tx)
-                    else:
-                        T.ptx_commit_group()
-
-        @T.macro
         def finish():
             """After the loop: every copy complete (the last iteration's empty group included), so
             no copy into shared memory outlives the loop."""
             if ENABLED:
                 T.ptx_wait_group(0)
 
-        self.start, self.load, self.refill, self.finish = start, load, refill, finish
+        self.start, self.load, self.finish = start, load, finish
 
     def buffer(self):
         """The staging buffer (one per CTA; None without the copies)."""

@@ -117,7 +117,12 @@ longer rows load directly."""
 
 
 PREFETCH_STAGES = 2
-"""Row iterations the backward's staging holds: the one being read and the next one, in flight."""
+"""Row iterations the backward's staging holds: the one being read and the next one, in flight. Two iterations
+in flight (iteration ``i + 2``'s copies into the stage ``i`` was read from, once its values were used) were no
+faster on an H100 (2026-12-06, D = 7168 bf16, eager µs at T = 1024 / 4096 / 65536: rms_norm_backward 39.9 / 80.1 /
+1055.5 → 41.4 / 82.2 / 1059.5, layer_norm_backward 59.6 / 127.4 / 1463.6 → 61.0 / 131.0 / 1501.5): the row loop
+at T = 4096 is bound by each row's reductions and barriers at two CTAs an SM (ncu: DRAM 70 % busy, no eligible
+warp 66 % of cycles), not by its loads."""
 PREFETCH_SOURCES = 2
 """The rows a backward iteration stages: ``grad_y`` and ``x``."""
 
@@ -165,22 +170,6 @@ def backward_prefetch() -> bool:
     """Whether the backward row loops prefetch (``TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH``: 1 by
     default, 0 for the direct loads; a tuning knob, seen by the spec name)."""
     return bool(tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH", 1))
-
-
-PREFETCH_AHEAD_VARIABLE = "TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH_AHEAD"
-"""How many row iterations of ``grad_y`` and ``x`` a prefetching backward row loop keeps in flight while it
-works on one (``rows.RowPrefetch``; the same two stages of shared memory either way). ``1`` (the default):
-iteration ``i + 1``'s copies start at the top of iteration ``i``, so one row is in flight during its
-reductions and stores. ``2``: iteration ``i + 2``'s copies start into the stage iteration ``i`` was read from,
-as soon as the row's values are in registers and used (the register dependence orders the reads before the
-copies), so two rows are in flight. The same arithmetic in the same order: the same bytes. Not yet measured on
-a GPU (the twenty-eighth session). The kernel's name says which (``_pf2``)."""
-PREFETCH_AHEAD_CHOICES = ("1", "2")
-
-
-def backward_prefetch_ahead() -> int:
-    """Row iterations a prefetching backward loop keeps in flight (:data:`PREFETCH_AHEAD_VARIABLE`)."""
-    return int(tuning_choice(PREFETCH_AHEAD_VARIABLE, "1", PREFETCH_AHEAD_CHOICES))
 
 
 @dataclass(frozen=True)
@@ -350,8 +339,7 @@ class NormKernelSpec:
     ``VEC``), else per-element accesses. ``tile``: the row tile. ``quant``: the fused cast.
     ``grad_residual``: a backward adds ``grad_residual_out`` to ``grad_x``. ``prefetch``: a
     backward row loop copies its next row of ``grad_y`` and ``x`` into shared memory with
-    ``cp.async`` while it works on this one (``rows.RowPrefetch``; 128-bit tiles only);
-    ``prefetch_ahead``: how many row iterations it keeps in flight (:data:`PREFETCH_AHEAD_VARIABLE`).
+    ``cp.async`` while it works on this one (``rows.RowPrefetch``; 128-bit tiles only).
     ``row_block``: row-tile iterations a backward CTA runs (``backward.py``).
     """
 
@@ -372,7 +360,6 @@ class NormKernelSpec:
     grad_residual: bool = False
     prefetch: bool = False
     row_block: int = BACKWARD_ROW_BLOCK
-    prefetch_ahead: int = 1
 
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``): built by
@@ -412,7 +399,7 @@ class NormKernelSpec:
         if self.quant is not None:
             parts += self.quant.name_parts()
         if self.prefetch:
-            parts.append("pf" if self.prefetch_ahead == 1 else f"pf{self.prefetch_ahead}")
+            parts.append("pf")
         if self.row_block != BACKWARD_ROW_BLOCK:
             parts.append(f"rb{self.row_block}")
         return "_".join(parts)
@@ -453,7 +440,6 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
     tile = row_tile(call.hidden, call.input_dtype)
     vectorize = vectorizes(call)
     backward = call.op in BACKWARD_OPS
-    prefetch = backward and vectorize and backward_prefetch() and prefetch_bytes(tile) <= PREFETCH_MAX_BYTES
     return NormKernelSpec(
         op=call.op,
         hidden=call.hidden,
@@ -470,7 +456,6 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
         tile=tile,
         quant=quant,
         grad_residual=call.grad_residual,
-        prefetch=prefetch,
+        prefetch=backward and vectorize and backward_prefetch() and prefetch_bytes(tile) <= PREFETCH_MAX_BYTES,
         row_block=backward_row_block() if backward else BACKWARD_ROW_BLOCK,
-        prefetch_ahead=backward_prefetch_ahead() if prefetch else 1,
     )
