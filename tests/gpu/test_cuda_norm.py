@@ -192,8 +192,12 @@ def _case_specs(case: Case) -> list:
 
 @pytest.fixture(scope="module", autouse=True)
 def precompiled():
-    """Compile every specialisation of the module up front, in parallel processes."""
+    """Compile every specialisation of the module up front, in parallel processes
+    (``TILEPLUG_GPU_PRECOMPILE=0``: each kernel on its first call instead, for a run of a few tests)."""
     from tileplug.backend_cuda import jit
+
+    if os.environ.get("TILEPLUG_GPU_PRECOMPILE") == "0":
+        return
 
     cases = GRID + INVARIANCE + IN_PLACE + NONFINITE + [Case.of(LAYER, 7168)] + [case for case, _ in SPLIT]
     specs = [spec for case in dict.fromkeys(cases) for spec in _case_specs(case)]
@@ -315,6 +319,34 @@ def test_split_path_gives_the_fused_bytes(case: Case, counts: tuple) -> None:
             if fused is not None:
                 assert_bytes_equal(split.cpu(), fused.cpu(), what=f"{case.id} T={tokens} {name} (split / fused)",
                                    nan_equal=True)
+
+
+@pytest.mark.parametrize("hidden", [7, 300, 7168])
+def test_column_sums_add_each_column_in_row_order(hidden: int) -> None:
+    """The backwards' column sums (``backward.column_sum_launcher``: segments of ``SEGMENT_ROWS`` partial
+    rows, then the segment sums, each column's values added one after the other in fp32, the rows loaded in
+    batches) give the bytes of numpy's sequential fp32 running sum in the same two stages, for partial counts
+    around the segment and batch sizes; values of mixed magnitudes (the order shows in the low bits), zeros of
+    both signs."""
+    import numpy as np
+
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.norm.backward import SEGMENT_ROWS, column_sum_launcher
+
+    add = column_sum_launcher(jit.entry)
+    generator = torch.Generator().manual_seed(hidden)
+    for rows in (1, 2, 33, 64, 65, 127, 256, 4097):
+        partials = torch.randn(rows, hidden, generator=generator) * torch.exp2(torch.randint(-12, 13, (rows, hidden),
+                                                                                              generator=generator))
+        partials[rows // 2, : hidden // 2] = 0.0
+        partials[-1, hidden // 2:] = -0.0
+        total = torch.empty(hidden, device=DEVICE)
+        add(partials.to(DEVICE), total)
+        values = partials.numpy()
+        segments = np.stack([np.cumsum(values[first:first + SEGMENT_ROWS], axis=0, dtype=np.float32)[-1]
+                             for first in range(0, rows, SEGMENT_ROWS)])
+        expected = segments[0] if len(segments) == 1 else np.cumsum(segments, axis=0, dtype=np.float32)[-1]
+        assert_bytes_equal(total.cpu(), torch.from_numpy(expected), what=f"column sums of {rows} x {hidden}")
 
 
 # ---------------------------------------------------------------------- batch invariance
