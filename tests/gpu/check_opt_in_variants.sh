@@ -31,7 +31,7 @@
 #      moving heads' bytes), then topk_gate and the two routers at fp32 logits with it off / on, twice, beside
 #      TileKernels.
 # The twenty-eighth session's step 9 (the norm backwards' row loop two iterations ahead) ran on an H100 the same day
-# and was dropped, no faster (docs/benchmarks/h100-norm-backward-profile-2026-12-06-s28.txt); step 8 ran there too.
+# and was dropped, no faster (docs/benchmarks/h100-norm-backward-gate-heads-2026-12-06-s28.txt); step 8 ran there too.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.

@@ -246,10 +246,13 @@ class ColumnAccumulators:
     def ctas_per_sm(self) -> int:
         """The row kernel's ``__launch_bounds__`` CTAs per SM: ``spec.backward_ctas_per_sm()`` when
         every sum is in shared memory, else 1 (a long row holding a sum in registers spills at 2:
-        layer_norm_backward D = 7168, 248-528 bytes)."""
-        from tileplug.backend_cuda.norm.spec import backward_ctas_per_sm
+        layer_norm_backward D = 7168, 176 bytes with nvcc 13.0; ``TILEPLUG_CUDA_NORM_BACKWARD_REGISTER_SUM_CTAS``
+        overrides it, for tuning with the kernel index off: the index key does not see the variable)."""
+        from tileplug.backend_cuda.norm.spec import backward_ctas_per_sm, tuning_override
 
-        return backward_ctas_per_sm() if all(self.shared) else 1
+        if all(self.shared):
+            return backward_ctas_per_sm()
+        return tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_REGISTER_SUM_CTAS", 1)
 
     def buffer(self, c: int):
         """Sum ``c``'s buffer (shared: one per CTA; else the thread's registers)."""
