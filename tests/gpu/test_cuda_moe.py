@@ -263,8 +263,8 @@ FORMED = [(case, *form) for case in HEADED for form in GATE_FORMS]
 
 
 @pytest.mark.parametrize("tokens", [1, BATCH])
-@pytest.mark.parametrize("entry", FORMED, ids=[f"{case.id}-{variable.rsplit('_', 1)[1].lower()}"
-                                               for case, variable, _, _ in FORMED])
+@pytest.mark.parametrize("entry", FORMED, ids=[f"{case.id}-{variable.split('_GATE_', 1)[1].lower()}"
+                                               for case, variable, _, _ in FORMED])  # -full_warp, -unrolled, -fixed_heads
 def test_gate_forms_give_the_same_bytes(entry: tuple, tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The gates reading a short row at the width that spreads it over the whole warp
     (``TILEPLUG_CUDA_MOE_GATE_FULL_WARP=1``) give the 16-byte form's indices, weights and scores byte for byte

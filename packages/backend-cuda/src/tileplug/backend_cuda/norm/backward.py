@@ -37,12 +37,9 @@ from tileplug.core.contracts.norm import NormCall
 
 COLUMN_THREADS = 256
 SEGMENT_ROWS = 64
-"""Partial rows one CTA of the segment stage adds (in row order) into one segment sum."""
-LOAD_BATCH = 32
-"""Rows of its column a column-sum thread loads before it adds them (in row order): a batch of loads in flight
-at once (a segment's 63 in two, which nvcc issues together), where a load-then-add loop left nvcc batches of 16
-(ncu on an H100, D = 7168: the segment stage 7.5 µs at T = 4096, 28 × 4 CTAs of 64 rows). The same additions
-in the same order."""
+"""Partial rows one CTA of the segment stage adds (in row order) into one segment sum. (Loading a column's rows 32
+at a time before adding them took 166 registers a thread, one CTA an SM: slower on an H100, 7.5 → 12.5 µs at
+T = 4096 and 44 → 140 µs at 65536 for D = 7168 (ncu, 2026-12-06); the loop below lets nvcc batch 16 loads.)"""
 
 
 @dataclass(frozen=True)
@@ -63,23 +60,6 @@ class ColumnSumSpec:
 
         P = T.dynamic("P")
         D = T.dynamic("D")
-
-        @T.macro
-        def add_rows(partials, first, count, col, terms, acc):
-            """``acc[0]`` = ``partials[first, col] + partials[first + 1, col] + …`` over ``count ≥ 1`` rows,
-            added in row order (IEEE fp32); the rows after the first loaded ``LOAD_BATCH`` at a time before
-            they are added."""
-            acc[0] = partials[first, col]
-            for batch in T.serial(T.ceildiv(count - 1, LOAD_BATCH)):
-                base = first + 1 + batch * LOAD_BATCH
-                left = count - 1 - batch * LOAD_BATCH
-                for i in T.unroll(LOAD_BATCH):
-                    if i < left:
-                        terms[i] = partials[base + i, col]
-                for i in T.unroll(LOAD_BATCH):
-                    if i < left:
-                        acc[0] = T.ieee_add(acc[0], terms[i])
-
         if self.segment:
             S = T.dynamic("S")
 
@@ -88,11 +68,12 @@ class ColumnSumSpec:
                 with T.Kernel(T.ceildiv(D, COLUMN_THREADS), S, threads=COLUMN_THREADS) as (bx, segment):
                     tx = T.get_thread_binding()
                     acc = T.alloc_local((1,), "float32")
-                    terms = T.alloc_local((LOAD_BATCH,), "float32")
                     col = bx * COLUMN_THREADS + tx
                     first = segment * SEGMENT_ROWS
                     if col < D:
-                        add_rows(partials, first, T.min(SEGMENT_ROWS, P - first), col, terms, acc)
+                        acc[0] = partials[first, col]
+                        for p in T.serial(T.min(SEGMENT_ROWS, P - first) - 1):
+                            acc[0] = T.ieee_add(acc[0], partials[first + p + 1, col])
                         sums[segment, col] = acc[0]
 
             return kernel.with_attr("global_symbol", self.name)
@@ -102,10 +83,11 @@ class ColumnSumSpec:
             with T.Kernel(T.ceildiv(D, COLUMN_THREADS), threads=COLUMN_THREADS) as bx:
                 tx = T.get_thread_binding()
                 acc = T.alloc_local((1,), "float32")
-                terms = T.alloc_local((LOAD_BATCH,), "float32")
                 col = bx * COLUMN_THREADS + tx
                 if col < D:
-                    add_rows(partials, 0, P, col, terms, acc)
+                    acc[0] = partials[0, col]
+                    for p in T.serial(P - 1):
+                        acc[0] = T.ieee_add(acc[0], partials[p + 1, col])
                     total[col] = acc[0]
 
         return kernel.with_attr("global_symbol", self.name)
@@ -246,13 +228,11 @@ class ColumnAccumulators:
     def ctas_per_sm(self) -> int:
         """The row kernel's ``__launch_bounds__`` CTAs per SM: ``spec.backward_ctas_per_sm()`` when
         every sum is in shared memory, else 1 (a long row holding a sum in registers spills at 2:
-        layer_norm_backward D = 7168, 176 bytes with nvcc 13.0; ``TILEPLUG_CUDA_NORM_BACKWARD_REGISTER_SUM_CTAS``
-        overrides it, for tuning with the kernel index off: the index key does not see the variable)."""
-        from tileplug.backend_cuda.norm.spec import backward_ctas_per_sm, tuning_override
+        layer_norm_backward D = 7168, 176 bytes with nvcc 13.0, and ran slower on an H100 on 2026-12-06:
+        1662.9 → 1876.0 µs at T = 65536, 478.6 → 527.3 at 16384)."""
+        from tileplug.backend_cuda.norm.spec import backward_ctas_per_sm
 
-        if all(self.shared):
-            return backward_ctas_per_sm()
-        return tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_REGISTER_SUM_CTAS", 1)
+        return backward_ctas_per_sm() if all(self.shared) else 1
 
     def buffer(self, c: int):
         """Sum ``c``'s buffer (shared: one per CTA; else the thread's registers)."""
