@@ -560,6 +560,52 @@ def test_backward_prefetch_only_on_aligned_rows_that_fit() -> None:
     assert prefetch_bytes(row_tile(16384, torch.bfloat16)) > PREFETCH_MAX_BYTES and not spec(16384).prefetch
 
 
+def _norm_spec(op_name: str, hidden: int, dtype: torch.dtype = torch.bfloat16, **env: str):
+    """(the row kernel's spec, the split path's) of ``op_name`` on 4 rows of ``hidden`` under ``env``."""
+    from tileplug.core import ops
+
+    x = torch.empty(4, hidden, dtype=dtype)
+    weight = torch.empty(hidden, dtype=dtype)
+    rstd = torch.empty(4, dtype=torch.float32)
+    arguments = {"rms_norm_backward": (x, x, weight, rstd), "layer_norm_backward": (x, x, weight, rstd, rstd),
+                 "rms_norm": (x, weight)}[op_name]
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        kernel, call, _ = _kernel_call(getattr(ops, op_name), *arguments)
+        spec = kernel.spec(call)
+        return spec, kernel.split_spec(call) if op_name.endswith("_backward") else None
+
+
+def test_backward_subtrees_variable_names_its_kernels() -> None:
+    """``TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1`` puts the backward row kernels (and the split path's) on the
+    warp-subtree tree where the tile allows it (``_st``), never a forward kernel, nor a row of one thread or one
+    shuffle tree; anything but 0 / 1 names the variable."""
+    variable = "TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES"
+    for op_name in ("rms_norm_backward", "layer_norm_backward"):
+        levels, _ = _norm_spec(op_name, 7168)
+        subtrees, split = _norm_spec(op_name, 7168, **{variable: "1"})
+        assert not levels.subtrees and not levels.name.endswith("_st")
+        assert subtrees.subtrees and subtrees.name == levels.name + "_st" and split.name.endswith("_rb1_st")
+        for hidden in (7, 128):  # one thread a row; one vector a lane of one warp (the shuffle tree)
+            assert not _norm_spec(op_name, hidden, **{variable: "1"})[0].subtrees
+    assert not _norm_spec("rms_norm", 7168, **{variable: "1"})[0].subtrees
+    with pytest.raises(ValueError, match=variable):
+        _norm_spec("rms_norm_backward", 7168, **{variable: "yes"})
+
+
+@pytest.mark.parametrize("op_name,barriers", [("rms_norm_backward", (17, 7)), ("layer_norm_backward", (30, 10))])
+def test_backward_subtrees_take_fewer_barriers(op_name: str, barriers: tuple) -> None:
+    """At D = 7168 bf16 the subtree form's CUDA adds each row with the warps' shuffles and far fewer CTA
+    barriers than the level-per-barrier tree (the forward kernels' form: the same additions, in the same order)."""
+    from tileplug.backend_cuda import jit
+
+    levels = jit.lower_source(_norm_spec(op_name, 7168)[0])
+    subtrees = jit.lower_source(_norm_spec(op_name, 7168, TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES="1")[0])
+    assert (levels.count("__syncthreads()"), subtrees.count("__syncthreads()")) == barriers
+    assert "__shfl_down_sync" not in levels and "__shfl_down_sync" in subtrees
+
+
 # ---------------------------------------------------------------------- launchers
 
 

@@ -35,13 +35,16 @@
 # there too (the fixed heads equal or faster), but its byte test did not finish (the module's up-front compile took
 # its 300 s): it now runs only the fixed heads' cases, each kernel compiled on its first call (TILEPLUG_GPU_PRECOMPILE=0);
 # the bench part can be skipped (STEPS=8 BUDGET=200) — the default follows from the bytes.
+# It added step 10 (CPU only):
+#  10. the norm backwards' rows added in the warp-subtree form (TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES, 0 by default):
+#      its GPU test (the level-per-barrier tree's bytes), then both backwards at 0 / 1, twice, beside TileKernels.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
 set -u
 start=$(date +%s)
 BUDGET=${BUDGET:-400}
-STEPS=" ${STEPS:-1 2 3 4 5 6 7 8} "
+STEPS=" ${STEPS:-1 2 3 4 5 6 7 8 10} "
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 cd "$(dirname "$0")/../.."
@@ -131,6 +134,18 @@ if want 8 && [ $(left) -gt 60 ]; then
     env TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS=$fixed timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $BENCH --dtype fp32 \
       $extra --ops topk_gate/e64-k6,topk_gate/e256-k8,moe_topk_gate/sqrtsoftplus-shared1,moe_topk_gate/deepseek-v3 \
       --tokens 128,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/fixed_bench.txt | grep -E "^(moe_|topk_)"
+  done
+fi
+if want 10 && [ $(left) -gt 60 ]; then
+  TILEPLUG_GPU_PRECOMPILE=0 timeout 240 $P -n 15 -k "subtrees" tests/gpu/test_cuda_norm.py > $OUT/subtrees.txt 2>&1
+  tail -2 $OUT/subtrees.txt
+  for subtrees in 0 1 0 1; do
+    [ $(left) -gt 50 ] || break
+    extra=$([ $subtrees = 1 ] && echo "--peer tile_kernels" || echo "")
+    echo "== backward subtrees $subtrees, $(left) s left" | tee -a $OUT/subtrees_bench.txt
+    env TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=$subtrees timeout $(( $(left) > 110 ? 100 : $(left) - 10 )) $BENCH \
+      $extra --ops rms_norm_backward,layer_norm_backward --tokens 1024,4096,16384,65536 2>> $OUT/stderr.log \
+      | tee -a $OUT/subtrees_bench.txt | grep -E "^(rms|layer)_norm_backward +[0-9]+ +[0-9]+ +(cuda|tile_kernels)"
   done
 fi
 echo "all done, $(left) s left"

@@ -201,6 +201,7 @@ def precompiled():
 
     cases = GRID + INVARIANCE + IN_PLACE + NONFINITE + [Case.of(LAYER, 7168)] + [case for case, _ in SPLIT]
     specs = [spec for case in dict.fromkeys(cases) for spec in _case_specs(case)]
+    specs += [spec for case in SUBTREE_CASES for spec in _subtree_specs(case)]
     for hidden, dtype, group, layout in FUSION:
         x = torch.empty(3, hidden, dtype=dtype)
         weight = torch.empty(hidden, dtype=dtype)
@@ -318,6 +319,53 @@ def test_split_path_gives_the_fused_bytes(case: Case, counts: tuple) -> None:
             fused, split = getattr(runs[0], name), getattr(runs[1], name)
             if fused is not None:
                 assert_bytes_equal(split.cpu(), fused.cpu(), what=f"{case.id} T={tokens} {name} (split / fused)",
+                                   nan_equal=True)
+
+
+SUBTREES = "TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES"
+SUBTREE_CASES = [  # the backward row kernels' warp-subtree tree against the level-per-barrier one
+    Case.of(RMS_BACK, 7168, inputs={"grad_residual": True}),
+    Case.of(RMS_BACK, 7168, FP32),
+    Case.of(RMS_BACK, 4096, inputs={"weight": "none"}),
+    Case.of(RMS_BACK, 2048, FP16, weight_offset=1.0, out_scale=0.5),
+    Case.of(RMS_BACK, 576, inputs={"heads": 2}),
+    Case.of(LAYER_BACK, 7168),
+    Case.of(LAYER_BACK, 5120, FP32, inputs={"grad_residual": True}),
+    Case.of(LAYER_BACK, 1536, inputs={"row_stride_pad": 8}),
+]
+SUBTREE_TOKENS = (1, 7, 129, 1500, 4001)  # one row, split paths, fused grids with a partial last block
+
+
+def _subtree_specs(case: Case) -> list:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(SUBTREES, "1")
+        return _case_specs(case)
+
+
+@pytest.mark.parametrize("case", SUBTREE_CASES, ids=[case.id for case in SUBTREE_CASES])
+def test_backward_subtrees_give_the_levels_bytes(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backward row kernels adding each row in the warp-subtree form (``TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1``,
+    ``_st``) give the level-per-barrier tree's bytes (grad_x, grad_weight, grad_bias), split and fused paths, on
+    inputs with zeros in x, an inf and a NaN in grad_y; and the ``_st`` kernels ran."""
+    from tileplug.backend_cuda import jit
+    from tileplug.core.registry import registry
+
+    for tokens in SUBTREE_TOKENS:
+        args, kwargs = _arguments(case, tokens, seed=31)
+        grad_y, x = args[0], args[1]
+        x[..., 0] = 0.0
+        grad_y[(0,) * (grad_y.dim() - 1) + (3,)] = float("inf")  # (row strides may be padded: no view)
+        grad_y[(-1,) * (grad_y.dim() - 1) + (5,)] = float("nan")
+        runs = []
+        for value in ("0", "1"):
+            monkeypatch.setattr(registry, "_cache", {})  # routes prepared under the other value would hide it
+            monkeypatch.setenv(SUBTREES, value)
+            runs.append(_cuda(case, args, kwargs))
+        ran = {spec.name for spec, _ in jit._entries if getattr(spec, "subtrees", False)}
+        assert any(spec.name in ran for spec in _subtree_specs(case) if getattr(spec, "subtrees", False)), case.id
+        for index, (levels, subtrees) in enumerate(zip(*runs)):
+            if levels is not None:
+                assert_bytes_equal(subtrees.cpu(), levels.cpu(), what=f"{case.id} T={tokens} output {index} (subtrees)",
                                    nan_equal=True)
 
 

@@ -36,7 +36,8 @@ import struct
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.spec import PREFETCH_STAGES, NormKernelSpec, prefetch_shape, reduction_plan, tree_levels
+from tileplug.backend_cuda.norm.spec import (PREFETCH_STAGES, NormKernelSpec, prefetch_shape, reduction_plan, shuffle_tree,
+                                             takes_subtrees, tree_levels)
 
 
 def _halvings(width: int) -> list[int]:
@@ -58,8 +59,8 @@ class RowMacros:
 
     Macros take the per-thread coordinates ``(t, n, lane, valid)`` made by :meth:`coords`:
     token, head, lane within the row, and whether the row exists (``row < R``). ``subtrees``
-    False keeps :meth:`row_sum` off the warp-subtree form (``spec.ReductionPlan.subtrees``):
-    the backward kernels, where its extra overlap makes ptxas spill at 2 CTAs per SM."""
+    False keeps :meth:`row_sum` off the warp-subtree form (``spec.ReductionPlan.subtrees``): the backward
+    kernels unless their spec asks for it (``spec.BACKWARD_SUBTREES_VARIABLE``)."""
 
     def __init__(self, spec: NormKernelSpec, rows_total, subtrees: bool = True) -> None:
         tile = spec.tile
@@ -91,14 +92,13 @@ class RowMacros:
         # apart takes the partner from the lane h / VEC above (shfl_down within the row's lanes),
         # a closer level pairs two values of one thread — with the same additions as the shared
         # buffer's levels, bit for bit, and no barrier
-        SHUFFLE = (not LOCAL_ONLY and EXACT and plan.written_chunks == 1 and LANES <= 32
-                   and WIDTH == LANES * VEC and WIDTH & (WIDTH - 1) == 0)
+        SHUFFLE = shuffle_tree(plan, tile, VEC)
         SHUFFLE_LEVELS = [h for _, h, _ in tree_levels(WIDTH)] if SHUFFLE else []
         self.shuffle_tree = SHUFFLE
         # rows of whole warps whose tree splits into S subtrees of N values (spec.ReductionPlan):
         # each warp adds S / warps subtrees in registers and shuffles (lane l holding j = l + 32·m),
         # then every thread adds the S subtree sums in the tree's last levels
-        SUBTREES = None if (LOCAL_ONLY or SHUFFLE or not subtrees) else plan.subtrees
+        SUBTREES = plan.subtrees if subtrees and takes_subtrees(plan, tile, VEC) else None
         self.SUBTREES = SUBTREES
         if SUBTREES is not None:
             S, N = SUBTREES

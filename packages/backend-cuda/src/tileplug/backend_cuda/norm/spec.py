@@ -172,6 +172,25 @@ def backward_prefetch() -> bool:
     return bool(tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH", 1))
 
 
+BACKWARD_SUBTREES_VARIABLE = "TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES"
+"""How the backward row kernels add a row's terms (``rows.RowMacros.row_sum``, the reference's pairwise tree either
+way: the same additions in the same order, so the same bytes). ``0`` (the default): one level of the tree per CTA
+barrier in shared memory (11 levels, 17 barriers a row in ``rms_norm_backward`` at D = 7168 bf16, 30 in
+``layer_norm_backward``'s two sums). ``1``: the warp-subtree form the forward kernels take (each warp adds its
+subtrees in registers and shuffles, then every thread the subtree sums: 7 and 10 barriers a row), where the tile
+allows it (:func:`takes_subtrees`). Written off because it spilled at two CTAs an SM; with nvcc 13.0 it does not at
+D = 2048 / 4096 / 5120 / 7168 bf16 (``rms_norm_backward`` 95 / 163 / 163 / 128 registers; ``layer_norm_backward``
+5120: 8 bytes; fp32 7168: 32 bytes where the levels spill 8; 16384: 216 where they spill 156). ncu of
+``rms_norm_backward`` at T = 4096 (H100) found the row loop waiting, not loading: no eligible warp 66 % of cycles,
+DRAM 70 % busy. Not yet run on a GPU (the twenty-eighth session). The kernel's name says which (``_st``)."""
+BACKWARD_SUBTREES_CHOICES = ("0", "1")
+
+
+def backward_subtrees() -> bool:
+    """Whether the backward row kernels take the warp-subtree tree (:data:`BACKWARD_SUBTREES_VARIABLE`)."""
+    return tuning_choice(BACKWARD_SUBTREES_VARIABLE, "0", BACKWARD_SUBTREES_CHOICES) == "1"
+
+
 @dataclass(frozen=True)
 class RowTile:
     """``lanes`` threads per row, ``rows`` rows per CTA, ``chunks`` vectors per lane."""
@@ -302,6 +321,19 @@ def reduction_plan(hidden: int, tile: RowTile, vec: int) -> ReductionPlan:
     return ReductionPlan(None, exact, fold_steps, written, width, levels, warp_subtrees(width, lanes))
 
 
+def shuffle_tree(plan: ReductionPlan, tile: RowTile, vec: int) -> bool:
+    """Whether a row's tree runs in registers and shuffles alone (``rows.RowMacros.row_sum``): a row within one
+    warp whose tree starts from exactly one vector per lane on a power of two of values."""
+    return (plan.local_steps is None and plan.exact and plan.written_chunks == 1 and tile.lanes <= 32
+            and plan.width == tile.lanes * vec and plan.width & (plan.width - 1) == 0)
+
+
+def takes_subtrees(plan: ReductionPlan, tile: RowTile, vec: int) -> bool:
+    """Whether a row's tree can take the warp-subtree form (:attr:`ReductionPlan.subtrees`; neither one thread's
+    nor a shuffle tree)."""
+    return plan.local_steps is None and plan.subtrees is not None and not shuffle_tree(plan, tile, vec)
+
+
 @dataclass(frozen=True)
 class QuantSpec:
     """The per-token cast ending ``rms_norm_per_token_cast`` (groups ``1 × group`` along the
@@ -340,7 +372,9 @@ class NormKernelSpec:
     ``grad_residual``: a backward adds ``grad_residual_out`` to ``grad_x``. ``prefetch``: a
     backward row loop copies its next row of ``grad_y`` and ``x`` into shared memory with
     ``cp.async`` while it works on this one (``rows.RowPrefetch``; 128-bit tiles only).
-    ``row_block``: row-tile iterations a backward CTA runs (``backward.py``).
+    ``row_block``: row-tile iterations a backward CTA runs (``backward.py``). ``subtrees``: a backward
+    adds its rows' terms in the warp-subtree form (:data:`BACKWARD_SUBTREES_VARIABLE`; the forward kernels take it
+    wherever it applies).
     """
 
     op: str
@@ -360,6 +394,7 @@ class NormKernelSpec:
     grad_residual: bool = False
     prefetch: bool = False
     row_block: int = BACKWARD_ROW_BLOCK
+    subtrees: bool = False
 
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``): built by
@@ -402,6 +437,8 @@ class NormKernelSpec:
             parts.append("pf")
         if self.row_block != BACKWARD_ROW_BLOCK:
             parts.append(f"rb{self.row_block}")
+        if self.subtrees:
+            parts.append("st")
         return "_".join(parts)
 
 
@@ -440,6 +477,8 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
     tile = row_tile(call.hidden, call.input_dtype)
     vectorize = vectorizes(call)
     backward = call.op in BACKWARD_OPS
+    vec = vector_width(call.input_dtype)
+    subtrees = backward and backward_subtrees() and takes_subtrees(reduction_plan(call.hidden, tile, vec), tile, vec)
     return NormKernelSpec(
         op=call.op,
         hidden=call.hidden,
@@ -458,4 +497,5 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
         grad_residual=call.grad_residual,
         prefetch=backward and vectorize and backward_prefetch() and prefetch_bytes(tile) <= PREFETCH_MAX_BYTES,
         row_block=backward_row_block() if backward else BACKWARD_ROW_BLOCK,
+        subtrees=subtrees,
     )
