@@ -126,3 +126,74 @@ def test_the_bench_spells_its_gate_cases_for_the_adapter(tile_kernels) -> None:
         assert peer_args[0] is args[0], case.name
         if case.name == "moe_topk_gate/sqrtsoftplus-shared1":
             adapter.moe_topk_gate(*peer_args, **peer_kwargs)  # comparable: TileKernels makes this call
+
+
+# ---------------------------------------------------------------------- Liger's norm backwards
+
+LIGER_ADAPTER = "tileplug.core.peers.liger"
+
+
+@pytest.fixture
+def liger(monkeypatch):
+    """A stand-in ``liger_kernel`` (the ops modules the adapter imports) and the adapter imported over it."""
+    stand_ins = {
+        "layer_norm": {"LigerLayerNormFunction": object(), "layer_norm_backward": Recorded(("dx", "dw", "db"))},
+        "rms_norm": {"LigerRMSNormFunction": object(), "rms_norm_backward": Recorded(("dx", "dw"))},
+        "swiglu": {"swiglu_forward": Recorded(None), "swiglu_backward": Recorded(None)},
+        "utils": {"calculate_settings": Recorded((8192, 16))},
+    }
+    modules = {"liger_kernel": types.ModuleType("liger_kernel"), "liger_kernel.ops": types.ModuleType("liger_kernel.ops")}
+    for name, members in stand_ins.items():
+        module = types.ModuleType(f"liger_kernel.ops.{name}")
+        module.__dict__.update(members)
+        modules[f"liger_kernel.ops.{name}"] = module
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delitem(sys.modules, LIGER_ADAPTER, raising=False)
+    adapter = importlib.import_module(LIGER_ADAPTER)
+    yield adapter, {name: types.SimpleNamespace(**members) for name, members in stand_ins.items()}
+    sys.modules.pop(LIGER_ADAPTER, None)
+
+
+def test_liger_rms_norm_backward_is_spelt_as_its_autograd_backward(liger) -> None:
+    """tileplug's saved tensors go to Liger's ``rms_norm_backward`` with the block size and warps its forward
+    picks for D, Llama casting and in place (``LigerRMSNormFunction``'s default); what Liger has no argument
+    for is refused by name."""
+    adapter, liger_ops = liger
+    grad_y, x, weight, rstd = torch.rand(3, 7168), torch.rand(3, 7168), torch.rand(7168), torch.rand(3)
+    assert adapter.rms_norm_backward(grad_y, x, weight, rstd, weight_offset=1.0) == ("dx", "dw")
+    ((args, kwargs),) = liger_ops["rms_norm"].rms_norm_backward.calls
+    assert args[:4] == (grad_y, x, weight, rstd) and args[4:] == (1.0, "llama", 8192, 16, True, None) and not kwargs
+    assert liger_ops["utils"].calculate_settings.calls == [((7168,), {})]
+    for kwargs, named in (({"out_scale": 2.0}, "out_scale"), ({"grad_residual_out": grad_y}, "grad_residual_out")):
+        with pytest.raises(TypeError, match=f"'{named}'"):
+            adapter.rms_norm_backward(grad_y, x, weight, rstd, **kwargs)
+    with pytest.raises(TypeError, match="needs a weight"):
+        adapter.rms_norm_backward(grad_y, x, None, rstd)
+
+
+def test_liger_layer_norm_backward_passes_the_weight_for_the_bias_dtype(liger) -> None:
+    adapter, liger_ops = liger
+    grad_y, x, weight, mean, rstd = torch.rand(3, 64), torch.rand(3, 64), torch.rand(64), torch.rand(3), torch.rand(3)
+    assert adapter.layer_norm_backward(grad_y, x, weight, mean, rstd) == ("dx", "dw", "db")
+    ((args, kwargs),) = liger_ops["layer_norm"].layer_norm_backward.calls
+    assert args == (grad_y, x, weight, weight, mean, rstd) and not kwargs
+    with pytest.raises(TypeError, match="'grad_residual_out'"):
+        adapter.layer_norm_backward(grad_y, x, weight, mean, rstd, grad_residual_out=grad_y)
+    with pytest.raises(TypeError, match="needs a weight"):
+        adapter.layer_norm_backward(grad_y, x, None, mean, rstd)
+
+
+def test_the_bench_spells_its_norm_backward_cases_for_liger(liger) -> None:
+    """``peer_arguments`` binds each norm backward bench case to the Liger adapter, which accepts it (the bench
+    compares these cases beside Liger, not only TileKernels)."""
+    adapter, liger_ops = liger
+    functions = {"rms_norm_backward": ops.rms_norm_backward, "layer_norm_backward": ops.layer_norm_backward}
+    cases = [case for case in benchmark.bench_cases().values() if case.op in functions]
+    assert {case.op for case in cases} == set(functions)
+    for case in cases:
+        args, kwargs = case.arguments(4, 7168, torch.bfloat16, torch.device("cpu"))
+        peer_args, peer_kwargs = benchmark.peer_arguments(functions[case.op], getattr(adapter, case.op), args, kwargs)
+        getattr(adapter, case.op)(*peer_args, **peer_kwargs)
+    assert len(liger_ops["rms_norm"].rms_norm_backward.calls) + len(liger_ops["layer_norm"].layer_norm_backward.calls) \
+        == len(cases)

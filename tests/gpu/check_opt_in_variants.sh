@@ -37,7 +37,8 @@
 # the bench part can be skipped (STEPS=8 BUDGET=200) — the default follows from the bytes.
 # It added step 10 (CPU only):
 #  10. the norm backwards' rows added in the warp-subtree form (TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES, 0 by default):
-#      its GPU test (the level-per-barrier tree's bytes), then both backwards at 0 / 1, twice, beside TileKernels.
+#      its GPU test (the level-per-barrier tree's bytes), then both backwards at 0 / 1, twice, beside TileKernels and
+#      Liger (whose norm backwards the bench now times: tileplug.core.peers.liger).
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -141,11 +142,11 @@ if want 10 && [ $(left) -gt 60 ]; then
   tail -2 $OUT/subtrees.txt
   for subtrees in 0 1 0 1; do
     [ $(left) -gt 50 ] || break
-    extra=$([ $subtrees = 1 ] && echo "--peer tile_kernels" || echo "")
+    extra=$([ $subtrees = 1 ] && echo "--peer tile_kernels,liger" || echo "")
     echo "== backward subtrees $subtrees, $(left) s left" | tee -a $OUT/subtrees_bench.txt
     env TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=$subtrees timeout $(( $(left) > 110 ? 100 : $(left) - 10 )) $BENCH \
       $extra --ops rms_norm_backward,layer_norm_backward --tokens 1024,4096,16384,65536 2>> $OUT/stderr.log \
-      | tee -a $OUT/subtrees_bench.txt | grep -E "^(rms|layer)_norm_backward +[0-9]+ +[0-9]+ +(cuda|tile_kernels)"
+      | tee -a $OUT/subtrees_bench.txt | grep -E "^(rms|layer)_norm_backward +[0-9]+ +[0-9]+ +(cuda|tile_kernels|liger)"
   done
 fi
 echo "all done, $(left) s left"

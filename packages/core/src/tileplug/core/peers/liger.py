@@ -1,9 +1,17 @@
 """Liger Kernel 0.8.5 (PyPI ``liger-kernel``) spelt as tileplug's norm and SwiGLU ops.
 
-RMSNorm and LayerNorm through Liger's autograd functions (forward only: the bench times
-the op, not a training step). Liger's RMSNorm has a weight offset but no residual input,
-no ``out_scale`` and no rstd output; its RoPE works on another layout ([B, H, S, D] with
+RMSNorm and LayerNorm through Liger's autograd functions (the forward: the bench times the
+op, not a training step). Liger's RMSNorm has a weight offset but no residual input, no
+``out_scale`` and no rstd output; its RoPE works on another layout ([B, H, S, D] with
 per-token cos/sin tensors), so it is not offered as ``apply_rotary``.
+
+Their backwards: Liger's ``rms_norm_backward`` / ``layer_norm_backward`` (the kernels its
+autograd functions run) given tileplug's saved tensors (``x``, ``rstd``, ``mean``), with the
+block size and warps its forward would have chosen (``calculate_settings``). The RMSNorm
+backward runs as ``LigerRMSNormFunction`` runs it by default, in place: ``grad_x`` is written
+over ``grad_y`` (the bench checks no values, and the kernel does not branch on them). Liger's
+LayerNorm backward takes the bias only for the dtype of its gradient: a weight-dtype
+stand-in is passed. No ``grad_residual_out``, no ``out_scale``; a weight is required.
 
 SwiGLU: Liger's ``swiglu_forward`` / ``swiglu_backward`` (the kernels of ``LigerSiLUMulFunction``)
 take the gate and up halves as two contiguous tensors of one stride, where tileplug takes
@@ -17,11 +25,14 @@ from __future__ import annotations
 
 import torch
 from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+from liger_kernel.ops.layer_norm import layer_norm_backward as _layer_norm_backward
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+from liger_kernel.ops.rms_norm import rms_norm_backward as _rms_norm_backward
 from liger_kernel.ops.swiglu import swiglu_backward as _swiglu_backward
 from liger_kernel.ops.swiglu import swiglu_forward as _swiglu_forward
+from liger_kernel.ops.utils import calculate_settings
 
-__all__ = ["layer_norm", "rms_norm", "swiglu", "swiglu_backward"]
+__all__ = ["layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "swiglu", "swiglu_backward"]
 
 _HALVES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 _MAX_KEPT = 64
@@ -53,6 +64,32 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     if weight is None or bias is None:
         raise TypeError("Liger's LayerNorm needs a weight and a bias")
     return LigerLayerNormFunction.apply(x, weight, bias, eps)
+
+
+def rms_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
+                      weight_offset: float = 0.0, out_scale: float = 1.0,
+                      grad_residual_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Liger's ``rms_norm_backward`` (Llama casting mode, in place: ``grad_x`` over ``grad_y``) →
+    ``(grad_x, grad_weight)``; ``x`` / ``grad_y`` ``[T, D]``, ``rstd`` ``[T]`` fp32."""
+    for name, value, default in (("out_scale", out_scale, 1.0), ("grad_residual_out", grad_residual_out, None)):
+        if value is not default and value != default:
+            raise TypeError(f"Liger's RMSNorm backward has no '{name}' (this case sets it)")
+    if weight is None:
+        raise TypeError("Liger's RMSNorm backward needs a weight")
+    block, warps = calculate_settings(x.shape[-1])
+    return _rms_norm_backward(grad_y, x, weight, rstd, weight_offset, "llama", block, warps, True, None)
+
+
+def layer_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor,
+                        rstd: torch.Tensor, grad_residual_out: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Liger's ``layer_norm_backward`` → ``(grad_x, grad_weight, grad_bias)`` (the weight's dtype);
+    ``x`` / ``grad_y`` ``[T, D]``, ``mean`` / ``rstd`` ``[T]`` fp32."""
+    if grad_residual_out is not None:
+        raise TypeError("Liger's LayerNorm backward has no 'grad_residual_out' (this case sets it)")
+    if weight is None:
+        raise TypeError("Liger's LayerNorm backward needs a weight")
+    return _layer_norm_backward(grad_y, x, weight, weight, mean, rstd)  # the bias: only its dtype is read
 
 
 def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
