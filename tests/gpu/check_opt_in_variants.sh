@@ -39,6 +39,8 @@
 #  10. the norm backwards' rows added in the warp-subtree form (TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES, 0 by default):
 #      its GPU test (the level-per-barrier tree's bytes), then both backwards at 0 / 1, twice, beside TileKernels and
 #      Liger (whose norm backwards the bench now times: tileplug.core.peers.liger).
+#  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
+#      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -148,5 +150,12 @@ if want 10 && [ $(left) -gt 60 ]; then
       $extra --ops rms_norm_backward,layer_norm_backward --tokens 1024,4096,16384,65536 2>> $OUT/stderr.log \
       | tee -a $OUT/subtrees_bench.txt | grep -E "^(rms|layer)_norm_backward +[0-9]+ +[0-9]+ +(cuda|tile_kernels|liger)"
   done
+fi
+if want 11 && [ $(left) -gt 120 ]; then
+  nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/table_gpu.txt
+  timeout $(( $(left) - 10 )) $BENCH --dtype fp32 --peer tile_kernels \
+    --ops topk_gate/e64-k6,topk_gate/e256-k8,topk_gate/e384-k8,moe_topk_gate/sqrtsoftplus-shared1 \
+    --tokens 1,128,1024,4096,16384,65536 > $OUT/moe_table.txt 2>> $OUT/stderr.log
+  grep -E "^(topk_gate|moe_topk_gate)/" $OUT/moe_table.txt | tail -36
 fi
 echo "all done, $(left) s left"
