@@ -372,10 +372,9 @@ def test_backward_subtrees_give_the_levels_bytes(case: Case, monkeypatch: pytest
 @pytest.mark.parametrize("hidden", [7, 300, 7168])
 def test_column_sums_add_each_column_in_row_order(hidden: int) -> None:
     """The backwards' column sums (``backward.column_sum_launcher``: segments of ``SEGMENT_ROWS`` partial
-    rows, then the segment sums, each column's values added one after the other in fp32, the rows loaded in
-    batches) give the bytes of numpy's sequential fp32 running sum in the same two stages, for partial counts
-    around the segment and batch sizes; values of mixed magnitudes (the order shows in the low bits), zeros of
-    both signs."""
+    rows, then the segment sums, each column's values added one after the other in fp32) give the bytes of
+    numpy's sequential fp32 running sum in the same two stages, for partial counts around the segment size;
+    values of mixed magnitudes (the order shows in the low bits), zeros of both signs."""
     import numpy as np
 
     from tileplug.backend_cuda import jit
