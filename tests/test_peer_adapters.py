@@ -46,18 +46,25 @@ def tile_kernels(monkeypatch):
     quant_names = ("cast_back", "norm_backward", "norm_forward", "norm_forward_and_per_token_cast", "per_block_cast",
                    "per_channel_cast", "swiglu_forward", "swiglu_forward_and_per_token_cast", "per_token_cast",
                    "swiglu_backward")
-    modules = {"tile_kernels": types.ModuleType("tile_kernels")}
-    for name, members in (("moe", vars(moe)), ("quant", {n: Recorded(None) for n in quant_names}),
-                          ("transform", {"apply_rotary": Recorded(None)})):
-        module = types.ModuleType(f"tile_kernels.{name}")
-        module.__dict__.update(members)
-        modules[f"tile_kernels.{name}"] = module
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.delitem(sys.modules, ADAPTER, raising=False)
-    adapter = importlib.import_module(ADAPTER)
+    adapter = _adapter_over(monkeypatch, ADAPTER, "tile_kernels", {"moe": vars(moe), "quant": {
+        n: Recorded(None) for n in quant_names}, "transform": {"apply_rotary": Recorded(None)}})
     yield adapter, moe
     sys.modules.pop(ADAPTER, None)
+
+
+def _adapter_over(monkeypatch, adapter: str, package: str, modules: dict[str, dict]) -> types.ModuleType:
+    """``adapter`` imported over a stand-in ``package`` whose submodules (``"ops.rms_norm"``, …) hold ``modules``'
+    members (every parent package made too)."""
+    made = {package: types.ModuleType(package)}
+    for name, members in modules.items():
+        parts = f"{package}.{name}".split(".")
+        for depth in range(2, len(parts) + 1):
+            made.setdefault(".".join(parts[:depth]), types.ModuleType(".".join(parts[:depth])))
+        made[f"{package}.{name}"].__dict__.update(members)
+    for name, module in made.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delitem(sys.modules, adapter, raising=False)
+    return importlib.import_module(adapter)
 
 
 def test_the_same_named_gates_are_tile_kernels_own(tile_kernels) -> None:
@@ -142,15 +149,8 @@ def liger(monkeypatch):
         "swiglu": {"swiglu_forward": Recorded(None), "swiglu_backward": Recorded(None)},
         "utils": {"calculate_settings": Recorded((8192, 16))},
     }
-    modules = {"liger_kernel": types.ModuleType("liger_kernel"), "liger_kernel.ops": types.ModuleType("liger_kernel.ops")}
-    for name, members in stand_ins.items():
-        module = types.ModuleType(f"liger_kernel.ops.{name}")
-        module.__dict__.update(members)
-        modules[f"liger_kernel.ops.{name}"] = module
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.delitem(sys.modules, LIGER_ADAPTER, raising=False)
-    adapter = importlib.import_module(LIGER_ADAPTER)
+    adapter = _adapter_over(monkeypatch, LIGER_ADAPTER, "liger_kernel",
+                            {f"ops.{name}": members for name, members in stand_ins.items()})
     yield adapter, {name: types.SimpleNamespace(**members) for name, members in stand_ins.items()}
     sys.modules.pop(LIGER_ADAPTER, None)
 

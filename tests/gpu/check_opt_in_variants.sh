@@ -55,6 +55,19 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-.}
 export PYTHONPYCACHEPREFIX=/tmp/pycache
 P="python3 -m pytest -m gpu -q -p no:cacheprovider"
+# alternate VARIABLE "VALUES" PEERS FILE CAP BENCH_ARGS...: one bench process per value (in that order), the peers
+# beside the last value's form, the table into $OUT/FILE, each process capped at CAP s (less when time runs out)
+alternate() {
+  local variable=$1 values=$2 peers=$3 file=$4 cap=$5 last=${2##* }
+  shift 5
+  for value in $values; do
+    [ $(left) -gt 50 ] || break
+    extra=$([ $value = $last ] && echo "--peer $peers" || echo "")
+    echo "== $variable=$value, $(left) s left" | tee -a $OUT/$file
+    env $variable=$value timeout $(( $(left) > cap + 10 ? cap : $(left) - 10 )) $BENCH $extra "$@" 2>> $OUT/stderr.log \
+      | tee -a $OUT/$file | grep -E "^[a-z_]+(/[a-z0-9-]+)? +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
+  done
+}
 BENCH="python3 -m tileplug.core.cli bench --device cuda --backends cuda --no-compile --no-dispatch --verbose"
 # 1. the split path: bytes first, then time (a variable setting a process)
 if want 1; then
@@ -130,26 +143,15 @@ fi
 if want 8 && [ $(left) -gt 60 ]; then
   TILEPLUG_GPU_PRECOMPILE=0 timeout 300 $P -n 15 -k "gate_forms and fixed_heads" tests/gpu/test_cuda_moe.py > $OUT/fixed.txt 2>&1
   tail -2 $OUT/fixed.txt
-  for fixed in 0 1 0 1; do
-    [ $(left) -gt 50 ] || break
-    extra=$([ $fixed = 1 ] && echo "--peer tile_kernels" || echo "")
-    echo "== fixed heads $fixed, $(left) s left" | tee -a $OUT/fixed_bench.txt
-    env TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS=$fixed timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $BENCH --dtype fp32 \
-      $extra --ops topk_gate/e64-k6,topk_gate/e256-k8,moe_topk_gate/sqrtsoftplus-shared1,moe_topk_gate/deepseek-v3 \
-      --tokens 128,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/fixed_bench.txt | grep -E "^(moe_|topk_)"
-  done
+  alternate TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS "0 1 0 1" tile_kernels fixed_bench.txt 150 --dtype fp32 \
+    --ops topk_gate/e64-k6,topk_gate/e256-k8,moe_topk_gate/sqrtsoftplus-shared1,moe_topk_gate/deepseek-v3 \
+    --tokens 128,4096,16384,65536
 fi
 if want 10 && [ $(left) -gt 60 ]; then
   TILEPLUG_GPU_PRECOMPILE=0 timeout 240 $P -n 15 -k "subtrees" tests/gpu/test_cuda_norm.py > $OUT/subtrees.txt 2>&1
   tail -2 $OUT/subtrees.txt
-  for subtrees in 0 1 0 1; do
-    [ $(left) -gt 50 ] || break
-    extra=$([ $subtrees = 1 ] && echo "--peer tile_kernels,liger" || echo "")
-    echo "== backward subtrees $subtrees, $(left) s left" | tee -a $OUT/subtrees_bench.txt
-    env TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=$subtrees timeout $(( $(left) > 110 ? 100 : $(left) - 10 )) $BENCH \
-      $extra --ops rms_norm_backward,layer_norm_backward --tokens 1024,4096,16384,65536 2>> $OUT/stderr.log \
-      | tee -a $OUT/subtrees_bench.txt | grep -E "^(rms|layer)_norm_backward +[0-9]+ +[0-9]+ +(cuda|tile_kernels|liger)"
-  done
+  alternate TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES "0 1 0 1" tile_kernels,liger subtrees_bench.txt 100 \
+    --ops rms_norm_backward,layer_norm_backward --tokens 1024,4096,16384,65536
 fi
 if want 11 && [ $(left) -gt 120 ]; then
   nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/table_gpu.txt
