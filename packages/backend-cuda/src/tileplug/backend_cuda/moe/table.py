@@ -115,6 +115,14 @@ def _experts_reason(experts: int) -> str | None:
     return None
 
 
+def _selection_form(call: Any, vec: int) -> dict[str, Any]:
+    """The ``GateSpec`` fields of how a gate's warp selects its ``k`` experts (both gates alike): the rounds over
+    the lanes' heads, the heads kept in place, the register bound and the unrolled rounds."""
+    headed = lane_heads()
+    return {"lane_heads": headed, "fixed_heads": headed and gate_fixed_heads(),
+            "ctas_per_sm": gate_ctas_per_sm(call.num_experts, vec), "unrolled": gate_unrolled(call.num_topk)}
+
+
 class TopkGate(_Kernel):
     """``topk_gate``: one warp per row (``topk_gate.py``)."""
 
@@ -127,10 +135,7 @@ class TopkGate(_Kernel):
 
     def specs(self, call: Any) -> list:
         vec = gate_vec(call.num_experts, "float32", call.input_alignment)
-        headed = lane_heads()
-        return [GateSpec("topk_gate", call.num_experts, call.num_topk, "float32", vec, lane_heads=headed,
-                         fixed_heads=headed and gate_fixed_heads(), ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec),
-                         unrolled=gate_unrolled(call.num_topk))]
+        return [GateSpec("topk_gate", call.num_experts, call.num_topk, "float32", vec, **_selection_form(call, vec))]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)
@@ -166,7 +171,6 @@ class MoeTopkGate(_Kernel):
     def specs(self, call: Any) -> list:
         dtype = TL_NAMES[call.logits_dtype]
         vec = gate_vec(call.num_experts, dtype, call.input_alignment)
-        headed = lane_heads()
         scoring = {Scoring.SOFTMAX: "softmax", Scoring.SIGMOID: "sigmoid", Scoring.SQRTSOFTPLUS: "sqrtsoftplus"}
         return [GateSpec("moe_topk_gate", call.num_experts, call.num_topk, dtype, vec,
                          scoring=scoring[call.scoring], biased=call.has_bias, groups=call.num_groups,
@@ -174,9 +178,7 @@ class MoeTopkGate(_Kernel):
                          scaling=float(call.routed_scaling_factor), shared=call.num_shared_experts,
                          masked=call.has_mask, with_scores=call.return_scores,
                          lane_groups=lane_groups(call.num_experts, call.num_groups, vec),
-                         table_math=table_math(scoring[call.scoring]), lane_heads=headed,
-                         fixed_heads=headed and gate_fixed_heads(), ctas_per_sm=gate_ctas_per_sm(call.num_experts, vec),
-                         unrolled=gate_unrolled(call.num_topk))]
+                         table_math=table_math(scoring[call.scoring]), **_selection_form(call, vec))]
 
     def prepare(self, call: Any) -> Launcher:
         spec = self.spec(call)

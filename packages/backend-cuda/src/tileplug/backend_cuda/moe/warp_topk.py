@@ -87,6 +87,11 @@ class WarpRow:
 
         self.present = present
 
+        def current(pair, second, first_round):
+            """Of a head register ``pair`` (fixed heads), the current one: ``pair[1]`` where ``second`` (the lane
+            gave up its first), else ``pair[0]``; ``pair[0]`` where the round is known to be the first."""
+            return pair[0] if first_round else T.if_then_else(second, pair[1], pair[0])
+
         @T.macro
         def load_row(src, t, lane, dst):
             """``dst[i]`` = fp32 of column ``column(i, lane)`` of row ``t`` of ``src`` (0 past E)."""
@@ -206,14 +211,12 @@ class WarpRow:
                 # the first round of unrolled rounds knows it is 0)
                 first_round = isinstance(round_index, int) and round_index == 0
                 second = dropped[0] != 0
-                current_key = head_key[0] if first_round else T.if_then_else(second, head_key[1], head_key[0])
-                current_column = head_column[0] if first_round else \
-                    T.if_then_else(second, head_column[1], head_column[0])
+                current_key = current(head_key, second, first_round)
+                current_column = current(head_column, second, first_round)
                 found[0] = T.warp_reduce_max(current_key)
                 index[0] = T.warp_reduce_min(T.if_then_else(current_key == found[0], current_column, NO_COLUMN))
                 if values is not None:
-                    current_value = head_value[0] if first_round else \
-                        T.if_then_else(second, head_value[1], head_value[0])
+                    current_value = current(head_value, second, first_round)
                     picked[0] = T.shfl_sync(current_value, (index[0] // VEC) % WARP)
                 if current_column == index[0]:
                     dropped[0] = dropped[0] + 1
