@@ -606,6 +606,69 @@ def test_backward_subtrees_take_fewer_barriers(op_name: str, barriers: tuple) ->
     assert "__shfl_down_sync" not in levels and "__shfl_down_sync" in subtrees
 
 
+PAIRED_SUMS = "TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS"
+
+
+def test_paired_sums_variable_names_layer_norm_backward_kernels() -> None:
+    """``TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS=1`` pairs ``layer_norm_backward``'s two row sums (``_ps``, the
+    split path's kernel too), with either tree form; ``rms_norm_backward`` (one sum) and the forwards are untouched;
+    anything but 0 / 1 names the variable."""
+    levels, _ = _norm_spec("layer_norm_backward", 7168)
+    paired, split = _norm_spec("layer_norm_backward", 7168, **{PAIRED_SUMS: "1"})
+    assert not levels.paired_sums and paired.paired_sums and paired.name == levels.name + "_ps"
+    assert split.name.endswith("_rb1_ps")
+    both, _ = _norm_spec("layer_norm_backward", 7168, **{PAIRED_SUMS: "1", "TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES": "1"})
+    assert both.name.endswith("_st_ps")
+    assert _norm_spec("layer_norm_backward", 64, **{PAIRED_SUMS: "1"})[0].paired_sums  # one shuffle tree a row
+    for op_name in ("rms_norm_backward", "rms_norm"):
+        assert not _norm_spec(op_name, 7168, **{PAIRED_SUMS: "1"})[0].paired_sums
+    with pytest.raises(ValueError, match=PAIRED_SUMS):
+        _norm_spec("layer_norm_backward", 7168, **{PAIRED_SUMS: "on"})
+
+
+def test_paired_sums_fit_the_shared_budget() -> None:
+    """The paired tree takes two sums' shared memory: a row whose one tree would take more than half the budget
+    keeps its sums apart (D = 7000 fp32 has no exact tile: its tree is all of D, 28000 bytes)."""
+    from tileplug.backend_cuda.norm.spec import MAX_SHARED_BYTES, reduction_plan, row_tile
+
+    plan = reduction_plan(7000, row_tile(7000, torch.float32), 4)
+    assert 2 * 4 * plan.width > MAX_SHARED_BYTES >= 4 * plan.width
+    assert not _norm_spec("layer_norm_backward", 7000, torch.float32, **{PAIRED_SUMS: "1"})[0].paired_sums
+
+
+@pytest.mark.parametrize("forms,barriers", [({}, (30, 18)), ({"TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES": "1"}, (10, 7))])
+def test_paired_sums_share_their_barriers(forms: dict, barriers: tuple) -> None:
+    """At D = 7168 bf16 the paired sums' CUDA has fewer CTA barriers than the sums one after the other (the prefetch
+    and the column sums keep theirs), in the level-per-barrier tree and in the subtree form."""
+    from tileplug.backend_cuda import jit
+
+    apart = jit.lower_source(_norm_spec("layer_norm_backward", 7168, **forms)[0])
+    paired = jit.lower_source(_norm_spec("layer_norm_backward", 7168, **forms, **{PAIRED_SUMS: "1"})[0])
+    assert (apart.count("__syncthreads()"), paired.count("__syncthreads()")) == barriers
+    assert apart.count("__shfl_down_sync") == paired.count("__shfl_down_sync")
+
+
+@pytest.mark.nvcc
+def test_paired_sums_compile_without_spills() -> None:
+    """``layer_norm_backward`` D = 7168 bf16 with the paired sums, in either tree form, compiles for sm_90 without
+    spills (nvcc 13.0: 177 / 191 registers against 202 / 195 apart)."""
+    pytest.importorskip("tilelang")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_cuda_compile import nvcc, spill_bytes
+
+    from tileplug.backend_cuda import jit
+
+    for forms in ({}, {"TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES": "1"}):
+        spec, _ = _norm_spec("layer_norm_backward", 7168, **forms, **{PAIRED_SUMS: "1"})
+        error, _, report = nvcc(jit.lower_source(spec))
+        assert error is None, error
+        spills = spill_bytes(report)
+        assert spills.get(spec.name + "_kernel") == 0 and not any(spills.values()), report[-2000:]
+
+
 # ---------------------------------------------------------------------- launchers
 
 

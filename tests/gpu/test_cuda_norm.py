@@ -201,7 +201,7 @@ def precompiled():
 
     cases = GRID + INVARIANCE + IN_PLACE + NONFINITE + [Case.of(LAYER, 7168)] + [case for case, _ in SPLIT]
     specs = [spec for case in dict.fromkeys(cases) for spec in _case_specs(case)]
-    specs += [spec for case in SUBTREE_CASES for spec in _subtree_specs(case)]
+    specs += [spec for case, form in TREE_FORM_CASES for spec in _form_specs(case, TREE_FORMS[form][0])]
     for hidden, dtype, group, layout in FUSION:
         x = torch.empty(3, hidden, dtype=dtype)
         weight = torch.empty(hidden, dtype=dtype)
@@ -323,7 +323,8 @@ def test_split_path_gives_the_fused_bytes(case: Case, counts: tuple) -> None:
 
 
 SUBTREES = "TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES"
-SUBTREE_CASES = [  # the backward row kernels' warp-subtree tree against the level-per-barrier one
+PAIRED_SUMS = "TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS"
+SUBTREE_CASES = [  # the backward row kernels' other tree forms against the level-per-barrier one
     Case.of(RMS_BACK, 7168, inputs={"grad_residual": True}),
     Case.of(RMS_BACK, 7168, FP32),
     Case.of(RMS_BACK, 4096, inputs={"weight": "none"}),
@@ -334,22 +335,36 @@ SUBTREE_CASES = [  # the backward row kernels' warp-subtree tree against the lev
     Case.of(LAYER_BACK, 1536, inputs={"row_stride_pad": 8}),
 ]
 SUBTREE_TOKENS = (1, 7, 129, 1500, 4001)  # one row, split paths, fused grids with a partial last block
+TREE_FORMS = {  # id: (the variables that select the form, the spec field that marks its kernels)
+    "subtrees": ({SUBTREES: "1"}, "subtrees"),
+    "paired": ({PAIRED_SUMS: "1"}, "paired_sums"),
+    "paired_subtrees": ({SUBTREES: "1", PAIRED_SUMS: "1"}, "paired_sums"),
+}
+PAIRED_CASES = [case for case in SUBTREE_CASES if case.op == LAYER_BACK] + [
+    Case.of(LAYER_BACK, 64, inputs={"weight": "none"}),  # one shuffle tree a row: the sums paired in registers
+]
+TREE_FORM_CASES = [(case, "subtrees") for case in SUBTREE_CASES] + [
+    (case, form) for case in PAIRED_CASES for form in ("paired", "paired_subtrees")]
 
 
-def _subtree_specs(case: Case) -> list:
+def _form_specs(case: Case, variables: dict) -> list:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(SUBTREES, "1")
+        for name, value in variables.items():
+            patch.setenv(name, value)
         return _case_specs(case)
 
 
-@pytest.mark.parametrize("case", SUBTREE_CASES, ids=[case.id for case in SUBTREE_CASES])
-def test_backward_subtrees_give_the_levels_bytes(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The backward row kernels adding each row in the warp-subtree form (``TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1``,
-    ``_st``) give the level-per-barrier tree's bytes (grad_x, grad_weight, grad_bias), split and fused paths, on
-    inputs with zeros in x, an inf and a NaN in grad_y; and the ``_st`` kernels ran."""
+@pytest.mark.parametrize("case,form", TREE_FORM_CASES, ids=[f"{case.id}-{form}" for case, form in TREE_FORM_CASES])
+def test_backward_tree_forms_give_the_levels_bytes(case: Case, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backward row kernels' other ways of adding a row — the warp-subtree form
+    (``TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1``, ``_st``), ``layer_norm_backward``'s two sums paired in one pass
+    (``TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS=1``, ``_ps``), and both — give the level-per-barrier tree's bytes
+    (grad_x, grad_weight, grad_bias), split and fused paths, on inputs with zeros in x, an inf and a NaN in grad_y;
+    and the form's kernels ran."""
     from tileplug.backend_cuda import jit
     from tileplug.core.registry import registry
 
+    variables, field = TREE_FORMS[form]
     for tokens in SUBTREE_TOKENS:
         args, kwargs = _arguments(case, tokens, seed=31)
         grad_y, x = args[0], args[1]
@@ -357,15 +372,16 @@ def test_backward_subtrees_give_the_levels_bytes(case: Case, monkeypatch: pytest
         grad_y[(0,) * (grad_y.dim() - 1) + (3,)] = float("inf")  # (row strides may be padded: no view)
         grad_y[(-1,) * (grad_y.dim() - 1) + (5,)] = float("nan")
         runs = []
-        for value in ("0", "1"):
-            monkeypatch.setattr(registry, "_cache", {})  # routes prepared under the other value would hide it
-            monkeypatch.setenv(SUBTREES, value)
+        for setting in ({name: "0" for name in variables}, variables):
+            monkeypatch.setattr(registry, "_cache", {})  # routes prepared under the other setting would hide it
+            for name, value in setting.items():
+                monkeypatch.setenv(name, value)
             runs.append(_cuda(case, args, kwargs))
-        ran = {spec.name for spec, _ in jit._entries if getattr(spec, "subtrees", False)}
-        assert any(spec.name in ran for spec in _subtree_specs(case) if getattr(spec, "subtrees", False)), case.id
-        for index, (levels, subtrees) in enumerate(zip(*runs)):
+        ran = {spec.name for spec, _ in jit._entries if getattr(spec, field, False)}
+        assert any(spec.name in ran for spec in _form_specs(case, variables) if getattr(spec, field, False)), case.id
+        for index, (levels, other) in enumerate(zip(*runs)):
             if levels is not None:
-                assert_bytes_equal(subtrees.cpu(), levels.cpu(), what=f"{case.id} T={tokens} output {index} (subtrees)",
+                assert_bytes_equal(other.cpu(), levels.cpu(), what=f"{case.id} T={tokens} output {index} ({form})",
                                    nan_equal=True)
 
 

@@ -46,6 +46,7 @@ def build(spec: NormKernelSpec):
     bp_t = T.Tensor((P, D), "float32")
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
+    PAIRED = spec.paired_sums
     BLOCK = spec.row_block  # row-tile iterations per CTA (a constant: the weight gradient's fixed blocking)
     ahead = RowPrefetch(rows, PREFETCH_SOURCES, spec.prefetch)  # grad_y and x, copied one row iteration ahead or loaded
 
@@ -78,11 +79,12 @@ def build(spec: NormKernelSpec):
             rv = T.alloc_local((VALUES,), IN)  # grad_residual_out, then grad_x (in place)
             wv = T.alloc_local((VALUES,), W_LOCAL)
             terms = T.alloc_local((VALUES,), "float32")
+            products = T.alloc_local((VALUES,), "float32") if PAIRED else None  # Σ g · x̂'s terms, beside Σ g's
             quad = T.alloc_local((4,), "float32")
             bias_sums = sums.buffer(0)
             weight_sums = sums.buffer(1) if WDT is not None else None
-            acc = T.alloc_local((1,), "float32")
-            tree = rows.tree_buffer()
+            acc = T.alloc_local((2 if PAIRED else 1,), "float32")  # Σ g (then Σ g · x̂ unless paired)
+            tree = rows.tree_buffer(2 if PAIRED else 1)
             lane = tx % rows.LANES
             if WDT is not None:
                 rows.load_vector(weight, wv, lane, WDT)
@@ -103,14 +105,22 @@ def build(spec: NormKernelSpec):
                 ahead.load(staged, (grad_y, x), (gv, sv), first, block_row, count, tx, (t, n, lane, valid))
                 for i in T.unroll(VALUES):
                     terms[i] = scaled(gv, wv, i)
-                rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
-                mean_g = T.ieee_fdiv(acc[0], T.float32(D))
-                rows.reuse_barrier()
-                for i in T.unroll(VALUES):
-                    terms[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_mean, row_rstd))
-                rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
-                projection = T.ieee_fdiv(acc[0], T.float32(D))
-                rows.reuse_barrier()
+                if PAIRED:  # both sums through one pass of the tree
+                    for i in T.unroll(VALUES):
+                        products[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_mean, row_rstd))
+                    rows.row_sums((terms, products), tree, acc, lane, rows.slot(tx))
+                    rows.reuse_barrier()
+                    mean_g = T.ieee_fdiv(acc[0], T.float32(D))
+                    projection = T.ieee_fdiv(acc[1], T.float32(D))
+                else:
+                    rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
+                    mean_g = T.ieee_fdiv(acc[0], T.float32(D))
+                    rows.reuse_barrier()
+                    for i in T.unroll(VALUES):
+                        terms[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_mean, row_rstd))
+                    rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
+                    projection = T.ieee_fdiv(acc[0], T.float32(D))
+                    rows.reuse_barrier()
                 for i in T.unroll(VALUES):
                     difference = T.ieee_mul(row_rstd, T.ieee_sub(
                         T.ieee_sub(scaled(gv, wv, i), mean_g),

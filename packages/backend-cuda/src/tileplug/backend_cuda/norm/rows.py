@@ -200,9 +200,9 @@ class RowMacros:
                 T.sync_threads()
 
         @T.macro
-        def write_folded(terms, tree, lane, base):
+        def write_values(terms, tree, lane, base):
             """The tree's in-register first levels (``FOLD_STEPS``) on the thread's terms, then its
-            ``WIDTH`` remaining values into the row's part of ``tree`` (from ``base``), then a barrier."""
+            ``WIDTH`` remaining values into the row's part of ``tree`` (from ``base``)."""
             for i, partner in FOLD_STEPS:
                 terms[i] = T.ieee_add(terms[i], terms[partner])
             for c in WRITTEN_CHUNKS:
@@ -214,68 +214,90 @@ class RowMacros:
                     for j in VALUE_INDICES:
                         if col + j < D:
                             tree[base + col + j] = terms[c * VEC + j]
-            barrier()
 
         @T.macro
-        def row_sum(terms, tree, acc, lane, slot):
-            """``acc[0]`` = the row's sum of the fp32 ``terms`` the threads hold (``terms[k·VEC + j]``
-            at the column of value ``j`` of vector ``k``), added in the reference's order
-            (:func:`tree_levels`); ``terms`` is consumed, ``tree`` is the shared buffer of
-            :meth:`RowMacros.tree_buffer` (one per CTA, reusable after :meth:`reuse_barrier`)."""
+        def row_sums(term_sets, tree, acc, lane, slot):
+            """``acc[c]`` = the row's sum of the fp32 terms ``term_sets[c]`` the threads hold
+            (``terms[k·VEC + j]`` at the column of value ``j`` of vector ``k``), each added in the
+            reference's order (:func:`tree_levels`); the sums share their barriers (one sum's
+            additions never see another's). The terms are consumed; ``tree`` is the shared buffer of
+            :meth:`RowMacros.tree_buffer` for ``len(term_sets)`` sums (one per CTA, reusable after
+            :meth:`reuse_barrier`)."""
+            SETS = list(range(len(term_sets)))
             if LOCAL_ONLY:
-                for i, partner in LOCAL_STEPS:
-                    terms[i] = T.ieee_add(terms[i], terms[partner])
-                acc[0] = terms[0]
+                for c in SETS:
+                    for i, partner in LOCAL_STEPS:
+                        term_sets[c][i] = T.ieee_add(term_sets[c][i], term_sets[c][partner])
+                    acc[c] = term_sets[c][0]
             elif SUBTREES is not None:
-                base = slot * WIDTH
-                write_folded(terms, tree, lane, base)
-                sums_base = self.ROWS * WIDTH + slot * S  # the row's S subtree sums, after every row's values
+                for c in SETS:
+                    write_values(term_sets[c], tree, lane, (c * self.ROWS + slot) * WIDTH)
+                barrier()
                 warp = lane // 32
                 warp_lane = lane % 32
+                # sum c's S subtree sums of the row, after every sum's values
+                sums_at = [(len(SETS) * self.ROWS * WIDTH) + (c * self.ROWS + slot) * S for c in SETS]
                 for s in PER_WARP:
                     r = warp * len(PER_WARP) + s
-                    for m in SUBTREE_VALUES:
-                        terms[m] = tree[base + r + S * (warp_lane + 32 * m)]
-                    for i, partner in SUBTREE_STEPS:
-                        terms[i] = T.ieee_add(terms[i], terms[partner])
+                    for c in SETS:
+                        for m in SUBTREE_VALUES:
+                            term_sets[c][m] = tree[(c * self.ROWS + slot) * WIDTH + r + S * (warp_lane + 32 * m)]
+                        for i, partner in SUBTREE_STEPS:
+                            term_sets[c][i] = T.ieee_add(term_sets[c][i], term_sets[c][partner])
                     for h in SUBTREE_SHUFFLES:
-                        terms[0] = T.ieee_add(terms[0], T.shfl_down(terms[0], h, 32))
+                        for c in SETS:
+                            term_sets[c][0] = T.ieee_add(term_sets[c][0], T.shfl_down(term_sets[c][0], h, 32))
                     if warp_lane == 0:
-                        tree[sums_base + r] = terms[0]
+                        for c in SETS:
+                            tree[sums_at[c] + r] = term_sets[c][0]
                 barrier()
                 # the last levels on the S sums, in the thread's consumed terms (a buffer of their own
                 # where S is larger)
-                last = terms if S <= self.VALUES else T.alloc_local((S,), "float32")
-                for i in SUMS:
-                    last[i] = tree[sums_base + i]
-                for i, partner in LAST_STEPS:
-                    last[i] = T.ieee_add(last[i], last[partner])
-                acc[0] = last[0]
+                for c in SETS:
+                    last = term_sets[c] if S <= self.VALUES else T.alloc_local((S,), "float32")
+                    for i in SUMS:
+                        last[i] = tree[sums_at[c] + i]
+                    for i, partner in LAST_STEPS:
+                        last[i] = T.ieee_add(last[i], last[partner])
+                    acc[c] = last[0]
             elif SHUFFLE:
-                for i, partner in FOLD_STEPS:
-                    terms[i] = T.ieee_add(terms[i], terms[partner])
+                for c in SETS:
+                    for i, partner in FOLD_STEPS:
+                        term_sets[c][i] = T.ieee_add(term_sets[c][i], term_sets[c][partner])
                 for h in SHUFFLE_LEVELS:
-                    if h >= VEC:
-                        for j in VALUE_INDICES:
-                            terms[j] = T.ieee_add(terms[j], T.shfl_down(terms[j], h // VEC, LANES))
-                    else:
-                        for j in range(h):
-                            terms[j] = T.ieee_add(terms[j], terms[j + h])
-                acc[0] = T.shfl_sync(terms[0], 0, LANES)
+                    for c in SETS:
+                        if h >= VEC:
+                            for j in VALUE_INDICES:
+                                term_sets[c][j] = T.ieee_add(term_sets[c][j],
+                                                             T.shfl_down(term_sets[c][j], h // VEC, LANES))
+                        else:
+                            for j in range(h):
+                                term_sets[c][j] = T.ieee_add(term_sets[c][j], term_sets[c][j + h])
+                for c in SETS:
+                    acc[c] = T.shfl_sync(term_sets[c][0], 0, LANES)
             else:
-                base = slot * WIDTH
-                write_folded(terms, tree, lane, base)
+                for c in SETS:
+                    write_values(term_sets[c], tree, lane, (c * self.ROWS + slot) * WIDTH)
+                barrier()
                 for h, last, rounds in LEVELS:
                     for offset, whole in rounds:
                         i = lane + offset
                         partner = i + h if last is None else T.if_then_else(i == h - 1, last, i + h)
-                        if whole:
-                            tree[base + i] = T.ieee_add(tree[base + i], tree[base + partner])
-                        else:
-                            if i < h:
+                        for c in SETS:
+                            base = (c * self.ROWS + slot) * WIDTH
+                            if whole:
                                 tree[base + i] = T.ieee_add(tree[base + i], tree[base + partner])
+                            else:
+                                if i < h:
+                                    tree[base + i] = T.ieee_add(tree[base + i], tree[base + partner])
                     barrier()
-                acc[0] = tree[base]
+                for c in SETS:
+                    acc[c] = tree[(c * self.ROWS + slot) * WIDTH]
+
+        @T.macro
+        def row_sum(terms, tree, acc, lane, slot):
+            """``acc[0]`` = the row's sum of the fp32 ``terms`` (:meth:`row_sums` of one sum)."""
+            row_sums((terms,), tree, acc, lane, slot)
 
         @T.macro
         def store_statistic(buf, t, n, lane, valid, value):
@@ -291,24 +313,25 @@ class RowMacros:
         self.load_vector = load_vector
         self.store_row = store_row
         self.row_sum = row_sum
+        self.row_sums = row_sums
         self.reuse_barrier = barrier
         self.store_statistic = store_statistic
         self.partial = PARTIAL
         self.chunk_ok = chunk_ok
 
     # ------------------------------------------------------------------ trace-time helpers
-    def tree_buffer(self):
-        """The shared fp32 buffer of :meth:`row_sum` (``rows · WIDTH``, then ``rows · S`` subtree
-        sums where the row splits into subtrees; a thread holding its whole row, or a row reduced
-        by shuffles, needs none: one element)."""
-        return T.alloc_shared((self.tree_bytes() // 4,), "float32")
+    def tree_buffer(self, sums: int = 1):
+        """The shared fp32 buffer of :meth:`row_sums` over ``sums`` sums (each ``rows · WIDTH``
+        values, then each ``rows · S`` subtree sums where the row splits into subtrees; a thread
+        holding its whole row, or a row reduced by shuffles, needs none: one element)."""
+        return T.alloc_shared((self.tree_bytes(sums) // 4,), "float32")
 
-    def tree_bytes(self) -> int:
-        """Shared bytes of :meth:`tree_buffer`."""
+    def tree_bytes(self, sums: int = 1) -> int:
+        """Shared bytes of :meth:`tree_buffer` over ``sums`` sums."""
         if self.LANES == 1 or self.shuffle_tree:
             return 4
         subtree_sums = self.SUBTREES[0] if self.SUBTREES is not None else 0
-        return 4 * self.ROWS * (self.WIDTH + subtree_sums)
+        return 4 * sums * self.ROWS * (self.WIDTH + subtree_sums)
 
     def slot(self, tx):
         """Row of thread ``tx`` within its CTA."""

@@ -191,6 +191,32 @@ def backward_subtrees() -> bool:
     return tuning_choice(BACKWARD_SUBTREES_VARIABLE, "0", BACKWARD_SUBTREES_CHOICES) == "1"
 
 
+PAIRED_SUMS_VARIABLE = "TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS"
+"""Whether ``layer_norm_backward`` adds its row's two sums (``Σ g`` and ``Σ g · x̂``, both known before either is
+added) through one pass of the tree (``rows.RowMacros.row_sums``: each level, or each subtree stage, does both sums'
+additions before its barrier) instead of one after the other: the same additions in the same order for each sum, so
+the same bytes, with half the row's barriers (10 → 5 in the subtree form, 30 → 15 in the levels, D = 7168 bf16) and
+the two sums' shuffle chains side by side; the tree takes twice the shared memory (only where that stays within
+:data:`MAX_SHARED_BYTES`). ``0`` (the default): one sum after the other. ``1``: paired. Not yet run on a GPU (the
+twenty-ninth session). The kernel's name says which (``_ps``)."""
+PAIRED_SUMS_CHOICES = ("0", "1")
+
+
+def backward_paired_sums() -> bool:
+    """Whether ``layer_norm_backward`` pairs its two row sums (:data:`PAIRED_SUMS_VARIABLE`)."""
+    return tuning_choice(PAIRED_SUMS_VARIABLE, "0", PAIRED_SUMS_CHOICES) == "1"
+
+
+def pairs_sums(call_op: str, plan: ReductionPlan, tile: RowTile) -> bool:
+    """Whether a backward of ``call_op`` on this tile adds its row sums paired: ``layer_norm_backward`` (two sums)
+    when :data:`PAIRED_SUMS_VARIABLE` asks and two sums' tree fits :data:`MAX_SHARED_BYTES` (a row of one thread
+    or one shuffle tree has no shared tree, and pairs in registers)."""
+    if call_op != "layer_norm_backward" or not backward_paired_sums():
+        return False
+    subtree_sums = plan.subtrees[0] if plan.subtrees is not None else 0
+    return 2 * 4 * tile.rows * (plan.width + subtree_sums) <= MAX_SHARED_BYTES
+
+
 @dataclass(frozen=True)
 class RowTile:
     """``lanes`` threads per row, ``rows`` rows per CTA, ``chunks`` vectors per lane."""
@@ -374,7 +400,8 @@ class NormKernelSpec:
     ``cp.async`` while it works on this one (``rows.RowPrefetch``; 128-bit tiles only).
     ``row_block``: row-tile iterations a backward CTA runs (``backward.py``). ``subtrees``: a backward
     adds its rows' terms in the warp-subtree form (:data:`BACKWARD_SUBTREES_VARIABLE`; the forward kernels take it
-    wherever it applies).
+    wherever it applies). ``paired_sums``: ``layer_norm_backward`` adds its two row sums in one pass of the tree
+    (:data:`PAIRED_SUMS_VARIABLE`).
     """
 
     op: str
@@ -395,6 +422,7 @@ class NormKernelSpec:
     prefetch: bool = False
     row_block: int = BACKWARD_ROW_BLOCK
     subtrees: bool = False
+    paired_sums: bool = False
 
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``): built by
@@ -439,6 +467,8 @@ class NormKernelSpec:
             parts.append(f"rb{self.row_block}")
         if self.subtrees:
             parts.append("st")
+        if self.paired_sums:
+            parts.append("ps")
         return "_".join(parts)
 
 
@@ -478,7 +508,8 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
     vectorize = vectorizes(call)
     backward = call.op in BACKWARD_OPS
     vec = vector_width(call.input_dtype)
-    subtrees = backward and backward_subtrees() and takes_subtrees(reduction_plan(call.hidden, tile, vec), tile, vec)
+    plan = reduction_plan(call.hidden, tile, vec)
+    subtrees = backward and backward_subtrees() and takes_subtrees(plan, tile, vec)
     return NormKernelSpec(
         op=call.op,
         hidden=call.hidden,
@@ -498,4 +529,5 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
         prefetch=backward and vectorize and backward_prefetch() and prefetch_bytes(tile) <= PREFETCH_MAX_BYTES,
         row_block=backward_row_block() if backward else BACKWARD_ROW_BLOCK,
         subtrees=subtrees,
+        paired_sums=pairs_sums(call.op, plan, tile),
     )
