@@ -36,9 +36,12 @@
 # its 300 s): it now runs only the fixed heads' cases, each kernel compiled on its first call (TILEPLUG_GPU_PRECOMPILE=0);
 # the bench part can be skipped (STEPS=8 BUDGET=200) — the default follows from the bytes.
 # It added step 10 (CPU only):
-#  10. the norm backwards' rows added in the warp-subtree form (TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES, 0 by default):
-#      its GPU test (the level-per-barrier tree's bytes), then both backwards at 0 / 1, twice, beside TileKernels and
-#      Liger (whose norm backwards the bench now times: tileplug.core.peers.liger).
+#  10. the norm backwards' rows added in the warp-subtree form (TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES, 0 by default)
+#      and, from the twenty-ninth session, layer_norm_backward's two row sums paired in one pass of the tree
+#      (TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS, 0 by default): their GPU test (the level-per-barrier tree's bytes,
+#      -k tree_forms), then both backwards at subtrees 0 / 1, twice, beside TileKernels and Liger (whose norm
+#      backwards the bench now times: tileplug.core.peers.liger), then layer_norm_backward with the subtrees at
+#      paired 0 / 1, twice, beside Liger.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -148,10 +151,12 @@ if want 8 && [ $(left) -gt 60 ]; then
     --tokens 128,4096,16384,65536
 fi
 if want 10 && [ $(left) -gt 60 ]; then
-  TILEPLUG_GPU_PRECOMPILE=0 timeout 240 $P -n 15 -k "subtrees" tests/gpu/test_cuda_norm.py > $OUT/subtrees.txt 2>&1
+  TILEPLUG_GPU_PRECOMPILE=0 timeout 240 $P -n 15 -k "tree_forms" tests/gpu/test_cuda_norm.py > $OUT/subtrees.txt 2>&1
   tail -2 $OUT/subtrees.txt
   alternate TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES "0 1 0 1" tile_kernels,liger subtrees_bench.txt 100 \
     --ops rms_norm_backward,layer_norm_backward --tokens 1024,4096,16384,65536
+  TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1 alternate TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS "0 1 0 1" liger \
+    paired_bench.txt 80 --ops layer_norm_backward --tokens 1024,4096,16384,65536
 fi
 if want 11 && [ $(left) -gt 120 ]; then
   nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/table_gpu.txt
