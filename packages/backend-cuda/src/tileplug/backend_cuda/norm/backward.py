@@ -36,17 +36,6 @@ from tileplug.backend_cuda.norm.kernels import NormKernel, make_launcher
 from tileplug.core.contracts.norm import NormCall
 
 COLUMN_THREADS = 256
-"""Threads (columns) of a column-sum CTA. ``TILEPLUG_CUDA_NORM_COLUMN_THREADS`` overrides it, for tuning (the spec
-name carries it; each column is added in the same order either way: the same bytes): at D = 7168 the segment stage
-of T = 4096 (256 partial rows, 4 segments) runs 112 CTAs of 256, fewer than an H100's 132 SMs."""
-
-
-def column_threads() -> int:
-    """Threads of a column-sum CTA (``TILEPLUG_CUDA_NORM_COLUMN_THREADS``, else :data:`COLUMN_THREADS`)."""
-    from tileplug.backend_cuda.norm.spec import tuning_override
-
-    return tuning_override("TILEPLUG_CUDA_NORM_COLUMN_THREADS", COLUMN_THREADS)
-
 SEGMENT_ROWS = 64
 """Partial rows one CTA of the segment stage adds (in row order) into one segment sum. (Loading a column's rows 32
 at a time before adding them took 166 registers a thread, one CTA an SM: slower on an H100, 7.5 → 12.5 µs at
@@ -61,28 +50,25 @@ class ColumnSumSpec:
     segments)``)."""
 
     segment: bool = False
-    threads: int = COLUMN_THREADS
 
     @property
     def name(self) -> str:
-        name = "norm_column_segment_sum_fp32" if self.segment else "norm_column_sum_fp32"
-        return name if self.threads == COLUMN_THREADS else f"{name}_t{self.threads}"
+        return "norm_column_segment_sum_fp32" if self.segment else "norm_column_sum_fp32"
 
     def build(self):
         import tilelang.language as T
 
         P = T.dynamic("P")
         D = T.dynamic("D")
-        THREADS = self.threads
         if self.segment:
             S = T.dynamic("S")
 
             @T.prim_func
             def kernel(partials: T.Tensor((P, D), "float32"), sums: T.Tensor((S, D), "float32")):
-                with T.Kernel(T.ceildiv(D, THREADS), S, threads=THREADS) as (bx, segment):
+                with T.Kernel(T.ceildiv(D, COLUMN_THREADS), S, threads=COLUMN_THREADS) as (bx, segment):
                     tx = T.get_thread_binding()
                     acc = T.alloc_local((1,), "float32")
-                    col = bx * THREADS + tx
+                    col = bx * COLUMN_THREADS + tx
                     first = segment * SEGMENT_ROWS
                     if col < D:
                         acc[0] = partials[first, col]
@@ -94,10 +80,10 @@ class ColumnSumSpec:
 
         @T.prim_func
         def kernel(partials: T.Tensor((P, D), "float32"), total: T.Tensor((D,), "float32")):
-            with T.Kernel(T.ceildiv(D, THREADS), threads=THREADS) as bx:
+            with T.Kernel(T.ceildiv(D, COLUMN_THREADS), threads=COLUMN_THREADS) as bx:
                 tx = T.get_thread_binding()
                 acc = T.alloc_local((1,), "float32")
-                col = bx * THREADS + tx
+                col = bx * COLUMN_THREADS + tx
                 if col < D:
                     acc[0] = partials[0, col]
                     for p in T.serial(P - 1):
@@ -157,8 +143,7 @@ class RowBlockSumSpec:
 def column_sum_launcher(device_entry) -> Any:
     """``add(partials, total)``: ``total[D]`` = the column sums of ``partials [P, D]`` in the
     module's two fixed stages (``device_entry(spec)`` loads a compiled entry)."""
-    threads = column_threads()
-    segments, final = device_entry(ColumnSumSpec(True, threads)), device_entry(ColumnSumSpec(False, threads))
+    segments, final = device_entry(ColumnSumSpec(segment=True)), device_entry(ColumnSumSpec())
 
     def add(partials: torch.Tensor, total: torch.Tensor) -> None:
         count = -(-partials.shape[0] // SEGMENT_ROWS)
@@ -283,8 +268,7 @@ class BackwardKernel(NormKernel):
             specs.append(self.split_spec(call))
             if self.reduced(call):
                 specs.append(RowBlockSumSpec(spec.row_block, spec.tile.rows))
-        threads = column_threads()
-        return specs + ([ColumnSumSpec(True, threads), ColumnSumSpec(False, threads)] if self.reduced(call) else [])
+        return specs + ([ColumnSumSpec(segment=True), ColumnSumSpec()] if self.reduced(call) else [])
 
     def prepare(self, call: NormCall, split_below: int | None = None):
         """``launch(inputs, outputs)``: the split path while the fused grid would have fewer than
