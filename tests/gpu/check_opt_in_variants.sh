@@ -37,12 +37,11 @@
 # the bench part can be skipped (STEPS=8 BUDGET=200) — the default follows from the bytes.
 # It added step 10 (CPU only):
 #  10. the norm backwards' rows added in the warp-subtree form (TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES, 0 by default)
-#      and, from the twenty-ninth session, two trees alternated without the reuse barrier
-#      (TILEPLUG_CUDA_NORM_BACKWARD_TWO_TREES, 0 by default) and layer_norm_backward's two row sums paired in one
-#      pass of the tree (TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS, 0 by default): their GPU test (the
-#      level-per-barrier tree's bytes, -k tree_forms), then both backwards at subtrees 0 / 1, twice, beside
-#      TileKernels and Liger (whose norm backwards the bench now times: tileplug.core.peers.liger), with the
-#      subtrees at two trees 0 / 1, twice, then layer_norm_backward with both at paired 0 / 1, twice, beside Liger.
+#      and, from the twenty-ninth session, layer_norm_backward's two row sums paired in one pass of the tree
+#      (TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS, 0 by default): their GPU test (the level-per-barrier tree's bytes,
+#      -k tree_forms), then both backwards at subtrees 0 / 1, twice, beside TileKernels and Liger (whose norm
+#      backwards the bench now times: tileplug.core.peers.liger), then layer_norm_backward with the subtrees at
+#      paired 0 / 1, twice, beside Liger.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -156,11 +155,8 @@ if want 10 && [ $(left) -gt 60 ]; then
   tail -2 $OUT/subtrees.txt
   alternate TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES "0 1 0 1" tile_kernels,liger subtrees_bench.txt 100 \
     --ops rms_norm_backward,layer_norm_backward --tokens 1024,4096,16384,65536
-  TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1 alternate TILEPLUG_CUDA_NORM_BACKWARD_TWO_TREES "0 1 0 1" tile_kernels \
-    two_trees_bench.txt 100 --ops rms_norm_backward,layer_norm_backward --tokens 1024,4096,16384,65536
-  TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1 TILEPLUG_CUDA_NORM_BACKWARD_TWO_TREES=1 alternate \
-    TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS "0 1 0 1" liger paired_bench.txt 80 --ops layer_norm_backward \
-    --tokens 1024,4096,16384,65536
+  TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1 alternate TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS "0 1 0 1" liger \
+    paired_bench.txt 80 --ops layer_norm_backward --tokens 1024,4096,16384,65536
 fi
 if want 11 && [ $(left) -gt 120 ]; then
   nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/table_gpu.txt
