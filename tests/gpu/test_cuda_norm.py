@@ -324,7 +324,6 @@ def test_split_path_gives_the_fused_bytes(case: Case, counts: tuple) -> None:
 
 SUBTREES = "TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES"
 PAIRED_SUMS = "TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS"
-TWO_TREES = "TILEPLUG_CUDA_NORM_BACKWARD_TWO_TREES"
 SUBTREE_CASES = [  # the backward row kernels' other tree forms against the level-per-barrier one
     Case.of(RMS_BACK, 7168, inputs={"grad_residual": True}),
     Case.of(RMS_BACK, 7168, FP32),
@@ -338,17 +337,14 @@ SUBTREE_CASES = [  # the backward row kernels' other tree forms against the leve
 SUBTREE_TOKENS = (1, 7, 129, 1500, 4001)  # one row, split paths, fused grids with a partial last block
 TREE_FORMS = {  # id: (the variables that select the form, the spec field that marks its kernels)
     "subtrees": ({SUBTREES: "1"}, "subtrees"),
-    "two_trees": ({TWO_TREES: "1"}, "two_trees"),
-    "subtrees_two_trees": ({SUBTREES: "1", TWO_TREES: "1"}, "two_trees"),
     "paired": ({PAIRED_SUMS: "1"}, "paired_sums"),
     "paired_subtrees": ({SUBTREES: "1", PAIRED_SUMS: "1"}, "paired_sums"),
-    "paired_subtrees_two_trees": ({SUBTREES: "1", PAIRED_SUMS: "1", TWO_TREES: "1"}, "paired_sums"),
 }
 PAIRED_CASES = [case for case in SUBTREE_CASES if case.op == LAYER_BACK] + [
     Case.of(LAYER_BACK, 64, inputs={"weight": "none"}),  # one shuffle tree a row: the sums paired in registers
 ]
-TREE_FORM_CASES = [(case, form) for case in SUBTREE_CASES for form in ("subtrees", "two_trees", "subtrees_two_trees")] + [
-    (case, form) for case in PAIRED_CASES for form in ("paired", "paired_subtrees", "paired_subtrees_two_trees")]
+TREE_FORM_CASES = [(case, "subtrees") for case in SUBTREE_CASES] + [
+    (case, form) for case in PAIRED_CASES for form in ("paired", "paired_subtrees")]
 
 
 def _form_specs(case: Case, variables: dict) -> list:
@@ -361,10 +357,8 @@ def _form_specs(case: Case, variables: dict) -> list:
 @pytest.mark.parametrize("case,form", TREE_FORM_CASES, ids=[f"{case.id}-{form}" for case, form in TREE_FORM_CASES])
 def test_backward_tree_forms_give_the_levels_bytes(case: Case, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The backward row kernels' other ways of adding a row — the warp-subtree form
-    (``TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1``, ``_st``), two trees alternated without the reuse barrier
-    (``TILEPLUG_CUDA_NORM_BACKWARD_TWO_TREES=1``, ``_tt``), ``layer_norm_backward``'s two sums paired in one pass
-    (``TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS=1``, ``_ps``), and their combinations — give the level-per-barrier
-    tree's bytes
+    (``TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1``, ``_st``), ``layer_norm_backward``'s two sums paired in one pass
+    (``TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS=1``, ``_ps``), and both — give the level-per-barrier tree's bytes
     (grad_x, grad_weight, grad_bias), split and fused paths, on inputs with zeros in x, an inf and a NaN in grad_y;
     and the form's kernels ran."""
     from tileplug.backend_cuda import jit

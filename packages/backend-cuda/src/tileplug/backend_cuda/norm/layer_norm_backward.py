@@ -63,11 +63,8 @@ def build(spec: NormKernelSpec):
         value = buffer[t] if spec.heads is None else buffer[t, n]
         return T.if_then_else(valid, value, T.float32(0.0))
 
-    TREE_SUMS = 2 if PAIRED else 1  # the sums one tree holds
-    TREES = 2 if spec.two_trees else 1  # row iteration i adds its sums in tree i % TREES
-    TREE_WORDS = rows.tree_stride(TREE_SUMS)
     # sum 0: the bias gradient's, sum 1: the weight gradient's
-    sums = ColumnAccumulators(rows, 1 if WDT is None else 2, rows.tree_bytes(TREE_SUMS, TREES))
+    sums = ColumnAccumulators(rows, 1 if WDT is None else 2)
 
     @T.prim_func
     def kernel(grad_y: g_t, x: x_t, weight: w_t, mean: mean_t, rstd: rstd_t, grad_residual_out: gr_t, grad_x: dx_t,
@@ -87,7 +84,7 @@ def build(spec: NormKernelSpec):
             bias_sums = sums.buffer(0)
             weight_sums = sums.buffer(1) if WDT is not None else None
             acc = T.alloc_local((2 if PAIRED else 1,), "float32")  # Σ g (then Σ g · x̂ unless paired)
-            tree = rows.tree_buffer(TREE_SUMS, TREES)
+            tree = rows.tree_buffer(2 if PAIRED else 1)
             lane = tx % rows.LANES
             if WDT is not None:
                 rows.load_vector(weight, wv, lane, WDT)
@@ -111,20 +108,10 @@ def build(spec: NormKernelSpec):
                 if PAIRED:  # both sums through one pass of the tree
                     for i in T.unroll(VALUES):
                         products[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_mean, row_rstd))
-                    if TREES == 2:  # row iterations alternate the trees: no reuse barrier
-                        rows.row_sums((terms, products), tree, acc, lane, rows.slot(tx), (block_row % 2) * TREE_WORDS)
-                    else:
-                        rows.row_sums((terms, products), tree, acc, lane, rows.slot(tx))
-                        rows.reuse_barrier()
+                    rows.row_sums((terms, products), tree, acc, lane, rows.slot(tx))
+                    rows.reuse_barrier()
                     mean_g = T.ieee_fdiv(acc[0], T.float32(D))
                     projection = T.ieee_fdiv(acc[1], T.float32(D))
-                elif TREES == 2:  # the first sum in tree 0, the second in tree 1: no reuse barrier
-                    rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
-                    mean_g = T.ieee_fdiv(acc[0], T.float32(D))
-                    for i in T.unroll(VALUES):
-                        terms[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_mean, row_rstd))
-                    rows.row_sum(terms, tree, acc, lane, rows.slot(tx), TREE_WORDS)
-                    projection = T.ieee_fdiv(acc[0], T.float32(D))
                 else:
                     rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
                     mean_g = T.ieee_fdiv(acc[0], T.float32(D))

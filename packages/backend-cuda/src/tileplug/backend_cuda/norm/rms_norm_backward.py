@@ -36,9 +36,7 @@ def build(spec: NormKernelSpec):
     SCALE = f32(spec.out_scale)
     GRAD_RESIDUAL = spec.grad_residual
     W_LOCAL = WDT or "float32"
-    TREES = 2 if spec.two_trees else 1  # row iteration i adds its sum in tree i % TREES
-    TREE_WORDS = rows.tree_stride()
-    sums = ColumnAccumulators(rows, 1, rows.tree_bytes(1, TREES)) if WDT is not None else None
+    sums = ColumnAccumulators(rows, 1) if WDT is not None else None
     g_t = row_buffer(spec, "g", IN, M)
     x_t = row_buffer(spec, "x", IN, M)
     w_t = vector_buffer(spec, "w", WDT)
@@ -85,7 +83,7 @@ def build(spec: NormKernelSpec):
             terms = T.alloc_local((VALUES,), "float32")
             quad = T.alloc_local((4,), "float32")
             acc = T.alloc_local((1,), "float32")
-            tree = rows.tree_buffer(1, TREES)
+            tree = rows.tree_buffer()
             lane = tx % rows.LANES
             if WDT is not None:
                 gw = sums.buffer(0)
@@ -104,13 +102,9 @@ def build(spec: NormKernelSpec):
                 ahead.load(staged, (grad_y, x), (gv, sv), first, block_row, count, tx, (t, n, lane, valid))
                 for i in T.unroll(VALUES):
                     terms[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_rstd))
-                if TREES == 2:  # the next row's sum writes the other tree: no reuse barrier
-                    rows.row_sum(terms, tree, acc, lane, rows.slot(tx), (block_row % 2) * TREE_WORDS)
-                    projection = T.ieee_fdiv(acc[0], T.float32(D))
-                else:
-                    rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
-                    projection = T.ieee_fdiv(acc[0], T.float32(D))
-                    rows.reuse_barrier()  # the next row's sum writes the buffer again
+                rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
+                projection = T.ieee_fdiv(acc[0], T.float32(D))
+                rows.reuse_barrier()  # the next row's sum writes the buffer again
                 for i in T.unroll(VALUES):
                     difference = T.ieee_mul(row_rstd, T.ieee_sub(scaled(gv, wv, i),
                                                                  T.ieee_mul(normalized(sv, i, row_rstd), projection)))

@@ -49,11 +49,6 @@ def _halvings(width: int) -> list[int]:
     return halves
 
 
-def _shifted(offset, base):
-    """``offset + base``, or ``offset`` itself where ``base`` is the Python 0 (no ``+ 0`` in the generated code)."""
-    return offset if isinstance(base, int) and base == 0 else offset + base
-
-
 def f32(value: float) -> float:
     """``value`` rounded to the nearest fp32 (host side: a scalar parameter in the compute dtype)."""
     return struct.unpack("<f", struct.pack("<f", value))[0]
@@ -221,17 +216,14 @@ class RowMacros:
                             tree[base + col + j] = terms[c * VEC + j]
 
         @T.macro
-        def row_sums(term_sets, tree, acc, lane, slot, tree_base=0):
+        def row_sums(term_sets, tree, acc, lane, slot):
             """``acc[c]`` = the row's sum of the fp32 terms ``term_sets[c]`` the threads hold
             (``terms[k·VEC + j]`` at the column of value ``j`` of vector ``k``), each added in the
             reference's order (:func:`tree_levels`); the sums share their barriers (one sum's
             additions never see another's). The terms are consumed; ``tree`` is the shared buffer of
             :meth:`RowMacros.tree_buffer` for ``len(term_sets)`` sums (one per CTA, reusable after
-            :meth:`reuse_barrier`), from its word ``tree_base`` (a second tree after the first: a row
-            loop alternating the two needs no reuse barrier)."""
+            :meth:`reuse_barrier`)."""
             SETS = list(range(len(term_sets)))
-            # where sum c's values start in the tree
-            values_at = [_shifted((c * self.ROWS + slot) * WIDTH, tree_base) for c in SETS]
             if LOCAL_ONLY:
                 for c in SETS:
                     for i, partner in LOCAL_STEPS:
@@ -239,18 +231,17 @@ class RowMacros:
                     acc[c] = term_sets[c][0]
             elif SUBTREES is not None:
                 for c in SETS:
-                    write_values(term_sets[c], tree, lane, values_at[c])
+                    write_values(term_sets[c], tree, lane, (c * self.ROWS + slot) * WIDTH)
                 barrier()
                 warp = lane // 32
                 warp_lane = lane % 32
                 # sum c's S subtree sums of the row, after every sum's values
-                sums_at = [_shifted((len(SETS) * self.ROWS * WIDTH) + (c * self.ROWS + slot) * S, tree_base)
-                           for c in SETS]
+                sums_at = [(len(SETS) * self.ROWS * WIDTH) + (c * self.ROWS + slot) * S for c in SETS]
                 for s in PER_WARP:
                     r = warp * len(PER_WARP) + s
                     for c in SETS:
                         for m in SUBTREE_VALUES:
-                            term_sets[c][m] = tree[values_at[c] + r + S * (warp_lane + 32 * m)]
+                            term_sets[c][m] = tree[(c * self.ROWS + slot) * WIDTH + r + S * (warp_lane + 32 * m)]
                         for i, partner in SUBTREE_STEPS:
                             term_sets[c][i] = T.ieee_add(term_sets[c][i], term_sets[c][partner])
                     for h in SUBTREE_SHUFFLES:
@@ -286,14 +277,14 @@ class RowMacros:
                     acc[c] = T.shfl_sync(term_sets[c][0], 0, LANES)
             else:
                 for c in SETS:
-                    write_values(term_sets[c], tree, lane, values_at[c])
+                    write_values(term_sets[c], tree, lane, (c * self.ROWS + slot) * WIDTH)
                 barrier()
                 for h, last, rounds in LEVELS:
                     for offset, whole in rounds:
                         i = lane + offset
                         partner = i + h if last is None else T.if_then_else(i == h - 1, last, i + h)
                         for c in SETS:
-                            base = values_at[c]
+                            base = (c * self.ROWS + slot) * WIDTH
                             if whole:
                                 tree[base + i] = T.ieee_add(tree[base + i], tree[base + partner])
                             else:
@@ -301,12 +292,12 @@ class RowMacros:
                                     tree[base + i] = T.ieee_add(tree[base + i], tree[base + partner])
                     barrier()
                 for c in SETS:
-                    acc[c] = tree[values_at[c]]
+                    acc[c] = tree[(c * self.ROWS + slot) * WIDTH]
 
         @T.macro
-        def row_sum(terms, tree, acc, lane, slot, tree_base=0):
+        def row_sum(terms, tree, acc, lane, slot):
             """``acc[0]`` = the row's sum of the fp32 ``terms`` (:meth:`row_sums` of one sum)."""
-            row_sums((terms,), tree, acc, lane, slot, tree_base)
+            row_sums((terms,), tree, acc, lane, slot)
 
         @T.macro
         def store_statistic(buf, t, n, lane, valid, value):
@@ -329,26 +320,18 @@ class RowMacros:
         self.chunk_ok = chunk_ok
 
     # ------------------------------------------------------------------ trace-time helpers
-    def tree_buffer(self, sums: int = 1, trees: int = 1):
+    def tree_buffer(self, sums: int = 1):
         """The shared fp32 buffer of :meth:`row_sums` over ``sums`` sums (each ``rows · WIDTH``
         values, then each ``rows · S`` subtree sums where the row splits into subtrees; a thread
-        holding its whole row, or a row reduced by shuffles, needs none: one element); ``trees``
-        of them, :meth:`tree_stride` words apart."""
-        return T.alloc_shared((self.tree_bytes(sums, trees) // 4,), "float32")
+        holding its whole row, or a row reduced by shuffles, needs none: one element)."""
+        return T.alloc_shared((self.tree_bytes(sums) // 4,), "float32")
 
-    def tree_bytes(self, sums: int = 1, trees: int = 1) -> int:
-        """Shared bytes of :meth:`tree_buffer`."""
+    def tree_bytes(self, sums: int = 1) -> int:
+        """Shared bytes of :meth:`tree_buffer` over ``sums`` sums."""
         if self.LANES == 1 or self.shuffle_tree:
             return 4
         subtree_sums = self.SUBTREES[0] if self.SUBTREES is not None else 0
-        one = 4 * sums * self.ROWS * (self.WIDTH + subtree_sums)
-        return one if trees == 1 else trees * 4 * self.tree_stride(sums)
-
-    def tree_stride(self, sums: int = 1) -> int:
-        """Words from one tree of ``sums`` sums to the next in :meth:`tree_buffer`: a whole number of 16-byte
-        vectors, so that every tree's values are written with 128-bit stores."""
-        subtree_sums = self.SUBTREES[0] if self.SUBTREES is not None else 0
-        return -(-sums * self.ROWS * (self.WIDTH + subtree_sums) // 4) * 4
+        return 4 * sums * self.ROWS * (self.WIDTH + subtree_sums)
 
     def slot(self, tx):
         """Row of thread ``tx`` within its CTA."""

@@ -207,23 +207,6 @@ def backward_paired_sums() -> bool:
     return tuning_choice(PAIRED_SUMS_VARIABLE, "0", PAIRED_SUMS_CHOICES) == "1"
 
 
-TWO_TREES_VARIABLE = "TILEPLUG_CUDA_NORM_BACKWARD_TWO_TREES"
-"""Whether the backward row loops alternate between two trees in shared memory (row iteration ``i`` adds its sums
-in tree ``i % 2``) instead of one tree and a CTA barrier after each row's sums before the next row may write it
-again: a thread writing tree ``i % 2`` at iteration ``i + 2`` has passed iteration ``i + 1``'s barriers, which every
-thread reaches only after reading its iteration-``i`` sums, so the barrier is not needed (the same additions: the
-same bytes). One CTA barrier a row fewer (rms_norm_backward D = 7168 bf16: 3 → 2 a row in the subtree form, 12 → 11
-in the levels), for a second tree's shared memory (7.2 KB there). ``0`` (the default): one tree. ``1``: two, where
-the row has a tree in shared memory (not a row of one thread or one shuffle tree). Not yet run on a GPU (the
-twenty-ninth session). The kernel's name says which (``_tt``)."""
-TWO_TREES_CHOICES = ("0", "1")
-
-
-def backward_two_trees() -> bool:
-    """Whether the backward row loops alternate between two trees (:data:`TWO_TREES_VARIABLE`)."""
-    return tuning_choice(TWO_TREES_VARIABLE, "0", TWO_TREES_CHOICES) == "1"
-
-
 def pairs_sums(call_op: str, plan: ReductionPlan, tile: RowTile) -> bool:
     """Whether a backward of ``call_op`` on this tile adds its row sums paired: ``layer_norm_backward`` (two sums)
     when :data:`PAIRED_SUMS_VARIABLE` asks and two sums' tree fits :data:`MAX_SHARED_BYTES` (a row of one thread
@@ -418,8 +401,7 @@ class NormKernelSpec:
     ``row_block``: row-tile iterations a backward CTA runs (``backward.py``). ``subtrees``: a backward
     adds its rows' terms in the warp-subtree form (:data:`BACKWARD_SUBTREES_VARIABLE`; the forward kernels take it
     wherever it applies). ``paired_sums``: ``layer_norm_backward`` adds its two row sums in one pass of the tree
-    (:data:`PAIRED_SUMS_VARIABLE`). ``two_trees``: a backward row loop alternates between two trees
-    (:data:`TWO_TREES_VARIABLE`).
+    (:data:`PAIRED_SUMS_VARIABLE`).
     """
 
     op: str
@@ -441,7 +423,6 @@ class NormKernelSpec:
     row_block: int = BACKWARD_ROW_BLOCK
     subtrees: bool = False
     paired_sums: bool = False
-    two_trees: bool = False
 
     def build(self):
         """The TileLang ``PrimFunc`` of this specialisation (``tileplug.backend_cuda.jit``): built by
@@ -488,8 +469,6 @@ class NormKernelSpec:
             parts.append("st")
         if self.paired_sums:
             parts.append("ps")
-        if self.two_trees:
-            parts.append("tt")
         return "_".join(parts)
 
 
@@ -551,5 +530,4 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
         row_block=backward_row_block() if backward else BACKWARD_ROW_BLOCK,
         subtrees=subtrees,
         paired_sums=pairs_sums(call.op, plan, tile),
-        two_trees=backward and backward_two_trees() and plan.local_steps is None and not shuffle_tree(plan, tile, vec),
     )
