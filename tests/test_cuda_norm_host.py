@@ -416,7 +416,7 @@ def test_backward_blocking_is_fixed_and_sizes_the_partial_rows(monkeypatch: pyte
     monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK", "8")
     kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, grad, torch.ones(7168, dtype=torch.bfloat16),
                                    torch.ones(4001))
-    assert kernel.spec(call).row_block == 8 and kernel.spec(call).name.endswith("_rb8")
+    assert kernel.spec(call).row_block == 8 and "rb8" in kernel.spec(call).name.split("_")
 
 
 @pytest.mark.parametrize(("op", "hidden", "heads"), [
@@ -452,7 +452,7 @@ def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int,
 
     spec, split, _ = run(1)
     slots, reduced = spec.tile.rows, 2 if op == "layer_norm_backward" else 1
-    assert split.row_block == 1 and not split.prefetch and split.name == spec.name.replace("_pf", "") + "_rb1"
+    assert split.row_block == 1 and not split.prefetch and split.name == spec.name.replace("_pf", "_rb1")
     rows_per_fused_cta = slots * spec.row_block * (heads or 1)
     longest_split = (split_below - 1) * slots * spec.row_block // (heads or 1)
     for tokens, expect_split in ((1, False), (2, True), (rows_per_fused_cta + 1, True), (longest_split, True),
@@ -553,7 +553,7 @@ def test_backward_prefetch_only_on_aligned_rows_that_fit() -> None:
                                            torch.empty(4, dtype=torch.float32))
             return kernel.spec(call)
 
-    assert spec(7168).prefetch and spec(7168).name.endswith("_pf")
+    assert spec(7168).prefetch and "pf" in spec(7168).name.split("_")
     assert prefetch_bytes(spec(7168).tile) == 57344
     assert not spec(7168, TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH="0").prefetch
     assert not spec(576, 579).prefetch  # misaligned rows load element by element
@@ -578,17 +578,18 @@ def _norm_spec(op_name: str, hidden: int, dtype: torch.dtype = torch.bfloat16, *
 
 
 def test_backward_subtrees_variable_names_its_kernels() -> None:
-    """``TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1`` puts the backward row kernels (and the split path's) on the
-    warp-subtree tree where the tile allows it (``_st``), never a forward kernel, nor a row of one thread or one
-    shuffle tree; anything but 0 / 1 names the variable."""
+    """The backward row kernels (and the split path's) take the warp-subtree tree by default where the tile allows
+    it (``_st``; ``TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=0``: the levels), never a forward kernel, nor a row of one
+    thread or one shuffle tree; anything but 0 / 1 names the variable."""
     variable = "TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES"
     for op_name in ("rms_norm_backward", "layer_norm_backward"):
-        levels, _ = _norm_spec(op_name, 7168)
-        subtrees, split = _norm_spec(op_name, 7168, **{variable: "1"})
-        assert not levels.subtrees and not levels.name.endswith("_st")
-        assert subtrees.subtrees and subtrees.name == levels.name + "_st" and split.name.endswith("_rb1_st")
+        levels, _ = _norm_spec(op_name, 7168, **{variable: "0"})
+        subtrees, split = _norm_spec(op_name, 7168)
+        assert not levels.subtrees and "st" not in levels.name.split("_")
+        assert subtrees.subtrees and "st" in subtrees.name.split("_") and "_rb1_st" in split.name
+        assert subtrees == _norm_spec(op_name, 7168, **{variable: "1"})[0]
         for hidden in (7, 128):  # one thread a row; one vector a lane of one warp (the shuffle tree)
-            assert not _norm_spec(op_name, hidden, **{variable: "1"})[0].subtrees
+            assert not _norm_spec(op_name, hidden)[0].subtrees
     assert not _norm_spec("rms_norm", 7168, **{variable: "1"})[0].subtrees
     with pytest.raises(ValueError, match=variable):
         _norm_spec("rms_norm_backward", 7168, **{variable: "yes"})
@@ -600,8 +601,9 @@ def test_backward_subtrees_take_fewer_barriers(op_name: str, barriers: tuple) ->
     barriers than the level-per-barrier tree (the forward kernels' form: the same additions, in the same order)."""
     from tileplug.backend_cuda import jit
 
-    levels = jit.lower_source(_norm_spec(op_name, 7168)[0])
-    subtrees = jit.lower_source(_norm_spec(op_name, 7168, TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES="1")[0])
+    apart = {"TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS": "0"}  # layer_norm_backward's two sums one after the other
+    levels = jit.lower_source(_norm_spec(op_name, 7168, TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES="0", **apart)[0])
+    subtrees = jit.lower_source(_norm_spec(op_name, 7168, TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES="1", **apart)[0])
     assert (levels.count("__syncthreads()"), subtrees.count("__syncthreads()")) == barriers
     assert "__shfl_down_sync" not in levels and "__shfl_down_sync" in subtrees
 
@@ -610,18 +612,18 @@ PAIRED_SUMS = "TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS"
 
 
 def test_paired_sums_variable_names_layer_norm_backward_kernels() -> None:
-    """``TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS=1`` pairs ``layer_norm_backward``'s two row sums (``_ps``, the
-    split path's kernel too), with either tree form; ``rms_norm_backward`` (one sum) and the forwards are untouched;
-    anything but 0 / 1 names the variable."""
-    levels, _ = _norm_spec("layer_norm_backward", 7168)
-    paired, split = _norm_spec("layer_norm_backward", 7168, **{PAIRED_SUMS: "1"})
-    assert not levels.paired_sums and paired.paired_sums and paired.name == levels.name + "_ps"
-    assert split.name.endswith("_rb1_ps")
-    both, _ = _norm_spec("layer_norm_backward", 7168, **{PAIRED_SUMS: "1", "TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES": "1"})
-    assert both.name.endswith("_st_ps")
+    """``layer_norm_backward`` pairs its two row sums by default (``_ps``, the split path's kernel too;
+    ``TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS=0``: one after the other), with either tree form;
+    ``rms_norm_backward`` (one sum) and the forwards are untouched; anything but 0 / 1 names the variable."""
+    apart, _ = _norm_spec("layer_norm_backward", 7168, **{PAIRED_SUMS: "0"})
+    paired, split = _norm_spec("layer_norm_backward", 7168)
+    assert not apart.paired_sums and paired.paired_sums and paired.name == apart.name + "_ps"
+    assert split.name.endswith("_rb1_st_ps") and paired == _norm_spec("layer_norm_backward", 7168, **{PAIRED_SUMS: "1"})[0]
+    levels, _ = _norm_spec("layer_norm_backward", 7168, TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES="0")
+    assert levels.paired_sums and levels.name.endswith("_pf_ps")
     assert _norm_spec("layer_norm_backward", 64, **{PAIRED_SUMS: "1"})[0].paired_sums  # one shuffle tree a row
     for op_name in ("rms_norm_backward", "rms_norm"):
-        assert not _norm_spec(op_name, 7168, **{PAIRED_SUMS: "1"})[0].paired_sums
+        assert not _norm_spec(op_name, 7168)[0].paired_sums
     with pytest.raises(ValueError, match=PAIRED_SUMS):
         _norm_spec("layer_norm_backward", 7168, **{PAIRED_SUMS: "on"})
 
@@ -633,16 +635,17 @@ def test_paired_sums_fit_the_shared_budget() -> None:
 
     plan = reduction_plan(7000, row_tile(7000, torch.float32), 4)
     assert 2 * 4 * plan.width > MAX_SHARED_BYTES >= 4 * plan.width
-    assert not _norm_spec("layer_norm_backward", 7000, torch.float32, **{PAIRED_SUMS: "1"})[0].paired_sums
+    assert not _norm_spec("layer_norm_backward", 7000, torch.float32)[0].paired_sums
 
 
-@pytest.mark.parametrize("forms,barriers", [({}, (30, 18)), ({"TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES": "1"}, (10, 7))])
+@pytest.mark.parametrize("forms,barriers", [({"TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES": "0"}, (30, 18)),
+                                            ({"TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES": "1"}, (10, 7))])
 def test_paired_sums_share_their_barriers(forms: dict, barriers: tuple) -> None:
     """At D = 7168 bf16 the paired sums' CUDA has fewer CTA barriers than the sums one after the other (the prefetch
     and the column sums keep theirs), in the level-per-barrier tree and in the subtree form."""
     from tileplug.backend_cuda import jit
 
-    apart = jit.lower_source(_norm_spec("layer_norm_backward", 7168, **forms)[0])
+    apart = jit.lower_source(_norm_spec("layer_norm_backward", 7168, **forms, **{PAIRED_SUMS: "0"})[0])
     paired = jit.lower_source(_norm_spec("layer_norm_backward", 7168, **forms, **{PAIRED_SUMS: "1"})[0])
     assert (apart.count("__syncthreads()"), paired.count("__syncthreads()")) == barriers
     assert apart.count("__shfl_down_sync") == paired.count("__shfl_down_sync")
@@ -661,7 +664,7 @@ def test_paired_sums_compile_without_spills() -> None:
 
     from tileplug.backend_cuda import jit
 
-    for forms in ({}, {"TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES": "1"}):
+    for forms in ({"TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES": "0"}, {"TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES": "1"}):
         spec, _ = _norm_spec("layer_norm_backward", 7168, **forms, **{PAIRED_SUMS: "1"})
         error, _, report = nvcc(jit.lower_source(spec))
         assert error is None, error

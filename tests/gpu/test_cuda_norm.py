@@ -335,10 +335,11 @@ SUBTREE_CASES = [  # the backward row kernels' other tree forms against the leve
     Case.of(LAYER_BACK, 1536, inputs={"row_stride_pad": 8}),
 ]
 SUBTREE_TOKENS = (1, 7, 129, 1500, 4001)  # one row, split paths, fused grids with a partial last block
+LEVELS = {SUBTREES: "0", PAIRED_SUMS: "0"}  # one tree level per barrier, one sum after the other
 TREE_FORMS = {  # id: (the variables that select the form, the spec field that marks its kernels)
-    "subtrees": ({SUBTREES: "1"}, "subtrees"),
-    "paired": ({PAIRED_SUMS: "1"}, "paired_sums"),
-    "paired_subtrees": ({SUBTREES: "1", PAIRED_SUMS: "1"}, "paired_sums"),
+    "subtrees": ({SUBTREES: "1", PAIRED_SUMS: "0"}, "subtrees"),
+    "paired": ({SUBTREES: "0", PAIRED_SUMS: "1"}, "paired_sums"),
+    "paired_subtrees": ({SUBTREES: "1", PAIRED_SUMS: "1"}, "paired_sums"),  # the defaults
 }
 PAIRED_CASES = [case for case in SUBTREE_CASES if case.op == LAYER_BACK] + [
     Case.of(LAYER_BACK, 64, inputs={"weight": "none"}),  # one shuffle tree a row: the sums paired in registers
@@ -356,9 +357,10 @@ def _form_specs(case: Case, variables: dict) -> list:
 
 @pytest.mark.parametrize("case,form", TREE_FORM_CASES, ids=[f"{case.id}-{form}" for case, form in TREE_FORM_CASES])
 def test_backward_tree_forms_give_the_levels_bytes(case: Case, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The backward row kernels' other ways of adding a row — the warp-subtree form
+    """The backward row kernels' ways of adding a row — the warp-subtree form
     (``TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1``, ``_st``), ``layer_norm_backward``'s two sums paired in one pass
-    (``TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS=1``, ``_ps``), and both — give the level-per-barrier tree's bytes
+    (``TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS=1``, ``_ps``), and both (the defaults) — give the bytes of the
+    level-per-barrier tree with the sums one after the other
     (grad_x, grad_weight, grad_bias), split and fused paths, on inputs with zeros in x, an inf and a NaN in grad_y;
     and the form's kernels ran."""
     from tileplug.backend_cuda import jit
@@ -372,7 +374,7 @@ def test_backward_tree_forms_give_the_levels_bytes(case: Case, form: str, monkey
         grad_y[(0,) * (grad_y.dim() - 1) + (3,)] = float("inf")  # (row strides may be padded: no view)
         grad_y[(-1,) * (grad_y.dim() - 1) + (5,)] = float("nan")
         runs = []
-        for setting in ({name: "0" for name in variables}, variables):
+        for setting in (LEVELS, variables):
             monkeypatch.setattr(registry, "_cache", {})  # routes prepared under the other setting would hide it
             for name, value in setting.items():
                 monkeypatch.setenv(name, value)

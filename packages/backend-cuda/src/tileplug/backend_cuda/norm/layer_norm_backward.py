@@ -26,7 +26,7 @@ def build(spec: NormKernelSpec):
     absent one replaced by ``x``."""
     M = T.dynamic("M")
     R = M if spec.heads is None else M * spec.heads
-    rows = RowMacros(spec, R, subtrees=spec.subtrees)  # the level-per-barrier tree unless the spec asks
+    rows = RowMacros(spec, R, subtrees=spec.subtrees)  # the warp-subtree form where the spec takes it
     IN = spec.in_dtype
     WDT = spec.weight_dtype
     VEC = spec.vec

@@ -60,7 +60,7 @@ class RowMacros:
     Macros take the per-thread coordinates ``(t, n, lane, valid)`` made by :meth:`coords`:
     token, head, lane within the row, and whether the row exists (``row < R``). ``subtrees``
     False keeps :meth:`row_sum` off the warp-subtree form (``spec.ReductionPlan.subtrees``): the backward
-    kernels unless their spec asks for it (``spec.BACKWARD_SUBTREES_VARIABLE``)."""
+    kernels where their spec says so (``spec.BACKWARD_SUBTREES_VARIABLE=0``)."""
 
     def __init__(self, spec: NormKernelSpec, rows_total, subtrees: bool = True) -> None:
         tile = spec.tile

@@ -174,37 +174,45 @@ def backward_prefetch() -> bool:
 
 BACKWARD_SUBTREES_VARIABLE = "TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES"
 """How the backward row kernels add a row's terms (``rows.RowMacros.row_sum``, the reference's pairwise tree either
-way: the same additions in the same order, so the same bytes). ``0`` (the default): one level of the tree per CTA
-barrier in shared memory (11 levels, 17 barriers a row in ``rms_norm_backward`` at D = 7168 bf16, 30 in
-``layer_norm_backward``'s two sums). ``1``: the warp-subtree form the forward kernels take (each warp adds its
-subtrees in registers and shuffles, then every thread the subtree sums: 7 and 10 barriers a row), where the tile
-allows it (:func:`takes_subtrees`). Written off because it spilled at two CTAs an SM; with nvcc 13.0 it does not at
-D = 2048 / 4096 / 5120 / 7168 bf16 (``rms_norm_backward`` 95 / 163 / 163 / 128 registers; ``layer_norm_backward``
-5120: 8 bytes; fp32 7168: 32 bytes where the levels spill 8; 16384: 216 where they spill 156). ncu of
-``rms_norm_backward`` at T = 4096 (H100) found the row loop waiting, not loading: no eligible warp 66 % of cycles,
-DRAM 70 % busy. Not yet run on a GPU (the twenty-eighth session). The kernel's name says which (``_st``)."""
+way: the same additions in the same order, so the same bytes). ``1`` (the default since the twenty-ninth session):
+the warp-subtree form the forward kernels take (each warp adds its subtrees in registers and shuffles, then every
+thread the subtree sums: 7 CTA barriers in ``rms_norm_backward``'s CUDA at D = 7168 bf16, 10 in
+``layer_norm_backward``'s two sums), where the tile allows it (:func:`takes_subtrees`). ``0``: one level of the tree
+per CTA barrier in shared memory (17 and 30). No spills with nvcc 13.0 at D = 2048 / 4096 / 5120 / 7168 bf16
+(``rms_norm_backward`` 95 / 163 / 163 / 128 registers; ``layer_norm_backward`` 5120: 8 bytes; fp32 7168: 32 bytes
+where the levels spill 8; 16384: 216 where they spill 156). On an H100 (2026-12-06, D = 7168 bf16, eager µs, 0 → 1,
+two processes of the levels): ``rms_norm_backward`` 40.0–40.1 → 36.0 at T = 1024, 81.2–81.8 → 81.9 at 4096,
+286.4–286.6 → 284.8 at 16384, 1077 → 1074.5 at 65536; ``layer_norm_backward`` 59.4 → 54.0, 127.6–127.7 → 120.1,
+417.9–418.1 → 386.9, 1465.6–1466.2 → 1365.5; the same bytes as the levels (the GPU test of the tree forms, 36
+cases, split and fused paths). Alternating two trees so that the barrier before the next row's sums goes (one CTA
+barrier a row fewer) was no faster there (rms 1074.5 → 1080.0 at 65536, 81.9 → 81.2–81.9 at 4096; layer within
+±1 %) and was dropped; so was a column sum of 128 threads a CTA instead of 256 (81.9 → 81.2 at 4096, equal
+elsewhere). The kernel's name says which (``_st``)."""
 BACKWARD_SUBTREES_CHOICES = ("0", "1")
 
 
 def backward_subtrees() -> bool:
     """Whether the backward row kernels take the warp-subtree tree (:data:`BACKWARD_SUBTREES_VARIABLE`)."""
-    return tuning_choice(BACKWARD_SUBTREES_VARIABLE, "0", BACKWARD_SUBTREES_CHOICES) == "1"
+    return tuning_choice(BACKWARD_SUBTREES_VARIABLE, "1", BACKWARD_SUBTREES_CHOICES) == "1"
 
 
 PAIRED_SUMS_VARIABLE = "TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS"
 """Whether ``layer_norm_backward`` adds its row's two sums (``Σ g`` and ``Σ g · x̂``, both known before either is
 added) through one pass of the tree (``rows.RowMacros.row_sums``: each level, or each subtree stage, does both sums'
 additions before its barrier) instead of one after the other: the same additions in the same order for each sum, so
-the same bytes, with half the row's barriers (10 → 5 in the subtree form, 30 → 15 in the levels, D = 7168 bf16) and
-the two sums' shuffle chains side by side; the tree takes twice the shared memory (only where that stays within
-:data:`MAX_SHARED_BYTES`). ``0`` (the default): one sum after the other. ``1``: paired. Not yet run on a GPU (the
-twenty-ninth session). The kernel's name says which (``_ps``)."""
+the same bytes, with fewer barriers (the kernel's CUDA at D = 7168 bf16: 10 → 7 CTA barriers with the subtrees,
+30 → 18 with the levels; 195 → 191 and 202 → 177 registers, no spills) and the two sums' shuffle chains side by
+side; the tree takes twice the shared memory (only where that stays within :data:`MAX_SHARED_BYTES`). ``1`` (the
+default since the twenty-ninth session): paired. ``0``: one sum after the other. On an H100 (2026-12-06, D = 7168
+bf16, with the subtrees, eager µs, 0 → 1): 54.0 → 51.5 at T = 1024, 120.1 → 118.5 at 4096, 386.9 → 383.6 at
+16384, 1365.5 → 1353.1 at 65536; the same bytes (the tree forms' GPU test). The kernel's name says which
+(``_ps``)."""
 PAIRED_SUMS_CHOICES = ("0", "1")
 
 
 def backward_paired_sums() -> bool:
     """Whether ``layer_norm_backward`` pairs its two row sums (:data:`PAIRED_SUMS_VARIABLE`)."""
-    return tuning_choice(PAIRED_SUMS_VARIABLE, "0", PAIRED_SUMS_CHOICES) == "1"
+    return tuning_choice(PAIRED_SUMS_VARIABLE, "1", PAIRED_SUMS_CHOICES) == "1"
 
 
 def pairs_sums(call_op: str, plan: ReductionPlan, tile: RowTile) -> bool:
