@@ -160,7 +160,8 @@ def column_sum_launcher(device_entry) -> Any:
 class ColumnAccumulators:
     """A backward row kernel's running column sums (``count`` of them: the weight's, the bias's),
     fp32, one per value a thread holds. Each sum lives in shared memory while the kernel's
-    shared memory stays within ``MAX_SHARED_BYTES`` (the first sums first), else in registers:
+    shared memory (its tree, ``tree_bytes``, then the sums) stays within ``MAX_SHARED_BYTES``
+    (the first sums first), else in registers:
     kept in registers, a long row's sums cost ``values`` registers each and halve the CTAs an
     SM holds. In shared memory value ``i`` of thread ``tx`` is at ``(i // 4 · threads + tx) · 4
     + i % 4``: each thread owns its words (no barrier), 128-bit accesses, consecutive threads on
@@ -171,7 +172,7 @@ class ColumnAccumulators:
     of the thread's values ``i``; ``quad`` a local 4-value scratch) and :attr:`store` (the
     thread's values of a sum into a partial row)."""
 
-    def __init__(self, rows: Any, count: int) -> None:
+    def __init__(self, rows: Any, count: int, tree_bytes: int | None = None) -> None:
         import tilelang.language as T
 
         from tileplug.backend_cuda.norm.spec import MAX_SHARED_BYTES
@@ -180,7 +181,8 @@ class ColumnAccumulators:
         assert VALUES % 4 == 0
         QUADS = list(range(VALUES // 4))
         per_sum = VALUES * THREADS * 4
-        SHARED = [rows.tree_bytes() + (c + 1) * per_sum <= MAX_SHARED_BYTES for c in range(count)]
+        tree_bytes = rows.tree_bytes() if tree_bytes is None else tree_bytes  # the kernel's tree
+        SHARED = [tree_bytes + (c + 1) * per_sum <= MAX_SHARED_BYTES for c in range(count)]
         self.shared = SHARED
 
         def at(q, tx):

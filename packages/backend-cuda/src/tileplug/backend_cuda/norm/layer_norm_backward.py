@@ -63,8 +63,9 @@ def build(spec: NormKernelSpec):
         value = buffer[t] if spec.heads is None else buffer[t, n]
         return T.if_then_else(valid, value, T.float32(0.0))
 
+    TREE_SUMS = 2 if PAIRED else 1  # the row sums one tree holds
     # sum 0: the bias gradient's, sum 1: the weight gradient's
-    sums = ColumnAccumulators(rows, 1 if WDT is None else 2)
+    sums = ColumnAccumulators(rows, 1 if WDT is None else 2, rows.tree_bytes(TREE_SUMS))
 
     @T.prim_func
     def kernel(grad_y: g_t, x: x_t, weight: w_t, mean: mean_t, rstd: rstd_t, grad_residual_out: gr_t, grad_x: dx_t,
@@ -84,7 +85,7 @@ def build(spec: NormKernelSpec):
             bias_sums = sums.buffer(0)
             weight_sums = sums.buffer(1) if WDT is not None else None
             acc = T.alloc_local((2 if PAIRED else 1,), "float32")  # Σ g (then Σ g · x̂ unless paired)
-            tree = rows.tree_buffer(2 if PAIRED else 1)
+            tree = rows.tree_buffer(TREE_SUMS)
             lane = tx % rows.LANES
             if WDT is not None:
                 rows.load_vector(weight, wv, lane, WDT)
