@@ -672,6 +672,29 @@ def test_paired_sums_compile_without_spills() -> None:
         assert spills.get(spec.name + "_kernel") == 0 and not any(spills.values()), report[-2000:]
 
 
+def test_chunks_variable_picks_the_long_rows_tile() -> None:
+    """``TILEPLUG_CUDA_NORM_CHUNKS`` is the vectors a lane of a long row aims for: at D = 7168 bf16 the default 4
+    gives 7 warps × 4 vectors, 7 gives 4 warps × 7 (TileKernels' shape), named in the kernel (``l128r1c7``); the
+    wider tile's forward, fused cast and backward lower (its tree fits the shared budget); anything but an
+    integer names the variable."""
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.norm.spec import RowTile
+    from tileplug.core import ops
+
+    assert _norm_spec("rms_norm", 7168)[0].tile == RowTile(224, 1, 4)
+    x = torch.empty(4, 7168, dtype=torch.bfloat16)
+    weight = torch.empty(7168, dtype=torch.bfloat16)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TILEPLUG_CUDA_NORM_CHUNKS", "7")
+        kernel, call, _ = _kernel_call(ops.rms_norm_per_token_cast, x, weight, fmt="e4m3", num_per_channels=32)
+        specs = [kernel.spec(call), _norm_spec("rms_norm", 7168)[0], _norm_spec("rms_norm_backward", 7168)[0]]
+    for spec in specs:
+        assert spec.tile == RowTile(128, 1, 7) and "_l128r1c7" in spec.name
+        assert "__shfl_down_sync" in jit.lower_source(spec)  # the warp-subtree sums: 28 subtrees of 256
+    with pytest.raises(ValueError, match="TILEPLUG_CUDA_NORM_CHUNKS"):
+        _norm_spec("rms_norm", 7168, TILEPLUG_CUDA_NORM_CHUNKS="wide")
+
+
 # ---------------------------------------------------------------------- launchers
 
 

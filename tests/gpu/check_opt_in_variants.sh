@@ -46,6 +46,10 @@
 # Step 8's byte test ran there too: 157 of 158 cases passed; the 158th failed on a test defect (the spec the test
 # named was that of 3 rows, not of the one row it ran), mended; its bytes are still to be compared before the
 # fixed heads become the default.
+#  12. (twenty-ninth session, CPU only) the norm kernels' long rows on 4 warps of 7 vectors a lane
+#      (TILEPLUG_CUDA_NORM_CHUNKS=7, TileKernels' shape for D = 7168; default 4: 7 warps of 4): the GPU test of its
+#      bytes (-k wider_lanes), then rms_norm_per_token_cast 1×32, rms_norm and layer_norm at 4 / 7, twice, beside
+#      TileKernels (ncu at T = 4096 on an H100: the fused cast 36.0 µs at the default tile, TileKernels 30.6).
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -161,6 +165,12 @@ if want 10 && [ $(left) -gt 60 ]; then
     tile_kernels,liger subtrees_bench.txt 100 --ops rms_norm_backward,layer_norm_backward --tokens 1024,4096,16384,65536
   TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES=1 alternate TILEPLUG_CUDA_NORM_BACKWARD_PAIRED_SUMS "0 1 0 1" liger \
     paired_bench.txt 80 --ops layer_norm_backward --tokens 1024,4096,16384,65536
+fi
+if want 12 && [ $(left) -gt 60 ]; then
+  TILEPLUG_GPU_PRECOMPILE=0 timeout 200 $P -n 10 -k "wider_lanes" tests/gpu/test_cuda_norm.py > $OUT/wider.txt 2>&1
+  tail -2 $OUT/wider.txt
+  alternate TILEPLUG_CUDA_NORM_CHUNKS "4 7 4 7" tile_kernels chunks_bench.txt 90 \
+    --ops rms_norm_per_token_cast/g32,rms_norm,layer_norm --tokens 1024,4096,16384,65536
 fi
 if want 11 && [ $(left) -gt 120 ]; then
   nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/table_gpu.txt

@@ -387,6 +387,38 @@ def test_backward_tree_forms_give_the_levels_bytes(case: Case, form: str, monkey
                                    nan_equal=True)
 
 
+CHUNKS = "TILEPLUG_CUDA_NORM_CHUNKS"
+TILE_CASES = [  # D = 7168 on 4 warps of 7 vectors a lane (TILEPLUG_CUDA_NORM_CHUNKS=7) against the default tile
+    Case.of(CAST, 7168, num_per_channels=32),
+    Case.of(CAST, 7168, inputs={"residual": True}, fmt="e2m1", num_per_channels=16, return_unquantized=True),
+    Case.of(RMS, 7168, inputs={"residual": True}, return_rstd=True),
+    Case.of(LAYER, 7168, inputs={"bias": "bf16"}),
+    Case.of(RMS_BACK, 7168),
+]
+
+
+@pytest.mark.parametrize("case", TILE_CASES, ids=[case.id for case in TILE_CASES])
+def test_wider_lanes_give_the_default_tiles_bytes(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long row on fewer lanes of more vectors (``TILEPLUG_CUDA_NORM_CHUNKS=7``: 128 threads × 7 vectors at
+    D = 7168) gives the default tile's bytes — the row's additions keep the reference's order on any tile — and
+    the wider tile's kernel ran."""
+    from tileplug.backend_cuda import jit
+    from tileplug.core.registry import registry
+
+    for tokens in (1, 129, 4001):
+        args, kwargs = _arguments(case, tokens, seed=43)
+        runs = []
+        for chunks in ("4", "7"):
+            monkeypatch.setattr(registry, "_cache", {})  # routes prepared under the other tile would hide it
+            monkeypatch.setenv(CHUNKS, chunks)
+            runs.append(_cuda(case, args, kwargs))
+        assert any("_l128r1c7" in spec.name for spec, _ in jit._entries), case.id
+        for index, (default, wider) in enumerate(zip(*runs)):
+            if default is not None:
+                assert_bytes_equal(wider.cpu(), default.cpu(), what=f"{case.id} T={tokens} output {index} (7 chunks)",
+                                   nan_equal=True)
+
+
 @pytest.mark.parametrize("hidden", [7, 300, 7168])
 def test_column_sums_add_each_column_in_row_order(hidden: int) -> None:
     """The backwards' column sums (``backward.column_sum_launcher``: segments of ``SEGMENT_ROWS`` partial
