@@ -3,7 +3,8 @@
 
 Per row (the forward's row tile, ``rows.RowMacros``), in registers: ``x̂ = (s − mean) · rstd``,
 ``g = grad_y · float(w)`` (``grad_y`` without a weight), ``mean_g = sum(g) / D`` and
-``proj = sum(g · x̂) / D`` (both in the reference's pairwise order, ``rows.row_sum``),
+``proj = sum(g · x̂) / D`` (both in the reference's pairwise order, through one pass of the tree:
+``rows.row_sums``, ``spec.PAIRED_SUMS_VARIABLE``),
 ``grad_x = round_to(x.dtype, rstd · ((g − mean_g) − x̂ · proj) + grad_residual_out)``, each
 operation rounded where the reference rounds: ``grad_x`` is the reference's, bit for bit.
 
