@@ -50,6 +50,11 @@
 #      (TILEPLUG_CUDA_NORM_CHUNKS=7, TileKernels' shape for D = 7168; default 4: 7 warps of 4): the GPU test of its
 #      bytes (-k wider_lanes), then rms_norm_per_token_cast 1×32, rms_norm and layer_norm at 4 / 7, twice, beside
 #      TileKernels (ncu at T = 4096 on an H100: the fused cast 36.0 µs at the default tile, TileKernels 30.6).
+#  13. (not an opt-in) the norm backwards' row block 16 / 32 (TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK) at the
+#      twenty-ninth session's defaults, T = 256 … 65536, twice, beside TileKernels: 32 halves the partial rows (117 MB
+#      each way at T = 65536, ~85 µs of the gap to TileKernels by the twenty-eighth session's ncu) and was faster
+#      from T = 4096 up before the split path existed (1070.1 → 1035.6 µs at 65536); the split path now serves the
+#      grids it would leave short (below 64 CTAs: T < 2048 at 32).
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -171,6 +176,10 @@ if want 12 && [ $(left) -gt 60 ]; then
   tail -2 $OUT/wider.txt
   alternate TILEPLUG_CUDA_NORM_CHUNKS "4 7 4 7" tile_kernels chunks_bench.txt 90 \
     --ops rms_norm_per_token_cast/g32,rms_norm,layer_norm --tokens 1024,4096,16384,65536
+fi
+if want 13 && [ $(left) -gt 60 ]; then
+  alternate TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK "16 32 16 32" tile_kernels row_block_bench.txt 100 \
+    --ops rms_norm_backward,layer_norm_backward --tokens 256,1024,2048,4096,16384,65536
 fi
 if want 11 && [ $(left) -gt 120 ]; then
   nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/table_gpu.txt
