@@ -55,6 +55,8 @@
 #      each way at T = 65536, ~85 µs of the gap to TileKernels by the twenty-eighth session's ncu) and was faster
 #      from T = 4096 up before the split path existed (1070.1 → 1035.6 µs at 65536); the split path now serves the
 #      grids it would leave short (below 64 CTAs: T < 2048 at 32).
+#  14. (not an opt-in) the norm GPU module's backward tests at the twenty-ninth session's defaults (subtrees, paired
+#      sums): its up-front compile took more than 250 s on a fresh H100, so this step gives it 420 s.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -180,6 +182,11 @@ fi
 if want 13 && [ $(left) -gt 60 ]; then
   alternate TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK "16 32 16 32" tile_kernels row_block_bench.txt 100 \
     --ops rms_norm_backward,layer_norm_backward --tokens 256,1024,2048,4096,16384,65536
+fi
+if want 14 && [ $(left) -gt 120 ]; then
+  timeout $(( $(left) > 430 ? 420 : $(left) - 10 )) $P -n 15 -k "backward or column_sums" tests/gpu/test_cuda_norm.py \
+    > $OUT/norm_backward_module.txt 2>&1
+  tail -3 $OUT/norm_backward_module.txt
 fi
 if want 11 && [ $(left) -gt 120 ]; then
   nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/table_gpu.txt
