@@ -38,6 +38,12 @@ _HALVES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 _MAX_KEPT = 64
 
 
+def _refuse(what: str, name: str, value: object, default: object) -> None:
+    """A ``TypeError`` naming the argument where a case sets one Liger's ``what`` does not have."""
+    if value is not default and value != default:
+        raise TypeError(f"Liger's {what} has no '{name}' (this case sets it)")
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
              residual: torch.Tensor | None = None, weight_offset: float = 0.0, out_scale: float = 1.0,
              out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
@@ -45,8 +51,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     """``LigerRMSNormFunction`` (Llama casting mode, out of place)."""
     for name, value, default in (("residual", residual, None), ("out_scale", out_scale, 1.0),
                                  ("out", out, None), ("return_rstd", return_rstd, False)):
-        if value is not default and value != default:
-            raise TypeError(f"Liger's RMSNorm has no '{name}' (this case sets it)")
+        _refuse("RMSNorm", name, value, default)
     if weight is None:
         raise TypeError("Liger's RMSNorm needs a weight")
     return LigerRMSNormFunction.apply(x, weight, eps, weight_offset, "llama", False)
@@ -72,8 +77,7 @@ def rms_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
     """Liger's ``rms_norm_backward`` (Llama casting mode, in place: ``grad_x`` over ``grad_y``) →
     ``(grad_x, grad_weight)``; ``x`` / ``grad_y`` ``[T, D]``, ``rstd`` ``[T]`` fp32."""
     for name, value, default in (("out_scale", out_scale, 1.0), ("grad_residual_out", grad_residual_out, None)):
-        if value is not default and value != default:
-            raise TypeError(f"Liger's RMSNorm backward has no '{name}' (this case sets it)")
+        _refuse("RMSNorm backward", name, value, default)
     if weight is None:
         raise TypeError("Liger's RMSNorm backward needs a weight")
     block, warps = calculate_settings(x.shape[-1])
@@ -85,8 +89,7 @@ def layer_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Ten
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Liger's ``layer_norm_backward`` → ``(grad_x, grad_weight, grad_bias)`` (the weight's dtype);
     ``x`` / ``grad_y`` ``[T, D]``, ``mean`` / ``rstd`` ``[T]`` fp32."""
-    if grad_residual_out is not None:
-        raise TypeError("Liger's LayerNorm backward has no 'grad_residual_out' (this case sets it)")
+    _refuse("LayerNorm backward", "grad_residual_out", grad_residual_out, None)
     if weight is None:
         raise TypeError("Liger's LayerNorm backward needs a weight")
     return _layer_norm_backward(grad_y, x, weight, weight, mean, rstd)  # the bias: only its dtype is read
