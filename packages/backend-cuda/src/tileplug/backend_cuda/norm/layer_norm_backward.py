@@ -85,7 +85,7 @@ def build(spec: NormKernelSpec):
             quad = T.alloc_local((4,), "float32")
             bias_sums = sums.buffer(0)
             weight_sums = sums.buffer(1) if WDT is not None else None
-            acc = T.alloc_local((2 if PAIRED else 1,), "float32")  # Σ g (then Σ g · x̂ unless paired)
+            acc = T.alloc_local((TREE_SUMS,), "float32")  # Σ g (then Σ g · x̂ unless paired)
             tree = rows.tree_buffer(TREE_SUMS)
             lane = tx % rows.LANES
             if WDT is not None:

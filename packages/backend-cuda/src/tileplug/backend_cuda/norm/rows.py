@@ -37,7 +37,7 @@ import struct
 import tilelang.language as T
 
 from tileplug.backend_cuda.norm.spec import (PREFETCH_STAGES, NormKernelSpec, prefetch_shape, reduction_plan, shuffle_tree,
-                                             takes_subtrees, tree_levels)
+                                             takes_subtrees, tree_bytes, tree_levels)
 
 
 def _halvings(width: int) -> list[int]:
@@ -95,6 +95,7 @@ class RowMacros:
         SHUFFLE = shuffle_tree(plan, tile, VEC)
         SHUFFLE_LEVELS = [h for _, h, _ in tree_levels(WIDTH)] if SHUFFLE else []
         self.shuffle_tree = SHUFFLE
+        self.plan = plan
         # rows of whole warps whose tree splits into S subtrees of N values (spec.ReductionPlan):
         # each warp adds S / warps subtrees in registers and shuffles (lane l holding j = l + 32·m),
         # then every thread adds the S subtree sums in the tree's last levels
@@ -327,11 +328,8 @@ class RowMacros:
         return T.alloc_shared((self.tree_bytes(sums) // 4,), "float32")
 
     def tree_bytes(self, sums: int = 1) -> int:
-        """Shared bytes of :meth:`tree_buffer` over ``sums`` sums."""
-        if self.LANES == 1 or self.shuffle_tree:
-            return 4
-        subtree_sums = self.SUBTREES[0] if self.SUBTREES is not None else 0
-        return 4 * sums * self.ROWS * (self.WIDTH + subtree_sums)
+        """Shared bytes of :meth:`tree_buffer` over ``sums`` sums (``spec.tree_bytes``)."""
+        return tree_bytes(self.plan, self.spec.tile, self.VEC, self.SUBTREES is not None, sums)
 
     def slot(self, tx):
         """Row of thread ``tx`` within its CTA."""

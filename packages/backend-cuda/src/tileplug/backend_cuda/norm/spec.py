@@ -215,14 +215,14 @@ def backward_paired_sums() -> bool:
     return tuning_choice(PAIRED_SUMS_VARIABLE, "1", PAIRED_SUMS_CHOICES) == "1"
 
 
-def pairs_sums(call_op: str, plan: ReductionPlan, tile: RowTile) -> bool:
+def pairs_sums(call_op: str, plan: ReductionPlan, tile: RowTile, vec: int) -> bool:
     """Whether a backward of ``call_op`` on this tile adds its row sums paired: ``layer_norm_backward`` (two sums)
-    when :data:`PAIRED_SUMS_VARIABLE` asks and two sums' tree fits :data:`MAX_SHARED_BYTES` (a row of one thread
-    or one shuffle tree has no shared tree, and pairs in registers)."""
+    when :data:`PAIRED_SUMS_VARIABLE` asks and two sums' tree (:func:`tree_bytes`, its subtree sums counted
+    whichever form the row takes: the choice does not follow the subtree variable) fits :data:`MAX_SHARED_BYTES` (a
+    row of one thread or one shuffle tree has no shared tree, and pairs in registers)."""
     if call_op != "layer_norm_backward" or not backward_paired_sums():
         return False
-    subtree_sums = plan.subtrees[0] if plan.subtrees is not None else 0
-    return 2 * 4 * tile.rows * (plan.width + subtree_sums) <= MAX_SHARED_BYTES
+    return tree_bytes(plan, tile, vec, plan.subtrees is not None, 2) <= MAX_SHARED_BYTES
 
 
 @dataclass(frozen=True)
@@ -360,6 +360,16 @@ def shuffle_tree(plan: ReductionPlan, tile: RowTile, vec: int) -> bool:
     warp whose tree starts from exactly one vector per lane on a power of two of values."""
     return (plan.local_steps is None and plan.exact and plan.written_chunks == 1 and tile.lanes <= 32
             and plan.width == tile.lanes * vec and plan.width & (plan.width - 1) == 0)
+
+
+def tree_bytes(plan: ReductionPlan, tile: RowTile, vec: int, subtrees: bool, sums: int = 1) -> int:
+    """Shared bytes of a row tile's reduction tree over ``sums`` sums (``rows.RowMacros.tree_buffer``): each sum's
+    ``rows · width`` values, then (``subtrees``: the warp-subtree form taken) its ``rows · S`` subtree sums; a thread
+    holding its whole row, or a row reduced by shuffles, needs none: one element."""
+    if tile.lanes == 1 or shuffle_tree(plan, tile, vec):
+        return 4
+    subtree_sums = plan.subtrees[0] if subtrees else 0
+    return 4 * sums * tile.rows * (plan.width + subtree_sums)
 
 
 def takes_subtrees(plan: ReductionPlan, tile: RowTile, vec: int) -> bool:
@@ -551,5 +561,5 @@ def make_spec(call: NormCall, quant: QuantSpec | None = None) -> NormKernelSpec:
         prefetch=backward and vectorize and backward_prefetch() and prefetch_bytes(tile) <= PREFETCH_MAX_BYTES,
         row_block=backward_row_block() if backward else BACKWARD_ROW_BLOCK,
         subtrees=subtrees,
-        paired_sums=pairs_sums(call.op, plan, tile),
+        paired_sums=pairs_sums(call.op, plan, tile, vec),
     )
