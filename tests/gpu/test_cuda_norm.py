@@ -160,6 +160,16 @@ def _cuda(case: Case, args: tuple, kwargs: dict) -> list:
     return outputs
 
 
+def _cuda_under(variables: dict, case: Case, args: tuple, kwargs: dict, monkeypatch: pytest.MonkeyPatch) -> list:
+    """:func:`_cuda` with the tuning ``variables`` set (routes prepared before are dropped: they would hide them)."""
+    from tileplug.core.registry import registry
+
+    monkeypatch.setattr(registry, "_cache", {})
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    return _cuda(case, args, kwargs)
+
+
 def _spec(op: str, args: tuple, kwargs: dict, required: bool = True):
     """The CUDA specialisation serving ``op(*args, **kwargs)`` (None where declined and not ``required``)."""
     from tileplug.backend_cuda.plugin import _KERNELS
@@ -364,7 +374,6 @@ def test_backward_tree_forms_give_the_levels_bytes(case: Case, form: str, monkey
     (grad_x, grad_weight, grad_bias), split and fused paths, on inputs with zeros in x, an inf and a NaN in grad_y;
     and the form's kernels ran."""
     from tileplug.backend_cuda import jit
-    from tileplug.core.registry import registry
 
     variables, field = TREE_FORMS[form]
     for tokens in SUBTREE_TOKENS:
@@ -373,12 +382,7 @@ def test_backward_tree_forms_give_the_levels_bytes(case: Case, form: str, monkey
         x[..., 0] = 0.0
         grad_y[(0,) * (grad_y.dim() - 1) + (3,)] = float("inf")  # (row strides may be padded: no view)
         grad_y[(-1,) * (grad_y.dim() - 1) + (5,)] = float("nan")
-        runs = []
-        for setting in (LEVELS, variables):
-            monkeypatch.setattr(registry, "_cache", {})  # routes prepared under the other setting would hide it
-            for name, value in setting.items():
-                monkeypatch.setenv(name, value)
-            runs.append(_cuda(case, args, kwargs))
+        runs = [_cuda_under(setting, case, args, kwargs, monkeypatch) for setting in (LEVELS, variables)]
         ran = {spec.name for spec, _ in jit._entries if getattr(spec, field, False)}
         assert any(spec.name in ran for spec in _form_specs(case, variables) if getattr(spec, field, False)), case.id
         for index, (levels, other) in enumerate(zip(*runs)):
@@ -403,15 +407,10 @@ def test_wider_lanes_give_the_default_tiles_bytes(case: Case, monkeypatch: pytes
     D = 7168) gives the default tile's bytes — the row's additions keep the reference's order on any tile — and
     the wider tile's kernel ran."""
     from tileplug.backend_cuda import jit
-    from tileplug.core.registry import registry
 
     for tokens in (1, 129, 4001):
         args, kwargs = _arguments(case, tokens, seed=43)
-        runs = []
-        for chunks in ("4", "7"):
-            monkeypatch.setattr(registry, "_cache", {})  # routes prepared under the other tile would hide it
-            monkeypatch.setenv(CHUNKS, chunks)
-            runs.append(_cuda(case, args, kwargs))
+        runs = [_cuda_under({CHUNKS: chunks}, case, args, kwargs, monkeypatch) for chunks in ("4", "7")]
         assert any("_l128r1c7" in spec.name for spec, _ in jit._entries), case.id
         for index, (default, wider) in enumerate(zip(*runs)):
             if default is not None:
