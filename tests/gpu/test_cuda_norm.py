@@ -392,30 +392,35 @@ def test_backward_tree_forms_give_the_levels_bytes(case: Case, form: str, monkey
 
 
 CHUNKS = "TILEPLUG_CUDA_NORM_CHUNKS"
-TILE_CASES = [  # D = 7168 on 4 warps of 7 vectors a lane (TILEPLUG_CUDA_NORM_CHUNKS=7) against the default tile
+TILE_CASES = [  # D = 7168 on 4 warps of 7 vectors a lane and 14 warps of 2 (TILEPLUG_CUDA_NORM_CHUNKS) against the default
     Case.of(CAST, 7168, num_per_channels=32),
     Case.of(CAST, 7168, inputs={"residual": True}, fmt="e2m1", num_per_channels=16, return_unquantized=True),
     Case.of(RMS, 7168, inputs={"residual": True}, return_rstd=True),
     Case.of(LAYER, 7168, inputs={"bias": "bf16"}),
     Case.of(RMS_BACK, 7168),
+    Case.of(LAYER_BACK, 7168),
 ]
+TILE_CHUNKS = {"7": "_l128r1c7", "2": "_l448r1c2"}  # chunks → the tile in the kernel's name
 
 
 @pytest.mark.parametrize("case", TILE_CASES, ids=[case.id for case in TILE_CASES])
 def test_wider_lanes_give_the_default_tiles_bytes(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
     """A long row on fewer lanes of more vectors (``TILEPLUG_CUDA_NORM_CHUNKS=7``: 128 threads × 7 vectors at
-    D = 7168) gives the default tile's bytes — the row's additions keep the reference's order on any tile — and
-    the wider tile's kernel ran."""
+    D = 7168) or on more lanes of fewer (``=2``: 448 threads × 2) gives the default tile's bytes — the row's
+    additions keep the reference's order on any tile, and a backward's partial rows add each column's rows in
+    row order on any one-row tile — and the other tile's kernel ran."""
     from tileplug.backend_cuda import jit
 
     for tokens in (1, 129, 4001):
         args, kwargs = _arguments(case, tokens, seed=43)
-        runs = [_cuda_under({CHUNKS: chunks}, case, args, kwargs, monkeypatch) for chunks in ("4", "7")]
-        assert any("_l128r1c7" in spec.name for spec, _ in jit._entries), case.id
-        for index, (default, wider) in enumerate(zip(*runs)):
-            if default is not None:
-                assert_bytes_equal(wider.cpu(), default.cpu(), what=f"{case.id} T={tokens} output {index} (7 chunks)",
-                                   nan_equal=True)
+        default = _cuda_under({CHUNKS: "4"}, case, args, kwargs, monkeypatch)
+        for chunks, tile in TILE_CHUNKS.items():
+            other = _cuda_under({CHUNKS: chunks}, case, args, kwargs, monkeypatch)
+            assert any(tile in spec.name for spec, _ in jit._entries), (case.id, chunks)
+            for index, (expected, got) in enumerate(zip(default, other)):
+                if expected is not None:
+                    assert_bytes_equal(got.cpu(), expected.cpu(),
+                                       what=f"{case.id} T={tokens} output {index} ({chunks} chunks)", nan_equal=True)
 
 
 @pytest.mark.parametrize("hidden", [7, 300, 7168])
