@@ -49,8 +49,8 @@
 #  12. (twenty-ninth session, CPU only) the norm kernels' long rows on 4 warps of 7 vectors a lane
 #      (TILEPLUG_CUDA_NORM_CHUNKS=7, TileKernels' shape for D = 7168; default 4: 7 warps of 4), and (thirtieth) on 14
 #      warps of 2 (=2: the backwards' rows at 72 / 120 registers, against 125 / 191 — rms_norm_backward two CTAs of
-#      14 warps an SM): the GPU test of their bytes (-k wider_lanes, the backwards too), then the fused cast 1×32,
-#      rms_norm, layer_norm and both backwards at 4 / 7 / 2 / 4 beside TileKernels (ncu at T = 4096 on an H100: the
+#      14 warps an SM): the GPU test of their bytes (-k wider_lanes, the backwards too), then the fused cast 1×32
+#      and both backwards at 4 / 7 / 2 / 4 beside TileKernels (ncu at T = 4096 on an H100: the
 #      fused cast 36.0 µs at the default tile, TileKernels 30.6).
 #  13. (not an opt-in) the norm backwards' row block 16 / 32 (TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK) at the
 #      twenty-ninth session's defaults, T = 256 … 65536, twice, beside TileKernels: 32 halves the partial rows (117 MB
@@ -178,9 +178,8 @@ fi
 if want 12 && [ $(left) -gt 60 ]; then
   TILEPLUG_GPU_PRECOMPILE=0 timeout 150 $P -n 12 -k "wider_lanes" tests/gpu/test_cuda_norm.py > $OUT/wider.txt 2>&1
   tail -2 $OUT/wider.txt
-  alternate TILEPLUG_CUDA_NORM_CHUNKS "4 7 2 4" tile_kernels chunks_bench.txt 105 \
-    --ops rms_norm_per_token_cast/g32,rms_norm,layer_norm,rms_norm_backward,layer_norm_backward \
-    --tokens 1024,4096,16384,65536
+  alternate TILEPLUG_CUDA_NORM_CHUNKS "4 7 2 4" tile_kernels chunks_bench.txt 100 \
+    --ops rms_norm_per_token_cast/g32,rms_norm_backward,layer_norm_backward --tokens 1024,4096,16384,65536
 fi
 if want 13 && [ $(left) -gt 60 ]; then
   alternate TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK "16 32 16 32" tile_kernels row_block_bench.txt 100 \
