@@ -339,7 +339,7 @@ def test_specialisation_lowers_and_compiles(entry: tuple, compiled_grid: dict[st
 
 def test_backward_row_loops_stop_at_the_last_row(compiled_grid: dict[str, dict]) -> None:
     """Every norm backward row kernel of the grid, with the prefetch and with the direct loads,
-    runs ``min(row_block, row tiles left)`` iterations: the last CTA stops at the last row instead
+    runs ``min(row_block, row tiles left)`` iterations (half of them on the half path): the last CTA stops at the last row instead
     of running masked iterations (which would add nothing), so a call of a few rows runs one."""
     from tileplug.backend_cuda.norm.spec import BACKWARD_ROW_BLOCK
 
@@ -348,9 +348,11 @@ def test_backward_row_loops_stop_at_the_last_row(compiled_grid: dict[str, dict])
     parts = {name: name.split("_") for name in sources}  # (the name's parts: _pf, _rb1, then the tree's forms)
     assert any("pf" in parts[name] for name in sources) and any("pf" not in parts[name] for name in sources)
     assert any("rb1" in parts[name] for name in sources)  # the split path's row kernels
+    half = f"sb{BACKWARD_ROW_BLOCK // 2}"
+    assert any(half in parts[name] for name in sources)  # the half path's (half a block a CTA)
     for name, source in sources.items():
-        row_block = 1 if "rb1" in parts[name] else BACKWARD_ROW_BLOCK
-        assert f"count = min({row_block}, " in source, name
+        iterations = 1 if "rb1" in parts[name] else BACKWARD_ROW_BLOCK // 2 if half in parts[name] else BACKWARD_ROW_BLOCK
+        assert f"count = min({iterations}, " in source, name
         assert re.search(r"for \(int (\w+) = 0; \1 < count; \+\+\1\)", source), name
 
 

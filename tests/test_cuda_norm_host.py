@@ -405,12 +405,12 @@ def test_backward_blocking_is_fixed_and_sizes_the_partial_rows(monkeypatch: pyte
         kernel, call, inputs = _kernel_call(ops.rms_norm_backward, grad, grad.clone(),
                                             torch.ones(hidden, dtype=torch.bfloat16), torch.ones(tokens))
         spec = kernel.spec(call)
-        assert spec.row_block == BACKWARD_ROW_BLOCK == 16 and "_rb" not in spec.name
+        assert spec.row_block == BACKWARD_ROW_BLOCK == 32 and "_rb" not in spec.name
         recorders.clear()
         kernel.kernel().prepare(call, split_below=0)(inputs, call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, None))
         partials = recorders[spec.name].args[-1]
         slots = spec.tile.rows
-        assert partials.shape == (-(-tokens // (slots * 16)) * slots, hidden), (hidden, tokens)
+        assert partials.shape == (-(-tokens // (slots * 32)) * slots, hidden), (hidden, tokens)
         summed = recorders[ColumnSumSpec().name].args[0]
         assert summed is partials or summed.shape[0] == -(-partials.shape[0] // 64)
     monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK", "8")
@@ -426,13 +426,15 @@ def test_backward_blocking_is_fixed_and_sizes_the_partial_rows(monkeypatch: pyte
 ])
 def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int, heads: int | None,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """More than one row tile and a fused grid under ``split_below`` CTAs: the split path (the row
-    kernel at one row tile a CTA, one one-row partial per row slot, the block sum into the fused
-    kernel's partial rows, the column sum); otherwise the fused row kernel. Without ``split_below``
+    """More than one row tile and a fused grid under ``split_below`` CTAs: the half path where its
+    grid (two CTAs a block) reaches ``split_below`` (the row kernel at half a block a CTA, a block's
+    first sum then its later rows' one-row partials, the block sum of those into the fused kernel's
+    partial rows, the column sum), else the split path (one row tile a CTA, one one-row partial per
+    row slot, the block sum, the column sum); otherwise the fused row kernel. Without ``split_below``
     the bound is the environment variable's, else the default: 64 (since the split path ran on a GPU,
     2026-12-06)."""
     from tileplug.backend_cuda import jit
-    from tileplug.backend_cuda.norm.backward import ColumnSumSpec, RowBlockSumSpec
+    from tileplug.backend_cuda.norm.backward import BlockLayout, ColumnSumSpec, RowBlockSumSpec
     from tileplug.backend_cuda.norm.spec import BACKWARD_SPLIT_BELOW
     from tileplug.core import CUDA_LAYOUT, ops
 
@@ -448,38 +450,49 @@ def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int,
                                             *stats, torch.ones(shape[:-1]))
         launched.clear()
         kernel.kernel().prepare(call, **options)(inputs, call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, None))
-        return kernel.spec(call), kernel.split_spec(call), list(launched)
+        return kernel.spec(call), kernel.split_spec(call), kernel.half_spec(call), list(launched)
 
-    spec, split, _ = run(1)
-    slots, reduced = spec.tile.rows, 2 if op == "layer_norm_backward" else 1
+    spec, split, half, _ = run(1)
+    slots, reduced, block = spec.tile.rows, 2 if op == "layer_norm_backward" else 1, spec.row_block
     assert split.row_block == 1 and not split.prefetch and split.name == spec.name.replace("_pf", "_rb1")
-    rows_per_fused_cta = slots * spec.row_block * (heads or 1)
-    longest_split = (split_below - 1) * slots * spec.row_block // (heads or 1)
-    for tokens, expect_split in ((1, False), (2, True), (rows_per_fused_cta + 1, True), (longest_split, True),
-                                 (longest_split + 1, False)):
+    assert half.sub_block == block // 2 and half.prefetch and {"pf", f"sb{block // 2}"} <= set(half.name.split("_"))
+    kept = BlockLayout(half).kept
+    assert kept == 1 + block // 2
+    rows_per_fused_cta = slots * block * (heads or 1)
+    longest_split = (split_below - 1) * slots * (block // 2) // (heads or 1)  # the half path's grid short of 64
+    longest_half = (split_below - 1) * slots * block // (heads or 1)
+    for tokens, path in ((1, "fused"), (2, "split"), (rows_per_fused_cta + 1, "split"), (longest_split, "split"),
+                         (longest_split + 1, "half"), (longest_split + slots * 7, "half"), (longest_half, "half"),
+                         (longest_half + 1, "fused")):
         if tokens * (heads or 1) <= slots:
-            expect_split = False  # one row tile: nothing to split
-        _, _, calls = run(tokens, split_below=split_below)
+            path = "fused"  # one row tile: nothing to split
+        _, _, _, calls = run(tokens, split_below=split_below)
         names = [name for name, _ in calls]
         tiles = -(-tokens * (heads or 1) // slots)
-        blocks = -(-tiles // spec.row_block)
-        if not expect_split:
-            assert names[0] == spec.name and split.name not in names, (tokens, names)
+        blocks = -(-tiles // block)
+        ran = {"fused": spec, "half": half, "split": split}[path]
+        assert names[0] == ran.name and not {spec.name, half.name, split.name} - {ran.name} & set(names), (tokens, names)
+        if path == "fused":
             assert calls[0][1][-1].shape == (blocks * slots, hidden)
             continue
-        assert names[0] == split.name and spec.name not in names, (tokens, names)
-        assert calls[0][1][-1].shape == (tiles * slots, hidden)  # one partial row per row tile and slot
-        block_sums = [args for name, args in calls if name == RowBlockSumSpec(spec.row_block, slots).name]
+        # split: one partial row per row tile and slot; half: per block its first CTA's sum and its later rows
+        first_rows = tiles if path == "split" else sum(
+            1 + max(0, min(block, tiles - first) - block // 2) for first in range(0, tiles, block))
+        assert BlockLayout(ran).partial_rows(tiles) == first_rows
+        assert calls[0][1][-1].shape == (first_rows * slots, hidden)
+        block_sums = [args for name, args in calls
+                      if name == RowBlockSumSpec(block if path == "split" else kept, slots).name]
         assert len(block_sums) == reduced
         for one_row, blocked in block_sums:
-            assert one_row.shape == (tiles * slots, hidden) and blocked.shape == (blocks * slots, hidden)
+            assert one_row.shape == (first_rows * slots, hidden) and blocked.shape == (blocks * slots, hidden)
         assert names.count(ColumnSumSpec().name) == reduced
     monkeypatch.delenv("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", raising=False)
-    assert BACKWARD_SPLIT_BELOW == split_below and run(2 * rows_per_fused_cta)[2][0][0] == split.name  # the default
+    assert BACKWARD_SPLIT_BELOW == split_below and run(longest_split)[3][0][0] == split.name  # the default
+    assert run(longest_half)[3][0][0] == half.name
     monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", "0")
-    assert run(2 * rows_per_fused_cta)[2][0][0] == spec.name
+    assert run(longest_split)[3][0][0] == spec.name
     monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", str(split_below))
-    assert run(2 * rows_per_fused_cta)[2][0][0] == split.name
+    assert run(longest_split)[3][0][0] == split.name
 
 
 def _fused_order(terms: torch.Tensor, masked: torch.Tensor, row_block: int) -> torch.Tensor:
@@ -502,10 +515,12 @@ def test_split_block_sums_give_the_fused_partial_rows_bit_for_bit() -> None:
     """The claim the split path rests on, played in fp32 on the CPU (IEEE adds like the kernels'
     ``__fadd_rn``): one-row partials (``+0 + term``, +0 where the slot is masked) added by the
     block sum's order give the fused kernel's partial rows exactly, with −0, ±inf, NaN and
-    cancelling terms among them, a partial last block, and several rows a tile."""
+    cancelling terms among them, a partial last block, and several rows a tile; and so do the half
+    path's (a block's first half added as the fused kernel adds it, its later rows' one-row partials
+    after it), with last blocks shorter and longer than a half."""
     generator = torch.Generator().manual_seed(5)
     row_block = 16
-    for tiles, rows in ((1, 1), (37, 1), (16, 4), (50, 8)):
+    for tiles, rows in ((1, 1), (37, 1), (16, 4), (50, 8), (7, 2), (45, 1)):
         terms = torch.randn(tiles, rows, 64, generator=generator) * torch.logspace(-30, 30, 64)
         terms[..., 0] = -0.0
         terms[0, 0, 1], terms[-1, -1, 2], terms[tiles // 2, 0, 3] = float("inf"), float("-inf"), float("nan")
@@ -525,6 +540,42 @@ def test_split_block_sums_give_the_fused_partial_rows_bit_for_bit() -> None:
         expected = _fused_order(terms, masked, row_block)
         assert torch.equal(torch.stack(blocked).view(torch.int32), expected.view(torch.int32)), (tiles, rows)
         assert torch.signbit(expected[:, 0]).logical_not().all() and torch.signbit(expected[:, 5]).all()
+        assert torch.equal(_half_path_order(terms, masked, row_block).view(torch.int32), expected.view(torch.int32))
+
+
+def _half_path_order(terms: torch.Tensor, masked: torch.Tensor, row_block: int) -> torch.Tensor:
+    """The half path's partial rows played on the CPU: per block its first CTA's sum (from +0, its
+    half of the block's tiles), then each later tile's one-row partial (``+0 + term``, +0 where masked),
+    at the rows ``BlockLayout`` gives the kernel; then the block sum over ``kept`` rows a block."""
+    from types import SimpleNamespace
+
+    from tileplug.backend_cuda.norm.backward import BlockLayout
+
+    tiles, rows, hidden = terms.shape
+    layout = BlockLayout(SimpleNamespace(row_block=row_block, sub_block=row_block // 2))
+    first_rows = torch.full((layout.partial_rows(tiles) * rows, hidden), float("nan"))
+    for cta in range(-(-tiles // layout.sub)):
+        first = cta * layout.sub
+        for slot in range(rows):
+            if cta % layout.per == 0:
+                acc = torch.zeros(hidden)
+                for tile in range(first, min(first + layout.sub, tiles)):
+                    if not masked[tile, slot]:
+                        acc = acc + terms[tile, slot]
+                first_rows[layout.first_row(cta) * rows + slot] = acc
+                continue
+            for block_row, tile in enumerate(range(first, min(first + layout.sub, tiles))):
+                term = torch.zeros(hidden) if masked[tile, slot] else torch.zeros(()) + terms[tile, slot]
+                first_rows[layout.term_row(cta, block_row) * rows + slot] = term
+    blocked = []
+    for out_row in range(-(-tiles // row_block) * rows):
+        first, slot = out_row // rows * layout.kept, out_row % rows
+        count = min(layout.kept, first_rows.shape[0] // rows - first)
+        acc = first_rows[first * rows + slot].clone()
+        for i in range(1, count):
+            acc = acc + first_rows[(first + i) * rows + slot]
+        blocked.append(acc)
+    return torch.stack(blocked)
 
 
 def test_row_block_sum_lowers_with_its_terms_loaded_first() -> None:
@@ -804,10 +855,11 @@ def test_backward_runs_the_row_kernel_then_the_column_sum() -> None:
     kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, x, torch.ones(7168, dtype=torch.bfloat16), rstd)
     assert kernel.supports(call) is None
     specs = kernel.specs(call)
-    assert specs[0].op == "rms_norm_backward" and specs[1] == kernel.split_spec(call)
-    assert specs[2:] == [RowBlockSumSpec(16, 1), ColumnSumSpec(segment=True), ColumnSumSpec()]
+    assert specs[0].op == "rms_norm_backward" and specs[1] == kernel.half_spec(call) and specs[3] == kernel.split_spec(call)
+    assert specs[2] == RowBlockSumSpec(17, 1)  # the half path's: a block's first sum and 16 rows' terms
+    assert specs[4:] == [RowBlockSumSpec(32, 1), ColumnSumSpec(segment=True), ColumnSumSpec()]
     kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, x, None, rstd)
-    assert kernel.specs(call) == [kernel.spec(call), kernel.split_spec(call)]  # no weight: no sums
+    assert kernel.specs(call) == [kernel.spec(call), kernel.half_spec(call), kernel.split_spec(call)]  # no weight: no sums
 
 
 def test_column_sum_lowers_with_an_ordered_loop() -> None:
@@ -863,8 +915,8 @@ def test_layer_norm_backward_reduces_bias_and_weight() -> None:
                                    rstd)
     assert kernel.supports(call) is None and kernel.reduced(call) == ("grad_bias", "grad_weight")
     kernel, call, _ = _kernel_call(ops.layer_norm_backward, grad, x, None, mean, rstd)
-    # the row kernel, the split path's row kernel and block sum, two column stages
-    assert kernel.reduced(call) == ("grad_bias",) and len(kernel.specs(call)) == 5
+    # the row kernel, the half and split paths' row kernels and block sums, two column stages
+    assert kernel.reduced(call) == ("grad_bias",) and len(kernel.specs(call)) == 7
 
 
 @pytest.mark.parametrize(("op", "hidden", "dtype", "in_shared"), [

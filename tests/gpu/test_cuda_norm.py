@@ -287,8 +287,8 @@ def test_backward_of_a_long_batch(case: Case, tokens: int) -> None:
             assert_bytes_equal(first.cpu(), second.cpu(), what=f"{case.id} run-to-run output {index}")
 
 
-SPLIT = [  # (case, token counts): the split path of a short batch against the fused row kernel
-    (Case.of(RMS_BACK, 7168, inputs={"grad_residual": True}), (2, 17, 129, 1008)),
+SPLIT = [  # (case, token counts): the split and half paths of a short batch against the fused row kernel
+    (Case.of(RMS_BACK, 7168, inputs={"grad_residual": True}), (2, 17, 129, 1008, 1500)),
     (Case.of(RMS_BACK, 128, inputs={"heads": 4}), (3, 77, 500)),  # 8 rows a tile, 3-D
     (Case.of(LAYER_BACK, 576, inputs={"grad_residual": True}), (2, 9, 333)),  # 4 rows a tile
     (Case.of(LAYER_BACK, 5120), (5, 130)),
@@ -299,9 +299,10 @@ SPLIT = [  # (case, token counts): the split path of a short batch against the f
 
 @pytest.mark.parametrize("case,counts", SPLIT, ids=[case.id for case, _ in SPLIT])
 def test_split_path_gives_the_fused_bytes(case: Case, counts: tuple) -> None:
-    """A short batch's split path (one row tile a CTA, then the block sums) and the fused row
-    kernel give the same bytes, grad_weight and grad_bias included, on inputs with zeros in x
-    (−0 / +0 terms), an inf and a NaN in grad_y."""
+    """A short batch's split path (one row tile a CTA, then the block sums), its half path (a block
+    over two CTAs, the second writing its rows' terms; where there are more than half a block of row
+    tiles) and the fused row kernel give the same bytes, grad_weight and grad_bias included, on inputs
+    with zeros in x (−0 / +0 terms), an inf and a NaN in grad_y."""
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.plugin import _KERNELS
     from tileplug.core import CUDA_LAYOUT
@@ -317,19 +318,29 @@ def test_split_path_gives_the_fused_bytes(case: Case, counts: tuple) -> None:
         with config.host_layout("cuda"):
             call, inputs = describe_call(case.op, *args, **kwargs)
         kernel = _KERNELS[call.op].kernel()
-        runs = []
-        for split_below in (0, 1 << 30):  # never split, split whenever there is more than one row tile
+        spec = kernel.spec(call)
+        tiles = -(-x.numel() // (case.hidden * spec.tile.rows))
+        half_grid = -(-tiles // (spec.row_block // 2))  # split_below at this grid runs the half path
+        # never split; split whenever there is more than one row tile; the half path where it differs from the fused
+        # (which path a split_below picks: tests/test_cuda_norm_host.py)
+        paths = {"fused": 0, "split": 1 << 30}
+        if half_grid > -(-tiles // spec.row_block):
+            paths["half"] = half_grid
+        runs = {}
+        for path, split_below in paths.items():
             outputs = call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, DEVICE)
             kernel.prepare(call, split_below=split_below)(inputs, outputs)
-            runs.append(outputs)
+            runs[path] = outputs
         torch.cuda.synchronize()
-        split_spec = kernel.split_spec(call)
-        assert any(spec == split_spec for spec, _ in jit._entries), f"{case.id} T={tokens}: the split path did not run"
-        for name in runs[0]._fields:
-            fused, split = getattr(runs[0], name), getattr(runs[1], name)
-            if fused is not None:
-                assert_bytes_equal(split.cpu(), fused.cpu(), what=f"{case.id} T={tokens} {name} (split / fused)",
-                                   nan_equal=True)
+        ran = {spec for spec, _ in jit._entries}
+        assert kernel.split_spec(call) in ran, f"{case.id} T={tokens}: the split path did not run"
+        assert "half" not in paths or kernel.half_spec(call) in ran, f"{case.id} T={tokens}: the half path did not run"
+        for path, outputs in runs.items():
+            for name in outputs._fields:
+                fused, other = getattr(runs["fused"], name), getattr(outputs, name)
+                if fused is not None:
+                    assert_bytes_equal(other.cpu(), fused.cpu(), what=f"{case.id} T={tokens} {name} ({path} / fused)",
+                                       nan_equal=True)
 
 
 SUBTREES = "TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES"

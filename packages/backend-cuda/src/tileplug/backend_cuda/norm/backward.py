@@ -157,6 +157,34 @@ def column_sum_launcher(device_entry) -> Any:
     return add
 
 
+class BlockLayout:
+    """Where a backward row kernel's CTA works and writes (``spec.row_block`` row tiles a block; one
+    partial row a row slot and block, or, on the half path, ``kept`` of them: the first CTA's sum, then
+    each later row's terms).
+
+    ``sub`` row-tile iterations a CTA (the whole block but on the half path), ``per`` CTAs a block,
+    ``kept`` partial rows a block (1 but on the half path: ``1 + row_block − sub``)."""
+
+    def __init__(self, spec: Any) -> None:
+        self.sub = spec.sub_block or spec.row_block
+        self.per = spec.row_block // self.sub
+        self.kept = 1 + spec.row_block - self.sub if spec.sub_block else 1
+        assert self.per * self.sub == spec.row_block
+
+    def first_row(self, bx):
+        """The partial row (of slot 0) CTA ``bx``'s block sum goes to."""
+        return bx if self.per == 1 else (bx // self.per) * self.kept
+
+    def term_row(self, bx, block_row):
+        """The partial row (of slot 0) of iteration ``block_row``'s terms in a later CTA of a block (the half path)."""
+        return (bx // self.per) * self.kept + 1 + (bx % self.per - 1) * self.sub + block_row
+
+    def partial_rows(self, tiles: int) -> int:
+        """Partial rows (a slot's) the row kernel writes for ``tiles`` row tiles."""
+        blocks, rest = divmod(tiles, self.sub * self.per)
+        return blocks * self.kept + (0 if rest == 0 else 1 + max(0, rest - self.sub) if self.per > 1 else 1)
+
+
 class ColumnAccumulators:
     """A backward row kernel's running column sums (``count`` of them: the weight's, the bias's),
     fp32, one per value a thread holds. Each sum lives in shared memory while the kernel's
@@ -223,7 +251,19 @@ class ColumnAccumulators:
                         else:
                             partials[row, col + j] = buffer[k * VEC + j]
 
-        self.zero, self.add, self.store = zero, add, store
+        @T.macro
+        def store_terms(partials, row, lane, valid, value_of):
+            """One row's terms ``+0 + value_of(i)`` (+0 for a masked row) straight into a partial row:
+            the half path's one-row partials (the sum a block's chain starts from +0, so the +0 changes
+            nothing there)."""
+            for k in range(rows.CHUNKS):
+                col = rows.column(k, lane)
+                for j in T.unroll(VEC):
+                    if col + j < D:
+                        partials[row, col + j] = T.if_then_else(
+                            valid, T.ieee_add(T.float32(0.0), value_of(k * VEC + j)), T.float32(0.0))
+
+        self.zero, self.add, self.store, self.store_terms = zero, add, store, store_terms
         self.VALUES, self.THREADS = VALUES, THREADS
 
     @property
@@ -258,22 +298,37 @@ class BackwardKernel(NormKernel):
         is no next row)."""
         return dataclasses.replace(self.spec(call), row_block=1, prefetch=False)
 
+    def half_spec(self, call: NormCall):
+        """The half path's row kernel (None where the block is too short to halve): each block of
+        rows over two CTAs of half of it, the first adding its rows' terms as the fused kernel does,
+        the second writing each row's terms (:class:`BlockLayout`)."""
+        spec = self.spec(call)
+        if spec.row_block < 4 or spec.row_block % 2:
+            return None
+        return dataclasses.replace(spec, sub_block=spec.row_block // 2)
+
     def specs(self, call: NormCall) -> list:
-        """Every specialisation a call may run: the row kernel, the split path's row kernel and
-        block sum (listed while the split is off by default too: the environment can turn it on,
-        and CI compiles what this lists), the column sum's two stages."""
+        """Every specialisation a call may run: the row kernel, the half and split paths' row
+        kernels and block sums (listed while a path is off by default too: the environment can turn
+        it on, and CI compiles what this lists), the column sum's two stages."""
         spec = self.spec(call)
         specs = [spec]
         if spec.row_block > 1:
+            half = self.half_spec(call)
+            if half is not None:
+                specs.append(half)
+                if self.reduced(call):
+                    specs.append(RowBlockSumSpec(BlockLayout(half).kept, spec.tile.rows))
             specs.append(self.split_spec(call))
             if self.reduced(call):
                 specs.append(RowBlockSumSpec(spec.row_block, spec.tile.rows))
         return specs + ([ColumnSumSpec(segment=True), ColumnSumSpec()] if self.reduced(call) else [])
 
     def prepare(self, call: NormCall, split_below: int | None = None):
-        """``launch(inputs, outputs)``: the split path while the fused grid would have fewer than
-        ``split_below`` CTAs (default ``spec.backward_split_below()``) and more than one row tile,
-        else the fused row kernel; either then the column sums."""
+        """``launch(inputs, outputs)``: the fused row kernel where its grid has at least
+        ``split_below`` CTAs (default ``spec.backward_split_below()``) or there is one row tile, else
+        the half path where its grid (twice the fused one) has, else the split path; each then the
+        column sums."""
         from tileplug.backend_cuda.norm.spec import backward_split_below
 
         spec = self.spec(call)
@@ -281,16 +336,26 @@ class BackwardKernel(NormKernel):
         split_below = backward_split_below() if split_below is None else split_below
         if spec.row_block == 1 or split_below <= 1:
             return fused
-        blocked = RowBlockSumSpec(spec.row_block, spec.tile.rows) if self.reduced(call) else None
-        split = self._path(call, self.split_spec(call), blocked)
+        reduced = self.reduced(call)
+        split = self._path(call, self.split_spec(call),
+                           RowBlockSumSpec(spec.row_block, spec.tile.rows) if reduced else None)
+        half_spec = self.half_spec(call)
+        half = None if half_spec is None else self._path(
+            call, half_spec, RowBlockSumSpec(BlockLayout(half_spec).kept, spec.tile.rows) if reduced else None)
         heads = call.heads or 1
         slots, row_block = spec.tile.rows, spec.row_block
-        # the fused grid (CTAs) is ceil(tiles / row_block) < split_below: tiles < this bound
-        most_tiles = (split_below - 1) * row_block
+        # a grid of ceil(tiles / iterations) CTAs reaches split_below from this many tiles
+        fused_tiles = (split_below - 1) * row_block + 1
+        half_tiles = (split_below - 1) * (row_block // 2) + 1 if half is not None else fused_tiles
 
         def launch(inputs: Any, outputs: Any) -> None:
             tiles = -(-(inputs.x.shape[0] * heads) // slots)
-            (split if 1 < tiles <= most_tiles else fused)(inputs, outputs)
+            if tiles <= 1 or tiles >= fused_tiles:
+                fused(inputs, outputs)
+            elif tiles >= half_tiles:
+                half(inputs, outputs)
+            else:
+                split(inputs, outputs)
 
         return launch
 
@@ -306,6 +371,7 @@ class BackwardKernel(NormKernel):
         heads = call.heads or 1
         slots = spec.tile.rows
         hidden = call.hidden
+        layout = BlockLayout(spec)
         # the row kernel's "outputs" are (gradients, partial rows) for this call only
         rows_launch = make_launcher(spec, jit.entry(spec), lambda inputs, both: order(inputs, both[0], both[1]))
         column_sum = column_sum_launcher(jit.entry)
@@ -314,14 +380,14 @@ class BackwardKernel(NormKernel):
         def launch(inputs: Any, outputs: Any) -> None:
             tiles = -(-(inputs.x.shape[0] * heads) // slots)
             device = inputs.x.device
-            partials = tuple(torch.empty((-(-tiles // spec.row_block) * slots, hidden), dtype=torch.float32,
+            partials = tuple(torch.empty((layout.partial_rows(tiles) * slots, hidden), dtype=torch.float32,
                                          device=device) for _ in reduced)
             rows_launch(inputs, (outputs, partials))
             for name, rows in zip(reduced, partials):
                 if block_sum is not None:
                     one_row = rows
-                    rows = torch.empty((-(-tiles // blocked.row_block) * slots, hidden), dtype=torch.float32,
-                                       device=device)
+                    rows = torch.empty((-(-rows.shape[0] // (blocked.row_block * slots)) * slots, hidden),
+                                       dtype=torch.float32, device=device)
                     block_sum(one_row, rows)
                 column_sum(rows, getattr(outputs, name))
 

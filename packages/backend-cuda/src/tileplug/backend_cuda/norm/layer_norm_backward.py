@@ -16,7 +16,7 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.backward import ColumnAccumulators
+from tileplug.backend_cuda.norm.backward import BlockLayout, ColumnAccumulators
 from tileplug.backend_cuda.norm.rows import RowMacros, RowPrefetch, aligned_strides, row_buffer, statistic_buffer, vector_buffer
 from tileplug.backend_cuda.norm.spec import PREFETCH_SOURCES, NormKernelSpec
 
@@ -48,7 +48,9 @@ def build(spec: NormKernelSpec):
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
     PAIRED = spec.paired_sums
-    BLOCK = spec.row_block  # row-tile iterations per CTA (a constant: the weight gradient's fixed blocking)
+    BLOCK = spec.row_block  # row-tile iterations per block (a constant: the weight gradient's fixed blocking)
+    layout = BlockLayout(spec)  # a CTA's iterations (the whole block but on the half path), its partial rows
+    SUB = layout.sub
     ahead = RowPrefetch(rows, PREFETCH_SOURCES, spec.prefetch)  # grad_y and x, copied one row iteration ahead or loaded
 
     def normalized(sv, i, row_mean, row_rstd):
@@ -59,6 +61,14 @@ def build(spec: NormKernelSpec):
         """``g = grad_y · float(w)`` of value ``i`` (``grad_y`` without a weight)."""
         upstream = T.cast(gv[i], "float32")
         return upstream if WDT is None else T.ieee_mul(upstream, T.cast(wv[i], "float32"))
+
+    def bias_term(gv):
+        """The bias gradient's term of value ``i``: ``grad_y``."""
+        return lambda i: T.cast(gv[i], "float32")
+
+    def weight_term(gv, sv, row_mean, row_rstd):
+        """The weight gradient's term of value ``i``: ``grad_y · x̂``."""
+        return lambda i: T.ieee_mul(T.cast(gv[i], "float32"), normalized(sv, i, row_mean, row_rstd))
 
     def statistic(buffer, t, n, valid):
         value = buffer[t] if spec.heads is None else buffer[t, n]
@@ -71,7 +81,7 @@ def build(spec: NormKernelSpec):
     @T.prim_func
     def kernel(grad_y: g_t, x: x_t, weight: w_t, mean: mean_t, rstd: rstd_t, grad_residual_out: gr_t, grad_x: dx_t,
                weight_partials: wp_t, bias_partials: bp_t):
-        with T.Kernel(T.ceildiv(R, ROWS * BLOCK), threads=rows.THREADS) as bx:
+        with T.Kernel(T.ceildiv(R, ROWS * SUB), threads=rows.THREADS) as bx:
             T.annotate_min_blocks_per_sm(sums.ctas_per_sm)
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
@@ -93,9 +103,9 @@ def build(spec: NormKernelSpec):
             sums.zero(bias_sums, 0, tx)
             if WDT is not None:
                 sums.zero(weight_sums, 1, tx)
-            first = T.alloc_var("int32", init=bx * BLOCK)
+            first = T.alloc_var("int32", init=bx * SUB)
             # the last CTA stops at the last row (its masked iterations would add nothing)
-            count = T.alloc_var("int32", init=T.min(BLOCK, T.ceildiv(R, ROWS) - first))
+            count = T.alloc_var("int32", init=T.min(SUB, T.ceildiv(R, ROWS) - first))
             staged = ahead.buffer()
             ahead.start(staged, (grad_y, x), first, tx)
             for block_row in T.serial(count):
@@ -132,15 +142,31 @@ def build(spec: NormKernelSpec):
                     else:
                         rv[i] = T.cast(difference, IN)
                 rows.store_row(grad_x, rv, t, n, lane, valid)
-                if valid:
-                    sums.add(bias_sums, 0, tx, lambda i: T.cast(gv[i], "float32"), quad)
+                if layout.per == 1:
+                    if valid:
+                        sums.add(bias_sums, 0, tx, bias_term(gv), quad)
+                        if WDT is not None:
+                            sums.add(weight_sums, 1, tx, weight_term(gv, sv, row_mean, row_rstd), quad)
+                elif bx % layout.per == 0:  # the half path: a block's first CTA adds its rows' terms
+                    if valid:
+                        sums.add(bias_sums, 0, tx, bias_term(gv), quad)
+                        if WDT is not None:
+                            sums.add(weight_sums, 1, tx, weight_term(gv, sv, row_mean, row_rstd), quad)
+                else:  # the block's later CTAs write each row's terms
+                    term_row = layout.term_row(bx, block_row) * ROWS + rows.slot(tx)
+                    sums.store_terms(bias_partials, term_row, lane, valid, bias_term(gv))
                     if WDT is not None:
-                        sums.add(weight_sums, 1, tx, lambda i: T.ieee_mul(T.cast(gv[i], "float32"),
-                                                                          normalized(sv, i, row_mean, row_rstd)), quad)
+                        sums.store_terms(weight_partials, term_row, lane, valid,
+                                         weight_term(gv, sv, row_mean, row_rstd))
             ahead.finish()
-            partial_row = bx * ROWS + rows.slot(tx)
-            sums.store(bias_sums, 0, bias_partials, partial_row, tx, lane)
-            if WDT is not None:
-                sums.store(weight_sums, 1, weight_partials, partial_row, tx, lane)
+            if layout.per == 1:
+                sums.store(bias_sums, 0, bias_partials, bx * ROWS + rows.slot(tx), tx, lane)
+                if WDT is not None:
+                    sums.store(weight_sums, 1, weight_partials, bx * ROWS + rows.slot(tx), tx, lane)
+            elif bx % layout.per == 0:
+                sums.store(bias_sums, 0, bias_partials, layout.first_row(bx) * ROWS + rows.slot(tx), tx, lane)
+                if WDT is not None:
+                    sums.store(weight_sums, 1, weight_partials, layout.first_row(bx) * ROWS + rows.slot(tx), tx,
+                               lane)
 
     return kernel.with_attr("global_symbol", spec.name)

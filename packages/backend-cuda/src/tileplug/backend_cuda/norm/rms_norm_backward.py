@@ -16,7 +16,7 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.norm.backward import ColumnAccumulators
+from tileplug.backend_cuda.norm.backward import BlockLayout, ColumnAccumulators
 from tileplug.backend_cuda.norm.rows import (RowMacros, RowPrefetch, aligned_strides, f32, row_buffer, statistic_buffer,
                                              vector_buffer)
 from tileplug.backend_cuda.norm.spec import PREFETCH_SOURCES, NormKernelSpec, backward_ctas_per_sm
@@ -46,7 +46,9 @@ def build(spec: NormKernelSpec):
     partials_t = T.Tensor((T.dynamic("P"), D), "float32") if WDT is not None else vector_buffer(spec, "p", None)
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
-    BLOCK = spec.row_block  # row-tile iterations per CTA (a constant: the weight gradient's fixed blocking)
+    BLOCK = spec.row_block  # row-tile iterations per block (a constant: the weight gradient's fixed blocking)
+    layout = BlockLayout(spec)  # a CTA's iterations (the whole block but on the half path), its partial rows
+    SUB = layout.sub
     ahead = RowPrefetch(rows, PREFETCH_SOURCES, spec.prefetch)  # grad_y and x, copied one row iteration ahead or loaded
 
     def factor(wv, i):
@@ -68,6 +70,10 @@ def build(spec: NormKernelSpec):
         value = T.cast(gv[i], "float32")
         return value if SCALE == 1.0 else T.ieee_mul(value, T.float32(SCALE))
 
+    def weight_term(gv, sv, row_rstd):
+        """The weight gradient's term of value ``i``: ``grad_y · out_scale · x̂``."""
+        return lambda i: T.ieee_mul(upstream(gv, i), normalized(sv, i, row_rstd))
+
     def scaled(gv, wv, i):
         """``g = grad_y · ((float(w) + offset) · out_scale)`` of value ``i``."""
         return T.ieee_mul(T.cast(gv[i], "float32"), factor(wv, i))
@@ -79,7 +85,7 @@ def build(spec: NormKernelSpec):
     @T.prim_func
     def kernel(grad_y: g_t, x: x_t, weight: w_t, rstd: rstd_t, grad_residual_out: gr_t, grad_x: dx_t,
                partials: partials_t):
-        with T.Kernel(T.ceildiv(R, ROWS * BLOCK), threads=rows.THREADS) as bx:
+        with T.Kernel(T.ceildiv(R, ROWS * SUB), threads=rows.THREADS) as bx:
             T.annotate_min_blocks_per_sm(sums.ctas_per_sm if sums is not None else backward_ctas_per_sm())
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
@@ -97,9 +103,9 @@ def build(spec: NormKernelSpec):
                 gw = sums.buffer(0)
                 rows.load_vector(weight, wv, lane, WDT)
                 sums.zero(gw, 0, tx)
-            first = T.alloc_var("int32", init=bx * BLOCK)
+            first = T.alloc_var("int32", init=bx * SUB)
             # the last CTA stops at the last row (its masked iterations would add nothing)
-            count = T.alloc_var("int32", init=T.min(BLOCK, T.ceildiv(R, ROWS) - first))
+            count = T.alloc_var("int32", init=T.min(SUB, T.ceildiv(R, ROWS) - first))
             staged = ahead.buffer()
             ahead.start(staged, (grad_y, x), first, tx)
             for block_row in T.serial(count):
@@ -122,11 +128,20 @@ def build(spec: NormKernelSpec):
                         rv[i] = T.cast(difference, IN)
                 rows.store_row(grad_x, rv, t, n, lane, valid)
                 if WDT is not None:
-                    if valid:
-                        sums.add(gw, 0, tx, lambda i: T.ieee_mul(upstream(gv, i), normalized(sv, i, row_rstd)),
-                                 quad)
+                    if layout.per == 1:
+                        if valid:
+                            sums.add(gw, 0, tx, weight_term(gv, sv, row_rstd), quad)
+                    elif bx % layout.per == 0:  # the half path: a block's first CTA adds its rows' terms
+                        if valid:
+                            sums.add(gw, 0, tx, weight_term(gv, sv, row_rstd), quad)
+                    else:  # the block's later CTAs write each row's terms
+                        sums.store_terms(partials, layout.term_row(bx, block_row) * ROWS + rows.slot(tx), lane,
+                                         valid, weight_term(gv, sv, row_rstd))
             ahead.finish()
             if WDT is not None:
-                sums.store(gw, 0, partials, bx * ROWS + rows.slot(tx), tx, lane)
+                if layout.per == 1:
+                    sums.store(gw, 0, partials, bx * ROWS + rows.slot(tx), tx, lane)
+                elif bx % layout.per == 0:
+                    sums.store(gw, 0, partials, layout.first_row(bx) * ROWS + rows.slot(tx), tx, lane)
 
     return kernel.with_attr("global_symbol", spec.name)

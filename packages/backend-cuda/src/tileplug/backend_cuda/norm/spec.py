@@ -95,20 +95,29 @@ def backward_ctas_per_sm() -> int:
 BACKWARD_OPS = ("rms_norm_backward", "layer_norm_backward")
 """The ops whose row loop runs ``row_block`` iterations a CTA and copies its next row ahead
 (``NormKernelSpec.prefetch``) on 128-bit tiles."""
-BACKWARD_ROW_BLOCK = 16
-"""Row-tile iterations a backward CTA runs: ``rows · 16`` rows per partial row of the weight
-gradient. A constant, never chosen by ``T`` (the gradient's blocking fixes the order of its
-additions: SPEC §5). Measured on an H100 (D = 7168 bf16, with the prefetch, eager median µs,
-one process per block, 2026-12-05), rms_norm_backward / layer_norm_backward:
+BACKWARD_ROW_BLOCK = 32
+"""Row-tile iterations of a backward's block of rows: ``rows · 32`` rows per partial row of the weight
+gradient. A constant, never chosen by ``T`` (the gradient's blocking fixes the order of its additions: SPEC §5);
+which path runs a batch (fused, half, split: ``backward.BackwardKernel.prepare``) is chosen by ``T``, and gives
+the same bytes. Measured on an H100 (D = 7168 bf16, with the prefetch, eager median µs, one process per block,
+2026-12-05), rms_norm_backward / layer_norm_backward:
 
     block   T = 1024        4096            16384           65536
     8       33.3 / 54.1     89.8 / 152.3    308.7 / 492.2   1148.3 / 1813.2
     16      38.4 / 57.1     78.0 / 121.1    280.6 / 398.0   1070.1 / 1403.7
     32      61.1 / 87.4     76.7 / 102.2    268.8 / 349.3   1035.6 / 1264.6
 
-16 halves the partial rows (written and read again: 235 MB each way at T = 65536 with 8) and
-gives each CTA a longer prefetched loop, for 15-29 % at T ≥ 4096, where the peers are compared;
-it costs 15 % / 6 % at T = 1024 (64 CTAs). 32 would cost 2x at T = 1024.
+and again at the twenty-ninth session's defaults (the subtrees, the paired sums; 2026-12-06, two processes each,
+TileKernels 61.6–61.8 / 236.1–236.3 / 940.6–943.0 at 4096 / 16384 / 65536):
+
+    block   T = 2048        4096            16384           65536
+    16      46.8 / 66.7     82.4 / 118.6    282.3 / 382.8   1051.7 / 1348.4
+    32      57.2 / 75.5     76.0 / 95.3     266.6 / 325.7   1010.7 / 1160.1
+
+32 halves the partial rows (written and read again: 117 MB each way at T = 65536 with 16; the column segment
+sums 47.9 → 28.1 µs) and one CTA of 32 rows an SM ran the row loop faster than two of 16 (T = 4096: 77.5 → 68.4 µs,
+profiler). Its short batches were slower on the split path (one row tile a CTA: 83.9 / 171.9 µs at T = 1024,
+against 36.2 / 50.9 for the fused block of 16), so the half path serves them (``backward.BlockLayout``).
 ``TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK`` overrides it, for tuning (the spec name carries it)."""
 PREFETCH_MAX_BYTES = 64 * 1024
 """The most shared memory the staging of ``grad_y`` and ``x`` (two stages) may take: with the
@@ -146,12 +155,14 @@ def backward_row_block() -> int:
 
 
 BACKWARD_SPLIT_BELOW = 64
-"""The split path of the backwards (``backward.BackwardKernel``) runs while the fused row
-kernel's grid would have fewer CTAs than this (and more than one row tile): below it the
-fused kernel leaves most SMs idle, each CTA running its ``row_block`` iterations one after
-the other. The split path runs one row tile a CTA and adds the same terms in the same order
-afterwards: the same bytes, for 8 bytes a value more traffic (fp32 one-row partials, written and
-read again), so it pays only while the fused grid is short of the SMs (64: T < 1024 at D = 7168).
+"""The backwards (``backward.BackwardKernel``) leave the fused row kernel while its grid would have
+fewer CTAs than this (and more than one row tile): below it the fused kernel leaves most SMs idle,
+each CTA running its ``row_block`` iterations one after the other. The half path (each block over
+two CTAs, the second writing its rows' terms as one-row partials) runs while its grid reaches this,
+the split path (one row tile a CTA, every row's terms a one-row partial) below; both add the same
+terms in the same order afterwards: the same bytes, for 8 bytes more traffic a value written as a
+one-row partial (written and read again), so they pay only while the fused grid is short of the
+SMs (64 at a block of 32 and D = 7168: fused from T = 2048, half from 1024, split below).
 
 On an H100 (2026-12-06, D = 7168 bf16, eager µs, split off → 64): rms_norm_backward 34.9 → 15.2 at
 T = 32, 36.0 → 20.2 at T = 128 (TileKernels 10.7 / 11.4), layer_norm_backward 50.0 → 26.9 / 50.7 →
@@ -416,7 +427,9 @@ class NormKernelSpec:
     ``grad_residual``: a backward adds ``grad_residual_out`` to ``grad_x``. ``prefetch``: a
     backward row loop copies its next row of ``grad_y`` and ``x`` into shared memory with
     ``cp.async`` while it works on this one (``rows.RowPrefetch``; 128-bit tiles only).
-    ``row_block``: row-tile iterations a backward CTA runs (``backward.py``). ``subtrees``: a backward
+    ``row_block``: row-tile iterations of a backward's block of rows (one partial row of the weight gradient:
+    ``backward.py``). ``sub_block`` (0: the whole block a CTA): the half path's row-tile iterations a CTA, the
+    block's first CTA adding its rows' terms, the others writing each row's terms (``backward.py``). ``subtrees``: a backward
     adds its rows' terms in the warp-subtree form (:data:`BACKWARD_SUBTREES_VARIABLE`; the forward kernels take it
     wherever it applies). ``paired_sums``: ``layer_norm_backward`` adds its two row sums in one pass of the tree
     (:data:`PAIRED_SUMS_VARIABLE`).
@@ -439,6 +452,7 @@ class NormKernelSpec:
     grad_residual: bool = False
     prefetch: bool = False
     row_block: int = BACKWARD_ROW_BLOCK
+    sub_block: int = 0
     subtrees: bool = False
     paired_sums: bool = False
 
@@ -483,6 +497,8 @@ class NormKernelSpec:
             parts.append("pf")
         if self.row_block != BACKWARD_ROW_BLOCK:
             parts.append(f"rb{self.row_block}")
+        if self.sub_block:
+            parts.append(f"sb{self.sub_block}")
         if self.subtrees:
             parts.append("st")
         if self.paired_sums:
