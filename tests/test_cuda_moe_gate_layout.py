@@ -1,8 +1,8 @@
 """The width a CUDA gate lane loads at a time and the unrolled selection rounds, without a GPU:
 ``TILEPLUG_CUDA_MOE_GATE_FULL_WARP`` (by default the width that spreads a short row over the whole warp,
 ``0``: 16 bytes wherever the row allows) and ``TILEPLUG_CUDA_MOE_GATE_UNROLLED`` (by default the ``k ≤ 8``
-rounds unrolled, ``0``: one loop) and ``TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS`` (opt-in: the lanes' heads kept in
-place through the rounds) — which widths and specs the variables pick, the softmax denominator's
+rounds unrolled, ``0``: one loop) and ``TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS`` (by default the lanes' heads
+kept in place through the rounds, ``0``: the second moves up) — which widths and specs the variables pick, the softmax denominator's
 order on every width (emulated step by step against the reference's sum), and the compiled kernels."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def test_the_variable_reaches_the_specs(monkeypatch: pytest.MonkeyPatch) -> None
     assert (narrow.vec, narrow_full.vec) == (2, 2) and "_v64_" in narrow.name and "_v32_" in narrow_full.name
     assert narrow.vector_buffers == () and _KERNELS["topk_gate"].spec(wide).vector_buffers == ("scores",)
     assert "_v128_" in _KERNELS["topk_gate"].spec(wide).name
-    assert all(_KERNELS[op].spec(call).unrolled and _KERNELS[op].spec(call).name.endswith("_unrolled")
+    assert all(_KERNELS[op].spec(call).unrolled and "unrolled" in _KERNELS[op].spec(call).name.split("_")
                for op, call in (("topk_gate", wide), ("moe_topk_gate", full)))  # the default: unrolled
     many = describe_call(ops.topk_gate, torch.randn(4, 256), 9)[0]
     assert not _KERNELS["topk_gate"].spec(many).unrolled  # past MAX_UNROLLED_ROUNDS: the loop
@@ -95,10 +95,12 @@ def test_the_variable_reaches_the_specs(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(ValueError, match=f"{GATE_UNROLLED_VARIABLE}='2': expected one of 0, 1"):
         _KERNELS["topk_gate"].spec(wide)
     monkeypatch.delenv(GATE_UNROLLED_VARIABLE)
-    assert not _KERNELS["topk_gate"].spec(wide).fixed_heads  # the default: the heads move up
-    monkeypatch.setenv(GATE_FIXED_HEADS_VARIABLE, "1")
     assert all(_KERNELS[op].spec(call).fixed_heads and _KERNELS[op].spec(call).name.endswith("_unrolled_fixed")
-               for op, call in (("topk_gate", wide), ("moe_topk_gate", full)))
+               for op, call in (("topk_gate", wide), ("moe_topk_gate", full)))  # the default: the heads stay
+    monkeypatch.setenv(GATE_FIXED_HEADS_VARIABLE, "0")
+    assert not any(_KERNELS[op].spec(call).fixed_heads or "fixed" in _KERNELS[op].spec(call).name.split("_")
+                   for op, call in (("topk_gate", wide), ("moe_topk_gate", full)))  # the heads move up
+    monkeypatch.setenv(GATE_FIXED_HEADS_VARIABLE, "1")
     monkeypatch.setenv("TILEPLUG_CUDA_MOE_LANE_HEADS", "0")
     assert not _KERNELS["topk_gate"].spec(wide).fixed_heads  # no heads, nothing to keep in place
     monkeypatch.delenv("TILEPLUG_CUDA_MOE_LANE_HEADS")

@@ -75,13 +75,14 @@ every gate case at 1 and 4001 rows (``-k gate_forms``). fp32 logits, two process
 88.0–88.1 → 82.1–82.5 (64 × 6: unchanged). The kernel's name says which (``_unrolled``)."""
 GATE_UNROLLED_CHOICES = ("0", "1")
 GATE_FIXED_HEADS_VARIABLE = "TILEPLUG_CUDA_MOE_GATE_FIXED_HEADS"
-"""``1``: the lanes' heads (:data:`LANE_HEADS_VARIABLE`) stay in place through the rounds — ``dropped`` (0 or 1)
-says which one is current, a round picks it with one select a register, and the lane that gives it up only counts
-(the refill takes its threshold from the second head, the last one given up); ``0`` (the default): the lane that
-gives up its first head moves the second up and records it (six selects a round in every lane, predicated). The same
-experts in the same order (a Python model of both forms against the default rounds:
-``tests/test_cuda_moe_lane_heads.py``); its GPU byte test (``tests/gpu/test_cuda_moe.py -k fixed_heads``) has not
-run yet, so it stays opt-in. SASS of the unrolled ``topk_gate`` (256 × 8, fp32), whose ALU pipe bounds it (ncu), on
+"""``1`` (the default since the thirtieth session): the lanes' heads (:data:`LANE_HEADS_VARIABLE`) stay in place
+through the rounds — ``dropped`` (0 or 1) says which one is current, a round picks it with one select a register, and
+the lane that gives it up only counts (the refill takes its threshold from the second head, the last one given up);
+``0``: the lane that gives up its first head moves the second up and records it (six selects a round in every lane,
+predicated). The same experts in the same order (a Python model of both forms against the default rounds:
+``tests/test_cuda_moe_lane_heads.py``), and the same bytes on an H100: its GPU byte test (``tests/gpu/test_cuda_moe.py
+-k "gate_forms and fixed_heads"``) passed 157 of 158 cases in the twenty-ninth session, the 158th a test defect
+(mended) that passed with the other row-stride cases in the thirtieth (4 passed). SASS of the unrolled ``topk_gate`` (256 × 8, fp32), whose ALU pipe bounds it (ncu), on
 the path without refills: 297 → 280 instructions a row, selects 90 → 66 (64 × 6: 177 → 162). Timed on an H100
 (2026-12-06), fp32 logits, two processes each, µs in a CUDA graph (eager): ``topk_gate`` 64 × 6 at T = 65536 17.7
 → 16.6 (21.2–21.3 → 20.2–20.3), 256 × 8 at 16384 11.55–11.58 → 11.46–11.47 (14.8–15.2 → 14.9–15.1), at 65536 37.9
@@ -193,7 +194,7 @@ def gate_fixed_heads() -> bool:
     """Whether the lanes' heads stay in place through the rounds (:data:`GATE_FIXED_HEADS_VARIABLE`)."""
     from tileplug.backend_cuda.norm.spec import tuning_choice
 
-    return tuning_choice(GATE_FIXED_HEADS_VARIABLE, "0", GATE_FIXED_HEADS_CHOICES) == "1"
+    return tuning_choice(GATE_FIXED_HEADS_VARIABLE, "1", GATE_FIXED_HEADS_CHOICES) == "1"
 
 
 def batched_layout() -> bool:
