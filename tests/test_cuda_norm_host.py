@@ -405,12 +405,12 @@ def test_backward_blocking_is_fixed_and_sizes_the_partial_rows(monkeypatch: pyte
         kernel, call, inputs = _kernel_call(ops.rms_norm_backward, grad, grad.clone(),
                                             torch.ones(hidden, dtype=torch.bfloat16), torch.ones(tokens))
         spec = kernel.spec(call)
-        assert spec.row_block == BACKWARD_ROW_BLOCK == 32 and "_rb" not in spec.name
+        assert spec.row_block == BACKWARD_ROW_BLOCK == 16 and "_rb" not in spec.name
         recorders.clear()
         kernel.kernel().prepare(call, split_below=0)(inputs, call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, None))
         partials = recorders[spec.name].args[-1]
         slots = spec.tile.rows
-        assert partials.shape == (-(-tokens // (slots * 32)) * slots, hidden), (hidden, tokens)
+        assert partials.shape == (-(-tokens // (slots * 16)) * slots, hidden), (hidden, tokens)
         summed = recorders[ColumnSumSpec().name].args[0]
         assert summed is partials or summed.shape[0] == -(-partials.shape[0] // 64)
     monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK", "8")
@@ -432,7 +432,7 @@ def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int,
     partial rows, the column sum), else the split path (one row tile a CTA, one one-row partial per
     row slot, the block sum, the column sum); otherwise the fused row kernel. Without ``split_below``
     the bound is the environment variable's, else the default: 64 (since the split path ran on a GPU,
-    2026-12-06)."""
+    2026-12-06). The half path only with ``TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1`` (not yet timed)."""
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.norm.backward import BlockLayout, ColumnSumSpec, RowBlockSumSpec
     from tileplug.backend_cuda.norm.spec import BACKWARD_SPLIT_BELOW
@@ -441,6 +441,7 @@ def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int,
     split_below = 64
     launched: list[tuple[str, tuple]] = []
     monkeypatch.setattr(jit, "entry", lambda spec: lambda *args: launched.append((spec.name, args)))
+    monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH", "1")
 
     def run(tokens: int, **options) -> tuple:  # options: prepare's (split_below), else the environment's
         shape = (tokens, hidden) if heads is None else (tokens, heads, hidden)
@@ -493,6 +494,11 @@ def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int,
     assert run(longest_split)[3][0][0] == spec.name
     monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", str(split_below))
     assert run(longest_split)[3][0][0] == split.name
+    monkeypatch.delenv("TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH")  # the default: no half path, the split path instead
+    assert run(longest_half)[3][0][0] == split.name and run(longest_half + 1)[3][0][0] == spec.name
+    monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH", "yes")
+    with pytest.raises(ValueError, match="TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH='yes': expected one of 0, 1"):
+        run(longest_half)
 
 
 def _fused_order(terms: torch.Tensor, masked: torch.Tensor, row_block: int) -> torch.Tensor:
@@ -856,8 +862,8 @@ def test_backward_runs_the_row_kernel_then_the_column_sum() -> None:
     assert kernel.supports(call) is None
     specs = kernel.specs(call)
     assert specs[0].op == "rms_norm_backward" and specs[1] == kernel.half_spec(call) and specs[3] == kernel.split_spec(call)
-    assert specs[2] == RowBlockSumSpec(17, 1)  # the half path's: a block's first sum and 16 rows' terms
-    assert specs[4:] == [RowBlockSumSpec(32, 1), ColumnSumSpec(segment=True), ColumnSumSpec()]
+    assert specs[2] == RowBlockSumSpec(9, 1)  # the half path's: a block's first sum and 8 rows' terms
+    assert specs[4:] == [RowBlockSumSpec(16, 1), ColumnSumSpec(segment=True), ColumnSumSpec()]
     kernel, call, _ = _kernel_call(ops.rms_norm_backward, grad, x, None, rstd)
     assert kernel.specs(call) == [kernel.spec(call), kernel.half_spec(call), kernel.split_spec(call)]  # no weight: no sums
 

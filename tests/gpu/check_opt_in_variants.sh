@@ -59,10 +59,13 @@
 #      grids it would leave short (below 64 CTAs: T < 2048 at 32).
 #  14. (not an opt-in) the norm GPU module's backward tests at the twenty-ninth session's defaults (subtrees, paired
 #      sums): its up-front compile took more than 250 s on a fresh H100, so this step gives it 420 s.
-#  15. (thirtieth session; not an opt-in) the backwards' block of 32 with the half path for short batches (each
-#      block over two CTAs, the second writing its rows' terms): the split / half / fused bytes (-k split_path), both
-#      backwards at T = 256 … 65536 beside TileKernels and Liger, each kernel's time at blocks 16 / 32, then the norm
-#      module's backward tests (TILEPLUG_GPU_PRECOMPILE=0 elsewhere: a fresh machine compiles lazily).
+#  15. (thirtieth session) the backwards' block of 32 (TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=32: 7-20 % faster from
+#      T = 4096 on an H100, 2.3-3.4x slower at 1024 on the split path) with the half path for short batches
+#      (TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1: each block over two CTAs, the second writing its rows' terms as
+#      one-row partials, now in 128-bit stores; its one-value stores took 96.4 µs at T = 1024): the split / half /
+#      fused bytes at blocks 16 / 32 (-k split_path), both backwards at 16 / 32 beside TileKernels and Liger, each
+#      kernel's time, then the norm module's backward tests at 32 with the half path. If 32 with the half path is
+#      no slower at T = 1024 … 2048 than 16, both become the defaults.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -195,16 +198,20 @@ if want 14 && [ $(left) -gt 120 ]; then
   tail -3 $OUT/norm_backward_module.txt
 fi
 if want 15 && [ $(left) -gt 60 ]; then
-  TILEPLUG_GPU_PRECOMPILE=0 timeout 150 $P -n 6 -k "split_path" tests/gpu/test_cuda_norm.py > $OUT/split_half.txt 2>&1
-  tail -3 $OUT/split_half.txt
-  timeout 170 $BENCH --peer tile_kernels,liger --ops rms_norm_backward,layer_norm_backward \
-    --tokens 256,1024,2048,4096,16384,65536 > $OUT/half_bench.txt 2>> $OUT/stderr.log
-  grep -E "^(rms|layer)_norm_backward|copy" $OUT/half_bench.txt
   for blocks in 16 32; do
-    TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=$blocks timeout 60 python3 tests/gpu/probe_norm_backward_kernels.py \
-      1024,2048,4096 2>&1 | grep "T=" | sed "s/^/block $blocks: /" | tee -a $OUT/half_kernels.txt
+    TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=$blocks TILEPLUG_GPU_PRECOMPILE=0 timeout 150 $P -n 6 -k "split_path" \
+      tests/gpu/test_cuda_norm.py > $OUT/split_half_$blocks.txt 2>&1
+    tail -2 $OUT/split_half_$blocks.txt
   done
-  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) - 10 )) $P -n 15 -k "backward or column_sums" tests/gpu/test_cuda_norm.py \
+  TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1 alternate TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK "16 32" tile_kernels,liger \
+    half_bench.txt 170 --ops rms_norm_backward,layer_norm_backward --tokens 256,512,1024,2048,4096,16384,65536
+  for blocks in 16 32; do
+    TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1 TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=$blocks timeout 60 \
+      python3 tests/gpu/probe_norm_backward_kernels.py 512,1024,2048,4096 2>&1 | grep "T=" | sed "s/^/block $blocks: /" \
+      | tee -a $OUT/half_kernels.txt
+  done
+  TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1 TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=32 TILEPLUG_GPU_PRECOMPILE=0 \
+    timeout $(( $(left) - 10 )) $P -n 15 -k "backward or column_sums" tests/gpu/test_cuda_norm.py \
     > $OUT/norm_backward_module.txt 2>&1
   tail -3 $OUT/norm_backward_module.txt
 fi

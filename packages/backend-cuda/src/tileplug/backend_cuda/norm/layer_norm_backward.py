@@ -154,10 +154,10 @@ def build(spec: NormKernelSpec):
                             sums.add(weight_sums, 1, tx, weight_term(gv, sv, row_mean, row_rstd), quad)
                 else:  # the block's later CTAs write each row's terms
                     term_row = layout.term_row(bx, block_row) * ROWS + rows.slot(tx)
-                    sums.store_terms(bias_partials, term_row, lane, valid, bias_term(gv))
+                    sums.store_terms(bias_partials, term_row, lane, valid, bias_term(gv), terms)
                     if WDT is not None:
                         sums.store_terms(weight_partials, term_row, lane, valid,
-                                         weight_term(gv, sv, row_mean, row_rstd))
+                                         weight_term(gv, sv, row_mean, row_rstd), terms)
             ahead.finish()
             if layout.per == 1:
                 sums.store(bias_sums, 0, bias_partials, bx * ROWS + rows.slot(tx), tx, lane)

@@ -136,7 +136,7 @@ def build(spec: NormKernelSpec):
                             sums.add(gw, 0, tx, weight_term(gv, sv, row_rstd), quad)
                     else:  # the block's later CTAs write each row's terms
                         sums.store_terms(partials, layout.term_row(bx, block_row) * ROWS + rows.slot(tx), lane,
-                                         valid, weight_term(gv, sv, row_rstd))
+                                         valid, weight_term(gv, sv, row_rstd), terms)
             ahead.finish()
             if WDT is not None:
                 if layout.per == 1:

@@ -95,8 +95,8 @@ def backward_ctas_per_sm() -> int:
 BACKWARD_OPS = ("rms_norm_backward", "layer_norm_backward")
 """The ops whose row loop runs ``row_block`` iterations a CTA and copies its next row ahead
 (``NormKernelSpec.prefetch``) on 128-bit tiles."""
-BACKWARD_ROW_BLOCK = 32
-"""Row-tile iterations of a backward's block of rows: ``rows · 32`` rows per partial row of the weight
+BACKWARD_ROW_BLOCK = 16
+"""Row-tile iterations of a backward's block of rows: ``rows · 16`` rows per partial row of the weight
 gradient. A constant, never chosen by ``T`` (the gradient's blocking fixes the order of its additions: SPEC §5);
 which path runs a batch (fused, half, split: ``backward.BackwardKernel.prepare``) is chosen by ``T``, and gives
 the same bytes. Measured on an H100 (D = 7168 bf16, with the prefetch, eager median µs, one process per block,
@@ -107,17 +107,20 @@ the same bytes. Measured on an H100 (D = 7168 bf16, with the prefetch, eager med
     16      38.4 / 57.1     78.0 / 121.1    280.6 / 398.0   1070.1 / 1403.7
     32      61.1 / 87.4     76.7 / 102.2    268.8 / 349.3   1035.6 / 1264.6
 
-and again at the twenty-ninth session's defaults (the subtrees, the paired sums; 2026-12-06, two processes each,
-TileKernels 61.6–61.8 / 236.1–236.3 / 940.6–943.0 at 4096 / 16384 / 65536):
+and again at the twenty-ninth session's defaults (the subtrees, the paired sums; H100, 2026-12-06, two processes
+each, TileKernels 61.6–61.8 / 236.1–236.3 / 940.6–943.0 at 4096 / 16384 / 65536, Liger's layer_norm_backward
+96.1 / 310.9 / 1172.2):
 
-    block   T = 2048        4096            16384           65536
-    16      46.8 / 66.7     82.4 / 118.6    282.3 / 382.8   1051.7 / 1348.4
-    32      57.2 / 75.5     76.0 / 95.3     266.6 / 325.7   1010.7 / 1160.1
+    block   T = 1024        2048            4096            16384           65536
+    16      36.2 / 50.9     46.8 / 66.7     82.4 / 118.6    282.3 / 382.8   1051.7 / 1348.4
+    32      83.9 / 171.9    57.2 / 75.5     76.0 / 95.3     266.6 / 325.7   1010.7 / 1160.1
 
-32 halves the partial rows (written and read again: 117 MB each way at T = 65536 with 16; the column segment
-sums 47.9 → 28.1 µs) and one CTA of 32 rows an SM ran the row loop faster than two of 16 (T = 4096: 77.5 → 68.4 µs,
-profiler). Its short batches were slower on the split path (one row tile a CTA: 83.9 / 171.9 µs at T = 1024,
-against 36.2 / 50.9 for the fused block of 16), so the half path serves them (``backward.BlockLayout``).
+32 halves the partial rows (written and read again: 117 MB each way at T = 65536 with 16; the column segment sums
+47.9 → 28.1 µs) and one CTA of 32 rows an SM ran the row loop faster than two of 16 (T = 4096: 77.5 → 68.4 µs,
+profiler), but its short batches fall to the split path (one row tile a CTA: 83.9 µs at T = 1024). The half path
+(``TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH``) is to serve them; its first GPU run stored its one-row partials one value
+at a time and took 96.4 / 180.9 µs at T = 1024 (its 128-bit stores since have not run on a GPU), so 16 stays the
+default until the block of 32 with the half path is timed (``tests/gpu/check_opt_in_variants.sh`` step 15).
 ``TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK`` overrides it, for tuning (the spec name carries it)."""
 PREFETCH_MAX_BYTES = 64 * 1024
 """The most shared memory the staging of ``grad_y`` and ``x`` (two stages) may take: with the
@@ -162,7 +165,8 @@ two CTAs, the second writing its rows' terms as one-row partials) runs while its
 the split path (one row tile a CTA, every row's terms a one-row partial) below; both add the same
 terms in the same order afterwards: the same bytes, for 8 bytes more traffic a value written as a
 one-row partial (written and read again), so they pay only while the fused grid is short of the
-SMs (64 at a block of 32 and D = 7168: fused from T = 2048, half from 1024, split below).
+SMs (64 at D = 7168: at a block of 16 fused from T = 1024; at a block of 32 with the half path fused from
+T = 2048, half from 1024, split below; without it, split below 2048).
 
 On an H100 (2026-12-06, D = 7168 bf16, eager µs, split off → 64): rms_norm_backward 34.9 → 15.2 at
 T = 32, 36.0 → 20.2 at T = 128 (TileKernels 10.7 / 11.4), layer_norm_backward 50.0 → 26.9 / 50.7 →
@@ -175,6 +179,21 @@ def backward_split_below() -> int:
     """The fused grid size (CTAs) below which a backward runs split
     (``TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW``, else :data:`BACKWARD_SPLIT_BELOW`)."""
     return tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_SPLIT_BELOW", BACKWARD_SPLIT_BELOW)
+
+
+HALF_PATH_VARIABLE = "TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH"
+"""``1``: a backward whose fused grid is short of ``backward_split_below()`` CTAs runs the half path where that
+path's grid (two CTAs a block) reaches it (``backward.BlockLayout``: the block's second CTA writes each row's
+terms as one-row partials, 8 bytes a value more traffic for half the rows, against all of them on the split path);
+``0`` (the default until it is timed on a GPU): the split path. The same bytes either way (the fp32 order played on
+the CPU in ``tests/test_cuda_norm_host.py``; on an H100 the split / half / fused byte test passed 5 of its 6 cases
+before its time ran out, with the half path's first, one-value stores)."""
+HALF_PATH_CHOICES = ("0", "1")
+
+
+def backward_half_path() -> bool:
+    """Whether a short backward may take the half path (:data:`HALF_PATH_VARIABLE`)."""
+    return tuning_choice(HALF_PATH_VARIABLE, "0", HALF_PATH_CHOICES) == "1"
 
 
 def backward_prefetch() -> bool:
