@@ -209,8 +209,9 @@ the warp-subtree form the forward kernels take (each warp adds its subtrees in r
 thread the subtree sums: 7 CTA barriers in ``rms_norm_backward``'s CUDA at D = 7168 bf16, 10 in
 ``layer_norm_backward``'s two sums), where the tile allows it (:func:`takes_subtrees`). ``0``: one level of the tree
 per CTA barrier in shared memory (17 and 30). No spills with nvcc 13.0 at D = 2048 / 4096 / 5120 / 7168 bf16
-(``rms_norm_backward`` 95 / 163 / 163 / 128 registers; ``layer_norm_backward`` 5120: 8 bytes; fp32 7168: 32 bytes
-where the levels spill 8; 16384: 216 where they spill 156). On an H100 (2026-12-06, D = 7168 bf16, eager µs, 0 → 1,
+(``rms_norm_backward`` 95 / 130 / 130 / 125 registers, 95 / 163 / 163 / 128 before its weight term lost its
+``· 1``; ``layer_norm_backward`` 5120: 8 bytes; fp32 7168: 32 bytes where the levels spill 8; 16384: 216 where
+they spill 156). On an H100 (2026-12-06, D = 7168 bf16, eager µs, 0 → 1,
 two processes of the levels): ``rms_norm_backward`` 40.0–40.1 → 36.0 at T = 1024, 81.2–81.8 → 81.9 at 4096,
 286.4–286.6 → 284.8 at 16384, 1077 → 1074.5 at 65536; ``layer_norm_backward`` 59.4 → 54.0, 127.6–127.7 → 120.1,
 417.9–418.1 → 386.9, 1465.6–1466.2 → 1365.5; the same bytes as the levels (the GPU test of the tree forms, 36
@@ -448,8 +449,8 @@ class NormKernelSpec:
     ``cp.async`` while it works on this one (``rows.RowPrefetch``; 128-bit tiles only).
     ``row_block``: row-tile iterations of a backward's block of rows (one partial row of the weight gradient:
     ``backward.py``). ``sub_block`` (0: the whole block a CTA): the half path's row-tile iterations a CTA, the
-    block's first CTA adding its rows' terms, the others writing each row's terms (``backward.py``). ``subtrees``: a backward
-    adds its rows' terms in the warp-subtree form (:data:`BACKWARD_SUBTREES_VARIABLE`; the forward kernels take it
+    block's first CTA adding its rows' terms, the others writing each row's terms (``backward.py``).
+    ``subtrees``: a backward adds its rows' terms in the warp-subtree form (:data:`BACKWARD_SUBTREES_VARIABLE`; the forward kernels take it
     wherever it applies). ``paired_sums``: ``layer_norm_backward`` adds its two row sums in one pass of the tree
     (:data:`PAIRED_SUMS_VARIABLE`).
     """
@@ -537,7 +538,12 @@ CHUNKS_VARIABLE = "TILEPLUG_CUDA_NORM_CHUNKS"
 :data:`CHUNKS`); tuning on a GPU host (the tile is part of the kernel's name; the row's additions keep the
 reference's order on any tile). ncu of ``rms_norm_per_token_cast`` 1×32 at T = 4096 on an H100 (2026-12-06): the
 default tile of D = 7168 (7 warps × 4 vectors a lane) at 71 registers, 4 CTAs an SM, 36.0 µs, against TileKernels'
-one row a CTA of 4 warps × 7 vectors, 30.6 µs; ``7`` gives that shape. Not yet timed."""
+one row a CTA of 4 warps × 7 vectors, 30.6 µs; ``7`` gives that shape. Timed on an H100 (2026-12-06, eager µs at
+T = 1024 / 4096 / 16384 / 65536; the same bytes as 4, ``tests/gpu/test_cuda_norm.py -k wider_lanes``): 4 is the
+fastest. The fused cast 1×32 14.4–14.5 / 37.2–37.4 / 133.2–133.3 / 517.4–518.0 at 4, 20.0 / 55.4 / 194.6 / 751.8 at
+7, 16.0 / 46.7 / 173.7 / 681.7 at 2 (14 warps × 2); ``rms_norm_backward`` 37.4 / 81.2 / 280.5 / 1050.1 at 4, 54.2 /
+87.4 / 297.7 / 1087.5 at 7, 39.7 / 82.7 / 287.4 / 1066.1 at 2; ``layer_norm_backward`` 52.4 / 119.4 / 384.9 / 1349.2
+at 4, 99.8 / 157.3 / 549.1 / 1997.0 at 7 (816 bytes of spills), 56.1 / 122.7 / 401.5 / 1397.0 at 2."""
 CHUNKS = 4
 
 
