@@ -83,11 +83,11 @@ predicated). The same experts in the same order (a Python model of both forms ag
 ``tests/test_cuda_moe_lane_heads.py``), and the same bytes on an H100: its GPU byte test (``tests/gpu/test_cuda_moe.py
 -k "gate_forms and fixed_heads"``) passed 157 of 158 cases in the twenty-ninth session, the 158th a test defect
 (mended) that passed with the other row-stride cases in the thirtieth (4 passed). SASS of the unrolled ``topk_gate``
-(256 × 8, fp32), whose ALU pipe bounds it (ncu), on the path without refills: 297 → 280 instructions a row, selects 90 → 66 (64 × 6: 177 → 162). Timed on an H100
-(2026-12-06), fp32 logits, two processes each, µs in a CUDA graph (eager): ``topk_gate`` 64 × 6 at T = 65536 17.7
-→ 16.6 (21.2–21.3 → 20.2–20.3), 256 × 8 at 16384 11.55–11.58 → 11.46–11.47 (14.8–15.2 → 14.9–15.1), at 65536 37.9
-→ 37.4; the DeepSeek-V3 router 78.7–78.8 → 77.1–77.2; the sqrtsoftplus router 91.4–92.2 either way. The kernel's
-name says which (``_fixed``)."""
+(256 × 8, fp32), whose ALU pipe bounds it (ncu), on the path without refills: 297 → 280 instructions a row,
+selects 90 → 66 (64 × 6: 177 → 162). Timed on an H100 (2026-12-06), fp32 logits, two processes each, µs in a CUDA
+graph (eager): ``topk_gate`` 64 × 6 at T = 65536 17.7 → 16.6 (21.2–21.3 → 20.2–20.3), 256 × 8 at 16384 11.55–11.58
+→ 11.46–11.47 (14.8–15.2 → 14.9–15.1), at 65536 37.9 → 37.4; the DeepSeek-V3 router 78.7–78.8 → 77.1–77.2; the
+sqrtsoftplus router 91.4–92.2 either way. The kernel's name says which (``_fixed``)."""
 GATE_FIXED_HEADS_CHOICES = ("0", "1")
 BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
 """``1`` (the default since 2026-12-06): the layout kernels work in batches. ``chunk_counts`` /

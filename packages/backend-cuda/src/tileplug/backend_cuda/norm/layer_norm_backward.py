@@ -142,31 +142,22 @@ def build(spec: NormKernelSpec):
                     else:
                         rv[i] = T.cast(difference, IN)
                 rows.store_row(grad_x, rv, t, n, lane, valid)
-                if layout.per == 1:
+                if bx % layout.per == 0:  # a block's first CTA (its only one but on the half path) adds its terms
                     if valid:
                         sums.add(bias_sums, 0, tx, bias_term(gv), quad)
                         if WDT is not None:
                             sums.add(weight_sums, 1, tx, weight_term(gv, sv, row_mean, row_rstd), quad)
-                elif bx % layout.per == 0:  # the half path: a block's first CTA adds its rows' terms
-                    if valid:
-                        sums.add(bias_sums, 0, tx, bias_term(gv), quad)
-                        if WDT is not None:
-                            sums.add(weight_sums, 1, tx, weight_term(gv, sv, row_mean, row_rstd), quad)
-                else:  # the block's later CTAs write each row's terms
+                else:  # the half path: the block's later CTAs write each row's terms
                     term_row = layout.term_row(bx, block_row) * ROWS + rows.slot(tx)
                     sums.store_terms(bias_partials, term_row, lane, valid, bias_term(gv), terms)
                     if WDT is not None:
                         sums.store_terms(weight_partials, term_row, lane, valid,
                                          weight_term(gv, sv, row_mean, row_rstd), terms)
             ahead.finish()
-            if layout.per == 1:
-                sums.store(bias_sums, 0, bias_partials, bx * ROWS + rows.slot(tx), tx, lane)
+            if bx % layout.per == 0:
+                partial_row = layout.first_row(bx) * ROWS + rows.slot(tx)
+                sums.store(bias_sums, 0, bias_partials, partial_row, tx, lane)
                 if WDT is not None:
-                    sums.store(weight_sums, 1, weight_partials, bx * ROWS + rows.slot(tx), tx, lane)
-            elif bx % layout.per == 0:
-                sums.store(bias_sums, 0, bias_partials, layout.first_row(bx) * ROWS + rows.slot(tx), tx, lane)
-                if WDT is not None:
-                    sums.store(weight_sums, 1, weight_partials, layout.first_row(bx) * ROWS + rows.slot(tx), tx,
-                               lane)
+                    sums.store(weight_sums, 1, weight_partials, partial_row, tx, lane)
 
     return kernel.with_attr("global_symbol", spec.name)

@@ -128,20 +128,15 @@ def build(spec: NormKernelSpec):
                         rv[i] = T.cast(difference, IN)
                 rows.store_row(grad_x, rv, t, n, lane, valid)
                 if WDT is not None:
-                    if layout.per == 1:
+                    if bx % layout.per == 0:  # a block's first CTA (its only one but on the half path) adds its terms
                         if valid:
                             sums.add(gw, 0, tx, weight_term(gv, sv, row_rstd), quad)
-                    elif bx % layout.per == 0:  # the half path: a block's first CTA adds its rows' terms
-                        if valid:
-                            sums.add(gw, 0, tx, weight_term(gv, sv, row_rstd), quad)
-                    else:  # the block's later CTAs write each row's terms
+                    else:  # the half path: the block's later CTAs write each row's terms
                         sums.store_terms(partials, layout.term_row(bx, block_row) * ROWS + rows.slot(tx), lane,
                                          valid, weight_term(gv, sv, row_rstd), terms)
             ahead.finish()
             if WDT is not None:
-                if layout.per == 1:
-                    sums.store(gw, 0, partials, bx * ROWS + rows.slot(tx), tx, lane)
-                elif bx % layout.per == 0:
+                if bx % layout.per == 0:
                     sums.store(gw, 0, partials, layout.first_row(bx) * ROWS + rows.slot(tx), tx, lane)
 
     return kernel.with_attr("global_symbol", spec.name)
