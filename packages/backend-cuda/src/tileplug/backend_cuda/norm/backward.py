@@ -173,7 +173,7 @@ class BlockLayout:
 
     def first_row(self, bx):
         """The partial row (of slot 0) CTA ``bx``'s block sum goes to."""
-        return bx if self.per == 1 else (bx // self.per) * self.kept
+        return (bx // self.per) * self.kept
 
     def term_row(self, bx, block_row):
         """The partial row (of slot 0) of iteration ``block_row``'s terms in a later CTA of a block (the half path)."""
@@ -181,8 +181,8 @@ class BlockLayout:
 
     def partial_rows(self, tiles: int) -> int:
         """Partial rows (a slot's) the row kernel writes for ``tiles`` row tiles."""
-        blocks, rest = divmod(tiles, self.sub * self.per)
-        return blocks * self.kept + (0 if rest == 0 else 1 + max(0, rest - self.sub) if self.per > 1 else 1)
+        blocks, rest = divmod(tiles, self.sub * self.per)  # a last short block: its first CTA's sum, its later rows
+        return blocks * self.kept + (1 + max(0, rest - self.sub) if rest else 0)
 
 
 class ColumnAccumulators:

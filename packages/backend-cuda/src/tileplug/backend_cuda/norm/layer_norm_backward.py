@@ -48,8 +48,9 @@ def build(spec: NormKernelSpec):
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
     PAIRED = spec.paired_sums
-    BLOCK = spec.row_block  # row-tile iterations per block (a constant: the weight gradient's fixed blocking)
-    layout = BlockLayout(spec)  # a CTA's iterations (the whole block but on the half path), its partial rows
+    # a CTA's row-tile iterations (spec.row_block: a constant, the weight gradient's fixed blocking; half of it on
+    # the half path) and the partial rows it writes
+    layout = BlockLayout(spec)
     SUB = layout.sub
     ahead = RowPrefetch(rows, PREFETCH_SOURCES, spec.prefetch)  # grad_y and x, copied one row iteration ahead or loaded
 

@@ -46,8 +46,9 @@ def build(spec: NormKernelSpec):
     partials_t = T.Tensor((T.dynamic("P"), D), "float32") if WDT is not None else vector_buffer(spec, "p", None)
     STRIDES = aligned_strides(spec, g_t, x_t, dx_t, *((gr_t,) if GRAD_RESIDUAL else ()))
     ROWS = rows.ROWS
-    BLOCK = spec.row_block  # row-tile iterations per block (a constant: the weight gradient's fixed blocking)
-    layout = BlockLayout(spec)  # a CTA's iterations (the whole block but on the half path), its partial rows
+    # a CTA's row-tile iterations (spec.row_block: a constant, the weight gradient's fixed blocking; half of it on
+    # the half path) and the partial rows it writes
+    layout = BlockLayout(spec)
     SUB = layout.sub
     ahead = RowPrefetch(rows, PREFETCH_SOURCES, spec.prefetch)  # grad_y and x, copied one row iteration ahead or loaded
 
