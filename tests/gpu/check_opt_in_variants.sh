@@ -66,6 +66,9 @@
 #      fused bytes at blocks 16 / 32 (-k split_path), both backwards at 16 / 32 beside TileKernels and Liger, each
 #      kernel's time, then the norm module's backward tests at 32 with the half path. If 32 with the half path is
 #      no slower at T = 1024 … 2048 than 16, both become the defaults.
+#  16. (thirty-first session) the fused norm cast 1×32 with its registers capped (TILEPLUG_CUDA_NORM_CAST_CTAS_PER_SM,
+#      index off) at chunks:ctas 4:0 (the default), 4:5 (56 registers, 40 bytes spilled), 7:5 (TileKernels' shape at
+#      96 registers, 16 spilled; beside TileKernels), 2:4 (32 registers, 64 spilled), 4:0 again.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -214,6 +217,17 @@ if want 15 && [ $(left) -gt 60 ]; then
     timeout $(( $(left) - 10 )) $P -n 15 -k "backward or column_sums" tests/gpu/test_cuda_norm.py \
     > $OUT/norm_backward_module.txt 2>&1
   tail -3 $OUT/norm_backward_module.txt
+fi
+if want 16 && [ $(left) -gt 60 ]; then
+  for pair in 4:0 4:5 7:5 2:4 4:0; do
+    [ $(left) -gt 40 ] || break
+    extra=$([ $pair = 7:5 ] && echo "--peer tile_kernels" || echo "")
+    echo "== chunks:ctas $pair, $(left) s left" | tee -a $OUT/cast_ctas_bench.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_NORM_CHUNKS=${pair%:*} TILEPLUG_CUDA_NORM_CAST_CTAS_PER_SM=${pair#*:} \
+      timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) $BENCH $extra --ops rms_norm_per_token_cast/g32 \
+      --tokens 1024,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/cast_ctas_bench.txt \
+      | grep -E "^rms_norm_per_token_cast/g32 +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
+  done
 fi
 if want 11 && [ $(left) -gt 120 ]; then
   nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/table_gpu.txt

@@ -88,6 +88,16 @@ def layer_norm_threads_per_sm() -> int:
     return tuning_override("TILEPLUG_CUDA_LAYER_NORM_THREADS_PER_SM", LAYER_NORM_THREADS_PER_SM)
 
 
+CAST_CTAS_VARIABLE = "TILEPLUG_CUDA_NORM_CAST_CTAS_PER_SM"
+"""CTAs per SM the long-row fused norm casts ask ptxas to fit (``__launch_bounds__``' second argument; 0, the
+default: ptxas' choice, at D = 7168 bf16 71 registers, 4 CTAs of 224 threads). A tuning knob under trial (with the
+kernel index off: the index key does not see it): 5 caps the registers at 56 (40 bytes spilled)."""
+
+
+def cast_ctas_per_sm() -> int:
+    return tuning_override(CAST_CTAS_VARIABLE, 0)
+
+
 def backward_ctas_per_sm() -> int:
     return tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_CTAS", BACKWARD_CTAS_PER_SM)
 
