@@ -320,15 +320,20 @@ class BackwardKernel(NormKernel):
         spec = self.spec(call)
         specs = [spec]
         if spec.row_block > 1:
-            half = self.half_spec(call)
-            if half is not None:
-                specs.append(half)
-                if self.reduced(call):
-                    specs.append(RowBlockSumSpec(BlockLayout(half).kept, spec.tile.rows))
-            specs.append(self.split_spec(call))
-            if self.reduced(call):
-                specs.append(RowBlockSumSpec(spec.row_block, spec.tile.rows))
+            for path in (self.half_spec(call), self.split_spec(call)):
+                if path is not None:
+                    block_sum = self.block_sum_spec(call, path)
+                    specs += [path] if block_sum is None else [path, block_sum]
         return specs + ([ColumnSumSpec(segment=True), ColumnSumSpec()] if self.reduced(call) else [])
+
+    def block_sum_spec(self, call: NormCall, path) -> RowBlockSumSpec | None:
+        """The block sum after the row kernel ``path`` of the half or split path (a block's one-row
+        partials: the half path's ``kept`` a block, the split path's whole block); None where the
+        op sums nothing over rows."""
+        if not self.reduced(call):
+            return None
+        return RowBlockSumSpec(BlockLayout(path).kept if path.sub_block else self.spec(call).row_block,
+                               path.tile.rows)
 
     def prepare(self, call: NormCall, split_below: int | None = None):
         """``launch(inputs, outputs)``: the fused row kernel where its grid has at least
@@ -342,12 +347,10 @@ class BackwardKernel(NormKernel):
         split_below = backward_split_below() if split_below is None else split_below
         if spec.row_block == 1 or split_below <= 1:
             return fused
-        reduced = self.reduced(call)
-        split = self._path(call, self.split_spec(call),
-                           RowBlockSumSpec(spec.row_block, spec.tile.rows) if reduced else None)
+        split_spec = self.split_spec(call)
+        split = self._path(call, split_spec, self.block_sum_spec(call, split_spec))
         half_spec = self.half_spec(call) if backward_half_path() else None
-        half = None if half_spec is None else self._path(
-            call, half_spec, RowBlockSumSpec(BlockLayout(half_spec).kept, spec.tile.rows) if reduced else None)
+        half = None if half_spec is None else self._path(call, half_spec, self.block_sum_spec(call, half_spec))
         heads = call.heads or 1
         slots, row_block = spec.tile.rows, spec.row_block
         # a grid of ceil(tiles / iterations) CTAs reaches split_below from this many tiles
