@@ -64,7 +64,8 @@
 #      (TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1: each block over two CTAs, the second writing its rows' terms as
 #      one-row partials, now in 128-bit stores; its one-value stores took 96.4 µs at T = 1024): the split / half /
 #      fused bytes at blocks 16 / 32 (-k split_path), both backwards at 16 / 32 beside TileKernels and Liger, each
-#      kernel's time, then the norm module's backward tests at 32 with the half path. If 32 with the half path is
+#      kernel's time, then the norm module's backward tests at 32 with the half path (the bench first: a short
+#      machine still times both blocks). If 32 with the half path is
 #      no slower at T = 1024 … 2048 than 16, both become the defaults.
 #  16. (thirty-first session) the fused norm cast 1×32 with its registers capped (TILEPLUG_CUDA_NORM_CAST_CTAS_PER_SM,
 #      index off) at chunks:ctas 4:0 (the default), 4:5 (56 registers, 40 bytes spilled), 7:5 (TileKernels' shape at
@@ -201,22 +202,27 @@ if want 14 && [ $(left) -gt 120 ]; then
   tail -3 $OUT/norm_backward_module.txt
 fi
 if want 15 && [ $(left) -gt 60 ]; then
-  for blocks in 16 32; do
-    TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=$blocks TILEPLUG_GPU_PRECOMPILE=0 timeout 150 $P -n 6 -k "split_path" \
-      tests/gpu/test_cuda_norm.py > $OUT/split_half_$blocks.txt 2>&1
-    tail -2 $OUT/split_half_$blocks.txt
-  done
   TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1 alternate TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK "16 32" tile_kernels,liger \
     half_bench.txt 170 --ops rms_norm_backward,layer_norm_backward --tokens 256,512,1024,2048,4096,16384,65536
+  for blocks in 32 16; do
+    [ $(left) -gt 40 ] || break
+    TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=$blocks TILEPLUG_GPU_PRECOMPILE=0 \
+      timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $P -n 6 -k "split_path" tests/gpu/test_cuda_norm.py \
+      > $OUT/split_half_$blocks.txt 2>&1
+    tail -2 $OUT/split_half_$blocks.txt
+  done
   for blocks in 16 32; do
+    [ $(left) -gt 70 ] || break
     TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1 TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=$blocks timeout 60 \
       python3 tests/gpu/probe_norm_backward_kernels.py 512,1024,2048,4096 2>&1 | grep "T=" | sed "s/^/block $blocks: /" \
       | tee -a $OUT/half_kernels.txt
   done
-  TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1 TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=32 TILEPLUG_GPU_PRECOMPILE=0 \
-    timeout $(( $(left) - 10 )) $P -n 15 -k "backward or column_sums" tests/gpu/test_cuda_norm.py \
-    > $OUT/norm_backward_module.txt 2>&1
-  tail -3 $OUT/norm_backward_module.txt
+  if [ $(left) -gt 60 ]; then
+    TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1 TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=32 TILEPLUG_GPU_PRECOMPILE=0 \
+      timeout $(( $(left) - 10 )) $P -n 15 -k "backward or column_sums" tests/gpu/test_cuda_norm.py \
+      > $OUT/norm_backward_module.txt 2>&1
+    tail -3 $OUT/norm_backward_module.txt
+  fi
 fi
 if want 16 && [ $(left) -gt 60 ]; then
   for pair in 4:0 4:5 7:5 2:4 4:0; do
