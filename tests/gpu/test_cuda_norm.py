@@ -302,8 +302,8 @@ def test_split_path_gives_the_fused_bytes(case: Case, counts: tuple, monkeypatch
     """A short batch's split path (one row tile a CTA, then the block sums), its half path (a block
     over two CTAs, the second writing its rows' terms; where there are more than half a block of row
     tiles) and the fused row kernel give the same bytes, grad_weight and grad_bias included, on inputs
-    with zeros in x (−0 / +0 terms), an inf and a NaN in grad_y."""
-    from tileplug.backend_cuda import jit
+    with zeros in x (−0 / +0 terms), an inf and a NaN in grad_y; each path launches its own row kernel
+    and no other path's (the profiler's kernel names)."""
     from tileplug.backend_cuda.plugin import _KERNELS
     from tileplug.core import CUDA_LAYOUT
     from tileplug.core.opdefs import describe_call
@@ -328,14 +328,18 @@ def test_split_path_gives_the_fused_bytes(case: Case, counts: tuple, monkeypatch
         if half_grid > -(-tiles // spec.row_block):
             paths["half"] = half_grid
         runs = {}
+        row_kernels = {"fused": spec, "split": kernel.split_spec(call), "half": kernel.half_spec(call)}
+        names = {row.name for row in row_kernels.values() if row is not None}
         for path, split_below in paths.items():
             outputs = call.allocation_plan(CUDA_LAYOUT).allocate(call.tokens, DEVICE)
-            kernel.prepare(call, split_below=split_below)(inputs, outputs)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+                kernel.prepare(call, split_below=split_below)(inputs, outputs)
+                torch.cuda.synchronize()
+            launched = {event.name.removesuffix("_kernel") for event in profile.events()
+                        if event.device_type == torch.autograd.DeviceType.CUDA}
+            expected = spec if tiles <= 1 else row_kernels[path]  # one row tile: the fused kernel on every path
+            assert {expected.name} == launched & names, f"{case.id} T={tokens}: the {path} path launched {sorted(launched)}"
             runs[path] = outputs
-        torch.cuda.synchronize()
-        ran = {spec for spec, _ in jit._entries}
-        assert kernel.split_spec(call) in ran, f"{case.id} T={tokens}: the split path did not run"
-        assert "half" not in paths or kernel.half_spec(call) in ran, f"{case.id} T={tokens}: the half path did not run"
         for path, outputs in runs.items():
             for name in outputs._fields:
                 fused, other = getattr(runs["fused"], name), getattr(outputs, name)
