@@ -69,7 +69,7 @@
 #      no slower at T = 1024 … 2048 than 16, both become the defaults.
 #  16. (thirty-first session) the fused norm cast 1×32 with its registers capped (TILEPLUG_CUDA_NORM_CAST_CTAS_PER_SM,
 #      index off) at chunks:ctas 4:0 (the default), 4:5 (56 registers, 40 bytes spilled), 7:5 (TileKernels' shape at
-#      96 registers, 16 spilled; beside TileKernels), 2:4 (32 registers, 64 spilled), 4:0 again.
+#      96 registers, 16 spilled; beside TileKernels), 4:0 again.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -225,7 +225,7 @@ if want 15 && [ $(left) -gt 60 ]; then
   fi
 fi
 if want 16 && [ $(left) -gt 60 ]; then
-  for pair in 4:0 4:5 7:5 2:4 4:0; do
+  for pair in 4:0 4:5 7:5 4:0; do
     [ $(left) -gt 40 ] || break
     extra=$([ $pair = 7:5 ] && echo "--peer tile_kernels" || echo "")
     echo "== chunks:ctas $pair, $(left) s left" | tee -a $OUT/cast_ctas_bench.txt
