@@ -990,3 +990,36 @@ def test_strides_fixed_keeps_tensors_without_size_one_dims_and_fixes_the_others(
                         assert new == (old if old == 1 else 1), (shape, strides, vec)
                     else:
                         assert new % vec == 0 and (new == old or old % vec), (shape, strides, vec)
+
+
+@pytest.mark.parametrize(("hidden", "dtype", "residual", "bounds"), [
+    (7168, torch.bfloat16, False, "224, 5"),  # 1120 threads an SM: 5 rows of 7 warps (56 registers)
+    (4096, torch.bfloat16, False, "128, 8"),
+    (7168, torch.float32, False, "448, 2"),
+    (7168, torch.bfloat16, True, "224, 1"),  # with a residual: ptxas' choice (the cap spilled 208 bytes)
+    (576, torch.bfloat16, False, "128, 1"),  # four rows a CTA: not a long row
+])
+def test_fused_norm_cast_caps_a_long_rows_registers(hidden: int, dtype: torch.dtype, residual: bool, bounds: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rms_norm_per_token_cast`` of one row a CTA without a residual asks ptxas for
+    ``CAST_THREADS_PER_SM // threads`` CTAs an SM (``__launch_bounds__``' second argument); with a
+    residual or several rows a CTA it leaves ptxas its choice; ``TILEPLUG_CUDA_NORM_CAST_THREADS_PER_SM=0``
+    turns the cap off and anything but an integer is refused, naming the variable."""
+    from tileplug import core
+    from tileplug.backend_cuda.norm.spec import CAST_THREADS_PER_SM
+
+    x = torch.empty(4, hidden, dtype=dtype, device="meta")
+    weight = torch.empty(hidden, dtype=dtype, device="meta")
+    extra = {"residual": torch.empty(4, hidden, dtype=dtype, device="meta")} if residual else {}
+
+    def lowered() -> str:
+        return core.lower(core.ops.rms_norm_per_token_cast, x, weight, fmt="e4m3", num_per_channels=32, backend="cuda",
+                          **extra)
+
+    assert CAST_THREADS_PER_SM == 1120
+    assert f"__launch_bounds__({bounds})" in lowered()
+    monkeypatch.setenv("TILEPLUG_CUDA_NORM_CAST_THREADS_PER_SM", "0")
+    assert f"__launch_bounds__({bounds.split(',')[0]}, 1)" in lowered()
+    monkeypatch.setenv("TILEPLUG_CUDA_NORM_CAST_THREADS_PER_SM", "many")
+    with pytest.raises(ValueError, match="TILEPLUG_CUDA_NORM_CAST_THREADS_PER_SM='many': expected an integer"):
+        lowered()

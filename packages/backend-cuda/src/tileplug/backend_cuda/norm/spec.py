@@ -88,14 +88,21 @@ def layer_norm_threads_per_sm() -> int:
     return tuning_override("TILEPLUG_CUDA_LAYER_NORM_THREADS_PER_SM", LAYER_NORM_THREADS_PER_SM)
 
 
-CAST_CTAS_VARIABLE = "TILEPLUG_CUDA_NORM_CAST_CTAS_PER_SM"
-"""CTAs per SM the long-row fused norm casts ask ptxas to fit (``__launch_bounds__``' second argument; 0, the
-default: ptxas' choice, at D = 7168 bf16 71 registers, 4 CTAs of 224 threads). A tuning knob under trial (with the
-kernel index off: the index key does not see it): 5 caps the registers at 56 (40 bytes spilled)."""
+CAST_THREADS_PER_SM = 1120
+"""Threads of a long-row fused norm cast (``rms_norm_per_token_cast``, one row a CTA, no residual) an SM should
+hold at once: the kernel asks ptxas for ``CAST_THREADS_PER_SM // threads`` CTAs per SM. At D = 7168 bf16, 5 CTAs
+of 224 threads: 56 registers (40 bytes spilled) where ptxas' own 71 left room for 4 — TileKernels' fused kernel
+holds 5 rows an SM too. Measured on an H100 (1×32 e4m3, eager µs at T = 1024 / 4096 / 16384 / 65536, one process
+each, 2026-12-06): ptxas' choice 14.5 / 37.3 / 133.4 / 518.3 and again 14.4 / 37.2 / 133.2 / 518.0; 5 CTAs
+14.8 / 36.3 / 126.1 / 486.5 (99.1 % of copy at 65536); TileKernels 13.1 / 32.2 / 120.1 / 474.1 (TileKernels' own
+tile, 4 warps × 7 vectors, at 5 CTAs: 19.8 / 51.1 / 175.0 / 669.2). Other widths follow the same rule untimed
+(D = 4096 bf16: 8 CTAs of 128 at 64 registers, no spill; 5120: 7 of 160 at 56, 40 bytes). Rows with a residual
+keep ptxas' choice (the cap spilled 88–208 bytes). ``TILEPLUG_CUDA_NORM_CAST_THREADS_PER_SM`` overrides (0: no
+cap), for tuning, with the kernel index off (the index key does not see the variable)."""
 
 
-def cast_ctas_per_sm() -> int:
-    return tuning_override(CAST_CTAS_VARIABLE, 0)
+def cast_threads_per_sm() -> int:
+    return tuning_override("TILEPLUG_CUDA_NORM_CAST_THREADS_PER_SM", CAST_THREADS_PER_SM)
 
 
 def backward_ctas_per_sm() -> int:
