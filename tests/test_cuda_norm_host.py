@@ -432,7 +432,7 @@ def test_backward_runs_split_while_the_fused_grid_is_short(op: str, hidden: int,
     partial rows, the column sum), else the split path (one row tile a CTA, one one-row partial per
     row slot, the block sum, the column sum); otherwise the fused row kernel. Without ``split_below``
     the bound is the environment variable's, else the default: 64 (since the split path ran on a GPU,
-    2026-12-06). The half path only with ``TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1`` (not yet timed)."""
+    2026-12-06). The half path only with ``TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1`` (timed: off by default)."""
     from tileplug.backend_cuda import jit
     from tileplug.backend_cuda.norm.backward import BlockLayout, ColumnSumSpec, RowBlockSumSpec
     from tileplug.backend_cuda.norm.spec import BACKWARD_SPLIT_BELOW

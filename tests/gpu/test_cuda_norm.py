@@ -308,7 +308,7 @@ def test_split_path_gives_the_fused_bytes(case: Case, counts: tuple, monkeypatch
     from tileplug.core import CUDA_LAYOUT
     from tileplug.core.opdefs import describe_call
 
-    monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH", "1")  # (opt-in until timed)
+    monkeypatch.setenv("TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH", "1")  # (an opt-in)
     for tokens in counts:
         args, kwargs = _arguments(case, tokens, seed=17)
         args, kwargs = list(moved(args, DEVICE, fresh=True)), moved(kwargs, DEVICE, fresh=True)

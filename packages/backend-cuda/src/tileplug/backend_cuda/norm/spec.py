@@ -135,10 +135,19 @@ each, TileKernels 61.6–61.8 / 236.1–236.3 / 940.6–943.0 at 4096 / 16384 / 
 32 halves the partial rows (written and read again: 117 MB each way at T = 65536 with 16; the column segment sums
 47.9 → 28.1 µs) and one CTA of 32 rows an SM ran the row loop faster than two of 16 (T = 4096: 77.5 → 68.4 µs,
 profiler), but its short batches fall to the split path (one row tile a CTA: 83.9 µs at T = 1024). The half path
-(``TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH``) is to serve them; its first GPU run stored its one-row partials one value
-at a time and took 96.4 / 180.9 µs at T = 1024 (its 128-bit stores since have not run on a GPU), so 16 stays the
-default until the block of 32 with the half path is timed (``tests/gpu/check_opt_in_variants.sh`` step 15).
-``TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK`` overrides it, for tuning (the spec name carries it)."""
+(``TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH``) is to serve them. With its 128-bit stores, on an H100 (2026-12-06, one
+process a block, the half path on, TileKernels and Liger beside 32):
+
+    block   T = 256         1024            2048            4096            16384           65536
+    16      30.6 / 55.3     35.9 / 56.3     46.7 / 66.1     81.3 / 117.8    281.1 / 382.1   1050.0 / 1348.9
+    32      46.5 / 64.2     50.4 / 78.8     57.4 / 74.9     75.9 / 95.5     266.7 / 326.2   1009.2 / 1156.0
+    peers   12.1 / 113.0    21.4 / 96.7     33.3 / 99.4     61.2 / 98.2     236.6 / 306.5   940.4 / 1146.5
+
+(peers: TileKernels' rms, Liger's layer). 32 is 5-19 % faster from T = 4096 and 10-40 % slower at T ≤ 2048 (the half
+path's second CTAs write half the block's rows as one-row partials: at T = 1024 its grid is 64 CTAs, each writing 16
+rows of 28 KB), so 16 stays the default; the GPU byte test of the half path's 128-bit stores ran 5 of its 6 cases
+(all passed) before its time ran out. ``TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK`` overrides it, for tuning (the spec
+name carries it)."""
 PREFETCH_MAX_BYTES = 64 * 1024
 """The most shared memory the staging of ``grad_y`` and ``x`` (two stages) may take: with the
 column sums' 48 KB two CTAs still fit an SM's 228 KB (D ≤ 8192 at 16-bit, 4096 at fp32);
@@ -202,9 +211,11 @@ HALF_PATH_VARIABLE = "TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH"
 """``1``: a backward whose fused grid is short of ``backward_split_below()`` CTAs runs the half path where that
 path's grid (two CTAs a block) reaches it (``backward.BlockLayout``: the block's second CTA writes each row's
 terms as one-row partials, 8 bytes a value more traffic for half the rows, against all of them on the split path);
-``0`` (the default until it is timed on a GPU): the split path. The same bytes either way (the fp32 order played on
-the CPU in ``tests/test_cuda_norm_host.py``; on an H100 the split / half / fused byte test passed 5 of its 6 cases
-before its time ran out, with the half path's first, one-value stores)."""
+``0`` (the default): the split path. The same bytes either way (the fp32 order played on the CPU in
+``tests/test_cuda_norm_host.py``; on an H100 the split / half / fused byte test passed 5 of its 6 cases before its
+time ran out, with the one-value stores and again with the 128-bit ones). Timed with the block of 32 (H100,
+2026-12-06): 50.4 / 78.8 µs at T = 1024 (rms / layer; the one-value stores 96.4 / 180.9, the split path 83.9 / 171.9,
+the block of 16 35.9 / 56.3): still behind the block of 16, so it stays off (:data:`BACKWARD_ROW_BLOCK`)."""
 HALF_PATH_CHOICES = ("0", "1")
 
 
