@@ -1023,3 +1023,22 @@ def test_fused_norm_cast_caps_a_long_rows_registers(hidden: int, dtype: torch.dt
     monkeypatch.setenv("TILEPLUG_CUDA_NORM_CAST_THREADS_PER_SM", "many")
     with pytest.raises(ValueError, match="TILEPLUG_CUDA_NORM_CAST_THREADS_PER_SM='many': expected an integer"):
         lowered()
+
+
+def test_rms_norm_threads_per_sm_is_a_tuning_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rms_norm`` leaves ptxas its choice by default; ``TILEPLUG_CUDA_RMS_NORM_THREADS_PER_SM`` asks for
+    that many threads an SM on a long row (residual or not) and never on tiles of several rows."""
+    from tileplug import core
+
+    def bounds(hidden: int, residual: bool = False) -> str:
+        x = torch.empty(4, hidden, dtype=torch.bfloat16, device="meta")
+        extra = {"residual": torch.empty_like(x)} if residual else {}
+        source = core.lower(core.ops.rms_norm, x, torch.empty(hidden, dtype=torch.bfloat16, device="meta"),
+                            backend="cuda", **extra)
+        return source[source.index("__launch_bounds__("):].split(")")[0] + ")"
+
+    assert bounds(7168) == "__launch_bounds__(224, 1)" and bounds(7168, True) == "__launch_bounds__(224, 1)"
+    monkeypatch.setenv("TILEPLUG_CUDA_RMS_NORM_THREADS_PER_SM", "1120")
+    assert bounds(7168) == "__launch_bounds__(224, 5)" and bounds(576) == "__launch_bounds__(128, 1)"
+    monkeypatch.setenv("TILEPLUG_CUDA_RMS_NORM_THREADS_PER_SM", "896")
+    assert bounds(7168, True) == "__launch_bounds__(224, 4)"

@@ -23,7 +23,7 @@ from tileplug.backend_cuda.norm.rows import (
     statistic_buffer,
     vector_buffer,
 )
-from tileplug.backend_cuda.norm.spec import NormKernelSpec, layer_norm_threads_per_sm
+from tileplug.backend_cuda.norm.spec import NormKernelSpec, layer_norm_threads_per_sm, long_row_ctas
 
 
 def build(spec: NormKernelSpec):
@@ -49,6 +49,8 @@ def build(spec: NormKernelSpec):
     rstd_t = statistic_buffer(spec, "rstd", M, spec.stats)
     STRIDES = aligned_strides(spec, x_t, y_t, *((r_t, ro_t) if spec.residual else ()))
     W_LOCAL, B_LOCAL = WDT or "float32", BDT or "float32"  # (unused without a weight / bias)
+    THREADS_PER_SM = layer_norm_threads_per_sm()  # (read for every spec: a bad value is refused wherever it is set)
+    CTAS_PER_SM = long_row_ctas(rows.ROWS, rows.THREADS, 0 if spec.residual else THREADS_PER_SM)
 
 
     def output(c, wv, bv, i, rstd):
@@ -65,8 +67,8 @@ def build(spec: NormKernelSpec):
         with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
             # a long row without a residual: cap the registers so that more rows share an SM (with a
             # residual the cap spilled 284 bytes at D = 7168: left to ptxas)
-            if rows.ROWS == 1 and not spec.residual:
-                T.annotate_min_blocks_per_sm(max(1, layer_norm_threads_per_sm() // rows.THREADS))
+            if CTAS_PER_SM:
+                T.annotate_min_blocks_per_sm(CTAS_PER_SM)
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
             tx = T.get_thread_binding()

@@ -23,7 +23,7 @@ from tileplug.backend_cuda.norm.rows import (
     statistic_buffer,
     vector_buffer,
 )
-from tileplug.backend_cuda.norm.spec import NormKernelSpec
+from tileplug.backend_cuda.norm.spec import NormKernelSpec, long_row_ctas, rms_norm_threads_per_sm
 
 
 class RmsNormMacros:
@@ -102,10 +102,13 @@ def build(spec: NormKernelSpec):
     rstd_t = statistic_buffer(spec, "rstd", M, spec.stats)
     STRIDES = aligned_strides(spec, x_t, y_t, *((r_t, ro_t) if spec.residual else ()))
     rms = RmsNormMacros(spec, rows)
+    CTAS_PER_SM = long_row_ctas(rows.ROWS, rows.THREADS, rms_norm_threads_per_sm())  # (a tuning knob, off)
 
     @T.prim_func
     def kernel(x: x_t, weight: w_t, residual: r_t, y: y_t, residual_out: ro_t, rstd: rstd_t):
         with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+            if CTAS_PER_SM:
+                T.annotate_min_blocks_per_sm(CTAS_PER_SM)
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
             tx = T.get_thread_binding()

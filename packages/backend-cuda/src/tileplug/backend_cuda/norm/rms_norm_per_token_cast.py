@@ -18,7 +18,7 @@ import tilelang.language as T
 from tileplug.backend_cuda.norm.rms_norm import RmsNormMacros
 from tileplug.backend_cuda.norm.row_cast import RowCast
 from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, row_buffer, vector_buffer
-from tileplug.backend_cuda.norm.spec import NormKernelSpec, cast_threads_per_sm
+from tileplug.backend_cuda.norm.spec import NormKernelSpec, cast_threads_per_sm, long_row_ctas
 
 
 def build(spec: NormKernelSpec):
@@ -46,14 +46,15 @@ def build(spec: NormKernelSpec):
     sf_t = cast.sf_type()
     STRIDES = aligned_strides(spec, x_t, *((r_t, ro_t) if spec.residual else ()), *((y_t,) if quant.unquantized else ()))
     rms = RmsNormMacros(spec, rows)
-    THREADS_PER_SM = cast_threads_per_sm()
+    # a long row without a residual: cap the registers so that more rows share an SM (spec.CAST_THREADS_PER_SM)
+    THREADS_PER_SM = cast_threads_per_sm()  # (read for every spec: a bad value is refused wherever it is set)
+    CTAS_PER_SM = long_row_ctas(rows.ROWS, rows.THREADS, 0 if spec.residual else THREADS_PER_SM)
 
     @T.prim_func
     def kernel(x: x_t, weight: w_t, residual: r_t, residual_out: ro_t, y: y_t, q: q_t, sf: sf_t):
         with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
-            # a long row without a residual: cap the registers so that more rows share an SM (spec.CAST_THREADS_PER_SM)
-            if rows.ROWS == 1 and THREADS_PER_SM and not spec.residual:
-                T.annotate_min_blocks_per_sm(max(1, THREADS_PER_SM // rows.THREADS))
+            if CTAS_PER_SM:
+                T.annotate_min_blocks_per_sm(CTAS_PER_SM)
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
             tx = T.get_thread_binding()

@@ -88,6 +88,26 @@ def layer_norm_threads_per_sm() -> int:
     return tuning_override("TILEPLUG_CUDA_LAYER_NORM_THREADS_PER_SM", LAYER_NORM_THREADS_PER_SM)
 
 
+def long_row_ctas(rows_per_cta: int, threads: int, threads_per_sm: int) -> int:
+    """CTAs per SM a forward norm kernel asks ptxas to fit (``__launch_bounds__``' second argument) so that
+    an SM holds about ``threads_per_sm`` threads of CTAs of ``threads``; 0 (ptxas' choice) for tiles of
+    several rows a CTA (short rows: their registers are few) or ``threads_per_sm`` 0."""
+    if rows_per_cta != 1 or not threads_per_sm:
+        return 0
+    return max(1, threads_per_sm // threads)
+
+
+RMS_NORM_THREADS_PER_SM = 0
+"""Threads of a long-row ``rms_norm`` an SM should hold (:func:`long_row_ctas`; 0, the default: ptxas' choice, at
+D = 7168 bf16 72 registers, 4 CTAs of 224 threads; with a residual 96, 3 CTAs). A tuning knob under trial,
+``TILEPLUG_CUDA_RMS_NORM_THREADS_PER_SM`` (kernel index off: the index key does not see it): 1120 gives 56
+registers without a residual (16 bytes spilled, nvcc 13.0), 896 gives a residual's rows 72 (24 bytes)."""
+
+
+def rms_norm_threads_per_sm() -> int:
+    return tuning_override("TILEPLUG_CUDA_RMS_NORM_THREADS_PER_SM", RMS_NORM_THREADS_PER_SM)
+
+
 CAST_THREADS_PER_SM = 1120
 """Threads of a long-row fused norm cast (``rms_norm_per_token_cast``, one row a CTA, no residual) an SM should
 hold at once: the kernel asks ptxas for ``CAST_THREADS_PER_SM // threads`` CTAs per SM. At D = 7168 bf16, 5 CTAs
