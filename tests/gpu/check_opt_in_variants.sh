@@ -70,6 +70,16 @@
 #  16. (thirty-first session) the fused norm cast 1×32 with its registers capped (TILEPLUG_CUDA_NORM_CAST_CTAS_PER_SM,
 #      index off) at chunks:ctas 4:0 (the default), 4:5 (56 registers, 40 bytes spilled), 7:5 (TileKernels' shape at
 #      96 registers, 16 spilled; beside TileKernels), 4:0 again.
+#      Ran on an H100 in the thirty-first session: 4:5 faster from T = 4096 (518.3 → 486.5 µs at 65536), 7:5 slower
+#      (669.2): the cap became the default rule (spec.CAST_THREADS_PER_SM = 1120, no residual).
+#      Step 15 ran there too (bench and 5 of 6 byte cases at 32): 32 + half path 5-19 % faster from T = 4096, 10-40 %
+#      slower at T ≤ 2048: 16 stays.
+#  17. (thirty-first session, CPU only) the fused cast's cap at D = 4096 / 2048 / 5120 (0 / 1120 threads an SM, index
+#      off; 8 / 8 / 7 CTAs: 64 / 48 / 56 registers), then rms_norm's new knob (TILEPLUG_CUDA_RMS_NORM_THREADS_PER_SM
+#      0 / 896 / 1120: with a residual 96 → 72 registers at 896, 24 bytes spilled; without 72 → 56 at 1120, 16 bytes),
+#      beside TileKernels.
+#  18. (thirty-first session) the backwards' block of 32 with the half path: the split / half / fused byte test at 32
+#      to the end (its sixth case never finished within a cap), then the norm module's backward tests at 32 + half.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -234,6 +244,43 @@ if want 16 && [ $(left) -gt 60 ]; then
       --tokens 1024,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/cast_ctas_bench.txt \
       | grep -E "^rms_norm_per_token_cast/g32 +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
   done
+fi
+if want 17 && [ $(left) -gt 60 ]; then
+  # the fused cast's register cap at the widths the rule reaches untimed, then rms_norm's knob (index off)
+  for hidden in 4096 2048 5120; do
+    for threads in 0 1120; do
+      [ $(left) -gt 40 ] || break
+      extra=$([ $threads = 1120 ] && echo "--peer tile_kernels" || echo "")
+      echo "== D=$hidden cast threads/SM $threads, $(left) s left" | tee -a $OUT/cast_widths_bench.txt
+      env TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_NORM_CAST_THREADS_PER_SM=$threads \
+        timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) $BENCH $extra --hidden $hidden --ops rms_norm_per_token_cast/g32 \
+        --tokens 1024,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/cast_widths_bench.txt \
+        | grep -E "^rms_norm_per_token_cast/g32 +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
+    done
+  done
+  for threads in 0 896 1120; do
+    [ $(left) -gt 40 ] || break
+    extra=$([ $threads = 0 ] && echo "--peer tile_kernels" || echo "")
+    echo "== rms_norm threads/SM $threads, $(left) s left" | tee -a $OUT/rms_threads_bench.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_RMS_NORM_THREADS_PER_SM=$threads \
+      timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) $BENCH $extra --ops rms_norm,rms_norm/residual \
+      --tokens 1024,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/rms_threads_bench.txt \
+      | grep -E "^rms_norm(/residual)? +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
+  done
+fi
+if want 18 && [ $(left) -gt 60 ]; then
+  # the backwards' block of 32 with the half path (128-bit stores): every byte test, no time cap but the budget's
+  for blocks in 32; do
+    TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=$blocks TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) - 10 )) \
+      $P -n 6 -k "split_path" tests/gpu/test_cuda_norm.py > $OUT/split_half_full_$blocks.txt 2>&1
+    tail -2 $OUT/split_half_full_$blocks.txt
+  done
+  if [ $(left) -gt 120 ]; then
+    TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1 TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=32 TILEPLUG_GPU_PRECOMPILE=0 \
+      timeout $(( $(left) - 10 )) $P -n 15 -k "backward or column_sums" tests/gpu/test_cuda_norm.py \
+      > $OUT/norm_backward_module_32.txt 2>&1
+    tail -3 $OUT/norm_backward_module_32.txt
+  fi
 fi
 if want 11 && [ $(left) -gt 120 ]; then
   nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/table_gpu.txt
