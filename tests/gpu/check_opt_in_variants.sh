@@ -72,7 +72,7 @@
 #      96 registers, 16 spilled; beside TileKernels), 4:0 again.
 #      Ran on an H100 in the thirty-first session: 4:5 faster from T = 4096 (518.3 → 486.5 µs at 65536), 7:5 slower
 #      (669.2): the cap became the default rule (spec.CAST_THREADS_PER_SM = 1120, no residual).
-#      Step 15 ran there too (bench and 5 of 6 byte cases at 32): 32 + half path 5-19 % faster from T = 4096, 10-40 %
+#      Step 15 ran there too (bench and 5 of 6 byte cases at 32): 32 + half path 4-19 % faster from T = 4096, 13-99 %
 #      slower at T ≤ 2048: 16 stays.
 #  17. (thirty-first session, CPU only) the fused cast's cap at D = 4096 / 2048 / 5120 (0 / 1120 threads an SM, index
 #      off; 8 / 8 / 7 CTAs: 64 / 48 / 56 registers), then rms_norm's new knob (TILEPLUG_CUDA_RMS_NORM_THREADS_PER_SM

@@ -163,7 +163,7 @@ process a block, the half path on, TileKernels and Liger beside 32):
     32      46.5 / 64.2     50.4 / 78.8     57.4 / 74.9     75.9 / 95.5     266.7 / 326.2   1009.2 / 1156.0
     peers   12.1 / 113.0    21.4 / 96.7     33.3 / 99.4     61.2 / 98.2     236.6 / 306.5   940.4 / 1146.5
 
-(peers: TileKernels' rms, Liger's layer). 32 is 5-19 % faster from T = 4096 and 10-40 % slower at T ≤ 2048 (the half
+(peers: TileKernels' rms, Liger's layer). 32 is 4-19 % faster from T = 4096 and 13-99 % slower at T ≤ 2048 (the half
 path's second CTAs write half the block's rows as one-row partials: at T = 1024 its grid is 64 CTAs, each writing 16
 rows of 28 KB), so 16 stays the default; the GPU byte test of the half path's 128-bit stores ran 5 of its 6 cases
 (all passed) before its time ran out. ``TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK`` overrides it, for tuning (the spec
