@@ -67,9 +67,10 @@
 #      kernel's time, then the norm module's backward tests at 32 with the half path (the bench first: a short
 #      machine still times both blocks). If 32 with the half path is
 #      no slower at T = 1024 … 2048 than 16, both become the defaults.
-#  16. (thirty-first session) the fused norm cast 1×32 with its registers capped (TILEPLUG_CUDA_NORM_CAST_CTAS_PER_SM,
-#      index off) at chunks:ctas 4:0 (the default), 4:5 (56 registers, 40 bytes spilled), 7:5 (TileKernels' shape at
-#      96 registers, 16 spilled; beside TileKernels), 4:0 again.
+#  16. (thirty-first session) the fused norm cast 1×32 with its registers capped, index off, at chunks:CTAs an SM
+#      4:0 (ptxas' choice), 4:5 (56 registers, 40 bytes spilled), 7:5 (TileKernels' shape at 96 registers, 16 spilled;
+#      beside TileKernels), 4:0 again — now written with the cap's knob TILEPLUG_CUDA_NORM_CAST_THREADS_PER_SM (0 /
+#      1120 / 640 / 0; it ran as the first form, a CTA count).
 #      Ran on an H100 in the thirty-first session: 4:5 faster from T = 4096 (518.3 → 486.5 µs at 65536), 7:5 slower
 #      (669.2): the cap became the default rule (spec.CAST_THREADS_PER_SM = 1120, no residual).
 #      Step 15 ran there too (bench and 5 of 6 byte cases at 32): 32 + half path 4-19 % faster from T = 4096, 13-99 %
@@ -108,6 +109,12 @@ alternate() {
     env $variable=$value timeout $(( $(left) > cap + 10 ? cap : $(left) - 10 )) $BENCH $extra "$@" 2>> $OUT/stderr.log \
       | tee -a $OUT/$file | grep -E "^[a-z_]+(/[a-z0-9-]+)? +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
   done
+}
+# backward_module_at_32 FILE: the norm module's backward tests at the block of 32 with the half path, into $OUT/FILE
+backward_module_at_32() {
+  TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1 TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=32 TILEPLUG_GPU_PRECOMPILE=0 \
+    timeout $(( $(left) - 10 )) $P -n 15 -k "backward or column_sums" tests/gpu/test_cuda_norm.py > $OUT/$1 2>&1
+  tail -3 $OUT/$1
 }
 BENCH="python3 -m tileplug.core.cli bench --device cuda --backends cuda --no-compile --no-dispatch --verbose"
 # 1. the split path: bytes first, then time (a variable setting a process)
@@ -227,19 +234,15 @@ if want 15 && [ $(left) -gt 60 ]; then
       python3 tests/gpu/probe_norm_backward_kernels.py 512,1024,2048,4096 2>&1 | grep "T=" | sed "s/^/block $blocks: /" \
       | tee -a $OUT/half_kernels.txt
   done
-  if [ $(left) -gt 60 ]; then
-    TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1 TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=32 TILEPLUG_GPU_PRECOMPILE=0 \
-      timeout $(( $(left) - 10 )) $P -n 15 -k "backward or column_sums" tests/gpu/test_cuda_norm.py \
-      > $OUT/norm_backward_module.txt 2>&1
-    tail -3 $OUT/norm_backward_module.txt
-  fi
+  [ $(left) -gt 60 ] && backward_module_at_32 norm_backward_module.txt
 fi
 if want 16 && [ $(left) -gt 60 ]; then
-  for pair in 4:0 4:5 7:5 4:0; do
+  # chunks:threads an SM (the cap's knob since; it ran as TILEPLUG_CUDA_NORM_CAST_CTAS_PER_SM=0 / 5 / 5 / 0)
+  for pair in 4:0 4:1120 7:640 4:0; do
     [ $(left) -gt 40 ] || break
-    extra=$([ $pair = 7:5 ] && echo "--peer tile_kernels" || echo "")
-    echo "== chunks:ctas $pair, $(left) s left" | tee -a $OUT/cast_ctas_bench.txt
-    env TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_NORM_CHUNKS=${pair%:*} TILEPLUG_CUDA_NORM_CAST_CTAS_PER_SM=${pair#*:} \
+    extra=$([ $pair = 7:640 ] && echo "--peer tile_kernels" || echo "")
+    echo "== chunks:threads $pair, $(left) s left" | tee -a $OUT/cast_ctas_bench.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_NORM_CHUNKS=${pair%:*} TILEPLUG_CUDA_NORM_CAST_THREADS_PER_SM=${pair#*:} \
       timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) $BENCH $extra --ops rms_norm_per_token_cast/g32 \
       --tokens 1024,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/cast_ctas_bench.txt \
       | grep -E "^rms_norm_per_token_cast/g32 +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
@@ -273,12 +276,7 @@ if want 18 && [ $(left) -gt 60 ]; then
   TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=32 TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) - 10 )) \
     $P -n 6 -k "split_path" tests/gpu/test_cuda_norm.py > $OUT/split_half_full_32.txt 2>&1
   tail -2 $OUT/split_half_full_32.txt
-  if [ $(left) -gt 120 ]; then
-    TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1 TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=32 TILEPLUG_GPU_PRECOMPILE=0 \
-      timeout $(( $(left) - 10 )) $P -n 15 -k "backward or column_sums" tests/gpu/test_cuda_norm.py \
-      > $OUT/norm_backward_module_32.txt 2>&1
-    tail -3 $OUT/norm_backward_module_32.txt
-  fi
+  [ $(left) -gt 120 ] && backward_module_at_32 norm_backward_module_32.txt
 fi
 if want 11 && [ $(left) -gt 120 ]; then
   nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/table_gpu.txt
