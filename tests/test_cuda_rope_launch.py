@@ -390,3 +390,27 @@ def test_cast_groups_are_whole_on_the_head_tile(head_dim, dtype, group) -> None:
                        for column in _lane_columns(tile, vec, other, chunk) if column < head_dim}
             start = first // group * group
             assert columns == set(range(start, min(start + group, head_dim))), (lane, chunks)
+
+
+@pytest.mark.parametrize("op", ["rms_norm_rope", "rms_norm_rope_per_token_cast"])
+def test_norm_rope_ctas_per_sm_is_a_tuning_knob(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused QK kernels leave ptxas its register choice by default (``__launch_bounds__(threads, 1)``);
+    ``TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM`` asks for that many CTAs an SM; a non-integer is refused."""
+    import re
+
+    from tileplug import core
+    from tileplug.core.benchmark import bench_cases
+
+    case = bench_cases()[op]
+    args, kwargs = case.arguments(4096, 7168, torch.bfloat16, torch.device("meta"))
+
+    def bounds() -> list[str]:
+        return re.findall(r"__launch_bounds__\(([^)]*)\)", core.lower(getattr(core.ops, case.op), *args, backend="cuda",
+                                                                     **kwargs))
+
+    assert bounds() == ["128, 1"]
+    monkeypatch.setenv("TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM", "8")
+    assert bounds() == ["128, 8"]
+    monkeypatch.setenv("TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM", "eight")
+    with pytest.raises(ValueError, match="TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM='eight': expected an integer"):
+        bounds()

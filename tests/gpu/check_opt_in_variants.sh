@@ -81,6 +81,10 @@
 #      beside TileKernels.
 #  18. (thirty-first session) the backwards' block of 32 with the half path: the split / half / fused byte test at 32
 #      to the end (its sixth case never finished within a cap), then the norm module's backward tests at 32 + half.
+#  19. (thirty-first session, CPU only) the fused QK kernels (rms_norm_rope, with and without the cast) at 8 CTAs an
+#      SM (TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM, index off: 79 → 64 registers, 24 → 32 warps an SM; 12 bytes spilled
+#      with the cast): their GPU tests under the cap, then 0 / 8 / 0 (rms_norm_rope_per_token_cast stood at 2.13–2.36×
+#      its chain against the goal's 2.84× on the H200).
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -277,6 +281,21 @@ if want 18 && [ $(left) -gt 60 ]; then
     $P -n 6 -k "split_path" tests/gpu/test_cuda_norm.py > $OUT/split_half_full_32.txt 2>&1
   tail -2 $OUT/split_half_full_32.txt
   [ $(left) -gt 120 ] && backward_module_at_32 norm_backward_module_32.txt
+fi
+if want 19 && [ $(left) -gt 60 ]; then
+  # the fused QK kernels at 8 CTAs an SM (index off): their GPU tests under the cap, then the bench beside the chains
+  TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM=8 TILEPLUG_GPU_PRECOMPILE=0 \
+    timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $P -n 15 -k "rms_norm_rope" tests/gpu/test_cuda_rope.py \
+    > $OUT/norm_rope_ctas_tests.txt 2>&1
+  tail -2 $OUT/norm_rope_ctas_tests.txt
+  for ctas in 0 8 0; do
+    [ $(left) -gt 40 ] || break
+    echo "== norm rope CTAs/SM $ctas, $(left) s left" | tee -a $OUT/norm_rope_ctas_bench.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM=$ctas \
+      timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) $BENCH --ops rms_norm_rope,rms_norm_rope_per_token_cast \
+      --tokens 1024,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/norm_rope_ctas_bench.txt \
+      | grep -E "^rms_norm_rope[a-z_]* +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
+  done
 fi
 if want 11 && [ $(left) -gt 120 ]; then
   nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/table_gpu.txt

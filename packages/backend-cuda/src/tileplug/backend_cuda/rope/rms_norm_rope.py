@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from tileplug.backend_cuda import jit
-from tileplug.backend_cuda.rope.spec import TL_DTYPES, TL_POSITIONS, NormRopeSpec, pair_chunks
+from tileplug.backend_cuda.rope.spec import TL_DTYPES, TL_POSITIONS, NormRopeSpec, norm_rope_ctas_per_sm, pair_chunks
 from tileplug.core.contracts.rope import NormRopeCall, NormRopeInputs, NormRopeOutputs
 
 Launcher = Callable[[NormRopeInputs, NormRopeOutputs], None]
@@ -63,6 +63,7 @@ def build_kernel(spec: NormRopeSpec):
     HALF = R // 2
     GPTJ = spec.interleaved
     ROWS = rows.ROWS
+    CTAS_PER_SM = norm_rope_ctas_per_sm()  # (a tuning knob, off)
     # whole vectors rotate at once where R/2 is a multiple of VEC (the launcher takes the scalar
     # entry when the cache row is not 16-byte aligned)
     ROPE_VECTOR = norm.vectorize and HALF % VEC == 0
@@ -202,6 +203,8 @@ def build_kernel(spec: NormRopeSpec):
     @T.macro
     def body(x, weight, cache, positions, y, q, sf, offset):
         with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+            if CTAS_PER_SM:
+                T.annotate_min_blocks_per_sm(CTAS_PER_SM)
             for stride in STRIDES:
                 T.assume(stride % VEC == 0)
             if ROPE_VECTOR:
