@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 for case in rms_norm_per_token_cast/g32 rms_norm; do
   tag=${case%%/*}
   timeout 150 ncu --clock-control none --import-source no --section WarpStateStats --section Occupancy \
-    --section LaunchStats --section SpeedOfLight --section SourceCounters -k regex:"norm" -c 4 \
+    --section LaunchStats --section SpeedOfLight --section SourceCounters -k regex:"norm" -c 6 \
     -o $OUT/ncu_$tag python3 tests/gpu/probe_ncu_target.py $case 4096 > $OUT/ncu_${tag}_run.txt 2>&1
   timeout 60 ncu -i $OUT/ncu_$tag.ncu-rep --print-details all > $OUT/ncu_${tag}_details.txt 2>&1
   timeout 60 ncu -i $OUT/ncu_$tag.ncu-rep --page source --csv --print-source sass > $OUT/ncu_${tag}_sass.csv 2>&1
