@@ -322,18 +322,17 @@ class BackwardKernel(NormKernel):
         if spec.row_block > 1:
             for path in (self.half_spec(call), self.split_spec(call)):
                 if path is not None:
-                    block_sum = self.block_sum_spec(call, path)
+                    block_sum = self.block_sum_spec(call, spec, path)
                     specs += [path] if block_sum is None else [path, block_sum]
         return specs + ([ColumnSumSpec(segment=True), ColumnSumSpec()] if self.reduced(call) else [])
 
-    def block_sum_spec(self, call: NormCall, path) -> RowBlockSumSpec | None:
-        """The block sum after the row kernel ``path`` of the half or split path (a block's one-row
-        partials: the half path's ``kept`` a block, the split path's whole block); None where the
-        op sums nothing over rows."""
+    def block_sum_spec(self, call: NormCall, spec, path) -> RowBlockSumSpec | None:
+        """The block sum after the row kernel ``path`` of the half or split path of ``spec`` (the
+        call's fused row kernel): a block's one-row partials, the half path's ``kept`` a block, the
+        split path's whole block; None where the op sums nothing over rows."""
         if not self.reduced(call):
             return None
-        return RowBlockSumSpec(BlockLayout(path).kept if path.sub_block else self.spec(call).row_block,
-                               path.tile.rows)
+        return RowBlockSumSpec(BlockLayout(path).kept if path.sub_block else spec.row_block, spec.tile.rows)
 
     def prepare(self, call: NormCall, split_below: int | None = None):
         """``launch(inputs, outputs)``: the fused row kernel where its grid has at least
@@ -348,9 +347,9 @@ class BackwardKernel(NormKernel):
         if spec.row_block == 1 or split_below <= 1:
             return fused
         split_spec = self.split_spec(call)
-        split = self._path(call, split_spec, self.block_sum_spec(call, split_spec))
+        split = self._path(call, split_spec, self.block_sum_spec(call, spec, split_spec))
         half_spec = self.half_spec(call) if backward_half_path() else None
-        half = None if half_spec is None else self._path(call, half_spec, self.block_sum_spec(call, half_spec))
+        half = None if half_spec is None else self._path(call, half_spec, self.block_sum_spec(call, spec, half_spec))
         heads = call.heads or 1
         slots, row_block = spec.tile.rows, spec.row_block
         # a grid of ceil(tiles / iterations) CTAs reaches split_below from this many tiles
