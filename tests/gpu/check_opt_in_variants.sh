@@ -82,7 +82,7 @@
 #  18. (thirty-first session) the backwards' block of 32 with the half path: the split / half / fused byte test at 32
 #      to the end (its sixth case never finished within a cap), then the norm module's backward tests at 32 + half.
 #  19. (thirty-first session, CPU only) the fused QK kernels (rms_norm_rope, with and without the cast) at 8 CTAs an
-#      SM (TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM, index off: 79 → 64 registers, 24 → 32 warps an SM; 12 bytes spilled
+#      SM (TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM, index off: 78–80 → 64 registers, 24 → 32 warps an SM; 12 bytes spilled
 #      with the cast): their GPU tests under the cap, then 0 / 8 / 0 (rms_norm_rope_per_token_cast stood at 2.13–2.36×
 #      its chain against the goal's 2.84× on the H200).
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus

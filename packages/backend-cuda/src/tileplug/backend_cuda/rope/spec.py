@@ -26,9 +26,9 @@ VECTOR_BYTES = 16
 MAX_THREADS = 1024
 NORM_ROPE_CTAS_PER_SM = 0
 """CTAs per SM the fused ``rms_norm_rope`` kernels (with or without the cast) ask ptxas to fit (``__launch_bounds__``'
-second argument; 0, the default: ptxas' choice, 79 registers at a head of 128 bf16 on the 128-thread tile, 6 CTAs an
-SM). A tuning knob under trial, ``TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM`` (kernel index off: the index key does not see
-it): 8 gives 64 registers (no spill without the cast, 12 bytes with it; nvcc 13.0), 10 spills 272-292 bytes."""
+second argument; 0, the default: ptxas' choice, 78–80 registers at a head of 128 bf16 on the 128-thread tile, 6 CTAs
+an SM). A tuning knob under trial, ``TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM`` (kernel index off: the index key does not
+see it): 8 gives 64 registers (no spill without the cast, 12 bytes with it; nvcc 13.0), 10 spills 272-292 bytes."""
 
 
 def norm_rope_ctas_per_sm() -> int:
