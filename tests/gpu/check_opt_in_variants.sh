@@ -85,6 +85,8 @@
 #      SM (TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM, index off: 78–80 → 64 registers, 24 → 32 warps an SM; 12 bytes spilled
 #      with the cast): their GPU tests under the cap, then 0 / 8 / 0 (rms_norm_rope_per_token_cast stood at 2.13–2.36×
 #      its chain against the goal's 2.84× on the H200).
+#  20. (thirty-second session) the rest of #11's goals where an H200 comes: the softmax and grouped sigmoid gates beside
+#      bench's torch.compile of the reference (fp32 and bf16 logits), then moe_permute's share of copy at T = 4096 … 65536.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -303,5 +305,17 @@ if want 11 && [ $(left) -gt 120 ]; then
     --ops topk_gate/e64-k6,topk_gate/e256-k8,topk_gate/e384-k8,moe_topk_gate/sqrtsoftplus-shared1 \
     --tokens 1,128,1024,4096,16384,65536 > $OUT/moe_table.txt 2>> $OUT/stderr.log
   grep -E "^(topk_gate|moe_topk_gate)/" $OUT/moe_table.txt | tail -36
+fi
+if want 20 && [ $(left) -gt 120 ]; then
+  for dtype in fp32 bf16; do
+    [ $(left) -gt 60 ] || break
+    timeout $(( $(left) - 10 )) python3 -m tileplug.core.cli bench --device cuda --backends cuda --no-dispatch --verbose \
+      --dtype $dtype --ops moe_topk_gate/softmax-e64-k6,moe_topk_gate/deepseek-v3 \
+      --tokens 1,128,1024,4096,16384,65536 > $OUT/moe_compile_$dtype.txt 2>> $OUT/stderr.log
+    grep -E "^moe_topk_gate/" $OUT/moe_compile_$dtype.txt | tail -36
+  done
+  [ $(left) -gt 40 ] && timeout $(( $(left) - 10 )) $BENCH --ops moe_permute/e256-k8,moe_unpermute/e256-k8 \
+    --tokens 1024,4096,16384,65536 > $OUT/moe_permute.txt 2>> $OUT/stderr.log
+  grep -E "^moe_(un)?permute/" $OUT/moe_permute.txt
 fi
 echo "all done, $(left) s left"
