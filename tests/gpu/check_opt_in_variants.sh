@@ -87,6 +87,8 @@
 #      its chain against the goal's 2.84× on the H200).
 #  20. (thirty-second session) the rest of #11's goals where an H200 comes: the softmax and grouped sigmoid gates beside
 #      bench's torch.compile of the reference (fp32 and bf16 logits), then moe_permute's share of copy at T = 4096 … 65536.
+#  21. (thirty-second session) #9's table: the six quant bench cases beside TileKernels at T = 1 … 65536, eager and
+#      graph, with the host time per call (the last full run on an H200 was the ninth session's).
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -317,5 +319,12 @@ if want 20 && [ $(left) -gt 120 ]; then
   [ $(left) -gt 40 ] && timeout $(( $(left) - 10 )) $BENCH --ops moe_permute/e256-k8,moe_unpermute/e256-k8 \
     --tokens 1024,4096,16384,65536 > $OUT/moe_permute.txt 2>> $OUT/stderr.log
   grep -E "^moe_(un)?permute/" $OUT/moe_permute.txt
+fi
+if want 21 && [ $(left) -gt 120 ]; then
+  nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/quant_gpu.txt
+  timeout $(( $(left) - 10 )) $BENCH --peer tile_kernels \
+    --ops per_token_cast,per_token_cast/ue8m0-col,per_token_cast/e2m1-g16,per_block_cast,per_channel_cast,cast_back \
+    --tokens 1,128,1024,4096,8192,16384,65536 > $OUT/quant_table.txt 2>> $OUT/stderr.log
+  grep -E "^(per_|cast_back)" $OUT/quant_table.txt | tail -100
 fi
 echo "all done, $(left) s left"
