@@ -18,6 +18,7 @@ import tilelang.language as T
 from tileplug.backend_cuda.norm.rows import (
     RowMacros,
     aligned_strides,
+    as_float,
     f32,
     row_buffer,
     statistic_buffer,
@@ -56,9 +57,9 @@ def build(spec: NormKernelSpec):
     def output(c, wv, bv, i, rstd):
         value = T.ieee_mul(c[i], rstd)
         if WDT is not None:
-            value = T.ieee_mul(value, T.cast(wv[i], "float32"))
+            value = T.ieee_mul(value, as_float(wv, i))
         if BDT is not None:
-            value = T.ieee_add(value, T.cast(bv[i], "float32"))
+            value = T.ieee_add(value, as_float(bv, i))
         return value
 
     @T.prim_func
@@ -90,13 +91,13 @@ def build(spec: NormKernelSpec):
                 rows.load_vector(bias, bv, lane, BDT)
             # pass 1: the mean
             for i in T.unroll(VALUES):
-                terms[i] = T.cast(s[i], "float32")
+                terms[i] = as_float(s, i)
             rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
             row_mean = T.ieee_fdiv(acc[0], T.float32(D))
             rows.reuse_barrier()  # every lane has read the sum before the buffer is written again
             # pass 2: the variance of the centered values (held for the output)
             for i in T.unroll(VALUES):
-                c[i] = T.ieee_sub(T.cast(s[i], "float32"), row_mean)
+                c[i] = T.ieee_sub(as_float(s, i), row_mean)
             for i in T.unroll(VALUES):
                 terms[i] = T.ieee_mul(c[i], c[i])
             rows.row_sum(terms, tree, acc, lane, rows.slot(tx))

@@ -18,6 +18,7 @@ import tilelang.language as T
 from tileplug.backend_cuda.norm.rows import (
     RowMacros,
     aligned_strides,
+    as_float,
     f32,
     row_buffer,
     statistic_buffer,
@@ -31,7 +32,12 @@ class RmsNormMacros:
     :attr:`normalize` loads a row (and its residual and the weight), forms ``s``, writes
     ``residual_out`` and ``rstd``, and leaves ``y`` (rounded to x.dtype) in a local buffer."""
 
-    def __init__(self, spec: NormKernelSpec, rows: RowMacros) -> None:
+    def __init__(self, spec: NormKernelSpec, rows: RowMacros, capped: bool = False) -> None:
+        """``capped``: the kernel asks ptxas for a register cap (``__launch_bounds__``). Its
+        normalization then reads each value of ``s`` again from its 16 bits rather than from the
+        word the squares unpacked it from: one extract more a value, but the unpacked values are
+        not kept live across the row sum (nvcc 13.0, the fused cast at D = 7168 bf16 capped at
+        56 registers: 40 bytes spilled with the words, none this way)."""
         IN = spec.in_dtype
         WDT = spec.weight_dtype
         VALUES = rows.VALUES
@@ -44,11 +50,11 @@ class RmsNormMacros:
             """``(float(w) + offset) · out_scale`` of value ``i`` (None: no factor at all)."""
             if WDT is None:
                 return None if SCALE == 1.0 else T.float32(SCALE)
-            shifted = T.ieee_add(T.cast(wv[i], "float32"), T.float32(OFFSET))
+            shifted = T.ieee_add(as_float(wv, i), T.float32(OFFSET))
             return shifted if SCALE == 1.0 else T.ieee_mul(shifted, T.float32(SCALE))
 
         def output(s, wv, i, rstd):
-            normalized = T.ieee_mul(T.cast(s[i], "float32"), rstd)
+            normalized = T.ieee_mul(T.cast(s[i], "float32") if capped else as_float(s, i), rstd)
             factor = weight_factor(wv, i)
             return normalized if factor is None else T.ieee_mul(normalized, factor)
 
@@ -59,7 +65,7 @@ class RmsNormMacros:
             if WDT is not None:
                 rows.load_vector(weight, wv, lane, WDT)
             for i in T.unroll(VALUES):
-                terms[i] = T.ieee_mul(T.cast(s[i], "float32"), T.cast(s[i], "float32"))
+                terms[i] = T.ieee_mul(as_float(s, i), as_float(s, i))
             rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
             rstd = T.ieee_fdiv(T.float32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_fdiv(acc[0], T.float32(D)),
                                                                       T.float32(EPS))))
@@ -101,8 +107,8 @@ def build(spec: NormKernelSpec):
     ro_t = row_buffer(spec, "ro", IN, M, spec.residual)
     rstd_t = statistic_buffer(spec, "rstd", M, spec.stats)
     STRIDES = aligned_strides(spec, x_t, y_t, *((r_t, ro_t) if spec.residual else ()))
-    rms = RmsNormMacros(spec, rows)
     CTAS_PER_SM = long_row_ctas(rows.ROWS, rows.THREADS, rms_norm_threads_per_sm())  # (a tuning knob, off)
+    rms = RmsNormMacros(spec, rows, capped=bool(CTAS_PER_SM))
 
     @T.prim_func
     def kernel(x: x_t, weight: w_t, residual: r_t, y: y_t, residual_out: ro_t, rstd: rstd_t):

@@ -45,10 +45,10 @@ def build(spec: NormKernelSpec):
     q_t = T.Tensor((M, QW), QDT)
     sf_t = cast.sf_type()
     STRIDES = aligned_strides(spec, x_t, *((r_t, ro_t) if spec.residual else ()), *((y_t,) if quant.unquantized else ()))
-    rms = RmsNormMacros(spec, rows)
     # a long row without a residual: cap the registers so that more rows share an SM (spec.CAST_THREADS_PER_SM)
     THREADS_PER_SM = cast_threads_per_sm()  # (read for every spec: a bad value is refused wherever it is set)
     CTAS_PER_SM = long_row_ctas(rows.ROWS, rows.THREADS, 0 if spec.residual else THREADS_PER_SM)
+    rms = RmsNormMacros(spec, rows, capped=bool(CTAS_PER_SM))
 
     @T.prim_func
     def kernel(x: x_t, weight: w_t, residual: r_t, residual_out: ro_t, y: y_t, q: q_t, sf: sf_t):

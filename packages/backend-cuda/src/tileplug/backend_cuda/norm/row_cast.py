@@ -102,15 +102,38 @@ class RowCast:
                     if valid and col + j * VPB < D:
                         q[t, flat // VPB + j] = qv[j]
 
+        PAIRED = IN == "bfloat16" and VEC % 2 == 0  # bf16 pairs: one packed 16-bit max for two values
+
+        def pair_mask(k, j, lane):
+            """The ``|y|`` bits of values ``j``, ``j + 1`` of vector ``k`` a packed max takes (0 past D)."""
+            low, high = rows.in_row(k, j, lane), rows.in_row(k, j + 1, lane)
+            if low is True and high is True:
+                return T.uint32(0x7FFF7FFF)
+            return T.if_then_else(low, T.uint32(0x7FFF), T.uint32(0)) | T.if_then_else(high, T.uint32(0x7FFF0000),
+                                                                                     T.uint32(0))
+
         @T.macro
         def group_amax(yv, lane, amax, chunks):
             """``amax[chunks[0]]`` = the amax key of the group made of the thread's ``chunks`` (and
             the same chunks of the group's other lanes)."""
             g = chunks[0]
-            for k in chunks:
-                amax[k] = 0
-                for j in VALUE_INDICES:
-                    amax[k] = T.max(amax[k], amax_key(yv, k * VEC + j, rows.in_row(k, j, lane)))
+            if PAIRED:
+                # bf16 words of two values: |y| bits of each half, maxed as unsigned 16-bit pairs
+                # (``__vmaxu2``), then the larger half as the key: the same key as value by value
+                words = T.view(yv, (yv.shape[0] // 2,), "uint32")
+                halves = T.alloc_var("uint32")
+                for k in chunks:
+                    halves = T.uint32(0)
+                    for j in VALUE_INDICES[::2]:
+                        halves = T.call_extern("uint32", "__vmaxu2", halves,
+                                               words[(k * VEC + j) // 2] & pair_mask(k, j, lane))
+                    amax[k] = T.shift_left(T.cast(T.max(T.shift_right(halves, 16), halves & T.uint32(0xFFFF)),
+                                                  "int32"), 16)
+            else:
+                for k in chunks:
+                    amax[k] = 0
+                    for j in VALUE_INDICES:
+                        amax[k] = T.max(amax[k], amax_key(yv, k * VEC + j, rows.in_row(k, j, lane)))
             for k in chunks[1:]:
                 amax[g] = T.max(amax[g], amax[k])
             for d in GROUP_STEPS:

@@ -191,7 +191,7 @@ class RowMacros:
             if spec.residual:
                 load_row(residual, rv, t, n, lane, valid, spec.in_dtype)
                 for i in T.unroll(self.VALUES):
-                    s[i] = T.cast(T.ieee_add(T.cast(s[i], "float32"), T.cast(rv[i], "float32")), spec.in_dtype)
+                    s[i] = T.cast(T.ieee_add(as_float(s, i), as_float(rv, i)), spec.in_dtype)
 
         @T.macro
         def barrier():
@@ -341,7 +341,10 @@ class RowMacros:
         lane = tx % self.LANES
         if self.HEADS is None:
             return row, 0, lane, row < self.rows_total
-        return row // self.HEADS, row % self.HEADS, lane, row < self.rows_total
+        # 32-bit registers: the division by the head count once, not in 64 bits at every index
+        token = T.alloc_var("int32", init=row // self.HEADS)
+        head = T.alloc_var("int32", init=row % self.HEADS)
+        return token, head, lane, row < self.rows_total
 
     def column(self, k: int, lane):
         """First column of the thread's vector ``k``."""
@@ -456,6 +459,20 @@ class RowPrefetch:
 
 
 # ---------------------------------------------------------------------- buffer types
+
+
+def as_float(values, i):
+    """The fp32 value of element ``i`` of a thread's local row buffer ``values``. A bf16 buffer
+    is read as its 32-bit words: an odd element is the word's upper half (one mask), an even one
+    the lower half shifted up (one shift); a cast of the 16-bit element costs ptxas an extract
+    (``PRMT``) before the shift. The same fp32 value either way (a bf16 is an fp32's upper half)."""
+    if str(values.dtype) != "bfloat16" or values.shape[0] % 2:
+        return T.cast(values[i], "float32")
+    word = T.view(values, (values.shape[0] // 2,), "uint32")[i // 2]
+    upper, lower = word & T.uint32(0xFFFF0000), T.shift_left(word, 16)
+    if isinstance(i, int):
+        return T.reinterpret(upper if i % 2 else lower, "float32")
+    return T.reinterpret(T.if_then_else(i % 2 == 1, upper, lower), "float32")
 
 
 def row_buffer(spec: NormKernelSpec, prefix: str, dtype: str, rows, present: bool = True):

@@ -51,19 +51,19 @@ def build_kernel(spec: NormRopeSpec):
 
     from tileplug.backend_cuda.norm.rms_norm import RmsNormMacros
     from tileplug.backend_cuda.norm.row_cast import RowCast
-    from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, row_buffer, vector_buffer
+    from tileplug.backend_cuda.norm.rows import RowMacros, aligned_strides, as_float, row_buffer, vector_buffer
     from tileplug.backend_cuda.rope.rotation import nan_f32, rotated_first, rotated_second
 
     norm = spec.norm
     M = T.dynamic("M")
     rows = RowMacros(norm, M * norm.heads)
-    rms = RmsNormMacros(norm, rows)
     IN, VEC = norm.in_dtype, norm.vec
     R = spec.rotary_dim
     HALF = R // 2
     GPTJ = spec.interleaved
     ROWS = rows.ROWS
     CTAS_PER_SM = norm_rope_ctas_per_sm()  # (a tuning knob, off)
+    rms = RmsNormMacros(norm, rows, capped=bool(CTAS_PER_SM))
     # whole vectors rotate at once where R/2 is a multiple of VEC (the launcher takes the scalar
     # entry when the cache row is not 16-byte aligned)
     ROPE_VECTOR = norm.vectorize and HALF % VEC == 0
@@ -127,18 +127,23 @@ def build_kernel(spec: NormRopeSpec):
         """NeoX on pairs a thread holds both halves of: vector ``k`` (columns ``col … col + VEC``,
         all below ``R/2``) and vector ``k + PAIR_CHUNKS`` (``col + R/2 …``) share one set of cos /
         sin (one vector load per half of the cache row where the spec vectorizes)."""
-        # c, n: cos and sin of the vector's VEC pairs
+        # c, n: cos and sin of the vector's VEC pairs; rotated: its pairs' results before they are
+        # rounded into ``yv`` (every value read before any is written: a bf16 value shares its word)
         c = T.alloc_local((VEC,), "float32")
         n = T.alloc_local((VEC,), "float32")
+        rotated = T.alloc_local((2 * VEC,), "float32")
         for k in range(PAIR_CHUNKS):
             col = rows.column(k, lane)
             if valid:
                 cos_sin_run(cache, position, inside, col, VEC, ROPE_VECTOR, c, n)
                 for j in VALUES:
-                    first = T.cast(yv[k * VEC + j], "float32")
-                    second = T.cast(yv[(k + PAIR_CHUNKS) * VEC + j], "float32")
-                    yv[k * VEC + j] = T.cast(rotated_first(first, second, c[j], n[j]), IN)
-                    yv[(k + PAIR_CHUNKS) * VEC + j] = T.cast(rotated_second(first, second, c[j], n[j]), IN)
+                    first = as_float(yv, k * VEC + j)
+                    second = as_float(yv, (k + PAIR_CHUNKS) * VEC + j)
+                    rotated[j] = rotated_first(first, second, c[j], n[j])
+                    rotated[VEC + j] = rotated_second(first, second, c[j], n[j])
+                for j in VALUES:
+                    yv[k * VEC + j] = T.cast(rotated[j], IN)
+                    yv[(k + PAIR_CHUNKS) * VEC + j] = T.cast(rotated[VEC + j], IN)
 
     @T.macro
     def rotate_vectors(cache, position, inside, pairs, yv, lane, valid, tx):
@@ -146,10 +151,12 @@ def build_kernel(spec: NormRopeSpec):
         the rotated channels, or past ``R``): each vector's cos/sin are one vector load per
         half of the cache row, a NeoX vector's partners one vector load from ``pairs``; the
         first / second half of a NeoX pair is a select, not a branch."""
-        # c, n: the vector's cos and sin (GPT-J: one per pair); partner: the NeoX partners' values
+        # c, n: the vector's cos and sin (GPT-J: one per pair); partner: the NeoX partners' values;
+        # pair: a GPT-J pair's results, both formed before either is written (they share a bf16 word)
         c = T.alloc_local((VEC,), "float32")
         n = T.alloc_local((VEC,), "float32")
         partner = T.alloc_local((VEC,), IN)
+        pair = T.alloc_local((2,), "float32")
         for k in CHUNKS:
             col = rows.column(k, lane)
             if valid and col < R:
@@ -157,17 +164,19 @@ def build_kernel(spec: NormRopeSpec):
                 cos_sin_run(cache, position, inside, first, PAIRS_PER_VECTOR, True, c, n)
                 if GPTJ:
                     for j in VALUES[::2]:
-                        x1 = T.cast(yv[k * VEC + j], "float32")
-                        x2 = T.cast(yv[k * VEC + j + 1], "float32")
-                        yv[k * VEC + j] = T.cast(rotated_first(x1, x2, c[j // 2], n[j // 2]), IN)
-                        yv[k * VEC + j + 1] = T.cast(rotated_second(x1, x2, c[j // 2], n[j // 2]), IN)
+                        x1 = as_float(yv, k * VEC + j)
+                        x2 = as_float(yv, k * VEC + j + 1)
+                        pair[0] = rotated_first(x1, x2, c[j // 2], n[j // 2])
+                        pair[1] = rotated_second(x1, x2, c[j // 2], n[j // 2])
+                        yv[k * VEC + j] = T.cast(pair[0], IN)
+                        yv[k * VEC + j + 1] = T.cast(pair[1], IN)
                 else:
                     row = rows.slot(tx)
                     for j in T.vectorized(VEC):
                         partner[j] = pairs[row * R + T.truncmod(col + HALF, R) + j]
                     for j in VALUES:
-                        own = T.cast(yv[k * VEC + j], "float32")
-                        other = T.cast(partner[j], "float32")
+                        own = as_float(yv, k * VEC + j)
+                        other = as_float(partner, j)
                         yv[k * VEC + j] = T.cast(T.if_then_else(col < HALF, rotated_first(own, other, c[j], n[j]),
                                                                 rotated_second(other, own, c[j], n[j])), IN)
 
@@ -175,22 +184,25 @@ def build_kernel(spec: NormRopeSpec):
     def rotate_values(cache, position, inside, pairs, yv, lane, valid, tx):
         """The rotation value by value (any even ``R``; the scalar rows)."""
         cn = T.alloc_local((2,), "float32")
+        pair = T.alloc_local((2,), "float32")  # a GPT-J pair's results, both formed before either is written
         for k in CHUNKS:
             if GPTJ:
                 for j in VALUES[::2]:
                     col = rows.column(k, lane) + j
                     if valid and col < R:
                         cos_sin(cache, position, inside, col // 2, cn)
-                        x1 = T.cast(yv[k * VEC + j], "float32")
-                        x2 = T.cast(yv[k * VEC + j + 1], "float32")
-                        yv[k * VEC + j] = T.cast(rotated_first(x1, x2, cn[0], cn[1]), IN)
-                        yv[k * VEC + j + 1] = T.cast(rotated_second(x1, x2, cn[0], cn[1]), IN)
+                        x1 = as_float(yv, k * VEC + j)
+                        x2 = as_float(yv, k * VEC + j + 1)
+                        pair[0] = rotated_first(x1, x2, cn[0], cn[1])
+                        pair[1] = rotated_second(x1, x2, cn[0], cn[1])
+                        yv[k * VEC + j] = T.cast(pair[0], IN)
+                        yv[k * VEC + j + 1] = T.cast(pair[1], IN)
             else:
                 row = rows.slot(tx)
                 for j in VALUES:
                     col = rows.column(k, lane) + j
                     if valid and col < R:
-                        own = T.cast(yv[k * VEC + j], "float32")
+                        own = as_float(yv, k * VEC + j)
                         if col < HALF:
                             cos_sin(cache, position, inside, col, cn)
                             other = T.cast(pairs[row * R + col + HALF], "float32")
