@@ -90,9 +90,11 @@
 #  21. (thirty-second session) #9's table: the six quant bench cases beside TileKernels at T = 1 … 65536, eager and
 #      graph, with the host time per call (the last full run on an H200 was the ninth session's).
 #  22. (thirty-second session) the norm / RoPE kernels' bf16 word reads: the rms_norm_rope GPU tests (74, their bytes
-#      against the unfused chain on every pairing, exchange and scalar path), one process, each kernel compiled on its
-#      first call (under xdist, -n 8 and -n 15, they gave no result within 200 s on an H100), then the norm module's
-#      forward tests to the end (480 of 554 passed before the time ran out) and the fused QK probe.
+#      against the unfused chain on every pairing, exchange and scalar path), one process after the module's up-front
+#      compile (under xdist, -n 8 and -n 15, they gave no result within 200 s on an H100: the module ignored
+#      TILEPLUG_GPU_PRECOMPILE=0 then, so every worker compiled all of its ~90 specialisations in its own process
+#      pool; it honours the variable now), then the norm module's forward tests to the end (480 of 554 passed before
+#      the time ran out) and the fused QK probe.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -332,7 +334,7 @@ if want 21 && [ $(left) -gt 120 ]; then
   grep -E "^(per_|cast_back)" $OUT/quant_table.txt | tail -100
 fi
 if want 22 && [ $(left) -gt 60 ]; then
-  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 330 ? 300 : $(left) - 30 )) $P -x -k "rms_norm_rope" tests/gpu/test_cuda_rope.py \
+  timeout $(( $(left) > 330 ? 300 : $(left) - 30 )) $P -x -k "rms_norm_rope" tests/gpu/test_cuda_rope.py \
     > $OUT/rope_words_tests.txt 2>&1; tail -3 $OUT/rope_words_tests.txt
   TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) - 40 )) $P -n 15 -k "not backward" tests/gpu/test_cuda_norm.py \
     > $OUT/norm_words_tests.txt 2>&1; tail -2 $OUT/norm_words_tests.txt

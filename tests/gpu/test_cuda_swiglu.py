@@ -32,6 +32,8 @@ What is checked, per SPEC §4 and §8:
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -107,7 +109,11 @@ def _specs(case: Case) -> list:
 
 @pytest.fixture(scope="module", autouse=True)
 def precompiled():
-    """Compile every specialisation of the module up front, in parallel processes."""
+    """Compile every specialisation of the module up front, in parallel processes
+    (``TILEPLUG_GPU_PRECOMPILE=0``: each kernel on its first call instead — for a run of a few
+    tests, or under xdist, where each worker would otherwise compile the whole module)."""
+    if os.environ.get("TILEPLUG_GPU_PRECOMPILE") == "0":
+        return
     from tileplug.backend_cuda import jit
 
     import dataclasses
