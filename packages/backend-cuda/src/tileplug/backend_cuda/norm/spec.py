@@ -99,9 +99,10 @@ def long_row_ctas(rows_per_cta: int, threads: int, threads_per_sm: int) -> int:
 
 RMS_NORM_THREADS_PER_SM = 0
 """Threads of a long-row ``rms_norm`` an SM should hold (:func:`long_row_ctas`; 0, the default: ptxas' choice, at
-D = 7168 bf16 72 registers, 4 CTAs of 224 threads; with a residual 96, 3 CTAs). A tuning knob under trial,
+D = 7168 bf16 72 registers, 4 CTAs of 224 threads; with a residual 88, 3 CTAs). A tuning knob under trial,
 ``TILEPLUG_CUDA_RMS_NORM_THREADS_PER_SM`` (kernel index off: the index key does not see it): 1120 gives 56
-registers without a residual (16 bytes spilled, nvcc 13.0), 896 gives a residual's rows 72 (24 bytes)."""
+registers without a residual (no spill, nvcc 13.0, since the bf16 word reads of ``rows.as_float``; 16 bytes
+before), 896 gives a residual's rows 72 (12 bytes; 24 before)."""
 
 
 def rms_norm_threads_per_sm() -> int:
@@ -111,8 +112,9 @@ def rms_norm_threads_per_sm() -> int:
 CAST_THREADS_PER_SM = 1120
 """Threads of a long-row fused norm cast (``rms_norm_per_token_cast``, one row a CTA, no residual) an SM should
 hold at once: the kernel asks ptxas for ``CAST_THREADS_PER_SM // threads`` CTAs per SM. At D = 7168 bf16, 5 CTAs
-of 224 threads: 56 registers (40 bytes spilled) where ptxas' own 71 left room for 4 — TileKernels' fused kernel
-holds 5 rows an SM too. Measured on an H100 (1×32 e4m3, eager µs at T = 1024 / 4096 / 16384 / 65536, one process
+of 224 threads: 56 registers (40 bytes spilled when timed below; none since the bf16 word reads, with
+``RmsNormMacros(capped=True)``: 478.1 µs at T = 65536 on an H100) where ptxas' own 71 left room for 4 —
+TileKernels' fused kernel holds 5 rows an SM too. Measured on an H100 (1×32 e4m3, eager µs at T = 1024 / 4096 / 16384 / 65536, one process
 each, 2026-12-06): ptxas' choice 14.5 / 37.3 / 133.4 / 518.3 and again 14.4 / 37.2 / 133.2 / 518.0; 5 CTAs
 14.8 / 36.3 / 126.1 / 486.5 (99.1 % of copy at 65536); TileKernels 13.1 / 32.2 / 120.1 / 474.1 (TileKernels' own
 tile, 4 warps × 7 vectors, at 5 CTAs: 19.8 / 51.1 / 175.0 / 669.2). Other widths follow the same rule untimed
