@@ -635,6 +635,32 @@ def test_nonfinite_input_stays_in_its_row(op: str, hidden: int, dtype: torch.dty
     _assert_same_bytes(Case.of(op, hidden, dtype), tokens, [moved(d, "cpu") for d in damaged], expected, "non-finite")
 
 
+SPECIAL_WEIGHTS = [(RMS, BF16), (RMS, FP16), (CAST, BF16), (RMS, FP32)]
+
+
+@pytest.mark.parametrize("op,dtype", SPECIAL_WEIGHTS, ids=[f"{op}-{str(dtype)[6:]}" for op, dtype in SPECIAL_WEIGHTS])
+def test_weight_zeros_and_subnormals(op: str, dtype: torch.dtype) -> None:
+    """A weight of ``-0``, ``+0``, subnormals of both signs and a NaN among ordinary values, at offset 0
+    (a 16-bit weight's ``+ 0`` is taken on its packed words, ``rows.plus_zero``): the reference's bytes,
+    so ``-0`` becomes ``+0`` before the product (the sign of a zero output follows ``s``) and no
+    subnormal is flushed."""
+    hidden, tokens = 576, 33
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(tokens, hidden, generator=generator).to(dtype)
+    weight = (1 + 0.1 * torch.randn(hidden, generator=generator)).to(dtype)
+    tiny = torch.finfo(dtype).smallest_normal
+    special = torch.tensor([-0.0, 0.0, tiny / 4, -tiny / 4, tiny / 128, -tiny]).to(dtype)
+    for start in (0, 9, 64, 301):  # in several lanes and both halves of a packed word
+        weight[start:start + len(special)] = special
+    weight[300] = float("nan")  # (past the first cast group, whose zeros' signs are checked below)
+    assert weight[0] == 0 and torch.signbit(weight[0]), "the weight holds a -0"
+    expected = _run(op, "reference", (x, weight), {})
+    actual = [moved(value, "cpu") for value in _run(op, "cuda", moved((x, weight), DEVICE), {})]
+    _assert_same_bytes(Case.of(op, hidden, dtype), tokens, actual, expected, "special weights")
+    signs = torch.signbit(actual[0].float()[:, 0]) == torch.signbit(x.float()[:, 0])
+    assert signs.all(), "a zero output at a -0 weight takes the sign of s (the weight's + 0 made it +0)"
+
+
 # ---------------------------------------------------------------------- host-side forms
 
 

@@ -522,6 +522,35 @@ def test_rms_norm_rope_equals_the_unfused_chain_bytewise(setup: NormSetup, token
                                       what=f"{setup.label()} T={tokens} vs reference")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_rms_norm_rope_weight_zeros_and_subnormals(dtype: torch.dtype) -> None:
+    """A 16-bit weight holding ``-0``, ``+0`` and subnormals at offset 0 (its ``+ 0`` taken on
+    the packed words, ``norm.rows.plus_zero``): the fused kernel, with and without the cast, writes the
+    chain's bytes (``rms_norm``'s own bytes against the reference: test_cuda_norm's
+    test_weight_zeros_and_subnormals)."""
+    from tileplug.core import ops
+    from tileplug.core.registry import use_backend
+    from tileplug.core.testing import assert_bytes_equal, assert_sf_equal
+
+    setup = NormSetup(dtype=dtype)
+    tokens = 37
+    args, kwargs = setup.arguments(tokens, seed=5)
+    x, weight, cache = args
+    tiny = torch.finfo(dtype).smallest_normal
+    special = torch.tensor([-0.0, 0.0, tiny / 4, -tiny / 4, -tiny, tiny / 64]).to(dtype)
+    weight[0:6] = special.cuda()
+    weight[67:73] = special.cuda()
+    cast = _cast_flags({})
+    with use_backend(BACKEND):
+        fused = ops.rms_norm_rope(x, weight, cache, **kwargs)
+        q, sf = ops.rms_norm_rope_per_token_cast(x, weight, cache, **kwargs, **cast)
+        chain = _unfused(x, weight, cache, **kwargs)
+        q_chain, sf_chain = ops.per_token_cast(chain.view(tokens, -1), **cast)
+    assert_bytes_equal(fused, chain, what="rms_norm_rope vs chain")
+    assert_bytes_equal(q, q_chain, what="q vs chain")
+    assert_sf_equal(sf, sf_chain, (1, 128), tokens, setup.heads * setup.head_dim, what="sf vs chain")
+
+
 def test_rms_norm_rope_out_of_range_positions() -> None:
     """Tokens at positions outside [0, L) get NaN in their rotated channels only; the other
     channels (R = 64 of D = 192) and the other tokens are the chain's bytes."""

@@ -19,9 +19,12 @@ from tileplug.backend_cuda.norm.rows import (
     RowMacros,
     aligned_strides,
     as_float,
+    PLUS_ZERO_HELPERS,
     f32,
+    plus_zero,
     row_buffer,
     statistic_buffer,
+    takes_plus_zero,
     vector_buffer,
 )
 from tileplug.backend_cuda.norm.spec import NormKernelSpec, long_row_ctas, rms_norm_threads_per_sm
@@ -45,12 +48,16 @@ class RmsNormMacros:
         OFFSET = f32(spec.weight_offset)
         SCALE = f32(spec.out_scale)
         D = spec.hidden
+        # offset 0 on a 16-bit weight: its + 0 taken on the packed words once (see rows.plus_zero)
+        PACKED_PLUS_ZERO = OFFSET == 0.0 and takes_plus_zero(WDT, VALUES)
+        self.prelude = PLUS_ZERO_HELPERS if PACKED_PLUS_ZERO else None
+        """The kernel's ``T.Kernel(prelude=...)`` (None: none needed)."""
 
         def weight_factor(wv, i):
             """``(float(w) + offset) · out_scale`` of value ``i`` (None: no factor at all)."""
             if WDT is None:
                 return None if SCALE == 1.0 else T.float32(SCALE)
-            shifted = T.ieee_add(as_float(wv, i), T.float32(OFFSET))
+            shifted = as_float(wv, i) if PACKED_PLUS_ZERO else T.ieee_add(as_float(wv, i), T.float32(OFFSET))
             return shifted if SCALE == 1.0 else T.ieee_mul(shifted, T.float32(SCALE))
 
         def output(s, wv, i, rstd):
@@ -64,6 +71,8 @@ class RmsNormMacros:
             rows.load_input(x, residual, s, rv, t, n, lane, valid)
             if WDT is not None:
                 rows.load_vector(weight, wv, lane, WDT)
+                if PACKED_PLUS_ZERO:
+                    plus_zero(wv)
             for i in T.unroll(VALUES):
                 terms[i] = T.ieee_mul(as_float(s, i), as_float(s, i))
             rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
@@ -112,7 +121,7 @@ def build(spec: NormKernelSpec):
 
     @T.prim_func
     def kernel(x: x_t, weight: w_t, residual: r_t, y: y_t, residual_out: ro_t, rstd: rstd_t):
-        with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+        with T.Kernel(rows.grid(), threads=rows.THREADS, prelude=rms.prelude) as bx:
             if CTAS_PER_SM:
                 T.annotate_min_blocks_per_sm(CTAS_PER_SM)
             for stride in STRIDES:

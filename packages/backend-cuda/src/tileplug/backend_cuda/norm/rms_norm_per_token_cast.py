@@ -52,7 +52,7 @@ def build(spec: NormKernelSpec):
 
     @T.prim_func
     def kernel(x: x_t, weight: w_t, residual: r_t, residual_out: ro_t, y: y_t, q: q_t, sf: sf_t):
-        with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+        with T.Kernel(rows.grid(), threads=rows.THREADS, prelude=rms.prelude) as bx:
             if CTAS_PER_SM:
                 T.annotate_min_blocks_per_sm(CTAS_PER_SM)
             for stride in STRIDES:

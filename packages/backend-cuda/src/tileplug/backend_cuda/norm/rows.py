@@ -461,6 +461,43 @@ class RowPrefetch:
 # ---------------------------------------------------------------------- buffer types
 
 
+PLUS_ZERO_HELPERS = """
+#ifndef TILEPLUG_PLUS_ZERO_HELPERS
+#define TILEPLUG_PLUS_ZERO_HELPERS
+__device__ __forceinline__ unsigned tileplug_plus_zero_bf16x2(unsigned pair) {
+  unsigned sum;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(sum) : "r"(pair), "r"(0x3F803F80u), "r"(0u));
+  return sum;
+}
+__device__ __forceinline__ unsigned tileplug_plus_zero_f16x2(unsigned pair) {
+  unsigned sum;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(sum) : "r"(pair), "r"(0u));
+  return sum;
+}
+#endif
+"""
+"""The kernel prelude (``T.Kernel(prelude=...)``) of :func:`plus_zero`."""
+PLUS_ZERO_FUNCTIONS = {"bfloat16": "tileplug_plus_zero_bf16x2", "float16": "tileplug_plus_zero_f16x2"}
+
+
+def takes_plus_zero(dtype: str | None, values: int) -> bool:
+    """Whether :func:`plus_zero` serves a local buffer of ``values`` elements of ``dtype``."""
+    return dtype in PLUS_ZERO_FUNCTIONS and values % 2 == 0
+
+
+@T.macro
+def plus_zero(values):
+    """``values[i] + 0`` of every element of a thread's 16-bit local buffer, two values an
+    instruction (a packed ``w · 1 + 0`` / ``w + 0``, the kernel's prelude :data:`PLUS_ZERO_HELPERS`):
+    exact, but ``−0`` becomes ``+0`` and a NaN the canonical one. ``float(w + 0)`` then equals
+    ``float(w) + 0`` in fp32 for every ``w`` but a NaN's payload, which the fp32 product the value
+    enters canonicalizes either way: the RMSNorm weight factor ``float(w) + weight_offset`` at offset
+    0 without an fp32 addition a value."""
+    words = T.view(values, (values.shape[0] // 2,), "uint32")
+    for i in T.unroll(values.shape[0] // 2):
+        words[i] = T.call_extern("uint32", PLUS_ZERO_FUNCTIONS[str(values.dtype)], words[i])
+
+
 def as_float(values, i):
     """The fp32 value of element ``i`` of a thread's local row buffer ``values``. A bf16 buffer
     is read as its 32-bit words: an odd element is the word's upper half (one mask), an even one

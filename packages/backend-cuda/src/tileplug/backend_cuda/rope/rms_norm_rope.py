@@ -214,7 +214,7 @@ def build_kernel(spec: NormRopeSpec):
 
     @T.macro
     def body(x, weight, cache, positions, y, q, sf, offset):
-        with T.Kernel(rows.grid(), threads=rows.THREADS) as bx:
+        with T.Kernel(rows.grid(), threads=rows.THREADS, prelude=rms.prelude) as bx:
             if CTAS_PER_SM:
                 T.annotate_min_blocks_per_sm(CTAS_PER_SM)
             for stride in STRIDES:
