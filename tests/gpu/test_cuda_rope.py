@@ -571,6 +571,46 @@ def test_rms_norm_rope_out_of_range_positions() -> None:
     assert not torch.isnan(fused[1:9].float()).any()
 
 
+FULL_ROTARY_SETUPS = [
+    NormSetup(offset=0),  # NeoX pairs in one thread
+    NormSetup(interleaved=True, positions="int32", offset=0),  # GPT-J
+    NormSetup(heads=8, pad=1, offset=0),  # rows not 16-byte aligned: the scalar path
+    NormSetup(head_dim=160, rotary=160, heads=4, offset=0),  # NeoX partners in other lanes (the shared exchange)
+]
+
+
+@pytest.mark.parametrize("empty", [False, True], ids=["outside", "empty-cache"])
+@pytest.mark.parametrize("setup", FULL_ROTARY_SETUPS, ids=[s.label() for s in FULL_ROTARY_SETUPS])
+def test_rms_norm_rope_full_rotary_out_of_range_rows(setup: NormSetup, empty: bool) -> None:
+    """R = D: a token whose position is outside the cache (or every token, on an empty cache) is
+    NaN in every channel — the fused kernels make its rstd NaN rather than its cos / sin — and
+    ``rms_norm_rope`` and its cast write the chain's bytes on every token (NaN payloads aside)."""
+    from tileplug.core import ops
+    from tileplug.core.registry import use_backend
+    from tileplug.core.testing import assert_bytes_equal, assert_sf_equal
+
+    tokens = 40
+    cache = torch.empty(0, setup.rotary, device="cuda") if empty else None
+    args, kwargs = setup.arguments(tokens, seed=4, cache=cache)
+    bad = list(range(tokens)) if empty else [0, 17, 39]
+    if not empty:
+        kwargs["positions"][bad] = torch.tensor([-1, args[2].shape[0], -(2**31)], device="cuda").to(
+            kwargs["positions"].dtype)
+    _served_by_cuda("rms_norm_rope", *args, **kwargs)
+    with use_backend(BACKEND):
+        fused = ops.rms_norm_rope(*args, **kwargs)
+        q, sf = ops.rms_norm_rope_per_token_cast(*args, **kwargs, num_per_channels=64)
+        chain = _unfused(*args, **kwargs)
+        q_chain, sf_chain = ops.per_token_cast(chain.view(tokens, -1), num_per_channels=64)
+    assert torch.isnan(fused[bad].float()).all(), "an outside token is NaN in every channel"
+    good = [t for t in range(tokens) if t not in bad]
+    assert not torch.isnan(fused[good].float()).any()
+    assert_bytes_equal(fused, chain, what=f"{setup.label()} fused vs chain", nan_equal=True)
+    assert_bytes_equal(q, q_chain, what=f"{setup.label()} q vs chain", nan_equal=True)
+    assert_sf_equal(sf, sf_chain, (1, 64), tokens, setup.heads * setup.head_dim, what=f"{setup.label()} sf",
+                    nan_equal=True)
+
+
 def test_rms_norm_rope_batch_invariance_bytewise() -> None:
     from tileplug.core import ops
     from tileplug.core.ops.rope import make_cos_sin_cache
