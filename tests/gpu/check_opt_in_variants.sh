@@ -95,6 +95,11 @@
 #      TILEPLUG_GPU_PRECOMPILE=0 then, so every worker compiled all of its ~90 specialisations in its own process
 #      pool; it honours the variable now), then the norm module's forward tests to the end (480 of 554 passed before
 #      the time ran out) and the fused QK probe.
+#  23. (thirty-third session) old / new in one command: OLD (the src folder of an older copy of the CUDA backend,
+#      e.g. `git archive <commit> packages/backend-cuda/src | tar -x -C DIR`, DIR carried) first on PYTHONPATH, index
+#      off: the fused QK probe (its bytes against the chain at T = 4001, then fused / chain times), then the norm and
+#      fused QK bench cases, old / new. The session's changes: a 16-bit weight's + 0 on its packed words
+#      (norm.rows.plus_zero) and, at R = D, an outside token's NaN through its rstd (no NaN moves).
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -339,5 +344,23 @@ if want 22 && [ $(left) -gt 60 ]; then
   TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) - 40 )) $P -n 15 -k "not backward" tests/gpu/test_cuda_norm.py \
     > $OUT/norm_words_tests.txt 2>&1; tail -2 $OUT/norm_words_tests.txt
   [ $(left) -gt 40 ] && timeout $(( $(left) - 10 )) python3 tests/gpu/probe_fused_qk.py | tee $OUT/fused_qk_words.txt
+fi
+if want 23 && [ -n "${OLD:-}" ] && [ $(left) -gt 60 ]; then
+  for form in old new; do
+    [ $(left) -gt 40 ] || break
+    path=$([ $form = old ] && echo "$PWD/$OLD:" || echo "")
+    echo "== fused QK $form, $(left) s left" | tee -a $OUT/old_new.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
+      python3 tests/gpu/probe_fused_qk.py 2>> $OUT/stderr.log | tee -a $OUT/old_new.txt
+  done
+  for form in old new; do
+    [ $(left) -gt 40 ] || break
+    path=$([ $form = old ] && echo "$PWD/$OLD:" || echo "")
+    echo "== norms $form, $(left) s left" | tee -a $OUT/old_new.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
+      $BENCH --ops rms_norm,rms_norm/residual,rms_norm_per_token_cast/g32,rms_norm_rope,rms_norm_rope_per_token_cast \
+      --tokens 4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/old_new.txt \
+      | grep -E "^[a-z_]+(/[a-z0-9-]+)? +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
+  done
 fi
 echo "all done, $(left) s left"
