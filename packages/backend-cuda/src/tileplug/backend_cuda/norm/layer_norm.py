@@ -20,6 +20,7 @@ from tileplug.backend_cuda.norm.rows import (
     aligned_strides,
     as_float,
     f32,
+    over_width,
     row_buffer,
     statistic_buffer,
     vector_buffer,
@@ -93,7 +94,7 @@ def build(spec: NormKernelSpec):
             for i in T.unroll(VALUES):
                 terms[i] = as_float(s, i)
             rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
-            row_mean = T.ieee_fdiv(acc[0], T.float32(D))
+            row_mean = over_width(acc[0], D)
             rows.reuse_barrier()  # every lane has read the sum before the buffer is written again
             # pass 2: the variance of the centered values (held for the output)
             for i in T.unroll(VALUES):
@@ -101,7 +102,7 @@ def build(spec: NormKernelSpec):
             for i in T.unroll(VALUES):
                 terms[i] = T.ieee_mul(c[i], c[i])
             rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
-            row_rstd = T.ieee_fdiv(T.float32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_fdiv(acc[0], T.float32(D)),
+            row_rstd = T.ieee_fdiv(T.float32(1.0), T.ieee_fsqrt(T.ieee_add(over_width(acc[0], D),
                                                                           T.float32(EPS))))
             for i in T.unroll(VALUES):
                 yv[i] = T.cast(output(c, wv, bv, i, row_rstd), IN)

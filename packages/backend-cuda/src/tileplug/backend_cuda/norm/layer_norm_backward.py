@@ -17,7 +17,8 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 import tilelang.language as T
 
 from tileplug.backend_cuda.norm.backward import BlockLayout, ColumnAccumulators
-from tileplug.backend_cuda.norm.rows import RowMacros, RowPrefetch, aligned_strides, row_buffer, statistic_buffer, vector_buffer
+from tileplug.backend_cuda.norm.rows import (RowMacros, RowPrefetch, aligned_strides, over_width, row_buffer,
+                                             statistic_buffer, vector_buffer)
 from tileplug.backend_cuda.norm.spec import PREFETCH_SOURCES, NormKernelSpec
 
 
@@ -123,16 +124,16 @@ def build(spec: NormKernelSpec):
                         products[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_mean, row_rstd))
                     rows.row_sums((terms, products), tree, acc, lane, rows.slot(tx))
                     rows.reuse_barrier()
-                    mean_g = T.ieee_fdiv(acc[0], T.float32(D))
-                    projection = T.ieee_fdiv(acc[1], T.float32(D))
+                    mean_g = over_width(acc[0], D)
+                    projection = over_width(acc[1], D)
                 else:
                     rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
-                    mean_g = T.ieee_fdiv(acc[0], T.float32(D))
+                    mean_g = over_width(acc[0], D)
                     rows.reuse_barrier()
                     for i in T.unroll(VALUES):
                         terms[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_mean, row_rstd))
                     rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
-                    projection = T.ieee_fdiv(acc[0], T.float32(D))
+                    projection = over_width(acc[0], D)
                     rows.reuse_barrier()
                 for i in T.unroll(VALUES):
                     difference = T.ieee_mul(row_rstd, T.ieee_sub(

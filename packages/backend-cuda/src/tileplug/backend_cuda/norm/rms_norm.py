@@ -21,6 +21,7 @@ from tileplug.backend_cuda.norm.rows import (
     as_float,
     PLUS_ZERO_HELPERS,
     f32,
+    over_width,
     plus_zero,
     row_buffer,
     statistic_buffer,
@@ -79,7 +80,7 @@ class RmsNormMacros:
             for i in T.unroll(VALUES):
                 terms[i] = T.ieee_mul(as_float(s, i), as_float(s, i))
             rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
-            rstd = T.ieee_fdiv(T.float32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_fdiv(acc[0], T.float32(D)),
+            rstd = T.ieee_fdiv(T.float32(1.0), T.ieee_fsqrt(T.ieee_add(over_width(acc[0], D),
                                                                       T.float32(EPS))))
             if keep is not None:
                 kept = T.alloc_var("float32")  # (a register: the select is made once, not inlined at every use)

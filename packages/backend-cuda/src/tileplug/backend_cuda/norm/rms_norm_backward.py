@@ -17,8 +17,8 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 import tilelang.language as T
 
 from tileplug.backend_cuda.norm.backward import BlockLayout, ColumnAccumulators
-from tileplug.backend_cuda.norm.rows import (RowMacros, RowPrefetch, aligned_strides, f32, row_buffer, statistic_buffer,
-                                             vector_buffer)
+from tileplug.backend_cuda.norm.rows import (RowMacros, RowPrefetch, aligned_strides, f32, over_width, row_buffer,
+                                             statistic_buffer, vector_buffer)
 from tileplug.backend_cuda.norm.spec import PREFETCH_SOURCES, NormKernelSpec, backward_ctas_per_sm
 
 def build(spec: NormKernelSpec):
@@ -118,7 +118,7 @@ def build(spec: NormKernelSpec):
                 for i in T.unroll(VALUES):
                     terms[i] = T.ieee_mul(scaled(gv, wv, i), normalized(sv, i, row_rstd))
                 rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
-                projection = T.ieee_fdiv(acc[0], T.float32(D))
+                projection = over_width(acc[0], D)
                 rows.reuse_barrier()  # the next row's sum writes the buffer again
                 for i in T.unroll(VALUES):
                     difference = T.ieee_mul(row_rstd, T.ieee_sub(scaled(gv, wv, i),
