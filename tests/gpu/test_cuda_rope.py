@@ -543,12 +543,13 @@ def test_rms_norm_rope_weight_zeros_and_subnormals(dtype: torch.dtype) -> None:
     cast = _cast_flags({})
     with use_backend(BACKEND):
         fused = ops.rms_norm_rope(x, weight, cache, **kwargs)
-        q, sf = ops.rms_norm_rope_per_token_cast(x, weight, cache, **kwargs, **cast)
         chain = _unfused(x, weight, cache, **kwargs)
-        q_chain, sf_chain = ops.per_token_cast(chain.view(tokens, -1), **cast)
-    assert_bytes_equal(fused, chain, what="rms_norm_rope vs chain")
-    assert_bytes_equal(q, q_chain, what="q vs chain")
-    assert_sf_equal(sf, sf_chain, (1, 128), tokens, setup.heads * setup.head_dim, what="sf vs chain")
+        assert_bytes_equal(fused, chain, what="rms_norm_rope vs chain")
+        if dtype == torch.bfloat16:  # (the cast takes bf16 / fp32 x)
+            q, sf = ops.rms_norm_rope_per_token_cast(x, weight, cache, **kwargs, **cast)
+            q_chain, sf_chain = ops.per_token_cast(chain.view(tokens, -1), **cast)
+            assert_bytes_equal(q, q_chain, what="q vs chain")
+            assert_sf_equal(sf, sf_chain, (1, 128), tokens, setup.heads * setup.head_dim, what="sf vs chain")
 
 
 def test_rms_norm_rope_out_of_range_positions() -> None:

@@ -29,7 +29,6 @@ from tileplug.backend_cuda.norm.rows import (
     vector_buffer,
 )
 from tileplug.backend_cuda.norm.spec import NormKernelSpec, long_row_ctas, rms_norm_threads_per_sm
-from tileplug.backend_cuda.quant.sf_math import F32_NAN_BITS
 
 
 class RmsNormMacros:
@@ -69,9 +68,7 @@ class RmsNormMacros:
 
         @T.macro
         def normalize(x, weight, residual, residual_out, rstd_out, s, rv, wv, yv, terms, acc, tree, t, n, lane, valid,
-                      tx, keep=None):
-            """``keep`` (a bool expression, or None): where false, ``rstd`` is NaN, so every ``y`` of
-            the row is (the fused QK kernel's rows whose position is outside the cache)."""
+                      tx):
             rows.load_input(x, residual, s, rv, t, n, lane, valid)
             if WDT is not None:
                 rows.load_vector(weight, wv, lane, WDT)
@@ -82,10 +79,6 @@ class RmsNormMacros:
             rows.row_sum(terms, tree, acc, lane, rows.slot(tx))
             rstd = T.ieee_fdiv(T.float32(1.0), T.ieee_fsqrt(T.ieee_add(over_width(acc[0], D),
                                                                       T.float32(EPS))))
-            if keep is not None:
-                kept = T.alloc_var("float32")  # (a register: the select is made once, not inlined at every use)
-                kept = T.if_then_else(keep, rstd, T.reinterpret(T.int32(F32_NAN_BITS), "float32"))
-                rstd = kept
             for i in T.unroll(VALUES):
                 yv[i] = T.cast(output(s, wv, i, rstd), IN)
             if spec.residual:

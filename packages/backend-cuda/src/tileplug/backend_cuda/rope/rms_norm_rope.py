@@ -19,10 +19,7 @@ one thread's vector; a NeoX pair ``(p, p + R/2)`` is, where the head tile allows
 lane, else in two lanes of the row, whose rotated channels then go through shared memory
 (written, one barrier — a warp's when a row's lanes fit one warp — then each thread reads
 its values' partners). A position outside ``[0, L)`` is never read from the cache: that
-token's rotated channels become NaN — at ``R = D`` through its rows' rstd (NaN, so every value
-is), read before the norm, which leaves the cos / sin registers of such a row unset rather than
-NaN-filled: 32 moves a thread fewer at D = 128 bf16 (nvcc 13.0: 712 → 680 SASS instructions,
-the cast 968 → 936).
+token's rotated channels become NaN.
 
 ``rms_norm_rope_per_token_cast`` then casts the rotated ``y`` (still in registers) per token
 over ``y.view(T, N·D)``, bytewise as this backend's ``per_token_cast`` of that ``y``: groups
@@ -75,10 +72,6 @@ def build_kernel(spec: NormRopeSpec):
     # first halves of VEC pairs, its vector k + PAIR_CHUNKS their second halves (None: the shared exchange)
     PAIR_CHUNKS = pair_chunks(R, rows.LANES, VEC, GPTJ)
     EXCHANGE = not GPTJ and PAIR_CHUNKS is None
-    # R = D: a row whose position is outside the cache gets a NaN rstd (every value of it NaN, as the
-    # rotation by NaN cos/sin makes it), so its cos/sin are never loaded and need no NaN registers
-    # (32 moves a thread at D = 128 on bf16, each ahead of its predicated load); R < D: NaN cos/sin
-    POISONED_RSTD = R == norm.hidden
     CHUNKS, VALUES = list(range(rows.CHUNKS)), list(range(VEC))  # unrolled while tracing
     L, CS, PS = T.dynamic("L"), T.dynamic("CS"), T.dynamic("PS")
 
@@ -102,19 +95,22 @@ def build_kernel(spec: NormRopeSpec):
 
     @T.macro
     def cos_sin(cache, position, inside, p, cn):
-        """``cn`` = (cos, sin) of pair ``p`` at ``position`` (NaN, never read, when outside; left as
-        they are where the row's rstd is NaN: :data:`POISONED_RSTD`)."""
+        """``cn`` = (cos, sin) of pair ``p`` at ``position`` (NaN, never read, when outside)."""
         if inside:
             cn[0] = cache[position, p]
             cn[1] = cache[position, HALF + p]
-        elif not POISONED_RSTD:
+        else:
             cn[0] = nan_f32()
             cn[1] = nan_f32()
 
     @T.macro
     def cos_sin_run(cache, position, inside, first, count, vector, c, n):
         """``c[j]`` / ``n[j]`` = cos / sin of pairs ``first + j``, ``j < count`` (``vector``: one vector
-        load per half of the cache row; NaN, never read, when the position is outside, as in :func:`cos_sin`)."""
+        load per half of the cache row; NaN, never read, when the position is outside). The NaN
+        registers are not free (32 moves a thread at D = 128 bf16) but they keep every vector's loads
+        in flight together: a form that made an outside row's rstd NaN instead, leaving these
+        registers unset, cut 32 instructions and let ptxas issue the second vector's loads after the
+        first one's math — 1.3-1.8 % slower at T >= 16384 on an H100 (thirty-third session)."""
         if inside:
             if vector:
                 for j in T.vectorized(count):
@@ -125,7 +121,7 @@ def build_kernel(spec: NormRopeSpec):
                 for j in T.unroll(count):
                     c[j] = cache[position, first + j]
                     n[j] = cache[position, HALF + first + j]
-        elif not POISONED_RSTD:
+        else:
             for j in T.unroll(count):
                 c[j] = nan_f32()
                 n[j] = nan_f32()
@@ -233,15 +229,7 @@ def build_kernel(spec: NormRopeSpec):
             t, n, lane, valid = rows.coords(bx, tx)
             s, rv, wv, yv, terms, acc, tree = RmsNormMacros.locals(norm, rows)
             position = T.alloc_var("int64")
-            position = 0
-            if valid:
-                if positions is None:
-                    position = T.cast(t, "int64") + offset
-                else:
-                    position = T.cast(positions[t], "int64") + offset
-            inside = position >= 0 and position < T.cast(L, "int64")
-            rms.normalize(x, weight, None, None, None, s, rv, wv, yv, terms, acc, tree, t, n, lane, valid, tx,
-                          inside if POISONED_RSTD else None)
+            rms.normalize(x, weight, None, None, None, s, rv, wv, yv, terms, acc, tree, t, n, lane, valid, tx)
             if EXCHANGE:  # NeoX partners sit in other lanes of the row: exchange through shared memory
                 pairs = T.alloc_shared((ROWS * R,), IN)
                 row = rows.slot(tx)
@@ -256,6 +244,13 @@ def build_kernel(spec: NormRopeSpec):
                             if valid and col + j < R:
                                 pairs[row * R + col + j] = yv[k * VEC + j]
                 rows.reuse_barrier()
+            position = 0
+            if valid:
+                if positions is None:
+                    position = T.cast(t, "int64") + offset
+                else:
+                    position = T.cast(positions[t], "int64") + offset
+            inside = position >= 0 and position < T.cast(L, "int64")
             if PAIR_CHUNKS is not None:
                 rotate_pairs(cache, position, inside, yv, lane, valid)
             elif ROPE_VECTOR:

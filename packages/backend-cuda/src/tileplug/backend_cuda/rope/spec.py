@@ -26,10 +26,10 @@ VECTOR_BYTES = 16
 MAX_THREADS = 1024
 NORM_ROPE_CTAS_PER_SM = 0
 """CTAs per SM the fused ``rms_norm_rope`` kernels (with or without the cast) ask ptxas to fit (``__launch_bounds__``'
-second argument; 0, the default: ptxas' choice, 78–79 registers at a head of 128 bf16 on the 128-thread tile, 6 CTAs
+second argument; 0, the default: ptxas' choice, 77–78 registers at a head of 128 bf16 on the 128-thread tile, 6 CTAs
 an SM). A tuning knob under trial, ``TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM`` (kernel index off: the index key does not
-see it): 8 gives 64 registers (no spill with or without the cast, nvcc 13.0, since the bf16 word reads; 12 bytes
-with the cast before); 10 gives 48, spilling 24 / 12 bytes (272-292 before the word reads)."""
+see it): 8 gives 64 registers (nvcc 13.0, thirty-third session: no spill without the cast, 4 bytes with it, at 744 /
+1024 SASS instructions against ptxas' 688 / 952); 10 gives 48, spilling 8 / 12 bytes."""
 
 
 def norm_rope_ctas_per_sm() -> int:
