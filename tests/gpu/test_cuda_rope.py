@@ -584,8 +584,8 @@ FULL_ROTARY_SETUPS = [
 @pytest.mark.parametrize("setup", FULL_ROTARY_SETUPS, ids=[s.label() for s in FULL_ROTARY_SETUPS])
 def test_rms_norm_rope_full_rotary_out_of_range_rows(setup: NormSetup, empty: bool) -> None:
     """R = D: a token whose position is outside the cache (or every token, on an empty cache) is
-    NaN in every channel — the fused kernels make its rstd NaN rather than its cos / sin — and
-    ``rms_norm_rope`` and its cast write the chain's bytes on every token (NaN payloads aside)."""
+    NaN in every channel, and ``rms_norm_rope`` and its cast write the chain's bytes on every token
+    (NaN payloads aside), on each of the rotation's paths."""
     from tileplug.core import ops
     from tileplug.core.registry import use_backend
     from tileplug.core.testing import assert_bytes_equal, assert_sf_equal
