@@ -100,6 +100,10 @@
 #      off: the fused QK probe (its bytes against the chain at T = 4001, then fused / chain times), then the norm and
 #      fused QK bench cases, old / new. The session's changes: a 16-bit weight's + 0 on its packed words
 #      (norm.rows.plus_zero) and, at R = D, an outside token's NaN through its rstd (no NaN moves).
+#      Ran on an H100 the same day with old = 1876a1f (docs/benchmarks/h100-norm-rope-weight-words-nan-rows-2026-12-06-
+#      s33.txt): the fused QK kernels 1.3-1.8 % slower from T = 16384, the NaN rstd taken back (the cache loads
+#      serialized); what stays (plus_zero, over_width: 688 / 952 SASS against 728 / 984) is still to be timed the
+#      same way (OLD = a copy of 1876a1f's backend), with the rope tests whose -x run stopped at a test defect.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
