@@ -16,10 +16,10 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 import tilelang.language as T
 
 from tileplug.backend_cuda.norm.rows import (
+    PLUS_ZERO_HELPERS,
     RowMacros,
     aligned_strides,
     as_float,
-    PLUS_ZERO_HELPERS,
     f32,
     over_width,
     plus_zero,

@@ -21,6 +21,7 @@ from tileplug.backend_cuda.norm.rows import (RowMacros, RowPrefetch, aligned_str
                                              statistic_buffer, vector_buffer)
 from tileplug.backend_cuda.norm.spec import PREFETCH_SOURCES, NormKernelSpec, backward_ctas_per_sm
 
+
 def build(spec: NormKernelSpec):
     """The ``T.prim_func`` of an ``rms_norm_backward`` specialisation: buffers ``(grad_y, x,
     weight, rstd, grad_residual_out, grad_x, partials)``, an absent one replaced by ``x``."""
