@@ -833,6 +833,40 @@ def test_core_lower_of_a_norm_op_on_meta_tensors() -> None:
     assert "__global__" in source and "*(uint4*)(x +" in source and "__fdiv_rn" in source
 
 
+@pytest.mark.parametrize("weight_dtype,offset,packed", [
+    (torch.bfloat16, 0.0, "tileplug_plus_zero_bf16x2"), (torch.float16, 0.0, "tileplug_plus_zero_f16x2"),
+    (torch.bfloat16, 1.0, None), (torch.float32, 0.0, None)])
+def test_weight_plus_zero_on_packed_words_only_at_offset_zero(weight_dtype: torch.dtype, offset: float,
+                                                              packed: str | None) -> None:
+    """A 16-bit weight at offset 0 takes its ``+ 0`` on the packed words (``rows.plus_zero``: one
+    helper call a word, no fp32 addition of the offset); another offset, or an fp32 weight, keeps the
+    fp32 ``w + offset`` of every value. A power-of-two D's statistic is a product by ``1/D``, another
+    D's an IEEE division (``rows.over_width``)."""
+    import re
+
+    pytest.importorskip("tilelang")
+    from tileplug import core
+
+    offset_literal = "0x0p+0f" if offset == 0.0 else "0x1p+0f"
+    weight_add = re.compile(r"__fadd_rn\([^;]*, " + re.escape(offset_literal) + r"/\*")
+    for hidden, heads in ((7168, None), (128, 8)):
+        shape = (4, hidden) if heads is None else (4, heads, hidden)
+        x = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+        weight = torch.empty(hidden, dtype=weight_dtype, device="meta")
+        source = core.lower(core.ops.rms_norm, x, weight, weight_offset=offset, backend="cuda")
+        body = source[source.index("__global__"):]
+        if packed:
+            assert re.search(r"words\w*\[i\w*\] = " + packed + r"\(words", body), (hidden, packed)
+            assert not weight_add.search(body), "no fp32 addition of the offset"
+        else:
+            assert "tileplug_plus_zero" not in source
+            assert weight_add.search(body), "the fp32 w + offset of every value"
+        if hidden == 128:
+            assert "__fmul_rn(acc[0], 0x1p-7f" in body and "__fdiv_rn(acc[0]" not in body
+        else:
+            assert "__fdiv_rn(acc[0], 0x1.cp+12f" in body
+
+
 def test_rows_without_an_exact_long_tile_are_declined() -> None:
     from tileplug.core import ops
 
