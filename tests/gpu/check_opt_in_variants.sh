@@ -104,6 +104,10 @@
 #      s33.txt): the fused QK kernels 1.3-1.8 % slower from T = 16384, the NaN rstd taken back (the cache loads
 #      serialized); what stays (plus_zero, over_width: 688 / 952 SASS against 728 / 984) is still to be timed the
 #      same way (OLD = a copy of 1876a1f's backend), with the rope tests whose -x run stopped at a test defect.
+#  24. (thirty-third session, CPU only) the fused QK kernels at 64 values a thread (TILEPLUG_CUDA_NORM_ROPE_VALUES=64,
+#      index off: 2 lanes a head of 128; nvcc 13.0: 1520 / 1112 SASS instructions for 64 values against 952 / 688 for
+#      32 — with the cast 23.8 a value against 29.8 — at 142-143 registers, 3 CTAs of 4 warps an SM instead of 6): the
+#      fused-equals-chain tests under it, then the fused QK probe at 32 / 64 / 32 values.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -365,6 +369,19 @@ if want 23 && [ -n "${OLD:-}" ] && [ $(left) -gt 60 ]; then
       $BENCH --ops rms_norm,rms_norm/residual,rms_norm_per_token_cast/g32,rms_norm_rope,rms_norm_rope_per_token_cast \
       --tokens 4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/old_new.txt \
       | grep -E "^[a-z_]+(/[a-z0-9-]+)? +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
+  done
+fi
+if want 24 && [ $(left) -gt 60 ]; then
+  TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_NORM_ROPE_VALUES=64 TILEPLUG_GPU_PRECOMPILE=0 \
+    timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $P -n 8 -k "rms_norm_rope and chain" tests/gpu/test_cuda_rope.py \
+    > $OUT/norm_rope_values64_tests.txt 2>&1
+  tail -2 $OUT/norm_rope_values64_tests.txt
+  for values in 32 64 32; do
+    [ $(left) -gt 40 ] || break
+    echo "== fused QK at $values values a thread, $(left) s left" | tee -a $OUT/norm_rope_values.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_NORM_ROPE_VALUES=$values \
+      timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) python3 tests/gpu/probe_fused_qk.py 2>> $OUT/stderr.log \
+      | tee -a $OUT/norm_rope_values.txt
   done
 fi
 echo "all done, $(left) s left"
