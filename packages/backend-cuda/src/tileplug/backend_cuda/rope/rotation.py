@@ -16,9 +16,8 @@ No ``from __future__ import annotations``: TileLang evaluates macro annotations.
 
 import tilelang.language as T
 
+from tileplug.backend_cuda.quant.sf_math import F32_NAN_BITS
 from tileplug.backend_cuda.rope.spec import slot_pairs, values_per_vector
-
-F32_NAN_BITS = 0x7FC00000
 
 
 @T.macro
