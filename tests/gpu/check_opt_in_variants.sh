@@ -137,6 +137,18 @@ alternate() {
       | tee -a $OUT/$file | grep -E "^[a-z_]+(/[a-z0-9-]+)? +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
   done
 }
+# variant_runs VARIABLE "VALUES" FILE CAP COMMAND...: COMMAND once per value of VARIABLE (in that order, the kernel
+# index off: its key does not see a tuning variable), its output into $OUT/FILE and on, each run capped at CAP s
+variant_runs() {
+  local variable=$1 values=$2 file=$3 cap=$4
+  shift 4
+  for value in $values; do
+    [ $(left) -gt 40 ] || break
+    echo "== $variable=$value, $(left) s left" | tee -a $OUT/$file
+    env TILEPLUG_CUDA_KERNEL_INDEX=off $variable=$value timeout $(( $(left) > cap + 10 ? cap : $(left) - 10 )) "$@" \
+      2>> $OUT/stderr.log | tee -a $OUT/$file
+  done
+}
 # backward_module_at_32 FILE: the norm module's backward tests at the block of 32 with the half path, into $OUT/FILE
 backward_module_at_32() {
   TILEPLUG_CUDA_NORM_BACKWARD_HALF_PATH=1 TILEPLUG_CUDA_NORM_BACKWARD_ROW_BLOCK=32 TILEPLUG_GPU_PRECOMPILE=0 \
@@ -311,14 +323,9 @@ if want 19 && [ $(left) -gt 60 ]; then
     timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $P -n 15 -k "rms_norm_rope" tests/gpu/test_cuda_rope.py \
     > $OUT/norm_rope_ctas_tests.txt 2>&1
   tail -2 $OUT/norm_rope_ctas_tests.txt
-  for ctas in 0 8 0; do
-    [ $(left) -gt 40 ] || break
-    echo "== norm rope CTAs/SM $ctas, $(left) s left" | tee -a $OUT/norm_rope_ctas_bench.txt
-    env TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM=$ctas \
-      timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) $BENCH --ops rms_norm_rope,rms_norm_rope_per_token_cast \
-      --tokens 1024,4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/norm_rope_ctas_bench.txt \
-      | grep -E "^rms_norm_rope[a-z_]* +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
-  done
+  variant_runs TILEPLUG_CUDA_NORM_ROPE_CTAS_PER_SM "0 8 0" norm_rope_ctas_bench.txt 60 \
+    $BENCH --ops rms_norm_rope,rms_norm_rope_per_token_cast --tokens 1024,4096,16384,65536 \
+    | grep -E "^(==|rms_norm_rope[a-z_]* +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9])"
 fi
 if want 11 && [ $(left) -gt 120 ]; then
   nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/table_gpu.txt
@@ -376,12 +383,6 @@ if want 24 && [ $(left) -gt 60 ]; then
     timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $P -n 8 -k "rms_norm_rope and chain" tests/gpu/test_cuda_rope.py \
     > $OUT/norm_rope_values64_tests.txt 2>&1
   tail -2 $OUT/norm_rope_values64_tests.txt
-  for values in 32 64 32; do
-    [ $(left) -gt 40 ] || break
-    echo "== fused QK at $values values a thread, $(left) s left" | tee -a $OUT/norm_rope_values.txt
-    env TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_NORM_ROPE_VALUES=$values \
-      timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) python3 tests/gpu/probe_fused_qk.py 2>> $OUT/stderr.log \
-      | tee -a $OUT/norm_rope_values.txt
-  done
+  variant_runs TILEPLUG_CUDA_NORM_ROPE_VALUES "32 64 32" norm_rope_values.txt 60 python3 tests/gpu/probe_fused_qk.py
 fi
 echo "all done, $(left) s left"
