@@ -19,6 +19,7 @@ No ``from __future__ import annotations``: TileLang evaluates the macro annotati
 
 import tilelang.language as T
 
+from tileplug.backend_cuda.norm.rows import packed_words
 from tileplug.backend_cuda.quant import sf_math
 from tileplug.core.quant.formats import QUANT_FORMATS
 
@@ -120,7 +121,7 @@ class RowCast:
             if PAIRED:
                 # bf16 words of two values: |y| bits of each half, maxed as unsigned 16-bit pairs
                 # (``__vmaxu2``), then the larger half as the key: the same key as value by value
-                words = T.view(yv, (yv.shape[0] // 2,), "uint32")
+                words = packed_words(yv)
                 halves = T.alloc_var("uint32")
                 for k in chunks:
                     halves = T.uint32(0)

@@ -461,6 +461,12 @@ class RowPrefetch:
 # ---------------------------------------------------------------------- buffer types
 
 
+def packed_words(values):
+    """A thread's local buffer of an even number of 16-bit values seen as its 32-bit words (word ``i``
+    holds values ``2i`` in its lower half and ``2i + 1`` in its upper half)."""
+    return T.view(values, (values.shape[0] // 2,), "uint32")
+
+
 PLUS_ZERO_HELPERS = """
 #ifndef TILEPLUG_PLUS_ZERO_HELPERS
 #define TILEPLUG_PLUS_ZERO_HELPERS
@@ -493,7 +499,7 @@ def plus_zero(values):
     ``float(w) + 0`` in fp32 for every ``w`` but a NaN's payload, which the fp32 product the value
     enters canonicalizes either way: the RMSNorm weight factor ``float(w) + weight_offset`` at offset
     0 without an fp32 addition a value."""
-    words = T.view(values, (values.shape[0] // 2,), "uint32")
+    words = packed_words(values)
     for i in T.unroll(values.shape[0] // 2):
         words[i] = T.call_extern("uint32", PLUS_ZERO_FUNCTIONS[str(values.dtype)], words[i])
 
@@ -515,7 +521,7 @@ def as_float(values, i):
     (``PRMT``) before the shift. The same fp32 value either way (a bf16 is an fp32's upper half)."""
     if str(values.dtype) != "bfloat16" or values.shape[0] % 2:
         return T.cast(values[i], "float32")
-    word = T.view(values, (values.shape[0] // 2,), "uint32")[i // 2]
+    word = packed_words(values)[i // 2]
     upper, lower = word & T.uint32(0xFFFF0000), T.shift_left(word, 16)
     if isinstance(i, int):
         return T.reinterpret(upper if i % 2 else lower, "float32")

@@ -127,6 +127,17 @@ def build_kernel(spec: NormRopeSpec):
                 n[j] = nan_f32()
 
     @T.macro
+    def rotate_adjacent(yv, i, c, n, pair):
+        """The GPT-J pair ``(yv[i], yv[i + 1])`` rotated by ``(c, n)`` in place, its two results formed in
+        ``pair`` before either is written (the two bf16 values share a word)."""
+        x1 = as_float(yv, i)
+        x2 = as_float(yv, i + 1)
+        pair[0] = rotated_first(x1, x2, c, n)
+        pair[1] = rotated_second(x1, x2, c, n)
+        yv[i] = T.cast(pair[0], IN)
+        yv[i + 1] = T.cast(pair[1], IN)
+
+    @T.macro
     def rotate_pairs(cache, position, inside, yv, lane, valid):
         """NeoX on pairs a thread holds both halves of: vector ``k`` (columns ``col … col + VEC``,
         all below ``R/2``) and vector ``k + PAIR_CHUNKS`` (``col + R/2 …``) share one set of cos /
@@ -156,7 +167,7 @@ def build_kernel(spec: NormRopeSpec):
         half of the cache row, a NeoX vector's partners one vector load from ``pairs``; the
         first / second half of a NeoX pair is a select, not a branch."""
         # c, n: the vector's cos and sin (GPT-J: one per pair); partner: the NeoX partners' values;
-        # pair: a GPT-J pair's results, both formed before either is written (they share a bf16 word)
+        # pair: a GPT-J pair's results (rotate_adjacent)
         c = T.alloc_local((VEC,), "float32")
         n = T.alloc_local((VEC,), "float32")
         partner = T.alloc_local((VEC,), IN)
@@ -168,12 +179,7 @@ def build_kernel(spec: NormRopeSpec):
                 cos_sin_run(cache, position, inside, first, PAIRS_PER_VECTOR, True, c, n)
                 if GPTJ:
                     for j in VALUES[::2]:
-                        x1 = as_float(yv, k * VEC + j)
-                        x2 = as_float(yv, k * VEC + j + 1)
-                        pair[0] = rotated_first(x1, x2, c[j // 2], n[j // 2])
-                        pair[1] = rotated_second(x1, x2, c[j // 2], n[j // 2])
-                        yv[k * VEC + j] = T.cast(pair[0], IN)
-                        yv[k * VEC + j + 1] = T.cast(pair[1], IN)
+                        rotate_adjacent(yv, k * VEC + j, c[j // 2], n[j // 2], pair)
                 else:
                     row = rows.slot(tx)
                     for j in T.vectorized(VEC):
@@ -188,19 +194,14 @@ def build_kernel(spec: NormRopeSpec):
     def rotate_values(cache, position, inside, pairs, yv, lane, valid, tx):
         """The rotation value by value (any even ``R``; the scalar rows)."""
         cn = T.alloc_local((2,), "float32")
-        pair = T.alloc_local((2,), "float32")  # a GPT-J pair's results, both formed before either is written
+        pair = T.alloc_local((2,), "float32")  # a GPT-J pair's results (rotate_adjacent)
         for k in CHUNKS:
             if GPTJ:
                 for j in VALUES[::2]:
                     col = rows.column(k, lane) + j
                     if valid and col < R:
                         cos_sin(cache, position, inside, col // 2, cn)
-                        x1 = as_float(yv, k * VEC + j)
-                        x2 = as_float(yv, k * VEC + j + 1)
-                        pair[0] = rotated_first(x1, x2, cn[0], cn[1])
-                        pair[1] = rotated_second(x1, x2, cn[0], cn[1])
-                        yv[k * VEC + j] = T.cast(pair[0], IN)
-                        yv[k * VEC + j + 1] = T.cast(pair[1], IN)
+                        rotate_adjacent(yv, k * VEC + j, cn[0], cn[1], pair)
             else:
                 row = rows.slot(tx)
                 for j in VALUES:
