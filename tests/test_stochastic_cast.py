@@ -53,8 +53,22 @@ def _model_words(seed: int, offset: int, count: int) -> list[int]:
     return out[:count]
 
 
-def _model_round(value: float, random_bits: int, target: torch.dtype) -> float:
-    """The spec's rule on exact fractions: ``hi`` iff ``floor(p·2^24) + r ≥ 2^24``."""
+FIELD_BITS = {(torch.float32, torch.bfloat16): 16, (torch.float32, E4M3): 24, (torch.bfloat16, E4M3): 8}
+"""The random bits an element takes, by pair (the spec's table, written out here)."""
+
+
+def _model_fields(seed: int, offset: int, count: int, width: int) -> list[int]:
+    """Each element's ``width``-bit field: ``32 // width`` fields a word, the first at its top."""
+    per_word = 32 // width
+    fields = []
+    for word in _model_words(seed, offset, -(-count // per_word)):
+        for index in range(per_word):
+            fields.append((word >> (32 - width * (index + 1))) & ((1 << width) - 1))
+    return fields[:count]
+
+
+def _model_round(value: float, field: int, width: int, target: torch.dtype) -> float:
+    """The spec's rule on exact fractions: ``hi`` iff ``floor(p·2^w) + f ≥ 2^w``."""
     if math.isnan(value):
         return math.nan
     table = BF16_VALUES if target == torch.bfloat16 else E4M3_VALUES
@@ -70,8 +84,8 @@ def _model_round(value: float, random_bits: int, target: torch.dtype) -> float:
         Fraction(2) ** 128 if target == torch.bfloat16 else low)  # bf16: the step to inf
     if high == low:
         return sign * float(low)
-    fraction_bits = math.floor((magnitude - low) / (high - low) * 2**24)
-    if fraction_bits + random_bits >= 2**24:
+    fraction_bits = math.floor((magnitude - low) / (high - low) * 2**width)
+    if fraction_bits + field >= 2**width:
         return sign * (math.inf if high == Fraction(2) ** 128 else float(high))
     return sign * float(low)
 
@@ -99,8 +113,9 @@ def test_equals_an_independent_model(source, target, seed) -> None:
     generator.offset = 5
     result = cast(x, target, stochastic_rounding=True, generator=generator)
     assert generator.offset == 6
-    bits = [word >> 8 for word in _model_words(seed, 5, x.numel())]
-    expected = [_model_round(float(v), r, target) for v, r in zip(x.tolist(), bits)]
+    width = FIELD_BITS[source, target]
+    bits = _model_fields(seed, 5, x.numel(), width)
+    expected = [_model_round(float(v), r, width, target) for v, r in zip(x.tolist(), bits)]
     got = result.float().tolist()
     for index, (have, want) in enumerate(zip(got, expected)):
         if math.isnan(want):
@@ -110,12 +125,39 @@ def test_equals_an_independent_model(source, target, seed) -> None:
                 f"element {index} ({x[index].item()!r}, r={bits[index]}): {have} != {want}")
 
 
+def test_fp32_to_bf16_takes_the_two_halves_of_each_word() -> None:
+    """``1 + d · 2^-23`` drops ``d`` below bf16's last place of 1: with ``d = 2^16 − f`` for each
+    element's field ``f`` (word ``i // 2``'s top half for an even ``i``, its bottom half for an
+    odd one) every element rounds up to ``1 + 2^-7``, with one less every one rounds down to 1."""
+    seed, count = 21, 514
+    fields = _model_fields(seed, 0, count, 16)
+    assert fields[:2] == [_model_words(seed, 0, 1)[0] >> 16, _model_words(seed, 0, 1)[0] & 0xFFFF]
+    at = torch.tensor([1 + (2**16 - f) * 2.0**-23 for f in fields])
+    below = torch.tensor([1 + (2**16 - f - 1) * 2.0**-23 for f in fields])
+    assert cast(at, torch.bfloat16, True, Generator("cpu", seed)).float().tolist() == [1 + 2.0**-7] * count
+    assert cast(below, torch.bfloat16, True, Generator("cpu", seed)).float().tolist() == [1.0] * count
+
+
+def test_bf16_to_e4m3_takes_the_four_bytes_of_each_word() -> None:
+    """``a = k · 2^-17`` (exact in bf16 for ``k < 256``) is ``k / 256`` of e4m3's subnormal step
+    2^-9: with ``k = 256 − f`` for each element's byte ``f`` (byte ``i mod 4`` of word ``i // 4``,
+    from the top) every element rounds up to 2^-9, with one less every one rounds down to 0."""
+    seed, count = 23, 1030
+    fields = _model_fields(seed, 0, count, 8)
+    word = _model_words(seed, 0, 1)[0]
+    assert fields[:4] == [word >> 24, (word >> 16) & 0xFF, (word >> 8) & 0xFF, word & 0xFF]
+    at = torch.tensor([(256 - f) * 2.0**-17 for f in fields], dtype=torch.bfloat16)
+    below = torch.tensor([(255 - f) * 2.0**-17 for f in fields], dtype=torch.bfloat16)
+    assert cast(at, E4M3, True, Generator("cpu", seed)).float().tolist() == [2.0**-9] * count
+    assert cast(below, E4M3, True, Generator("cpu", seed)).float().tolist() == [0.0] * count
+
+
 def test_the_threshold_is_inclusive_on_e4m3_subnormals() -> None:
     """Below 2^-6 an e4m3 step is 2^-9 and ``a = k · 2^-33`` (exact in fp32) has
     ``floor(p · 2^24) = k``: with ``k = 2^24 − r`` the sum meets 2^24 and rounds up, one less
     and it rounds down."""
     seed, count = 11, 512
-    bits = [word >> 8 for word in _model_words(seed, 0, count)]
+    bits = _model_fields(seed, 0, count, 24)
     at = torch.tensor([(2**24 - r) * 2.0**-33 for r in bits])
     below = torch.tensor([(2**24 - r - 1) * 2.0**-33 for r in bits])
     assert cast(at, E4M3, True, Generator("cpu", seed)).float().tolist() == [2.0**-9] * count
@@ -129,7 +171,8 @@ def test_the_threshold_is_inclusive_on_e4m3_subnormals() -> None:
     (torch.float32, E4M3, -0.0012345),  # e4m3 subnormal steps
     (torch.float32, E4M3, 300.0),
     (torch.bfloat16, E4M3, 3.3),
-], ids=["bf16-near-1", "bf16-pi", "e4m3-0.3", "e4m3-subnormal", "e4m3-300", "bf16-source"])
+    (torch.bfloat16, E4M3, -0.003),  # e4m3 subnormal steps, exact on 8 bits from bf16 above 2^-10
+], ids=["bf16-near-1", "bf16-pi", "e4m3-0.3", "e4m3-subnormal", "e4m3-300", "bf16-source", "bf16-subnormal"])
 def test_unbiased_within_the_statistical_bound(source, target, constant) -> None:
     count = 100_000
     x = torch.full((count,), constant, dtype=source)

@@ -3,7 +3,8 @@ into ``result`` that rounds with the words of one Philox draw under a generator'
 ``(seed, offset)``, then advances the offset by one.
 
 Pairs: fp32 → bf16, fp32 → e4m3, bf16 → e4m3. ``x`` and ``result`` are contiguous tensors of one
-shape on one device (element ``i`` in row-major order takes draw word ``i``); ``seed`` and
+shape on one device (element ``i`` in row-major order takes the ``i``-th field of the draw's words,
+:data:`RANDOM_FIELD_BITS` wide); ``seed`` and
 ``offset`` the generator's int64 ``[1]`` state tensors there. Every failure is a
 ContractError naming the argument.
 """
@@ -29,6 +30,16 @@ STOCHASTIC_TARGETS: dict[torch.dtype, tuple[torch.dtype, ...]] = {
 CAST_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn)
 """The dtypes the deterministic ``cast`` converts between (every pair)."""
 CAST_DTYPE_NAMES = "float32, bfloat16 or float8_e4m3fn"
+RANDOM_FIELD_BITS: dict[tuple[torch.dtype, torch.dtype], int] = {
+    (torch.float32, torch.bfloat16): 16,
+    (torch.float32, torch.float8_e4m3fn): 24,
+    (torch.bfloat16, torch.float8_e4m3fn): 8,
+}
+"""(source, target) → the random bits ``w`` each element of a stochastic narrowing takes (docs/spec.md
+§10.2): the bits the source holds below the target's last place on a normal step (16, 20, 4), rounded
+up to a whole field. A 32-bit word of the draw holds ``32 // w`` fields, the first at its top (one at
+``w = 24``: the word's top 24 bits), so element ``i`` takes field ``i mod (32 // w)`` of word
+``i // (32 // w)``. The stochastic per-token / per-block casts narrow fp32 values: ``w = 24``."""
 
 
 class StochasticCastInputs(NamedTuple):
@@ -48,6 +59,11 @@ class StochasticCastCall(Call):
     source: torch.dtype
     target: torch.dtype
 
+    @property
+    def random_field_bits(self) -> int:
+        """The random bits each element rounds with (:data:`RANDOM_FIELD_BITS`)."""
+        return RANDOM_FIELD_BITS[self.source, self.target]
+
     def ledger(self, traits: LayoutTraits) -> Ledger:
         """``x`` and the two state words read; ``result`` and the advanced offset written. Flops:
         one add and one compare per element (the Philox rounds are integer work)."""
@@ -66,7 +82,7 @@ def _contiguous_tensor(op: str, name: str, value: Any, wanted: str) -> torch.Ten
 def _element_pair(op: str, result: Any, x: Any, sources: Any, targets_of: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """``(result, x)`` of an element-wise cast: contiguous tensors of one shape on one device,
     ``x`` of a dtype in ``sources``, ``result`` of one in ``targets_of(x.dtype)``."""
-    x = _contiguous_tensor(op, "x", x, "element i takes draw word i in row-major order" if op == STOCHASTIC_CAST
+    x = _contiguous_tensor(op, "x", x, "element i takes draw field i in row-major order" if op == STOCHASTIC_CAST
                            else "read in row-major order")
     if x.dtype not in sources:
         names = " or ".join(str(dtype).removeprefix("torch.") for dtype in sources)

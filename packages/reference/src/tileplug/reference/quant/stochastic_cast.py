@@ -1,7 +1,10 @@
 """Reference ``stochastic_cast`` (docs/spec.md §10.2), on integer tensors so that it is exact
 on every device: element ``i`` of ``a = |x|`` between its neighbouring targets ``lo ≤ a < hi``
-rounds up iff ``floor(p · 2^24) + r_i ≥ 2^24``, ``p = (a − lo) / (hi − lo)`` and
-``r_i = word_i >> 8`` of the Philox draw under ``(seed, offset)``; then ``offset += 1``.
+rounds up iff ``floor(p · 2^w) + f_i ≥ 2^w``, ``p = (a − lo) / (hi − lo)`` and ``f_i`` the
+element's ``w``-bit field of the Philox draw under ``(seed, offset)`` (``w`` by the pair:
+``core.contracts.cast.RANDOM_FIELD_BITS``); then ``offset += 1``. Every rounding here takes the
+field shifted up to 24 bits, ``r_i = f_i · 2^(24 − w)``: ``floor(p · 2^24) + r_i ≥ 2^24`` is the
+same test (``r_i``'s low bits are zero), so one rule serves every width.
 
 - bf16 target: ``lo`` is the fp32 pattern with its low 16 bits cleared, ``hi`` the next bf16
   pattern (``+0x10000``: past the largest finite it is inf), ``floor(p · 2^24)`` the low 16
@@ -24,7 +27,8 @@ from tileplug.reference.random.draw import MANTISSA_SHIFT
 from tileplug.reference.random.philox import words
 
 RANDOM_BITS = 32 - MANTISSA_SHIFT
-"""``word >> 8``: the 24 random bits added below the target's last place (rand's bits)."""
+"""The rounding's fixed point: an element's random field shifted up to 24 bits (at 24, ``word >> 8``: rand's bits)."""
+WORD_BITS = 32
 BF16_DROPPED_BITS = 16
 """fp32 → bf16 drops the low 16 bits of the pattern."""
 E4M3_FINITE_CODES = 127
@@ -76,20 +80,28 @@ def round_to_e4m3(x: torch.Tensor, random_bits: torch.Tensor) -> torch.Tensor:
     return round_on_grid(x, random_bits, E4M3).to(torch.float8_e4m3fn)
 
 
-def element_random_bits(seed: torch.Tensor, offset: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """``word_i >> 8`` of the draw under ``(seed, offset)`` for each element of ``shape``
-    (row-major), int64 of that shape: the bits element ``i`` rounds with."""
+def element_random_bits(seed: torch.Tensor, offset: torch.Tensor, shape: tuple[int, ...],
+                        field_bits: int = RANDOM_BITS) -> torch.Tensor:
+    """The random bits of each element of ``shape`` (row-major) under ``(seed, offset)``, int64 of
+    that shape, as 24-bit integers: element ``i``'s ``field_bits``-wide field ``f_i`` of the draw
+    (field ``i mod k`` of word ``i // k``, ``k = 32 // field_bits``, the first field at the word's
+    top) shifted up to 24 bits, ``f_i · 2^(24 − field_bits)``. At 24 bits that is ``word_i >> 8``."""
     count = 1
     for size in shape:
         count *= size
-    return (words(seed, offset, count) >> MANTISSA_SHIFT).view(shape)
+    fields = WORD_BITS // field_bits
+    drawn = words(seed, offset, -(-count // fields))
+    # field s of a word: its bits [32 − w·(s + 1), 32 − w·s), moved to the top of 24 bits
+    shifts = torch.tensor([WORD_BITS - field_bits * (index + 1) for index in range(fields)], device=drawn.device)
+    split = (drawn.unsqueeze(-1) >> shifts) & ((1 << field_bits) - 1)
+    return (split.reshape(-1)[:count] << (RANDOM_BITS - field_bits)).view(shape)
 
 
 def stochastic_cast(call: StochasticCastCall, inputs: StochasticCastInputs, outputs: NoOutputs) -> None:
     """``result`` = the stochastic narrowing of ``x``; then ``offset += 1`` (a tensor op: no host
     synchronisation)."""
     flat = inputs.x.reshape(-1)
-    random_bits = element_random_bits(inputs.seed, inputs.offset, flat.shape)
+    random_bits = element_random_bits(inputs.seed, inputs.offset, flat.shape, call.random_field_bits)
     if call.target == torch.bfloat16:
         rounded = round_to_bf16(flat, random_bits)
     else:
