@@ -356,3 +356,67 @@ def test_a_tuning_variable_that_is_not_an_integer_is_named(monkeypatch) -> None:
     x = torch.randn(2, 2 * 7168, dtype=BF16)
     with pytest.raises(ValueError, match=f"{SIGMOID_TABLE_VARIABLE}='yes': expected an integer"):
         _KERNELS["swiglu_per_token_cast"].spec(describe_call(ops.swiglu_per_token_cast, x)[0])
+
+
+@pytest.mark.parametrize("source, target, fields, blocks, run", [(FP32, BF16, 2, 1, 8),
+                                                                 (FP32, torch.float8_e4m3fn, 1, 4, 16),
+                                                                 (BF16, torch.float8_e4m3fn, 4, 1, 16)])
+def test_a_stochastic_cast_thread_takes_whole_blocks_of_its_pairs_fields(source, target, fields, blocks, run) -> None:
+    """A thread's run of one 128-bit access is ``R / (4k)`` Philox blocks of ``k`` fields a word
+    (core's field widths: 16, 24, 8 bits); the nearest cast's run is the same access."""
+    from tileplug.backend_cuda.quant.element_cast import ElementCastSpec, TL_DTYPES
+    from tileplug.core.contracts.cast import RANDOM_FIELD_BITS
+
+    spec = ElementCastSpec("stochastic_cast", TL_DTYPES[source], TL_DTYPES[target])
+    assert spec.field_bits == RANDOM_FIELD_BITS[source, target] and spec.fields_per_word == fields
+    assert (spec.blocks_per_thread, spec.values_per_thread) == (blocks, run)
+    assert spec.blocks_per_thread * 4 * spec.fields_per_word == spec.values_per_thread
+    nearest = ElementCastSpec("nearest_cast", TL_DTYPES[source], TL_DTYPES[target])
+    assert nearest.values_per_thread == run and nearest.blocks_per_thread * 4 == run
+
+
+def _kernel_field(words: torch.Tensor, field: int, width: int, position: int) -> torch.Tensor:
+    """``element_kernels.random_field`` on int64 tensors holding uint32 words: shifted to the top
+    (mod 2^32), down to ``position``, masked below it."""
+    moved = ((words << (width * field)) & 0xFFFFFFFF) >> (32 - width - position)
+    return moved if position == 0 else moved & (((1 << width) - 1) << position)
+
+
+@pytest.mark.parametrize("width, position", [(16, 0), (8, 12), (8, 16), (24, 0)])
+def test_the_kernels_field_shifts_give_the_references_fields(width, position) -> None:
+    """Field ``s`` of each word as the CUDA kernels extract it equals the reference's field of
+    element ``k·w + s`` (moved from the 24-bit scale to ``position``)."""
+    from tileplug.reference.quant.stochastic_cast import element_random_bits
+    from tileplug.reference.random.philox import words
+
+    seed, offset = torch.tensor([0x243F6A8885A308D3]), torch.tensor([7])
+    per_word = 32 // width
+    drawn = words(seed, offset, 1024)
+    reference = element_random_bits(seed, offset, (1024 * per_word,), width).view(1024, per_word)
+    for field in range(per_word):
+        want = reference[:, field] >> (24 - width) << position
+        assert torch.equal(_kernel_field(drawn, field, width, position), want)
+
+
+def test_the_bf16_to_e4m3_rounding_equals_the_reference_on_every_bf16() -> None:
+    """``element_kernels.round_bf16_to_e4m3``'s arithmetic (fp32 IEEE adds, integer carry at bits
+    12-19, then minus the subnormal offset), modelled on the CPU, against the reference's rule for
+    all 65536 bf16 patterns and a spread of 8-bit fields (0, 1, the middle, 255, random)."""
+    from tileplug.reference.quant.stochastic_cast import round_to_e4m3
+
+    patterns = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16)
+    value = patterns.view(BF16).float()
+    generator = torch.Generator().manual_seed(5)
+    fields = [torch.full_like(patterns, f, dtype=torch.int64) for f in (0, 1, 127, 128, 255)]
+    fields += [torch.randint(0, 256, patterns.shape, generator=generator) for _ in range(3)]
+    smallest_normal = torch.tensor(2.0**-6)
+    for field in fields:
+        magnitude = value.abs().clamp(max=448.0)
+        offset = torch.where(magnitude < smallest_normal, smallest_normal, torch.zeros(()))
+        summed = (magnitude + offset).view(torch.int32).to(torch.int64)
+        rounded = ((summed + (field << 12)) & 0xFFF00000).to(torch.int32).view(torch.float32)
+        result = (rounded - offset).copysign(value)
+        result = torch.where(value.isnan(), value, result).to(torch.float8_e4m3fn)
+        want = round_to_e4m3(value, field << 16)
+        same = (result.view(torch.uint8) == want.view(torch.uint8)) | (result.float().isnan() & want.float().isnan())
+        assert bool(same.all()), f"first difference at bf16 {int(patterns[~same][0]) & 0xFFFF:#06x}"

@@ -4,8 +4,9 @@
 Thread ``i`` owns elements ``i·R … i·R + R − 1`` of the flat tensors, ``R`` chosen so that its
 loads and stores are whole 128-bit accesses (``R = 16 / the smaller itemsize``): it loads its
 run of ``x``, converts it (``element_kernels`` holds the TileLang kernels) and stores it. The
-stochastic cast draws Philox blocks ``i·R/4 …`` for its run (element ``j`` rounds with word
-``j``) and advances the offset by the one-thread launch after it (as ``fill_rand``). 128-bit
+stochastic cast draws Philox blocks ``i·R/(4k) …`` for its run (``k`` random fields a word: 2 for
+fp32 → bf16, 4 for bf16 → e4m3, 1 for fp32 → e4m3; element ``j`` rounds with field ``j mod k``
+of word ``j // k``) and advances the offset by the one-thread launch after it (as ``fill_rand``). 128-bit
 loads and stores when ``x`` and ``result`` are both 16-byte aligned (checked per call),
 element by element otherwise. Nothing here imports TileLang.
 """
@@ -18,12 +19,15 @@ from typing import Any, Callable
 import torch
 
 from tileplug.backend_cuda import jit
+from tileplug.core.contracts.cast import RANDOM_FIELD_BITS
 from tileplug.backend_cuda.random.spec import ADVANCE, THREADS, WORDS_PER_BLOCK, RandomKernelSpec
 from tileplug.backend_cuda.random.table import VECTOR_BYTES, AlignedEntry
 
 TL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}
+TORCH_DTYPES = {name: dtype for dtype, name in TL_DTYPES.items()}
 SHORT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float8_e4m3fn": "e4m3"}
 ITEMSIZES = {"float32": 4, "bfloat16": 2, "float8_e4m3fn": 1}
+WORD_BITS = 32
 RUN_BYTES = 16
 """Bytes of the narrower of ``x`` and ``result`` one thread moves: one 128-bit access."""
 
@@ -60,9 +64,26 @@ class ElementCastSpec:
         return ()
 
     @property
+    def values_per_thread(self) -> int:
+        """A thread's run of elements: one 128-bit access of the narrower dtype."""
+        return RUN_BYTES // min(ITEMSIZES[self.source], ITEMSIZES[self.target])
+
+    @property
+    def field_bits(self) -> int:
+        """The random bits an element of a stochastic cast takes (core's ``RANDOM_FIELD_BITS``)."""
+        return RANDOM_FIELD_BITS[TORCH_DTYPES[self.source], TORCH_DTYPES[self.target]]
+
+    @property
+    def fields_per_word(self) -> int:
+        """Elements one word of the draw serves (1 at 24 bits: the word's top 24)."""
+        return WORD_BITS // self.field_bits
+
+    @property
     def blocks_per_thread(self) -> int:
-        """A thread's run in Philox blocks of 4 elements (``RunLayout``; the nearest cast draws none)."""
-        return RUN_BYTES // (WORDS_PER_BLOCK * min(ITEMSIZES[self.source], ITEMSIZES[self.target]))
+        """A thread's Philox blocks: its run over the ``4k`` elements a block serves (the nearest
+        cast draws none)."""
+        per_block = WORDS_PER_BLOCK * (self.fields_per_word if self.op == "stochastic_cast" else 1)
+        return self.values_per_thread // per_block
 
     @property
     def name(self) -> str:

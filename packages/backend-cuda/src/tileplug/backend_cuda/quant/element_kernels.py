@@ -2,20 +2,22 @@
 rounding macros the quant tile kernel shares (``grid_rounding``).
 
 ``nearest_cast``: a thread's run of ``x`` widened to fp32 (exact) and converted to the target by
-the store (round to nearest even; e4m3 with ``satfinite``). ``stochastic_cast``: element ``j``
-of a thread's run rounds with ``r = word_j >> 8`` of its Philox block (``random.philox``), to
-the reference's bytes (docs/spec.md §10.2): ``a = |x|`` between its neighbouring targets
-``lo ≤ a < hi`` becomes ``hi`` iff ``floor((a − lo) / (hi − lo) · 2^24) + r ≥ 2^24``. Both
-roundings are a few integer operations:
+the store (round to nearest even; e4m3 with ``satfinite``). ``stochastic_cast``: element ``i``
+rounds with its ``w``-bit field of the draw (docs/spec.md §10.2: ``w`` = 16 for fp32 → bf16, 8 for
+bf16 → e4m3, 24 for fp32 → e4m3; field ``i mod k`` of word ``i // k``, ``k = 32 // w``, the first
+at the word's top), so a thread's Philox block serves ``4k`` elements of its run. ``a = |x|``
+between its neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
+``floor((a − lo) / (hi − lo) · 2^w) + f ≥ 2^w``. Both roundings are a few integer operations:
 
-- fp32 → bf16: the fraction is the 16 dropped bits ``m`` shifted up by 8, and
-  ``(m << 8) + r ≥ 2^24`` iff ``m + (word >> 16) ≥ 2^16``: add ``word >> 16`` to the fp32
-  pattern and clear its low 16 bits (a carry is the step up, past the largest finite: inf).
-- fp32 / bf16 → e4m3 (and the quantized values of the stochastic per-token / per-block
-  casts, e4m3 or e2m1: :func:`grid_rounding`): ``a = min(a, 448)``, ``e`` its binade clamped
+- fp32 → bf16 (``w = 16``): the fraction is the 16 dropped bits ``m``, and ``m + f ≥ 2^16`` is a
+  carry out of them: add ``f`` to the fp32 pattern and clear its low 16 bits (a carry is the step
+  up, past the largest finite: inf).
+- fp32 / bf16 → e4m3 (and the quantized values of the stochastic per-token / per-block casts,
+  e4m3 or e2m1, ``w = 24``: :func:`grid_rounding`): ``a = min(a, 448)``, ``e`` its binade clamped
   below at −6 (e4m3's smallest normal exponent; its subnormals share that step),
   ``s = a · 2^(3 − e)`` in [0, 16); ``fixed = floor(s · 2^24)`` is exact (a power-of-two
-  scaling below 2^28, then one floor) and ``(fixed + r) >> 24`` is ``floor(s)`` plus the step;
+  scaling below 2^28, then one floor) and ``(fixed + r) >> 24``, ``r = f · 2^(24 − w)``, is
+  ``floor(s)`` plus the step (``r``'s low bits are zero, so the test is the ``w``-bit one);
   times ``2^(e − 3)`` it is an e4m3 value, which the store converts exactly. e2m1: 6, 1
   mantissa bit, smallest exponent 0.
 
@@ -32,6 +34,7 @@ from tileplug.backend_cuda.random.philox import RunLayout, philox_block, state_b
 MANTISSA_SHIFT = 8
 """``word >> 8``: the 24 random bits of a word (those of ``fill_rand``)."""
 FRACTION_BITS = 24
+"""The rounding's fixed point, and the widest random field (a word's top 24 bits)."""
 """The fixed point of ``floor(p · 2^24)``: one unit of the target's last place is ``2^24``."""
 WORD_BITS = 32
 SIGN_BIT = 0x80000000
@@ -64,28 +67,38 @@ def with_sign_of(magnitude, value):
     return T.reinterpret(T.reinterpret(magnitude, "uint32") | sign, "float32")
 
 
+def random_field(word, field, width: int, position: int):
+    """Field ``field`` (an index, a loop variable of an unrolled loop) of ``width`` bits of uint32
+    ``word`` (the first at the word's top; at width 24 the word's top 24 bits), moved so that its
+    lowest bit is bit ``position``: shifted to the top (dropping the fields before it), down to
+    ``position``, and the fields after it cleared from below ``position``."""
+    moved = T.shift_right(T.shift_left(word, T.uint32(width) * T.cast(field, "uint32")),
+                          T.uint32(WORD_BITS - width - position))
+    return moved if position == 0 else moved & T.uint32(((1 << width) - 1) << position)
+
+
 @T.macro
-def round_to_bf16(value, word, run, j):
-    """``run[j]`` = fp32 ``value`` rounded stochastically to a bf16 value (held in fp32) with
-    Philox ``word`` (uint32). ``(m << 8) + (word >> 8) ≥ 2^24`` iff ``m + (word >> 16) ≥ 2^16``
-    (``m``: the 16 dropped bits), so the rounding is one add to the pattern and a truncation
-    (a carry into the exponent is the step up; nothing carries into the sign below NaN)."""
-    rounded = (T.reinterpret(value, "uint32") + T.shift_right(word, WORD_BITS - BF16_DROPPED_BITS)) & T.uint32(
-        BF16_KEPT_BITS)
+def round_to_bf16(value, field, run, j):
+    """``run[j]`` = fp32 ``value`` rounded stochastically to a bf16 value (held in fp32) with the
+    16 random bits ``field`` (uint32, bits 0–15). ``m + f ≥ 2^16`` (``m``: the 16 dropped bits) is a
+    carry out of them, so the rounding is one add to the pattern and a truncation (a carry into
+    the exponent is the step up; nothing carries into the sign below NaN)."""
+    rounded = (T.reinterpret(value, "uint32") + field) & T.uint32(BF16_KEPT_BITS)
     run[j] = T.if_then_else(is_nan(value), value, T.reinterpret(rounded, "float32"))
 
 
 def grid_rounding(grid: str):
-    """The stochastic rounding macro ``round(value, word, run, j)`` onto ``grid`` ("e4m3" or
+    """The stochastic rounding macro ``round(value, random, run, j)`` onto ``grid`` ("e4m3" or
     "e2m1", :data:`GRIDS`): ``run[j]`` = fp32 ``value`` saturated to the grid's largest value
-    and rounded with Philox ``word``, an exact grid value held in fp32 (the caller's
-    deterministic conversion then encodes it). ``fixed = floor(s · 2^24)`` is exact (``s · 2^24``
-    is a power-of-two scaling below 2^(mantissa + 25)), and ``(fixed + (word >> 8)) >> 24`` is
-    ``floor(s)`` plus the rounding's step."""
+    and rounded with ``random`` (uint32: the element's field moved up to 24 bits, ``f · 2^(24 − w)``;
+    a whole word's ``word >> 8``), an exact grid value held in fp32 (the caller's deterministic
+    conversion then encodes it). ``fixed = floor(s · 2^24)`` is exact (``s · 2^24`` is a
+    power-of-two scaling below 2^(mantissa + 25)), and ``(fixed + random) >> 24`` is ``floor(s)``
+    plus the rounding's step."""
     largest, mantissa_bits, min_exponent = GRIDS[grid]
 
     @T.macro
-    def round_to_grid(value, word, run, j):
+    def round_to_grid(value, random, run, j):
         magnitude = T.alloc_var("float32")
         exponent = T.alloc_var("int32")
         fixed = T.alloc_var("int32")
@@ -93,7 +106,7 @@ def grid_rounding(grid: str):
         exponent = T.max(T.cast(T.shift_right(T.reinterpret(magnitude, "uint32"), FP32_MANTISSA_BITS), "int32")
                          - FP32_BIAS, min_exponent)
         fixed = T.cast(T.floor(T.ieee_mul(magnitude, power_of_two(mantissa_bits + FRACTION_BITS - exponent))), "int32")
-        steps = T.shift_right(fixed + T.cast(T.shift_right(word, MANTISSA_SHIFT), "int32"), FRACTION_BITS)
+        steps = T.shift_right(fixed + T.cast(random, "int32"), FRACTION_BITS)
         rounded = T.ieee_mul(T.cast(steps, "float32"), power_of_two(exponent - mantissa_bits))
         run[j] = T.if_then_else(is_nan(value), value, with_sign_of(rounded, value))
 
@@ -101,6 +114,33 @@ def grid_rounding(grid: str):
 
 
 round_to_e4m3 = grid_rounding("e4m3")
+E4M3_KEPT_BITS = 0xFFF00000
+"""An fp32 pattern cut to e4m3's 3 mantissa bits: its dropped bits are 0–19."""
+E4M3_SMALLEST_NORMAL = 2.0**-6
+BF16_FIELD_POSITION = 12
+"""Where :func:`round_bf16_to_e4m3` wants its 8-bit field: bits 12–19 of an fp32 pattern."""
+
+
+@T.macro
+def round_bf16_to_e4m3(value, field, run, j):
+    """``run[j]`` = fp32 ``value`` (a widened bf16) saturated at 448 and rounded stochastically
+    onto e4m3 with its 8 random bits ``field`` (uint32, bits 12–19), held in fp32 (the store
+    encodes it exactly). On a normal step ``a``'s bits 19–12 are ``floor(p · 2^8)`` (a bf16 has
+    no bits below 16), so ``floor(p · 2^8) + f ≥ 2^8`` is a carry out of them: add the field to
+    the pattern and cut it to e4m3's mantissa (a carry into the exponent is the step up; at 448
+    the bits are zero, so nothing carries past it). Below 2^-6 the step is 2^-9, that of
+    ``a + 2^-6``'s binade: the same carry on ``a + 2^-6``, then minus 2^-6. The sum is exact
+    where ``a ≥ 2^-22`` (its lowest bit at 2^-29 or above) and below that ``floor(p · 2^8)`` is 0
+    either way; both subtractions are exact. Replaces :func:`grid_rounding`'s fixed point and its
+    two powers of two for this one pair (fp32 sources have bits below 2^-29 there)."""
+    magnitude = T.alloc_var("float32")
+    offset = T.alloc_var("float32")
+    magnitude = T.min(T.abs(value), T.float32(448.0))  # NaN: replaced below
+    offset = T.if_then_else(magnitude < T.float32(E4M3_SMALLEST_NORMAL), T.float32(E4M3_SMALLEST_NORMAL),
+                            T.float32(0.0))
+    rounded = (T.reinterpret(T.ieee_add(magnitude, offset), "uint32") + field) & T.uint32(E4M3_KEPT_BITS)
+    result = T.ieee_sub(T.reinterpret(rounded, "float32"), offset)
+    run[j] = T.if_then_else(is_nan(value), value, with_sign_of(result, value))
 
 
 def build_nearest(spec):
@@ -131,15 +171,27 @@ def build_nearest(spec):
 def build_stochastic(spec):
     """The ``T.prim_func`` of a ``stochastic_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``): buffers
     ``(result [N], x [N], seed [1], offset [1])``; it reads the offset, the second launch
-    advances it. Its Philox rounds take the split product (``__umulhi`` and a 32-bit product): with one
-    ``mul.wide.u32`` a product the bf16 → e4m3 cast took 836 µs at T = 65536, H = 7168 on an H100
-    (2026-12-06) against 745 on an H200 with the split one (2026-12-04; the two GPUs time issue-bound
-    kernels alike), as ``fill_rand`` fp32 slowed (``random.spec.RandomKernelSpec.wide_product``)."""
+    advances it. A thread's run of ``R`` elements takes ``R / (4k)`` Philox blocks (``k`` fields a
+    word): word ``i`` of block ``b`` serves elements ``(4b + i)·k … (4b + i)·k + k − 1``. Its Philox
+    rounds take the split product (``__umulhi`` and a 32-bit product): with one ``mul.wide.u32`` a
+    product the bf16 → e4m3 cast took 836 µs at T = 65536, H = 7168 on an H100 (2026-12-06, a word
+    an element) against 745 on an H200 with the split one (2026-12-04; the two GPUs time
+    issue-bound kernels alike), as ``fill_rand`` fp32 slowed (``random.spec.RandomKernelSpec.wide_product``)."""
     N = T.dynamic("N", "int64")
-    layout = RunLayout(spec, N)
+    FIELDS, WIDTH = spec.fields_per_word, spec.field_bits
+    layout = RunLayout(spec, N, spec.values_per_thread)
     BLOCKS, RUN, THREADS = layout.BLOCKS, layout.RUN, layout.THREADS
+    assert BLOCKS * 4 * FIELDS == RUN, "a run is whole Philox blocks"
     SOURCE, TARGET = spec.source, spec.target
-    round_value = round_to_bf16 if TARGET == "bfloat16" else round_to_e4m3
+    TO_BF16 = TARGET == "bfloat16"
+    # the rounding, and where it wants its field: a bf16 target adds it to the 16 dropped bits, a bf16
+    # source's e4m3 rounding to bits 12-19 of the pattern, fp32's e4m3 rounding at the 24-bit scale
+    if TO_BF16:
+        round_value, POSITION = round_to_bf16, 0
+    elif SOURCE == "bfloat16":
+        round_value, POSITION = round_bf16_to_e4m3, BF16_FIELD_POSITION
+    else:
+        round_value, POSITION = round_to_e4m3, FRACTION_BITS - WIDTH
     seed_t, offset_t = state_buffers()
 
     @T.prim_func
@@ -156,7 +208,9 @@ def build_stochastic(spec):
             for k in T.unroll(BLOCKS):
                 philox_block(seed[0], offset[0], thread * BLOCKS + k, words, False)  # the split product (docstring)
                 for i in T.unroll(4):
-                    round_value(T.cast(values[4 * k + i], "float32"), words[i], run, 4 * k + i)
+                    for field in T.unroll(FIELDS):
+                        round_value(T.cast(values[(4 * k + i) * FIELDS + field], "float32"),
+                                    random_field(words[i], field, WIDTH, POSITION), run, (4 * k + i) * FIELDS + field)
             layout.store_run(result, thread * RUN, run)
 
     return kernel.with_attr("global_symbol", spec.name)

@@ -37,7 +37,7 @@ import tilelang.language as T
 
 from tileplug.backend_cuda.quant import sf_math
 from tileplug.backend_cuda.quant.spec import KernelSpec
-from tileplug.backend_cuda.quant.element_kernels import grid_rounding
+from tileplug.backend_cuda.quant.element_kernels import MANTISSA_SHIFT, grid_rounding
 from tileplug.backend_cuda.random.philox import DEVICE_HELPERS, philox_block, state_buffers
 from tileplug.core.call import QuantMode
 from tileplug.core.quant.formats import QUANT_FORMATS
@@ -425,7 +425,7 @@ def build_kernel(spec: KernelSpec):
                         for k in T.unroll(VEC // 4):
                             philox_block(seed[0], offset[0], (T.cast(r, "int64") * H + c) // 4 + k, words)
                             for e in T.unroll(4):
-                                round_to_grid(yv[4 * k + e], words[e], yv, 4 * k + e)
+                                round_to_grid(yv[4 * k + e], T.shift_right(words[e], MANTISSA_SHIFT), yv, 4 * k + e)
                     if spec.fmt == "e4m3":
                         for j in T.vectorized(VEC):
                             qv[j] = T.cast(yv[j], "float8_e4m3fn")

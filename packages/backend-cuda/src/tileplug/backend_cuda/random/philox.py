@@ -113,13 +113,13 @@ def philox_block(seed, offset, block, words, wide: bool = True):
 
 
 class RunLayout:
-    """The thread's run of values (``blocks_per_thread`` blocks of 4), its stores and (for an
-    op reading a tensor element by element, as ``stochastic_cast``) its loads. ``spec``: a
-    spec with ``blocks_per_thread``, ``dtype`` (what is stored) and ``vectorize``."""
+    """The thread's run of values (``blocks_per_thread`` blocks of 4, or ``run`` values), its
+    stores and (for an op reading a tensor element by element, as ``stochastic_cast``) its loads.
+    ``spec``: a spec with ``blocks_per_thread``, ``dtype`` (what is stored) and ``vectorize``."""
 
-    def __init__(self, spec: RandomKernelSpec, count) -> None:
+    def __init__(self, spec: RandomKernelSpec, count, run: int | None = None) -> None:
         self.BLOCKS = spec.blocks_per_thread
-        self.RUN = 4 * self.BLOCKS
+        self.RUN = run or 4 * self.BLOCKS
         self.THREADS = THREADS
         RUN, DTYPE, VECTORIZE = self.RUN, spec.dtype, spec.vectorize
 
