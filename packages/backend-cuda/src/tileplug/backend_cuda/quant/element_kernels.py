@@ -7,13 +7,15 @@ rounds with its ``w``-bit field of the draw (docs/spec.md §10.2: ``w`` = 16 for
 bf16 → e4m3, 24 for fp32 → e4m3; field ``i mod k`` of word ``i // k``, ``k = 32 // w``, the first
 at the word's top), so a thread's Philox block serves ``4k`` elements of its run. ``a = |x|``
 between its neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
-``floor((a − lo) / (hi − lo) · 2^w) + f ≥ 2^w``. Both roundings are a few integer operations:
+``floor((a − lo) / (hi − lo) · 2^w) + f ≥ 2^w``. Each rounding is a few integer operations:
 
 - fp32 → bf16 (``w = 16``): the fraction is the 16 dropped bits ``m``, and ``m + f ≥ 2^16`` is a
   carry out of them: add ``f`` to the fp32 pattern and clear its low 16 bits (a carry is the step
   up, past the largest finite: inf).
-- fp32 / bf16 → e4m3 (and the quantized values of the stochastic per-token / per-block casts,
-  e4m3 or e2m1, ``w = 24``: :func:`grid_rounding`): ``a = min(a, 448)``, ``e`` its binade clamped
+- bf16 → e4m3 (``w = 8``): a carry out of bits 12–19 of the pattern of ``a`` (or of ``a + 2^-6``
+  below e4m3's normal range), :func:`round_bf16_to_e4m3`.
+- fp32 → e4m3 (and the quantized values of the stochastic per-token / per-block casts, e4m3 or
+  e2m1, ``w = 24``: :func:`grid_rounding`): ``a = min(a, 448)``, ``e`` its binade clamped
   below at −6 (e4m3's smallest normal exponent; its subnormals share that step),
   ``s = a · 2^(3 − e)`` in [0, 16); ``fixed = floor(s · 2^24)`` is exact (a power-of-two
   scaling below 2^28, then one floor) and ``(fixed + r) >> 24``, ``r = f · 2^(24 − w)``, is
@@ -34,12 +36,10 @@ from tileplug.backend_cuda.random.philox import RunLayout, philox_block, state_b
 MANTISSA_SHIFT = 8
 """``word >> 8``: the 24 random bits of a word (those of ``fill_rand``)."""
 FRACTION_BITS = 24
-"""The rounding's fixed point, and the widest random field (a word's top 24 bits)."""
 """The fixed point of ``floor(p · 2^24)``: one unit of the target's last place is ``2^24``."""
 WORD_BITS = 32
 SIGN_BIT = 0x80000000
 MAGNITUDE_BITS = 0x7FFFFFFF
-BF16_DROPPED_BITS = 16
 BF16_KEPT_BITS = 0xFFFF0000
 GRIDS = {"e4m3": (448.0, 3, -6), "e2m1": (6.0, 1, 0)}
 """Grid → (largest value, mantissa bits, smallest normal exponent): the binades a stochastic
