@@ -34,8 +34,10 @@ def stochastic_cast(result: torch.Tensor, x: torch.Tensor, seed: torch.Tensor, o
     ``x``: contiguous fp32 (to bf16 or e4m3 ``result``) or bf16 (to e4m3), any shape; ``result``:
     contiguous, x's shape. Element ``i`` (row-major) of ``a = |x|`` (``min(a, 448)`` for e4m3)
     between the neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
-    ``floor((a − lo) / (hi − lo) · 2^24) + (word_i >> 8) ≥ 2^24``, with ``word_i`` word ``i``
-    of the Philox draw under ``(seed, offset)``; the sign is kept, NaN stays NaN.
+    ``floor((a − lo) / (hi − lo) · 2^w) + f_i ≥ 2^w``, with ``f_i`` element ``i``'s ``w``-bit
+    field of the Philox draw under ``(seed, offset)``: ``w`` = 16 (fp32 → bf16), 24 (fp32 →
+    e4m3), 8 (bf16 → e4m3), field ``i mod k`` of word ``i // k``, ``k = 32 // w``, the first at
+    the word's top (``contracts.cast.RANDOM_FIELD_BITS``); the sign is kept, NaN stays NaN.
     """
     if is_compiling():
         return STOCHASTIC_CAST.traced(result, x, seed, offset)
