@@ -3,16 +3,21 @@ here runs on an NPU.
 
 * Every op-table case lowers to Ascend C (disk-cached, in a process pool, as
   tests/test_ascend_rng_lowering.py) and passes the three checks; the source holds the Philox
-  rounds, reads the state and ``x`` from GM and rounds on integers; each check fails on a bad
-  variant; declines carry their reasons; the launch passes the tensors in the prim_func's order
-  and advances the offset.
+  rounds once per group of ``256·k`` elements (``k = 32 / w`` elements a word: 2 for fp32 → bf16,
+  4 for bf16 → e4m3, 1 for fp32 → e4m3), the tile's first block ``t · 1024 / k``, the field
+  extraction and interleave, reads the state and ``x`` from GM and rounds on integers; each check
+  fails on a bad variant; declines carry their reasons; the launch passes the tensors in the
+  prim_func's order and advances the offset.
 * The emulation: the kernel's rounding (``backend_ascend/quant/stochastic_cast.py``) is plain
   Python over an ``ops`` object; :class:`CastNumpyOps` (the RNG test's ``NumpyOps`` with the
   instructions the rounding adds) runs the very functions the kernel is traced from — the Philox
-  words, the element interleave, the widening of bf16, the bf16 / e4m3 rounding — and the bytes
+  words, the word interleave, the split of each word into its ``k`` fields of ``w`` bits and their
+  interleave into element order, the widening of bf16, the bf16 / e4m3 rounding — and the bytes
   equal the reference's (any NaN equal to any NaN) on random inputs, every bf16 pattern and the
-  edge inputs, also when ``vmul`` flushes denormals. What it cannot show: that the hardware
-  instructions behave as assumed (``random/vector_ops.py`` lists the assumptions).
+  edge inputs, also when ``vmul`` flushes denormals; the fields each element gets are the
+  reference's ``element_random_bits`` and, on arbitrary words, field ``i mod k`` of word ``i // k``
+  counted from its top. What it cannot show: that the hardware instructions behave as assumed
+  (``random/vector_ops.py`` lists the assumptions).
 
 No ``from __future__ import annotations``: TileLang parses the bad kernel's macro source.
 """
@@ -120,14 +125,32 @@ def test_lowering_passes_checks(lowered, case):
 
 @pytest.mark.parametrize("case", CASES, ids=[name for name, _ in CASES])
 def test_source_holds_the_draw_and_the_integer_rounding(lowered, case):
-    """The Philox rounds of the draw (multipliers, nine key increments, 20 ``vmull``), the state and
-    ``x`` DMA'd from GM and the result DMA'd to it, no scalar GM write; the rounding's carry out of
-    bit 24 and the NaN test on the patterns; e4m3: the saturation at 448 and the truncating
+    """The Philox rounds of the draw once per group (multipliers, nine key increments, 20 ``vmull``),
+    the state and ``x`` DMA'd from GM and the result DMA'd to it, no scalar GM write; the groups of
+    ``256·k`` elements: the tile's first block ``t · 4096 / (4k)``, ``16 / k`` groups a tile, ``4k``
+    element registers a group, each with the rounding's carry out of bit 24 and the NaN test on the
+    patterns; ``k > 1``: ``4k`` field masks and the interleaves (4 for the words, then one per word
+    register for ``k = 2``, four for ``k = 4``); e4m3: the saturation at 448 and the truncating
     conversions, and no fp8 conversion (the codes are integers)."""
     from tileplug.backend_ascend.quant import stochastic_cast as kernel
 
-    name, _ = case
+    name, case_ = case
     source = lowered[name]["source"]
+    spec = kernel.spec_of(_describe(case_))
+    k = spec.elements_per_word
+    assert k == {"bfloat16": 2, "float8_e4m3fn": 4 if spec.source == "bfloat16" else 1}[spec.target]
+    registers = 4 * k
+    blocks_per_tile = spec.tile // (4 * k)
+    assert f"(((int32_t)block_idx) * {blocks_per_tile})) + (g * 64)), INC_ORDER)" in source  # the block ramp
+    assert f"(it * {blocks_per_tile * spec.vector_cores})" in source
+    assert f"for (int32_t g = 0; g < min({spec.tile // (256 * k)}, " in source
+    for index in range(1, registers):  # the x_ub register loads of a group, at 256·k·g + 64·index
+        assert f"(g * {256 * k})) + {64 * index})" in source, index
+    assert f"(g * {256 * k})) + {64 * registers})" not in source
+    masks = {16: 0xFFFF00, 8: 0xFF0000}
+    for bits, mask in masks.items():
+        assert source.count(f"(uint32_t){mask},") == (registers if spec.field_bits == bits else 0), hex(mask)
+    assert source.count("simd_inst::vintlv(") == {1: 4, 2: 8, 4: 20}[k]
     for constant in (0xD2511F53, 0xCD9E8D57):
         assert f"(uint32_t){constant}" in source, hex(constant)
     for constant in (0x9E3779B9, 0xBB67AE85):
@@ -138,15 +161,16 @@ def test_source_holds_the_draw_and_the_integer_rounding(lowered, case):
     assert "asc_copy_ub2gm_align((__gm__ uint8_t*)((&(RESULT[" in source
     assert not any(f"{tensor}[0] =" in source for tensor in ("SEED", "OFFSET", "RESULT"))
     carries = re.findall(r"round_up\w* = simd_inst::vshrs\(fraction_sum\w*, \(uint32_t\)24,", source)
-    assert len(carries) == 4, carries  # up = (fraction + r) >> 24, once per element register of a group
-    assert len(re.findall(rf"vcmps_gt\(magnitude\w*, \(uint32_t\){kernel.INF_PATTERN}, ", source)) == 4
+    assert len(carries) == registers, carries  # up = (fraction + r) >> 24, once per element register of a group
+    assert len(re.findall(rf"vcmps_gt\(magnitude\w*, \(uint32_t\){kernel.INF_PATTERN}, ", source)) == registers
     if "float8_e4m3fn" in name:
-        assert f"(uint32_t){kernel.E4M3_MAX_PATTERN}" in source and source.count("ROUND_Z") == 8
+        assert f"(uint32_t){kernel.E4M3_MAX_PATTERN}" in source and source.count("ROUND_Z") == 2 * registers
         assert "vcvt<float8" not in source and "vsts_pack_quarter" in source
     if "bfloat16 tile" in name:
         assert "vsts_pack_b32" in source
     if name.startswith("stochastic_cast [N] bfloat16"):
-        assert "vlds_unpack<bfloat16_t>" in source and source.count("(uint32_t)16, v, MODE_ZEROING)") >= 4
+        assert "vlds_unpack<bfloat16_t>" in source
+        assert source.count("(uint32_t)16, v, MODE_ZEROING)") >= registers  # the widening of each register
 
 
 def test_core_lower_states_lowered_and_the_specialisation():
@@ -336,23 +360,38 @@ def _loaded_registers(x: torch.Tensor, garbage_seed: int = 1) -> np.ndarray:
     return low | (high << np.uint32(16))
 
 
+def _elements_per_word(source: torch.dtype, target: torch.dtype) -> int:
+    from tileplug.core.contracts.cast import RANDOM_FIELD_BITS
+
+    return 32 // RANDOM_FIELD_BITS[source, target]
+
+
 def emulated_cast(ops, x: torch.Tensor, target: torch.dtype, seed: int, offset: int) -> torch.Tensor:
-    """What the kernel writes for flat ``x``: each group's Philox words and its 256 loaded values
-    through ``round_group`` (the group's elements in element order), the groups in order, cut at
-    the element count; the result as ``target``."""
+    """What the kernel writes for flat ``x``: each group's Philox words (64 blocks, the groups
+    numbered from block 0 in steps of 64) and its ``256·k`` loaded values through ``round_group``
+    (``4k`` registers of 64 elements in element order, each loaded when asked for), the groups in
+    order, cut at the element count; the result as ``target``."""
     from tileplug.backend_ascend.quant.stochastic_cast import round_group
     from tileplug.backend_ascend.random import philox
 
     count = x.numel()
-    per_group = philox.ELEMENTS_PER_GROUP
+    per_word = _elements_per_word(x.dtype, target)
+    per_group = philox.ELEMENTS_PER_GROUP * per_word
     groups = -(-count // per_group)
     loaded = np.zeros(groups * per_group, dtype=np.uint32)
     loaded[:count] = _loaded_registers(x)
-    registers = loaded.reshape(groups, philox.WORDS_PER_BLOCK, 64)
+    registers = loaded.reshape(groups, philox.WORDS_PER_BLOCK * per_word, 64)
     words = emulated_words(ops, (seed & MASK, seed >> 32), offset, np.arange(groups) * philox.BLOCKS_PER_GROUP)
-    rounded = round_group(ops, words, [registers[:, index] for index in range(philox.WORDS_PER_BLOCK)],
-                          _dtype_name(x.dtype), _dtype_name(target))
-    flat = np.stack([np.broadcast_to(register, (groups, 64)) for register in rounded], axis=1).reshape(-1)[:count]
+    asked = []
+
+    def load(index):
+        asked.append(index)
+        return registers[:, index]
+
+    rounded = list(round_group(ops, words, load, _dtype_name(x.dtype), _dtype_name(target)))
+    assert [index for index, _ in rounded] == asked == list(range(registers.shape[1]))
+    flat = np.stack([np.broadcast_to(register, (groups, 64)) for _, register in rounded],
+                    axis=1).reshape(-1)[:count]
     numpy_dtype = TARGET_VIEW[target][0]
     assert (flat >> np.uint32(8 * np.dtype(numpy_dtype).itemsize) == 0).all(), "a code wider than the target"
     return torch.from_numpy(flat.astype(numpy_dtype).view(np.int16 if numpy_dtype is np.uint16 else np.uint8)
@@ -445,8 +484,9 @@ def _random_inputs(source: torch.dtype, count: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("seed, offset", [(0, 0), (2**64 - 1, 2**64 - 1), (0x243F6A8885A308D3, 2**32 + 5)])
 @pytest.mark.parametrize("source, target", PAIRS, ids=PAIR_IDS)
 def test_emulated_kernel_is_the_reference_bytewise(source, target, seed, offset):
-    """The whole group path (Philox words, element interleave, load widening, rounding) over a cast
-    that spans three tiles and ends inside a Philox block, against the reference's
+    """The whole group path (Philox words, word interleave, fields, load widening, rounding) over a
+    cast that spans three tiles and ends inside a group, a Philox block and a word (``2·4096 +
+    1001`` elements: odd, so the last word's later fields go unused), against the reference's
     ``stochastic_cast`` (which draws its own words): bytewise, any NaN equal; the reference's
     offset advances by one, as the kernel object's does."""
     from tileplug.core.testing import assert_bytes_equal
@@ -458,16 +498,18 @@ def test_emulated_kernel_is_the_reference_bytewise(source, target, seed, offset)
     assert_bytes_equal(got, want, what=f"{source}->{target}", nan_equal=True)
 
 
-@pytest.mark.parametrize("constant, value, target", [
-    ("E4M3_MIN_BIASED", 122, torch.float8_e4m3fn), ("MANTISSA_SHIFT", 9, torch.float8_e4m3fn),
-    ("RANDOM_BITS", 25, torch.bfloat16), ("INF_PATTERN", 0x7F7FFFFF, torch.bfloat16)])
-def test_emulation_catches_a_wrong_rounding(constant, value, target):
+@pytest.mark.parametrize("constant, value, source, target", [
+    ("E4M3_MIN_BIASED", 122, torch.float32, torch.float8_e4m3fn),
+    ("MANTISSA_SHIFT", 9, torch.float32, torch.float8_e4m3fn),
+    ("MANTISSA_SHIFT", 9, torch.float32, torch.bfloat16), ("MANTISSA_SHIFT", 7, torch.bfloat16, torch.float8_e4m3fn),
+    ("RANDOM_BITS", 25, torch.float32, torch.bfloat16), ("INF_PATTERN", 0x7F7FFFFF, torch.float32, torch.bfloat16)])
+def test_emulation_catches_a_wrong_rounding(constant, value, source, target):
     """The comparison can fail: with one constant of the kernel's rounding wrong (e4m3 subnormals
-    in the wrong binade, 23 random bits, the bf16 carry taken one bit high, inf taken for a NaN),
-    some byte differs."""
+    in the wrong binade, 23 random bits, the fields moved one bit off, the bf16 carry taken one bit
+    high, inf taken for a NaN), some byte differs."""
     from tileplug.backend_ascend.quant import stochastic_cast as kernel
 
-    x = torch.cat([edge_inputs(), _random_inputs(torch.float32, 4096, 3)])
+    x = torch.cat([edge_inputs(), _random_inputs(torch.float32, 4096, 3)]).to(source)
     want, _ = reference_cast(x, target, 5, 0)
     with mock.patch.object(kernel, constant, value):
         got = emulated_cast(CastNumpyOps(), x, target, 5, 0)
@@ -477,18 +519,104 @@ def test_emulation_catches_a_wrong_rounding(constant, value, target):
 
 
 def test_emulated_rounding_is_unbiased_where_the_spec_says():
-    """Averaged over every 24-bit ``r`` of a coarse grid, a value between two targets rounds to
-    its own value (fp32 → bf16: 16 fractional bits; fp32 → e4m3 normal steps)."""
+    """Averaged over every value of an element's ``w``-bit field (``r = f · 2^(24 − w)``), a value
+    between two targets rounds to its own value (fp32 → bf16: 16 fractional bits, ``w = 16``;
+    fp32 → e4m3 normal steps, ``w = 24`` on a coarse grid; bf16 → e4m3, ``w = 8``)."""
     from tileplug.backend_ascend.quant import stochastic_cast as kernel
 
     ops = CastNumpyOps()
-    grid = np.arange(0, 1 << 24, 1 << 8, dtype=np.uint32)  # p's 16 bits see every residue
-    for value, rounding, decode in [
+    to_e4m3 = lambda codes: torch.from_numpy(codes.astype(np.uint8)).view(torch.float8_e4m3fn)  # noqa: E731
+    for value, rounding, decode, step in [
         (1.0 + 3 * 2.0**-20, kernel.bf16_patterns,
-         lambda codes: torch.from_numpy(codes.astype(np.uint16).view(np.int16)).view(torch.bfloat16)),
-        (13.0 + 0.3125, kernel.e4m3_codes,
-         lambda codes: torch.from_numpy(codes.astype(np.uint8)).view(torch.float8_e4m3fn)),
+         lambda codes: torch.from_numpy(codes.astype(np.uint16).view(np.int16)).view(torch.bfloat16), 1 << 8),
+        (13.0 + 0.3125, kernel.e4m3_codes, to_e4m3, 1 << 8),
+        (13.0 + 0.3125, kernel.e4m3_codes, to_e4m3, 1 << 16),  # exact in bf16: 1.1010101 · 2^3
     ]:
+        grid = np.arange(0, 1 << 24, step, dtype=np.uint32)  # every field of 24 − log2(step) bits
         patterns = np.full(grid.shape, _f32_bits(value), dtype=np.uint32)
         mean = decode(rounding(ops, patterns, grid)).to(torch.float64).mean().item()
         assert mean == pytest.approx(struct.unpack("<f", struct.pack("<f", value))[0], rel=0, abs=1e-12), value
+
+
+# ---------------------------------------------------------------------- CPU emulation: which bits
+
+
+@pytest.mark.parametrize("source, target", PAIRS, ids=PAIR_IDS)
+def test_fields_of_a_word_go_to_their_elements(source, target):
+    """On arbitrary words (not Philox's: every bit pattern matters), ``element_bits`` gives element
+    ``i`` of a group field ``i mod k`` of word ``i // k`` counted from the word's top, as a 24-bit
+    ``r`` -- written out per pair as the spec's examples: fp32 → bf16 element ``2j`` takes
+    ``(word_j >> 16) << 8`` and ``2j + 1`` ``(word_j & 0xFFFF) << 8``; bf16 → e4m3 element ``4j + s``
+    ``((word_j >> (24 − 8s)) & 0xFF) << 16``; fp32 → e4m3 element ``j`` ``word_j >> 8``. Word ``j``
+    of a group is word ``j mod 4`` of block ``j // 4`` (lane ``j // 4`` of register ``j mod 4``)."""
+    from tileplug.backend_ascend.quant import stochastic_cast as kernel
+
+    ops = CastNumpyOps()
+    chooser = np.random.default_rng(11)
+    groups = 3
+    registers = [chooser.integers(0, 1 << 32, (groups, 64), dtype=np.uint32) for _ in range(4)]
+    registers[0][0, :4] = [0x01234567, 0x89ABCDEF, 0xFFFFFFFF, 0]  # distinct bytes, all ones, all zeros
+    width = kernel.FIELD_BITS[_dtype_name(source), _dtype_name(target)]
+    k = 32 // width
+    assert k == _elements_per_word(source, target)
+    got = list(kernel.element_bits(ops, tuple(registers), width))
+    assert len(got) == 4 * k and all(register.shape == (groups, 64) for register in got)
+    bits = np.stack(got, axis=1).reshape(groups, -1).astype(np.int64)  # [group, element]
+    word = np.stack(registers, axis=-1).reshape(groups, -1).astype(np.int64)  # [group, 4·block + i]
+    if k == 2:
+        want = np.stack([(word >> 16) << 8, (word & 0xFFFF) << 8], axis=-1)
+    elif k == 4:
+        want = np.stack([((word >> (24 - 8 * s)) & 0xFF) << 16 for s in range(4)], axis=-1)
+    else:
+        want = (word >> 8)[..., None]
+    assert np.array_equal(bits, want.reshape(groups, -1))
+    assert (bits < 1 << 24).all() and (bits & ((1 << (24 - width)) - 1) == 0).all()
+
+
+@pytest.mark.parametrize("shape", [(7, 613), (4096 * 2 + 3,), (1,), (5,)], ids=["7x613", "8195", "1", "5"])
+@pytest.mark.parametrize("source, target", PAIRS, ids=PAIR_IDS)
+def test_emulated_bits_of_every_element_are_the_reference_fields(source, target, shape):
+    """The kernel's fields (Philox words of the groups, numbered as the tiles number them, through
+    ``element_bits``) against the reference's ``element_random_bits(seed, offset, shape, w)``, for
+    element counts that are not a multiple of the tile, of the group or of ``k`` (4291, 8195, 1, 5):
+    element ``i`` (row-major) gets the same 24-bit ``r``; the tiles of 4096 elements start at block
+    ``t · 1024 / k``, which numbering the groups from block 0 in steps of 64 matches."""
+    from tileplug.backend_ascend.quant import stochastic_cast as kernel
+    from tileplug.backend_ascend.random import draw, philox
+    from tileplug.reference.quant.stochastic_cast import element_random_bits
+
+    seed, offset = 0xA4093822299F31D0, 2**32 + 7
+    spec = kernel.spec_of(_cast_call(8, source, target))
+    k = spec.elements_per_word
+    count = int(np.prod(shape))
+    bits = []
+    for tile in range(-(-count // spec.tile)):  # the tile walk of draw.tile_kernel
+        first_block = tile * (spec.tile // (philox.WORDS_PER_BLOCK * k))
+        groups = min(spec.tile // spec.elements_per_group, -(-(count - tile * spec.tile) // spec.elements_per_group))
+        firsts = first_block + np.arange(groups) * philox.BLOCKS_PER_GROUP
+        words = emulated_words(CastNumpyOps(), (seed & MASK, seed >> 32), offset, firsts)
+        registers = list(kernel.element_bits(CastNumpyOps(), words, spec.field_bits))
+        bits.append(np.stack([np.broadcast_to(r, (groups, 64)) for r in registers], axis=1).reshape(-1))
+    got = np.concatenate(bits)[:count].astype(np.int64)
+    assert spec.tile == draw.TILE_ELEMENTS and spec.tile % spec.elements_per_group == 0
+    state = [torch.tensor([as_int64_word(value)], dtype=torch.int64) for value in (seed, offset)]
+    want = element_random_bits(*state, shape, spec.field_bits).reshape(-1).numpy()
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("source, target", PAIRS[::2], ids=PAIR_IDS[::2])
+def test_emulation_catches_a_wrong_field_layout(source, target):
+    """The comparison can fail: the fields not interleaved (a word's ``k`` fields in ``k``
+    different registers, not ``k`` consecutive elements), or taken from the word's bottom first,
+    give other bytes."""
+    from tileplug.backend_ascend.quant import stochastic_cast as kernel
+
+    x = _random_inputs(source, 4096 + 77, 5)
+    want, _ = reference_cast(x, target, 9, 3)
+    view = TARGET_VIEW[target][1]
+    right = kernel.field_order
+    for wrong in (lambda ops, fields: tuple(fields), lambda ops, fields: right(ops, tuple(fields)[::-1])):
+        with mock.patch.object(kernel, "field_order", wrong):
+            got = emulated_cast(CastNumpyOps(), x, target, 9, 3)
+        both_nan = got.float().isnan() & want.float().isnan()
+        assert not torch.equal(got.view(view)[~both_nan], want.view(view)[~both_nan])

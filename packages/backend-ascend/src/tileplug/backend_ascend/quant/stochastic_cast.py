@@ -1,13 +1,27 @@
 """Ascend kernel of ``stochastic_cast`` (docs/spec.md §10.2): ``x`` (fp32 → bf16 or e4m3, bf16 →
-e4m3) narrowed with stochastic rounding, element ``i`` (row-major) rounding with ``r_i = word_i >> 8``
-of the Philox draw under ``(seed, offset)``; then ``offset += 1``.
+e4m3) narrowed with stochastic rounding under the Philox draw of ``(seed, offset)``; then
+``offset += 1``. Element ``i`` (row-major) takes a field of ``w`` random bits (:data:`FIELD_BITS`,
+core's ``RANDOM_FIELD_BITS``: 16 for fp32 → bf16, 8 for bf16 → e4m3, 24 for fp32 → e4m3): field
+``i mod k`` of word ``i // k`` (``k = 32 / w`` fields a word, counted from its top; word ``j`` of
+the draw is the word ``fill_rand`` gives element ``j``), and rounds with it shifted up to 24 bits,
+``r_i = f_i · 2^(24 − w)`` (at ``w = 24``: ``word_i >> 8``), so one 24-bit rounding serves every
+pair.
 
 The draw kernel's machinery (:mod:`tileplug.backend_ascend.random.draw`): the same tiles of 4096
-elements over the vector cores, the state words DMA'd from the device tensors, the same Philox
-rounds and element interleave (so element ``i`` takes exactly the word ``fill_rand`` gives element
-``i``), the same ``offset += 1`` queued on the stream after the launch. What differs: each tile of
-``x`` is DMA'd in (double-buffered, as the output tile) and the words' top 24 bits, in element
-order, round the tile's values (:func:`round_group`) instead of becoming values.
+elements over the vector cores, the same state words DMA'd from the device tensors, the same Philox
+rounds and word interleave, the same ``offset += 1`` queued on the stream after the launch. What
+differs: each tile of ``x`` is DMA'd in (double-buffered, as the output tile), a group of 64 Philox
+blocks (256 words) serves ``256·k`` elements (a tile of 4096 is ``16 / k`` groups, tile ``t``
+starting at block ``t · 1024 / k``), and the fields round the tile's values (:func:`round_group`)
+instead of becoming values. Per group (:func:`element_bits`): the four word registers (lane =
+block) are interleaved into word order (``philox.element_order``: register ``m`` holds words
+``64m .. 64m + 63``); each is split into its ``k`` field registers (:func:`word_fields`: one shift
+and one mask each, ``f_s`` of lane ``j`` = field ``s`` of word ``j`` at bits ``[24 − w, 24)``), and
+those are interleaved (:func:`field_order`: one ``vintlv`` for ``k = 2``, the four of
+``element_order`` for ``k = 4``) into ``k`` registers of consecutive elements, ``64k·m ..
+64k·m + 64k − 1``, which line up with the loaded registers of ``x`` at the same index. So the
+Philox rounds run once per ``k`` elements: per element 1/4 block for fp32 → e4m3, 1/8 for fp32 →
+bf16, 1/16 for bf16 → e4m3.
 
 The rounding is integer work on the fp32 bit patterns (a bf16 ``x`` widened exactly: its 16 bits
 shifted up), plain Python over ``ops`` (:mod:`~tileplug.backend_ascend.random.vector_ops`; the tests
@@ -49,10 +63,13 @@ from tileplug.backend_ascend.random import draw, philox
 from tileplug.backend_ascend.random.fill_rand import MANTISSA_SHIFT
 from tileplug.backend_ascend.random.vector_ops import VECTOR
 from tileplug.backend_ascend.ub import LANES, Plan, PlannedInSimdUb, VERSIONS
+from tileplug.core.contracts.cast import RANDOM_FIELD_BITS
 from tileplug.core.quant.formats import E2M1, E4M3
 
 RANDOM_BITS = 32 - MANTISSA_SHIFT
-"""``r = word >> 8``: 24 random bits, added below the target's last place."""
+"""The rounding's fixed point: an element's random field shifted up to 24 bits, added below the
+target's last place (a 24-bit field, ``word >> 8``, as it is)."""
+WORD_BITS = 32
 MAGNITUDE_MASK = 0x7FFFFFFF
 INF_PATTERN = 0x7F800000
 """Patterns of a magnitude above it are NaN."""
@@ -79,15 +96,71 @@ E2M1_MANTISSA_BITS = 1
 E2M1_SIGN = 0x8
 E2M1_NAN = 0x7
 """What the deterministic e2m1 encoder gives a NaN's magnitude: 6's code (the sign kept)."""
-PAIRS = (("float32", "bfloat16"), ("float32", "float8_e4m3fn"), ("bfloat16", "float8_e4m3fn"))
+
+
+def dtype_name(dtype) -> str:
+    """``torch.bfloat16`` → ``"bfloat16"`` (TileLang's name of the dtype)."""
+    return str(dtype).removeprefix("torch.")
+
+
+FIELD_BITS = {(dtype_name(source), dtype_name(target)): bits for (source, target), bits in RANDOM_FIELD_BITS.items()}
+"""``(source, target)`` dtype names → ``w``, the random bits each element takes (core's
+``RANDOM_FIELD_BITS``)."""
+PAIRS = tuple(FIELD_BITS)
 """``(source, target)`` dtype names the kernel serves."""
 
 
 def random_bits(ops, words) -> tuple:
     """The Philox words ``(r0, r1, r2, r3)`` of a group → their top 24 bits, in element order (four
-    ``uint32`` registers: elements ``0..63``, ``64..127``, ``128..191``, ``192..255`` of the group)."""
+    ``uint32`` registers: elements ``0..63``, ``64..127``, ``128..191``, ``192..255`` of the group):
+    one word per element, ``w = 24`` (fp32 → e4m3 here; every stochastic per-token / per-block cast
+    of the quant tile kernel)."""
     return philox.element_order(ops, tuple(ops.shift_right(word, MANTISSA_SHIFT, f"r{index}")
                                            for index, word in enumerate(words)))
+
+
+def word_fields(ops, words, field_bits: int) -> tuple:
+    """A register of words (lane ``j``: word ``j``) → its ``k = 32 / field_bits`` field registers:
+    register ``s`` holds, in lane ``j``, field ``s`` of word ``j`` (counted from the top: bits
+    ``[32 − w·(s + 1), 32 − w·s)``) moved to bits ``[24 − w, 24)``, i.e. ``f · 2^(24 − w)``: a shift
+    by ``8 − w·s`` (right when positive, left when negative) and a mask."""
+    fields = []
+    mask = ((1 << field_bits) - 1) << (RANDOM_BITS - field_bits)
+    for index in range(WORD_BITS // field_bits):
+        shift = MANTISSA_SHIFT - field_bits * index  # the field's lowest bit 32 − w·(s + 1) onto 24 − w
+        if shift > 0:
+            moved = ops.shift_right(words, shift, f"field{index}_moved")
+        elif shift < 0:
+            moved = ops.shift_left(words, -shift, f"field{index}_moved")
+        else:
+            moved = words
+        fields.append(ops.and_word(moved, mask, f"field{index}"))
+    return tuple(fields)
+
+
+def field_order(ops, fields) -> tuple:
+    """:func:`word_fields`' ``k`` registers of words ``j0 .. j0 + 63`` → ``k`` registers of their
+    ``64k`` elements in order (element ``k·j + s`` is field ``s`` of word ``j``): for ``k = 2`` one
+    ``vintlv`` (``f0[j], f1[j]``), for ``k = 4`` the interleave that puts the four words of a
+    Philox block in order (``f0[j], f1[j], f2[j], f3[j]``)."""
+    if len(fields) == 1:
+        return tuple(fields)
+    if len(fields) == 2:
+        return ops.interleave(fields[0], fields[1], "fields")
+    return philox.element_order(ops, fields)
+
+
+def element_bits(ops, words, field_bits: int):
+    """The Philox words ``(r0, r1, r2, r3)`` of a group → the 24-bit ``r`` of its ``256·k``
+    elements (``k = 32 / field_bits``), in element order: ``4k`` ``uint32`` registers of 64
+    consecutive elements, yielded in order (a generator, so that the kernel emits each word
+    register's fields just before the loads and roundings that use them). ``field_bits = 24``:
+    :func:`random_bits`."""
+    if field_bits == RANDOM_BITS:
+        yield from random_bits(ops, words)
+        return
+    for ordered in philox.element_order(ops, words):  # words 64m .. 64m + 63
+        yield from field_order(ops, word_fields(ops, ordered, field_bits))
 
 
 def bf16_patterns(ops, patterns, bits):
@@ -215,12 +288,15 @@ def source_patterns(ops, loaded, source: str):
     return loaded
 
 
-def round_group(ops, words, loaded, source: str, target: str) -> tuple:
-    """One group: its Philox words (four registers, lane = block) and the four loaded registers of
-    its elements (element order) → four registers of target patterns / codes (element order)."""
+def round_group(ops, words, load, source: str, target: str):
+    """One group: its Philox words (four registers, lane = block) and ``load(index)``, the loaded
+    register ``index`` of its ``256·k`` elements (element order, ``4k`` registers) → yields
+    ``(index, codes)``: the register of target patterns / codes of those 64 elements, in order,
+    each rounded with its elements' fields (:func:`element_bits`; ``k`` by the pair's
+    :data:`FIELD_BITS`). ``load`` is called once per register, just before its rounding."""
     rounding = ROUNDINGS[target]
-    return tuple(rounding(ops, source_patterns(ops, register, source), bits)
-                 for register, bits in zip(loaded, random_bits(ops, words)))
+    for index, bits in enumerate(element_bits(ops, words, FIELD_BITS[source, target])):
+        yield index, rounding(ops, source_patterns(ops, load(index), source), bits)
 
 
 # ---------------------------------------------------------------------- the kernel
@@ -242,6 +318,17 @@ class ElementCastSpec(PlannedInSimdUb):
     op: ClassVar[str]
     reads_state: ClassVar[bool]
 
+    @property
+    def elements_per_word(self) -> int:
+        """``k``: the elements one Philox word serves (1 without state: then only the 256-element
+        groups matter)."""
+        return 1
+
+    @property
+    def elements_per_group(self) -> int:
+        """The elements of one group of 64 Philox blocks: ``256·k``."""
+        return philox.ELEMENTS_PER_GROUP * self.elements_per_word
+
     def plan(self) -> Plan:
         """``seed_ub`` / ``offset_ub`` the state words (read once; only when the op reads the
         state), ``x_ub`` one tile of ``x``, ``out_ub`` one tile of the result."""
@@ -257,8 +344,9 @@ class ElementCastSpec(PlannedInSimdUb):
 
     @property
     def layout(self) -> str:
-        groups = f"{self.tile // philox.ELEMENTS_PER_GROUP} groups of " + (
-            "64 Philox blocks" if self.reads_state else "256 elements")
+        groups = f"{self.tile // self.elements_per_group} groups of " + (
+            f"64 Philox blocks, {self.elements_per_word} element(s) a word" if self.reads_state
+            else "256 elements")
         return f"tiles of {self.tile} elements ({groups}), tile t on vector core t % C, one per pipeline step"
 
     def describe(self) -> str:
@@ -272,10 +360,15 @@ class StochasticCastSpec(ElementCastSpec):
     op: ClassVar[str] = "stochastic_cast"
     reads_state: ClassVar[bool] = True
 
+    @property
+    def field_bits(self) -> int:
+        """``w``: the random bits each element takes (:data:`FIELD_BITS`)."""
+        return FIELD_BITS[self.source, self.target]
 
-def dtype_name(dtype) -> str:
-    """``torch.bfloat16`` → ``"bfloat16"`` (TileLang's name of the dtype)."""
-    return str(dtype).removeprefix("torch.")
+    @property
+    def elements_per_word(self) -> int:
+        """``k = 32 / w``: 2 for fp32 → bf16, 4 for bf16 → e4m3, 1 for fp32 → e4m3."""
+        return WORD_BITS // self.field_bits
 
 
 def spec_of(call, target: DeviceTarget | None = None) -> StochasticCastSpec:
@@ -324,17 +417,19 @@ def store_codes(out_ub, at, codes, target):
 
 def rounding_compute(spec: StochasticCastSpec):
     """The vector work of one tile (a macro, :func:`~tileplug.backend_ascend.random.draw.group_compute`):
-    each group's words and its 256 values of ``x_ub`` through :func:`round_group`, stored at
-    ``out_ub[256·g ..]``. Looked up by :func:`build` at trace time;
-    tests/test_ascend_stochastic_cast_lowering.py replaces it with scalar code."""
+    each group's words and its ``256·k`` values of ``x_ub`` (``at = 256·k·g``) through
+    :func:`round_group`, register ``index`` loaded from and stored at ``at + 64·index``. Looked up
+    by :func:`build` at trace time; tests/test_ascend_stochastic_cast_lowering.py replaces it with
+    scalar code."""
 
     def store_group(buffers, at, words):
-        offsets = [at + index * LANES for index in range(philox.WORDS_PER_BLOCK)]
-        loaded = [load_patterns(buffers["x_ub"], offset, spec.source) for offset in offsets]
-        for offset, codes in zip(offsets, round_group(VECTOR, words, loaded, spec.source, spec.target)):
-            store_codes(buffers["out_ub"], offset, codes, spec.target)
+        def load(index):
+            return load_patterns(buffers["x_ub"], at + index * LANES, spec.source)
 
-    return draw.group_compute(store_group)
+        for index, codes in round_group(VECTOR, words, load, spec.source, spec.target):
+            store_codes(buffers["out_ub"], at + index * LANES, codes, spec.target)
+
+    return draw.group_compute(store_group, spec.elements_per_group)
 
 
 def parameters(spec: StochasticCastSpec):
@@ -352,7 +447,8 @@ def parameters(spec: StochasticCastSpec):
 def build(spec: StochasticCastSpec):
     """The prim_func of ``spec`` (UB budget checked)."""
     params, N = parameters(spec)
-    return draw.tile_kernel(spec, params, N, rounding_compute(spec), source=("X", "x_ub"), result="RESULT")
+    return draw.tile_kernel(spec, params, N, rounding_compute(spec), source=("X", "x_ub"), result="RESULT",
+                            elements_per_word=spec.elements_per_word)
 
 
 def arguments(spec: StochasticCastSpec, inputs, outputs) -> list:

@@ -96,12 +96,13 @@ def state_word(buf, index):
     return tirx.reinterpret("uint32x64", T.simd.vld(buf[index], dist="BRC_B32"))
 
 
-def group_compute(emit):
+def group_compute(emit, elements_per_group: int = philox.ELEMENTS_PER_GROUP):
     """The vector work of one tile (a macro): one ``T.SimdVF`` region that broadcasts the state
     words into registers, then for each of ``groups`` groups of 64 blocks from block
     ``first_block`` computes the Philox words (four ``uint32`` registers, lane = block) and
     hands them to ``emit(buffers, at, words)`` (plain Python, run at trace time inside the
-    region; ``at`` is the UB index of the group's first element, ``256·g``)."""
+    region; ``at`` is the UB index of the group's first element, ``elements_per_group · g``:
+    ``256·g`` when each word serves one element, ``256·k·g`` when it serves ``k``)."""
 
     @T.macro
     def compute(buffers, first_block, groups):
@@ -114,7 +115,7 @@ def group_compute(emit):
             for g in T.serial(groups):
                 words = philox.block_words(VECTOR, multipliers, first_block + g * philox.BLOCKS_PER_GROUP,
                                            (key_low, key_high), (offset_low, offset_high))
-                emit(buffers, g * philox.ELEMENTS_PER_GROUP, words)
+                emit(buffers, g * elements_per_group, words)
 
     return compute
 
@@ -146,22 +147,28 @@ def parameters(spec: DrawSpec):
     ], N
 
 
-def tile_kernel(spec, params, count, compute, source=None, result: str = "V", state: bool = True):
+def tile_kernel(spec, params, count, compute, source=None, result: str = "V", state: bool = True,
+                elements_per_word: int = 1):
     """The prim_func of a draw-shaped kernel (UB budget checked): ``T.Kernel(C)``; once (when
     ``state``), the state words into ``seed_ub`` / ``offset_ub``; then one pipelined step per
     tile of ``spec.tile`` elements (tile ``t`` on core ``t % C``): ``source`` (None, or ``(GM
     name, UB name)`` of an input read element for element) DMA'd in, the tile's elements that
     exist; ``compute(buffers, first_block, groups)`` (``first_block`` the tile's first Philox
-    block, which a kernel without state ignores; groups of 256 elements wholly past ``count``
-    skipped); ``out_ub`` DMA'd to GM ``result``, the elements that exist. ``params``: the GM
-    parameters (``SEED`` and ``OFFSET`` among them when ``state``), ``count``: the dynamic
-    element count; ``spec`` has ``tile``, ``vector_cores``, ``num_buffers``, ``plan()``
-    (``out_ub``, the source's buffer, and ``seed_ub`` / ``offset_ub`` when ``state``),
-    ``footprint``, ``budget`` and ``describe()``."""
+    block, which a kernel without state ignores; groups of ``256·k`` elements wholly past
+    ``count`` skipped); ``out_ub`` DMA'd to GM ``result``, the elements that exist.
+    ``elements_per_word``: ``k``, the elements one Philox word serves (1, the draw's, by default),
+    so a group of 64 blocks covers ``256·k`` elements and tile ``t`` starts at block ``t·W / (4k)``
+    (``W`` a multiple of ``256·k``). ``params``: the GM parameters (``SEED`` and ``OFFSET`` among
+    them when ``state``), ``count``: the dynamic element count; ``spec`` has ``tile``,
+    ``vector_cores``, ``num_buffers``, ``plan()`` (``out_ub``, the source's buffer, and
+    ``seed_ub`` / ``offset_ub`` when ``state``), ``footprint``, ``budget`` and ``describe()``."""
     rows.check_budget(spec.footprint, spec.budget, spec.describe())
     plan = spec.plan()
     N, W, C = count, spec.tile, spec.vector_cores
-    blocks_per_tile = W // philox.WORDS_PER_BLOCK
+    elements_per_block = philox.WORDS_PER_BLOCK * elements_per_word
+    elements_per_group = philox.BLOCKS_PER_GROUP * elements_per_block
+    assert W % elements_per_group == 0, (W, elements_per_group)
+    blocks_per_tile = W // elements_per_block
     reads_source = source is not None
     source_gm, source_ub = source if reads_source else (None, None)
 
@@ -183,7 +190,7 @@ def tile_kernel(spec, params, count, compute, source=None, result: str = "V", st
                         available = N - start
                         T.copy(G[source_gm][start:start + available], buffers[source_ub][0:available])
                 compute(buffers, tile * blocks_per_tile,
-                        T.min(W // philox.ELEMENTS_PER_GROUP, T.ceildiv(N - start, philox.ELEMENTS_PER_GROUP)))
+                        T.min(W // elements_per_group, T.ceildiv(N - start, elements_per_group)))
                 if start + W <= N:
                     T.copy(buffers["out_ub"][0:W], G[result][start:start + W])
                 else:
