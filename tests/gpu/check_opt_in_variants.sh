@@ -108,6 +108,10 @@
 #      index off: 2 lanes a head of 128; nvcc 13.0: 1520 / 1112 SASS instructions for 64 values against 952 / 688 for
 #      32 — with the cast 23.8 a value against 29.8 — at 142-143 registers, 3 CTAs of 4 warps an SM instead of 6): the
 #      fused-equals-chain tests under it, then the fused QK probe at 32 / 64 / 32 values.
+#  25. (thirty-fourth session) the stochastic element casts on random fields (16 / 8 bits an element for fp32 → bf16 /
+#      bf16 → e4m3) where an H200 comes: their GPU tests, then tests/gpu/probe_cast.py (on an H100 the same day,
+#      docs/benchmarks/h100-stochastic-fields-host-2026-12-07-s34.txt: bf16 → e4m3 86.6 % of the deterministic cast
+#      at T = 65536, fp32 → bf16 memory-bound either way there; the H200 had fp32 → bf16 at 70.2 % issue-bound).
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -384,5 +388,11 @@ if want 24 && [ $(left) -gt 60 ]; then
     > $OUT/norm_rope_values64_tests.txt 2>&1
   tail -2 $OUT/norm_rope_values64_tests.txt
   variant_runs TILEPLUG_CUDA_NORM_ROPE_VALUES "32 64 32" norm_rope_values.txt 60 python3 tests/gpu/probe_fused_qk.py
+fi
+if want 25 && [ $(left) -gt 60 ]; then
+  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 130 ? 120 : $(left) - 10 )) $P -n 8 tests/gpu/test_cuda_stochastic_cast.py \
+    > $OUT/stochastic_fields_tests.txt 2>&1; tail -2 $OUT/stochastic_fields_tests.txt
+  [ $(left) -gt 40 ] && timeout $(( $(left) - 10 )) python3 tests/gpu/probe_cast.py 2>> $OUT/stderr.log \
+    | tee $OUT/stochastic_fields_probe.txt | grep -E '"tokens": 65536' | grep -v tile_kernels | cut -c1-200
 fi
 echo "all done, $(left) s left"
