@@ -49,6 +49,7 @@ class RowCast:
         self.values_per_byte = 2 if self.e2m1 else 1
         self.q_dtype = "int8" if self.e2m1 else "float8_e4m3fn"
         self.sf_dtype = SF_STORED = SF_DTYPES[quant.sf_kind]
+        self.packed, self.sf_col_major = quant.sf_kind == "ue8m0", quant.sf_col_major
         self.chunks = rows.CHUNKS
         VEC, D, HEADS, VPB, E2M1 = vec, width, heads, self.values_per_byte, self.e2m1
         IN = in_dtype
@@ -77,10 +78,12 @@ class RowCast:
         def store_scale(sf, t, gc, value):
             if not PACKED:
                 sf[t, gc] = value
-            elif SF_COL:
-                sf[gc // 4, t * 4 + gc % 4] = value
             else:
-                sf[t, gc] = value
+                sf_bytes = sf_math.packed_sf_bytes(sf, SF_COL)
+                if SF_COL:
+                    sf_bytes[gc // 4, t * 4 + gc % 4] = value
+                else:
+                    sf_bytes[t, gc] = value
 
         @T.macro
         def quantize(yv, q, t, n, lane, valid, inv, g, qv, k):
@@ -170,8 +173,9 @@ class RowCast:
         self.inverse = inverse
 
     def sf_type(self):
-        """The ``sf`` buffer: any strides, or the bytes of packed UE8M0 storage, whose last
-        stride is 1 by construction (``quant.kernels._byte_view``): a constant the store
-        addresses fold."""
-        last = 1 if self.sf_dtype == "uint8" else T.dynamic("OS1")
-        return T.StridedTensor((T.dynamic("OR"), T.dynamic("OC")), (T.dynamic("OS0"), last), self.sf_dtype)
+        """The ``sf`` buffer: any strides, or packed UE8M0 integers as core allocated them
+        (``sf_math.packed_sf_type``: written byte by byte, the unit stride a constant)."""
+        if self.packed:
+            return sf_math.packed_sf_type(self.sf_col_major)
+        return T.StridedTensor((T.dynamic("OR"), T.dynamic("OC")), (T.dynamic("OS0"), T.dynamic("OS1")),
+                               self.sf_dtype)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from tileplug.backend_cuda.norm.backward import BackwardKernel
 from tileplug.backend_cuda.norm.kernels import NormKernel
 from tileplug.backend_cuda.norm.spec import NormKernelSpec, QuantSpec, make_spec
-from tileplug.backend_cuda.quant.kernels import _byte_view
 from tileplug.core.contracts.norm import NormBackwardInputs, NormCall, NormGradients, NormInputs, NormOutputs
 from tileplug.core.quant.layouts import CUDA_LAYOUT
 
@@ -85,13 +84,12 @@ class RmsNormPerTokenCast(NormKernel):
         residual = call.residual
         weighted = call.weight_dtype is not None
         unquantized = call.unquantized
-        sf_bytes = _byte_view(self.spec(call).quant)  # packed UE8M0 is written byte by byte
 
         def order(inputs: NormInputs, outputs: NormOutputs) -> tuple:
             x = inputs.x
             return (x, inputs.weight if weighted else x, inputs.residual if residual else x,
                     outputs.residual_out if residual else x, outputs.y if unquantized else x, outputs.q,
-                    sf_bytes(outputs.sf))
+                    outputs.sf)
 
         return order
 

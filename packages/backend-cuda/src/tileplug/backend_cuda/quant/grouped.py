@@ -355,10 +355,12 @@ def build_kernel(spec: KernelSpec):
                                 res[col] = inverse_of(sel[0])
                             elif gc < H:
                                 value = stored_scale(sel[0], PACKED)
-                                if PACKED and SF_COL:  # column-major integers seen as bytes [H, 4·P]: group (r, c) is byte (c, r)
-                                    sf[gc, bx] = value
-                                elif PACKED:
-                                    sf[bx // 4, gc * 4 + bx % 4] = value
+                                if PACKED:  # packed along tokens: column-major [H, 4·P] bytes, group (r, c) is byte (c, r)
+                                    sf_bytes = sf_math.packed_sf_bytes(sf, SF_COL)
+                                    if SF_COL:
+                                        sf_bytes[gc, bx] = value
+                                    else:
+                                        sf_bytes[bx // 4, gc * 4 + bx % 4] = value
                                 else:
                                     sf[bx, gc] = value
                     T.sync_threads()
@@ -387,14 +389,16 @@ def build_kernel(spec: KernelSpec):
                                     value = stored_scale(amax[i * NSF + e], PACKED)
                                     if not PACKED:
                                         sf[gr, gc] = value
-                                    elif PER_CHANNEL and SF_COL:  # packed along tokens, column-major: byte (c, r)
-                                        sf[gc, gr] = value
-                                    elif PER_CHANNEL:
-                                        sf[gr // 4, gc * 4 + gr % 4] = value
-                                    elif SF_COL:
-                                        sf[gc // 4, gr * 4 + gc % 4] = value
                                     else:
-                                        sf[gr, gc] = value
+                                        sf_bytes = sf_math.packed_sf_bytes(sf, SF_COL)
+                                        if PER_CHANNEL and SF_COL:  # packed along tokens, column-major: byte (c, r)
+                                            sf_bytes[gc, gr] = value
+                                        elif PER_CHANNEL:
+                                            sf_bytes[gr // 4, gc * 4 + gr % 4] = value
+                                        elif SF_COL:
+                                            sf_bytes[gc // 4, gr * 4 + gc % 4] = value
+                                        else:
+                                            sf_bytes[gr, gc] = value
 
             if MODE is QuantMode.PRECOMPUTED_SF:
                 NROWS = NSLOT if PER_TOKEN else 1
@@ -478,11 +482,11 @@ def build_kernel(spec: KernelSpec):
     sf_in_t = T.StridedTensor((IR, IC), (IS0, IS1), IN_SF.tl_dtype) if IN_SF is not None else None
     given_t = T.StridedTensor((GR, GC), (GS0, GS1), GIVEN.tl_dtype) if GIVEN is not None else None
     q_t = T.Tensor((M, H), QDT) if CAST_BACK else T.Tensor((M, QW), QDT)
-    # Packed UE8M0 scales arrive as the bytes of their integers (``kernels._byte_view``), whose
-    # last stride is 1 by construction: a constant stride leaves each store's address a constant
+    # Packed UE8M0 scales arrive as core allocated them and are written as their bytes
+    # (``sf_math.packed_sf_bytes``) with a constant unit stride: each store's address a constant
     # offset from the row's (per token, column-major: ncu 2026-12-02 counted 210.6 M warp
     # instructions against 166.1 M for the fp32-sf tile, the runtime-stride byte addresses among them).
-    sf_t = T.StridedTensor((OR, OC), (OS0, 1 if PACKED else OS1), SFO_DT)
+    sf_t = sf_math.packed_sf_type(SF_COL) if PACKED else T.StridedTensor((OR, OC), (OS0, OS1), SFO_DT)
 
     # One prim_func per buffer set (TileLang reads the signature off the annotations).
     if FAKE_QUANT:  # x is read and written; nothing else

@@ -372,8 +372,6 @@ class RmsNormRope:
         """``launch(inputs, outputs)``: the 128-bit entry when ``x`` and the weight are 16-byte
         aligned row by row (``y``, ``q``: fresh allocations), else the scalar one (loaded on
         first use)."""
-        from tileplug.backend_cuda.quant.kernels import _byte_view
-
         vector_spec, scalar_spec = self.spec(call), self.spec(call, vectorize=False)
         vector_entry = jit.entry(vector_spec) if vector_spec.norm.vectorize else None
         vec = vector_spec.norm.vec
@@ -406,12 +404,11 @@ class RmsNormRope:
             return torch.full((1, call.rotary_dim), float("nan"), dtype=torch.float32, device=cache.device)
 
         quant = vector_spec.quant
-        sf_bytes = _byte_view(quant) if quant is not None else None  # packed UE8M0 is written byte by byte
 
         def outputs_of(outputs: NormRopeOutputs) -> tuple:
             if quant is None:
                 return (outputs.y,)
-            written = (outputs.q, sf_bytes(outputs.sf))
+            written = (outputs.q, outputs.sf)
             return (outputs.y, *written) if quant.unquantized else written
 
         if with_positions:

@@ -16,7 +16,6 @@ import torch
 
 from tileplug.backend_cuda import jit
 from tileplug.backend_cuda.norm.kernels import _strides_fixed
-from tileplug.backend_cuda.quant.kernels import _byte_view
 from tileplug.core.swiglu.sigmoid_table import sigmoid_table
 from tileplug.backend_cuda.swiglu.spec import HALVES, SwigluKernelSpec, make_spec, reason, row_steps
 from tileplug.core.contracts.swiglu import SwigluCall
@@ -127,10 +126,9 @@ class SwigluPerTokenCast(SwigluKernel):
 
     def arguments(self, call: SwigluCall, spec: SwigluKernelSpec):
         optional, table = _optional(call), _table(call, spec)
-        sf_bytes = _byte_view(spec.quant)  # packed UE8M0 is written byte by byte
 
         def order(inputs: Any, outputs: Any) -> tuple:
-            return (halves(inputs.x), *optional(inputs), *table(inputs), outputs.q, sf_bytes(outputs.sf))
+            return (halves(inputs.x), *optional(inputs), *table(inputs), outputs.q, outputs.sf)
 
         return order
 
