@@ -1,5 +1,5 @@
 """CUDA backend host side, without a GPU: declines, specialisation keys, and the launchers'
-argument marshalling (byte views of packed sf, bf16 pairs, single-row strides, misaligned
+argument marshalling (packed sf as allocated, its byte layout, bf16 pairs, single-row strides, misaligned
 ``out=``), checked against the kernel's own sf indexing emulated in Python."""
 
 from __future__ import annotations
@@ -91,10 +91,13 @@ def _kernel_sf_write(spec, view, gr, gc, byte):
 )
 @pytest.mark.parametrize("tokens", [1, 3, 37, 130])
 def test_packed_sf_byte_view_matches_the_layout(op, kwargs, tokens: int) -> None:
+    """The packed sf goes to the kernel as core allocated it (no host view); the kernel's byte
+    alias (``sf_math.packed_sf_bytes``: ``[R, 4C]``, column-major ``[C, 4R]`` of the integers'
+    bytes) and its stores land every group's byte where the layout puts it."""
     x = torch.empty(tokens, 576, dtype=torch.bfloat16)
     spec, call, outputs, args = _launch(op, x, round_sf=True, use_packed_ue8m0=True, **kwargs)
-    view = args[-1]
-    assert view.dtype == torch.uint8 and view.untyped_storage().data_ptr() == outputs.sf.untyped_storage().data_ptr()
+    assert args[-1] is outputs.sf and outputs.sf.dtype == torch.int32
+    view = (outputs.sf.mT if spec.sf_col_major else outputs.sf).view(torch.uint8)  # the alias's shape and strides
     rows, cols = call.sf_rows_cols()
     expected = torch.randint(0, 255, (rows, cols), dtype=torch.uint8)
     for gr in range(rows):

@@ -135,7 +135,7 @@ def round_bf16_to_e4m3(value, field, run, j):
     two powers of two for this one pair (fp32 sources have bits below 2^-29 there)."""
     magnitude = T.alloc_var("float32")
     offset = T.alloc_var("float32")
-    magnitude = T.min(T.abs(value), T.float32(448.0))  # NaN: replaced below
+    magnitude = T.abs(value)  # NaN: replaced below
     offset = T.if_then_else(magnitude < T.float32(E4M3_SMALLEST_NORMAL), T.float32(E4M3_SMALLEST_NORMAL),
                             T.float32(0.0))
     rounded = (T.reinterpret(T.ieee_add(magnitude, offset), "uint32") + field) & T.uint32(E4M3_KEPT_BITS)
