@@ -123,12 +123,14 @@ BF16_FIELD_POSITION = 12
 
 @T.macro
 def round_bf16_to_e4m3(value, field, run, j):
-    """``run[j]`` = fp32 ``value`` (a widened bf16) saturated at 448 and rounded stochastically
-    onto e4m3 with its 8 random bits ``field`` (uint32, bits 12–19), held in fp32 (the store
-    encodes it exactly). On a normal step ``a``'s bits 19–12 are ``floor(p · 2^8)`` (a bf16 has
-    no bits below 16), so ``floor(p · 2^8) + f ≥ 2^8`` is a carry out of them: add the field to
-    the pattern and cut it to e4m3's mantissa (a carry into the exponent is the step up; at 448
-    the bits are zero, so nothing carries past it). Below 2^-6 the step is 2^-9, that of
+    """``run[j]`` = fp32 ``value`` (a widened bf16) rounded stochastically onto e4m3's grid with
+    its 8 random bits ``field`` (uint32, bits 12–19), held in fp32; the store's ``satfinite``
+    encodes it exactly, and takes whatever lies past 448 (±inf included) to ±448, as saturating
+    first would (a step up from 448 is 480: saturated back; no clamp here, 16 instructions and 3
+    registers fewer a thread). On a normal step ``a``'s bits 19–12 are ``floor(p · 2^8)`` (a bf16
+    has no bits below 16), so ``floor(p · 2^8) + f ≥ 2^8`` is a carry out of them: add the field
+    to the pattern and cut it to e4m3's mantissa (a carry into the exponent is the step up; a NaN
+    may carry into the sign, and is replaced by ``value``). Below 2^-6 the step is 2^-9, that of
     ``a + 2^-6``'s binade: the same carry on ``a + 2^-6``, then minus 2^-6. The sum is exact
     where ``a ≥ 2^-22`` (its lowest bit at 2^-29 or above) and below that ``floor(p · 2^8)`` is 0
     either way; both subtractions are exact. Replaces :func:`grid_rounding`'s fixed point and its
