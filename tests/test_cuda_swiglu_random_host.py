@@ -5,6 +5,8 @@ with ``jit.entry`` replaced by a recorder."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -359,11 +361,11 @@ def test_a_tuning_variable_that_is_not_an_integer_is_named(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("source, target, fields, blocks, run", [(FP32, BF16, 2, 1, 8),
-                                                                 (FP32, torch.float8_e4m3fn, 1, 4, 16),
+                                                                 (FP32, torch.float8_e4m3fn, 2, 2, 16),
                                                                  (BF16, torch.float8_e4m3fn, 4, 1, 16)])
 def test_a_stochastic_cast_thread_takes_whole_blocks_of_its_pairs_fields(source, target, fields, blocks, run) -> None:
     """A thread's run of one 128-bit access is ``R / (4k)`` Philox blocks of ``k`` fields a word
-    (core's field widths: 16, 24, 8 bits); the nearest cast's run is the same access."""
+    (core's field widths: 16, 16, 8 bits); the nearest cast's run is the same access."""
     from tileplug.backend_cuda.quant.element_cast import ElementCastSpec, TL_DTYPES
     from tileplug.core.contracts.cast import RANDOM_FIELD_BITS
 
@@ -382,7 +384,7 @@ def _kernel_field(words: torch.Tensor, field: int, width: int, position: int) ->
     return moved if position == 0 else moved & (((1 << width) - 1) << position)
 
 
-@pytest.mark.parametrize("width, position", [(16, 0), (8, 12), (8, 16), (24, 0)])
+@pytest.mark.parametrize("width, position", [(16, 0), (16, 4), (8, 12), (8, 16), (24, 0)])
 def test_the_kernels_field_shifts_give_the_references_fields(width, position) -> None:
     """Field ``s`` of each word as the CUDA kernels extract it equals the reference's field of
     element ``k·w + s`` (moved from the 24-bit scale to ``position``)."""
@@ -398,10 +400,31 @@ def test_the_kernels_field_shifts_give_the_references_fields(width, position) ->
         assert torch.equal(_kernel_field(drawn, field, width, position), want)
 
 
+def _carry_rounding_model(value: torch.Tensor, field: torch.Tensor, width: int) -> torch.Tensor:
+    """``element_kernels.carry_round_to_e4m3`` on the CPU: ``a = |value|``; below 2^-6 the pattern of
+    ``a + 2^-6`` added toward zero (in [2^-6, 2^-5) its ulp is 2^-29: 2^-6's pattern plus
+    ``floor(a · 2^29)``, an exact scaling and floor in fp32); the ``width``-bit field added at bits
+    ``20 − width`` … 19, the pattern cut to e4m3's mantissa, minus 2^-6, the sign put back, NaN kept,
+    and the store's ``satfinite`` (torch's own conversion gives NaN past 448) → e4m3."""
+    magnitude = value.abs()
+    small = magnitude < 2.0**-6
+    smallest_normal_bits = torch.tensor(2.0**-6).view(torch.int32).to(torch.int64)
+    truncated_sum = smallest_normal_bits + (magnitude * 2.0**29).floor().to(torch.int64)
+    summed = torch.where(small, truncated_sum, magnitude.view(torch.int32).to(torch.int64))
+    rounded = ((summed + (field << (20 - width))) & 0xFFF00000).to(torch.int32).view(torch.float32)
+    result = (rounded - torch.where(small, 2.0**-6, 0.0)).copysign(value)
+    return torch.where(value.isnan(), value, result.clamp(-448.0, 448.0)).to(torch.float8_e4m3fn)
+
+
+def _same_bytes(result: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Bytewise equal, any NaN equal to any NaN."""
+    return (result.view(torch.uint8) == want.view(torch.uint8)) | (result.float().isnan() & want.float().isnan())
+
+
 def test_the_bf16_to_e4m3_rounding_equals_the_reference_on_every_bf16() -> None:
-    """``element_kernels.round_bf16_to_e4m3``'s arithmetic (fp32 IEEE adds, integer carry at bits
-    12-19, then minus the subnormal offset), modelled on the CPU, against the reference's rule for
-    all 65536 bf16 patterns and a spread of 8-bit fields (0, 1, the middle, 255, random)."""
+    """``element_kernels.carry_round_to_e4m3``'s arithmetic at 8 bits (a carry at bits 12–19),
+    modelled on the CPU, against the reference's rule for all 65536 bf16 patterns and a spread of
+    8-bit fields (0, 1, the middle, 255, random)."""
     from tileplug.reference.quant.stochastic_cast import round_to_e4m3
 
     patterns = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16)
@@ -409,15 +432,38 @@ def test_the_bf16_to_e4m3_rounding_equals_the_reference_on_every_bf16() -> None:
     generator = torch.Generator().manual_seed(5)
     fields = [torch.full_like(patterns, f, dtype=torch.int64) for f in (0, 1, 127, 128, 255)]
     fields += [torch.randint(0, 256, patterns.shape, generator=generator) for _ in range(3)]
-    smallest_normal = torch.tensor(2.0**-6)
     for field in fields:
-        magnitude = value.abs()  # not saturated first: the store's satfinite takes what passes 448
-        offset = torch.where(magnitude < smallest_normal, smallest_normal, torch.zeros(()))
-        summed = (magnitude + offset).view(torch.int32).to(torch.int64)
-        rounded = ((summed + (field << 12)) & 0xFFF00000).to(torch.int32).view(torch.float32)
-        result = (rounded - offset).copysign(value)
-        # cvt.rn.satfinite (torch's own conversion gives NaN past 448): ±inf and the rest to ±448
-        result = torch.where(value.isnan(), value, result.clamp(-448.0, 448.0)).to(torch.float8_e4m3fn)
-        want = round_to_e4m3(value, field << 16)
-        same = (result.view(torch.uint8) == want.view(torch.uint8)) | (result.float().isnan() & want.float().isnan())
+        same = _same_bytes(_carry_rounding_model(value, field, 8), round_to_e4m3(value, field << 16))
         assert bool(same.all()), f"first difference at bf16 {int(patterns[~same][0]) & 0xFFFF:#06x}"
+
+
+def test_the_fp32_to_e4m3_rounding_equals_the_reference() -> None:
+    """The same arithmetic at 16 bits (a carry at bits 4–19, the sum below 2^-6 toward zero) against
+    the reference's rule on 2^20 random fp32 patterns, every binade's edges (each power of two, one
+    ulp either side, both signs), e4m3's subnormal range densely, and fields 0, 1, the middle,
+    2^16 − 1 and random ones."""
+    from tileplug.reference.quant.stochastic_cast import round_to_e4m3
+
+    generator = torch.Generator().manual_seed(6)
+    random_patterns = torch.randint(-(2**31), 2**31, (1 << 20,), generator=generator, dtype=torch.int64)
+    powers = torch.arange(-149, 128, dtype=torch.float64).exp2().float()
+    edges = torch.cat([powers, powers.view(torch.int32).add(1).view(torch.float32),
+                       powers.view(torch.int32).sub(1).view(torch.float32)])
+    subnormal_steps = torch.rand(1 << 16, generator=generator) * 2.0**-6
+    value = torch.cat([random_patterns.to(torch.int32).view(torch.float32), edges, -edges, subnormal_steps,
+                       torch.tensor([0.0, -0.0, 448.0, 464.0, 480.0, 3.4e38, math.inf, -math.inf, math.nan])])
+    fields = [torch.full(value.shape, f, dtype=torch.int64) for f in (0, 1, 1 << 15, (1 << 16) - 1)]
+    fields += [torch.randint(0, 1 << 16, value.shape, generator=generator) for _ in range(2)]
+    for field in fields:
+        same = _same_bytes(_carry_rounding_model(value, field, 16), round_to_e4m3(value, field << 8))
+        assert bool(same.all()), f"first difference at fp32 {float(value[~same][0])!r}"
+    # Below 2^-6, where a nearest-even sum would carry into the field's bits: a = k · 2^-25 plus
+    # 15.75 units of 2^-29 (k ones-complemented in the field) sits one short of the threshold; added
+    # toward zero it rounds down, as the reference does (a nearest-even sum would round it up).
+    k = torch.randint(1, (1 << 16) - 1, (4096,), generator=generator)
+    value = k.double() * 2.0**-25 + 15.75 * 2.0**-29
+    assert torch.equal(value.float().double(), value)  # exact in fp32
+    value, field = value.float(), (1 << 16) - 1 - k
+    expected = (k.double() * 2.0**-25 / 2.0**-9).floor() * 2.0**-9  # the step below: p truncated is k · 2^-16
+    assert torch.equal(round_to_e4m3(value, field << 8).double(), expected)
+    assert bool(_same_bytes(_carry_rounding_model(value, field, 16), round_to_e4m3(value, field << 8)).all())

@@ -1,7 +1,7 @@
 """Ascend kernel of ``stochastic_cast`` (docs/spec.md §10.2): ``x`` (fp32 → bf16 or e4m3, bf16 →
 e4m3) narrowed with stochastic rounding under the Philox draw of ``(seed, offset)``; then
 ``offset += 1``. Element ``i`` (row-major) takes a field of ``w`` random bits (:data:`FIELD_BITS`,
-core's ``RANDOM_FIELD_BITS``: 16 for fp32 → bf16, 8 for bf16 → e4m3, 24 for fp32 → e4m3): field
+core's ``RANDOM_FIELD_BITS``: 16 for fp32 → bf16 and fp32 → e4m3, 8 for bf16 → e4m3): field
 ``i mod k`` of word ``i // k`` (``k = 32 / w`` fields a word, counted from its top; word ``j`` of
 the draw is the word ``fill_rand`` gives element ``j``), and rounds with it shifted up to 24 bits,
 ``r_i = f_i · 2^(24 − w)`` (at ``w = 24``: ``word_i >> 8``), so one 24-bit rounding serves every
@@ -20,8 +20,8 @@ and one mask each, ``f_s`` of lane ``j`` = field ``s`` of word ``j`` at bits ``[
 those are interleaved (:func:`field_order`: one ``vintlv`` for ``k = 2``, the four of
 ``element_order`` for ``k = 4``) into ``k`` registers of consecutive elements, ``64k·m ..
 64k·m + 64k − 1``, which line up with the loaded registers of ``x`` at the same index. So the
-Philox rounds run once per ``k`` elements: per element 1/4 block for fp32 → e4m3, 1/8 for fp32 →
-bf16, 1/16 for bf16 → e4m3.
+Philox rounds run once per ``k`` elements: per element 1/8 block for fp32 → bf16 and fp32 → e4m3,
+1/16 for bf16 → e4m3.
 
 The rounding is integer work on the fp32 bit patterns (a bf16 ``x`` widened exactly: its 16 bits
 shifted up), plain Python over ``ops`` (:mod:`~tileplug.backend_ascend.random.vector_ops`; the tests
@@ -113,8 +113,8 @@ PAIRS = tuple(FIELD_BITS)
 def random_bits(ops, words) -> tuple:
     """The Philox words ``(r0, r1, r2, r3)`` of a group → their top 24 bits, in element order (four
     ``uint32`` registers: elements ``0..63``, ``64..127``, ``128..191``, ``192..255`` of the group):
-    one word per element, ``w = 24`` (fp32 → e4m3 here; every stochastic per-token / per-block cast
-    of the quant tile kernel)."""
+    one word per element, ``w = 24`` (every stochastic per-token / per-block cast of the quant tile
+    kernel)."""
     return philox.element_order(ops, tuple(ops.shift_right(word, MANTISSA_SHIFT, f"r{index}")
                                            for index, word in enumerate(words)))
 
@@ -367,7 +367,7 @@ class StochasticCastSpec(ElementCastSpec):
 
     @property
     def elements_per_word(self) -> int:
-        """``k = 32 / w``: 2 for fp32 → bf16, 4 for bf16 → e4m3, 1 for fp32 → e4m3."""
+        """``k = 32 / w``: 2 for fp32 → bf16 and fp32 → e4m3, 4 for bf16 → e4m3."""
         return WORD_BITS // self.field_bits
 
 

@@ -3,8 +3,8 @@ rounding macros the quant tile kernel shares (``grid_rounding``).
 
 ``nearest_cast``: a thread's run of ``x`` widened to fp32 (exact) and converted to the target by
 the store (round to nearest even; e4m3 with ``satfinite``). ``stochastic_cast``: element ``i``
-rounds with its ``w``-bit field of the draw (docs/spec.md §10.2: ``w`` = 16 for fp32 → bf16, 8 for
-bf16 → e4m3, 24 for fp32 → e4m3; field ``i mod k`` of word ``i // k``, ``k = 32 // w``, the first
+rounds with its ``w``-bit field of the draw (docs/spec.md §10.2: ``w`` = 16 for fp32 → bf16 and fp32
+→ e4m3, 8 for bf16 → e4m3; field ``i mod k`` of word ``i // k``, ``k = 32 // w``, the first
 at the word's top), so a thread's Philox block serves ``4k`` elements of its run. ``a = |x|``
 between its neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
 ``floor((a − lo) / (hi − lo) · 2^w) + f ≥ 2^w``. Each rounding is a few integer operations:
@@ -12,10 +12,10 @@ between its neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
 - fp32 → bf16 (``w = 16``): the fraction is the 16 dropped bits ``m``, and ``m + f ≥ 2^16`` is a
   carry out of them: add ``f`` to the fp32 pattern and clear its low 16 bits (a carry is the step
   up, past the largest finite: inf).
-- bf16 → e4m3 (``w = 8``): a carry out of bits 12–19 of the pattern of ``a`` (or of ``a + 2^-6``
-  below e4m3's normal range), :func:`round_bf16_to_e4m3`.
-- fp32 → e4m3 (and the quantized values of the stochastic per-token / per-block casts, e4m3 or
-  e2m1, ``w = 24``: :func:`grid_rounding`): ``a = min(a, 448)``, ``e`` its binade clamped
+- bf16 → e4m3 (``w = 8``) and fp32 → e4m3 (``w = 16``): a carry out of bits ``20 − w`` … 19 of the
+  pattern of ``a`` (or of ``a + 2^-6`` below e4m3's normal range), :func:`carry_round_to_e4m3`.
+- the quantized values of the stochastic per-token / per-block casts (e4m3 or e2m1, ``w = 24``:
+  :func:`grid_rounding`): ``a = min(a, 448)``, ``e`` its binade clamped
   below at −6 (e4m3's smallest normal exponent; its subnormals share that step),
   ``s = a · 2^(3 − e)`` in [0, 16); ``fixed = floor(s · 2^24)`` is exact (a power-of-two
   scaling below 2^28, then one floor) and ``(fixed + r) >> 24``, ``r = f · 2^(24 − w)``, is
@@ -113,34 +113,41 @@ def grid_rounding(grid: str):
     return round_to_grid
 
 
-round_to_e4m3 = grid_rounding("e4m3")
 E4M3_KEPT_BITS = 0xFFF00000
 """An fp32 pattern cut to e4m3's 3 mantissa bits: its dropped bits are 0–19."""
 E4M3_SMALLEST_NORMAL = 2.0**-6
-BF16_FIELD_POSITION = 12
-"""Where :func:`round_bf16_to_e4m3` wants its 8-bit field: bits 12–19 of an fp32 pattern."""
+E4M3_DROPPED_BITS = 20
+"""An fp32 pattern's bits below e4m3's last place on a normal step: bits 0–19."""
+
+
+def e4m3_field_position(width: int) -> int:
+    """Where :func:`carry_round_to_e4m3` wants a ``width``-bit field: its top at bit 19 (12 for a bf16
+    source's 8 bits, 4 for an fp32 source's 16)."""
+    return E4M3_DROPPED_BITS - width
 
 
 @T.macro
-def round_bf16_to_e4m3(value, field, run, j):
-    """``run[j]`` = fp32 ``value`` (a widened bf16) rounded stochastically onto e4m3's grid with
-    its 8 random bits ``field`` (uint32, bits 12–19), held in fp32; the store's ``satfinite``
-    encodes it exactly, and takes whatever lies past 448 (±inf included) to ±448, as saturating
-    first would (a step up from 448 is 480: saturated back; no clamp here, 16 instructions and 3
-    registers fewer a thread). On a normal step ``a``'s bits 19–12 are ``floor(p · 2^8)`` (a bf16
-    has no bits below 16), so ``floor(p · 2^8) + f ≥ 2^8`` is a carry out of them: add the field
-    to the pattern and cut it to e4m3's mantissa (a carry into the exponent is the step up; a NaN
-    may carry into the sign, and is replaced by ``value``). Below 2^-6 the step is 2^-9, that of
-    ``a + 2^-6``'s binade: the same carry on ``a + 2^-6``, then minus 2^-6. The sum is exact
-    where ``a ≥ 2^-22`` (its lowest bit at 2^-29 or above) and below that ``floor(p · 2^8)`` is 0
-    either way; both subtractions are exact. Replaces :func:`grid_rounding`'s fixed point and its
-    two powers of two for this one pair (fp32 sources have bits below 2^-29 there)."""
+def carry_round_to_e4m3(value, field, run, j):
+    """``run[j]`` = fp32 ``value`` rounded stochastically onto e4m3's grid with its ``w`` random bits
+    ``field`` (uint32, bits ``20 − w`` … 19: :func:`e4m3_field_position`), held in fp32; the store's
+    ``satfinite`` encodes it exactly, and takes whatever lies past 448 (±inf included) to ±448, as
+    saturating first would (a step up from 448 is 480: saturated back; no clamp here, 16
+    instructions and 3 registers fewer a thread for bf16). On a normal step the pattern's bits
+    ``20 − w`` … 19 of ``a`` are ``floor(p · 2^w)`` (the bits below them cannot carry into the sum:
+    the field's are zero there), so ``floor(p · 2^w) + f ≥ 2^w`` is a carry out of them: add the
+    field to the pattern and cut it to e4m3's mantissa (a carry into the exponent is the step up;
+    past the largest finite fp32 it gives inf, 448 once stored; a NaN may carry into the sign, and
+    is replaced by ``value``). Below 2^-6 the step is 2^-9, that of ``a + 2^-6``'s binade: the same
+    carry on ``a + 2^-6`` added toward zero (its bits ``20 − w`` … 19 are then ``floor(p · 2^w)``
+    exactly, the truncations composing), then minus 2^-6, exact. Replaces :func:`grid_rounding`'s
+    fixed point and its two powers of two for the element casts (bf16 → e4m3, ``w = 8``, and fp32 →
+    e4m3, ``w = 16``); the per-token / per-block casts keep it (24 bits)."""
     magnitude = T.alloc_var("float32")
     offset = T.alloc_var("float32")
     magnitude = T.abs(value)  # NaN: replaced below
     offset = T.if_then_else(magnitude < T.float32(E4M3_SMALLEST_NORMAL), T.float32(E4M3_SMALLEST_NORMAL),
                             T.float32(0.0))
-    rounded = (T.reinterpret(T.ieee_add(magnitude, offset), "uint32") + field) & T.uint32(E4M3_KEPT_BITS)
+    rounded = (T.reinterpret(T.ieee_add(magnitude, offset, "rz"), "uint32") + field) & T.uint32(E4M3_KEPT_BITS)
     result = T.ieee_sub(T.reinterpret(rounded, "float32"), offset)
     run[j] = T.if_then_else(is_nan(value), value, with_sign_of(result, value))
 
@@ -186,14 +193,12 @@ def build_stochastic(spec):
     assert BLOCKS * 4 * FIELDS == RUN, "a run is whole Philox blocks"
     SOURCE, TARGET = spec.source, spec.target
     TO_BF16 = TARGET == "bfloat16"
-    # the rounding, and where it wants its field: a bf16 target adds it to the 16 dropped bits, a bf16
-    # source's e4m3 rounding to bits 12-19 of the pattern, fp32's e4m3 rounding at the 24-bit scale
+    # the rounding, and where it wants its field: a bf16 target adds it to the 16 dropped bits, an
+    # e4m3 target to the 20 (its top at bit 19)
     if TO_BF16:
         round_value, POSITION = round_to_bf16, 0
-    elif SOURCE == "bfloat16":
-        round_value, POSITION = round_bf16_to_e4m3, BF16_FIELD_POSITION
     else:
-        round_value, POSITION = round_to_e4m3, FRACTION_BITS - WIDTH
+        round_value, POSITION = carry_round_to_e4m3, e4m3_field_position(WIDTH)
     seed_t, offset_t = state_buffers()
 
     @T.prim_func
