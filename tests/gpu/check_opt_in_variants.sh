@@ -112,6 +112,11 @@
 #      bf16 → e4m3) where an H200 comes: their GPU tests, then tests/gpu/probe_cast.py (on an H100 the same day,
 #      docs/benchmarks/h100-stochastic-fields-host-2026-12-07-s34.txt: bf16 → e4m3 86.6 % of the deterministic cast
 #      at T = 65536, fp32 → bf16 memory-bound either way there; the H200 had fp32 → bf16 at 70.2 % issue-bound).
+#      Ran on the H200 (2026-12-07, thirty-fifth session, main at 9003638: 184 passed; fp32 → bf16 99.6 %,
+#      bf16 → e4m3 71.4 %, fp32 → e4m3 69.2 % of the deterministic cast at T = 65536; docs/benchmarks/
+#      h200-quant-casts-norm-moe-2026-12-07-s35.txt). Run it again for a903796: fp32 → e4m3 on 16-bit fields
+#      (a Philox block per 8 elements) and the carry rounding of both e4m3 pairs (744 → 600 SASS, 70 → 53
+#      registers for fp32 → e4m3), bytes and bandwidth not yet seen on a GPU.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
