@@ -117,6 +117,11 @@
 #      h200-quant-casts-norm-moe-2026-12-07-s35.txt). Run it again for a903796: fp32 → e4m3 on 16-bit fields
 #      (a Philox block per 8 elements) and the carry rounding of both e4m3 pairs (744 → 600 SASS, 70 → 53
 #      registers for fp32 → e4m3), bytes and bandwidth not yet seen on a GPU.
+#  26. (thirty-fifth session) old / new for the packed-sf hand-off (f8d2499: the int32 sf as allocated, the kernels
+#      writing its bytes through an alias, no host view): OLD = a copy of 291011b's CUDA backend src (as step 23),
+#      the bench's per_token_cast (control) and its UE8M0 column-major form at T = 1, 4096, 16384, 65536, host
+#      column included. On the H200 the same day the column-major form ran at 96.7 % of copy at T = 65536 (99.7 %
+#      in the ninth session) and its host time fell below per_token's; this separates the two.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #
@@ -399,5 +404,15 @@ if want 25 && [ $(left) -gt 60 ]; then
     > $OUT/stochastic_fields_tests.txt 2>&1; tail -2 $OUT/stochastic_fields_tests.txt
   [ $(left) -gt 40 ] && timeout $(( $(left) - 10 )) python3 tests/gpu/probe_cast.py 2>> $OUT/stderr.log \
     | tee $OUT/stochastic_fields_probe.txt | grep -E '"tokens": 65536' | grep -v tile_kernels | cut -c1-200
+fi
+if want 26 && [ -n "${OLD:-}" ] && [ $(left) -gt 60 ]; then
+  for form in old new; do
+    [ $(left) -gt 40 ] || break
+    path=$([ $form = old ] && echo "$PWD/$OLD:" || echo "")
+    echo "== packed sf $form, $(left) s left" | tee -a $OUT/packed_sf_old_new.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
+      $BENCH --ops per_token_cast,per_token_cast/ue8m0-col --tokens 1,4096,16384,65536 2>> $OUT/stderr.log \
+      | tee -a $OUT/packed_sf_old_new.txt | grep -E "^[a-z_]+(/[a-z0-9-]+)? +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
+  done
 fi
 echo "all done, $(left) s left"
