@@ -1,0 +1,180 @@
+"""The CUDA element casts' generated source, run on the CPU: each ``nearest_cast`` and ``stochastic_cast``
+specialisation is lowered for sm_90 as the backend lowers it, its kernel compiled with g++ against host
+stand-ins of the few intrinsics it uses (``tests/fixtures/cuda-host/emulation.h``: ``__umulhi``, the
+rounding-mode adds, the CUDA headers' own host fp8 / bf16 conversions) and run thread by thread over
+the grid the launcher would use; its bytes must equal the reference's (any NaN equals any NaN).
+
+Marker ``nvcc``: the CUDA headers come with nvcc (skipped without nvcc, g++ or those headers). What
+this does not see: warps, the device's NaN canonicalisation, the 128-bit access instructions (the
+compile test checks those); what it does see is every index, shift, mask and rounding the kernel
+computes, bytewise, on a GPU-less machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from tileplug.core.ops.cast import cast, nearest_cast
+from tileplug.core.random import Generator
+
+pytestmark = pytest.mark.nvcc
+
+EMULATION_HEADER = os.path.join(os.path.dirname(__file__), "fixtures", "cuda-host")
+TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn}
+STOCHASTIC = [("float32", "bfloat16"), ("float32", "float8_e4m3fn"), ("bfloat16", "float8_e4m3fn")]
+NEAREST = [(source, target) for source in TORCH for target in TORCH]
+COUNT = 100_003  # not a multiple of a thread's run or a CTA's
+SEEDS = [(0, 0), (2**64 - 1, 5), (0x243F6A8885A308D3, 2**32 + 7)]
+
+
+def cuda_include_dir() -> str | None:
+    """The CUDA headers nvcc itself uses (its ``--dryrun`` INCLUDES), else ``CUDA_HOME``'s or
+    /usr/local/cuda's: the first folder holding ``cuda_fp8.h``."""
+    candidates = []
+    if shutil.which("nvcc"):
+        dry = subprocess.run(["nvcc", "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True)
+        candidates += re.findall(r'INCLUDES="-I([^"]+)"', dry.stdout + dry.stderr)
+    candidates += [os.path.join(root, "include") for root in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda") if root]
+    return next((folder for folder in candidates if os.path.exists(os.path.join(folder, "cuda_fp8.h"))), None)
+
+
+def host_harness(source: str) -> tuple[str, list[str], int]:
+    """The kernel definition of a generated source (its includes dropped), wrapped in
+    ``run_grid(<kernel parameters>, blocks)`` that runs every thread of every block in turn →
+    (C++ source, the kernel's parameter names in order, threads a block)."""
+    definition = source[source.index('extern "C" __global__ void __launch_bounds__'):]
+    match = re.match(r'extern "C" __global__ void __launch_bounds__\((\d+), \d+\) (\w+)\(([^)]*)\)', definition)
+    assert match is not None, definition[:300]
+    threads, name, parameters = int(match.group(1)), match.group(2), match.group(3)
+    names = [parameter.split()[-1] for parameter in parameters.split(",")]
+    harness = (f'#include "emulation.h"\n{definition}\n'
+               f'extern "C" void run_grid({parameters}, int64_t blocks) {{\n'
+               f'  for (int64_t block = 0; block < blocks; ++block)\n'
+               f'    for (unsigned thread = 0; thread < {threads}; ++thread) {{\n'
+               f'      emulated_block.x = (unsigned)block; emulated_thread.x = thread;\n'
+               f'      {name}({", ".join(names)});\n'
+               f'    }}\n}}\n')
+    return harness, names, threads
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """``build(spec, source=None)`` → ``(run_grid, parameter names, threads)`` of ``spec``'s kernel (or of
+    ``source``, an edited copy of it) compiled for the host."""
+    include = cuda_include_dir()
+    if shutil.which("g++") is None or include is None:
+        pytest.skip("g++ or the CUDA headers (cuda_fp8.h) are missing")
+    from tileplug.backend_cuda import jit
+
+    folder = tmp_path_factory.mktemp("cuda-host")
+
+    def compile_spec(spec, source: str | None = None):
+        harness, names, threads = host_harness(jit.lower_source(spec) if source is None else source)
+        stem = spec.name if source is None else f"{spec.name}_edited"
+        path = folder / f"{stem}.cpp"
+        path.write_text(harness)
+        library = folder / f"{stem}.so"
+        done = subprocess.run(["g++", "-O1", "-std=c++17", "-shared", "-fPIC", "-frounding-math", "-w",
+                               f"-I{include}", f"-I{EMULATION_HEADER}", str(path), "-o", str(library)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return ctypes.CDLL(str(library)).run_grid, names, threads
+
+    return compile_spec
+
+
+def edge_values(dtype: torch.dtype) -> torch.Tensor:
+    """``COUNT`` values over 42 binades, both signs, with the specials first: zeros, infinities, NaNs
+    of several payloads (bf16-representable ones for a bf16 source), e4m3's saturation and smallest
+    steps, fp32's largest and smallest."""
+    generator = torch.Generator().manual_seed(3)
+    values = torch.randn(COUNT, generator=generator) * torch.exp2(
+        torch.randint(-30, 12, (COUNT,), generator=generator).float())
+    specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, 448.0, 464.0, 480.0, -1e6, 2.0**-10, 1e-45,
+                             3.3895314e38, 1 + 2.0**-8, 2.0**-6, -2.0**-7, 2.0**-9 * 0.999, 2.0**-6 * 0.999])
+    values[:specials.numel()] = specials
+    nan_patterns = torch.tensor([0x7F810000, 0x7FFF0000, 0xFFC00000 - 2**32, 0x7FFFFFFF, 0x7F800001],
+                                dtype=torch.int64).to(torch.int32).view(torch.float32)
+    values[100:100 + nan_patterns.numel()] = nan_patterns
+    if dtype == torch.float8_e4m3fn:
+        return values.clamp(-448.0, 448.0).to(dtype)
+    return values.to(dtype)
+
+
+def same_bytes(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    integer = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[got.element_size()]
+    return (got.view(integer) == want.view(integer)) | (got.float().isnan() & want.float().isnan())
+
+
+def run_kernel(built, spec, tensors: dict, count: int) -> None:
+    run_grid, names, threads = built
+    blocks = -(-count // (threads * spec.values_per_thread))
+    arguments = [ctypes.c_int64(count) if name == "N" else ctypes.c_void_p(tensors[name].data_ptr())
+                 for name in names]
+    run_grid(*arguments, ctypes.c_int64(blocks))
+
+
+def first_difference(x: torch.Tensor, got: torch.Tensor, want: torch.Tensor, same: torch.Tensor) -> str:
+    index = int((~same).nonzero()[0])
+    return f"element {index}: x = {float(x[index])!r}, kernel {float(got[index])!r}, reference {float(want[index])!r}"
+
+
+@pytest.mark.parametrize("vectorize", [True, False], ids=["v128", "scalar"])
+@pytest.mark.parametrize("source, target", STOCHASTIC, ids=[f"{s}-{t}" for s, t in STOCHASTIC])
+def test_stochastic_cast_kernel_source_gives_the_references_bytes(build, source, target, vectorize) -> None:
+    from tileplug.backend_cuda.quant.element_cast import ElementCastSpec
+
+    spec = ElementCastSpec("stochastic_cast", source, target, vectorize)
+    built = build(spec)
+    x = edge_values(TORCH[source])
+    for seed, offset in SEEDS:
+        generator = Generator("cpu", seed)
+        generator.offset = offset
+        want = cast(x, TORCH[target], stochastic_rounding=True, generator=generator)
+        result = torch.empty(COUNT, dtype=TORCH[target])
+        state = {"seed": torch.tensor([seed - 2**64 if seed >= 2**63 else seed]), "offset": torch.tensor([offset])}
+        run_kernel(built, spec, {"x": x, "result": result, **state}, COUNT)
+        same = same_bytes(result, want)
+        assert bool(same.all()), f"seed {seed:#x}, offset {offset}: " + first_difference(x, result, want, same)
+
+
+@pytest.mark.parametrize("source, target", NEAREST, ids=[f"{s}-{t}" for s, t in NEAREST])
+def test_nearest_cast_kernel_source_gives_the_references_bytes(build, source, target) -> None:
+    from tileplug.backend_cuda.quant.element_cast import ElementCastSpec
+
+    spec = ElementCastSpec("nearest_cast", source, target)
+    built = build(spec)
+    x = edge_values(TORCH[source])
+    want = torch.empty(COUNT, dtype=TORCH[target])
+    nearest_cast(want, x)
+    result = torch.empty(COUNT, dtype=TORCH[target])
+    run_kernel(built, spec, {"x": x, "result": result}, COUNT)
+    same = same_bytes(result, want)
+    assert bool(same.all()), first_difference(x, result, want, same)
+
+
+def test_a_kernel_that_misplaces_a_field_is_caught(build) -> None:
+    """The check can fail: the fp32 → e4m3 kernel with its field shifted one bit too far down
+    (``>> 11`` for ``>> 12``) differs from the reference on a tenth of the elements or more."""
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.quant.element_cast import ElementCastSpec
+
+    spec = ElementCastSpec("stochastic_cast", "float32", "float8_e4m3fn")
+    source = jit.lower_source(spec)
+    shift = re.search(r"\) >> \(uint\)12\) & \(uint\)1048560\)", source)
+    assert shift is not None, "the field extraction of the 16-bit fields (bits 4-19)"
+    built = build(spec, source.replace(") >> (uint)12) & (uint)1048560)", ") >> (uint)11) & (uint)1048560)"))
+    x = edge_values(torch.float32)
+    want = cast(x, torch.float8_e4m3fn, stochastic_rounding=True, generator=Generator("cpu", 0))
+    result = torch.empty(COUNT, dtype=torch.float8_e4m3fn)
+    run_kernel(built, spec, {"x": x, "result": result, "seed": torch.tensor([0]), "offset": torch.tensor([0])}, COUNT)
+    assert int((~same_bytes(result, want)).sum()) > COUNT // 10
