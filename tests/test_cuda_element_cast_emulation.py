@@ -1,7 +1,8 @@
-"""The CUDA element casts' generated source, run on the CPU: each ``nearest_cast`` and ``stochastic_cast``
-specialisation is lowered for sm_90 as the backend lowers it, its kernel compiled with g++ against host
+"""The CUDA element casts' (and ``fill_rand``'s) generated source, run on the CPU: each ``nearest_cast``,
+``stochastic_cast`` and ``fill_rand`` specialisation is lowered for sm_90 as the backend lowers it, its kernel compiled with g++ against host
 stand-ins of the few intrinsics it uses (``tests/fixtures/cuda-host/emulation.h``: ``__umulhi``, the
-rounding-mode adds, the CUDA headers' own host fp8 / bf16 conversions) and run thread by thread over
+rounding-mode adds, the CUDA headers' own host fp8 / bf16 / fp16 conversions, tileplug's ``mul.wide``
+helper) and run thread by thread over
 the grid the launcher would use; its bytes must equal the reference's (any NaN equals any NaN).
 
 Marker ``nvcc``: the CUDA headers come with nvcc (skipped without nvcc, g++ or those headers). What
@@ -23,6 +24,7 @@ import pytest
 import torch
 
 from tileplug.core.ops.cast import cast, nearest_cast
+from tileplug.core.ops.random import fill_rand
 from tileplug.core.random import Generator
 
 pytestmark = pytest.mark.nvcc
@@ -115,9 +117,11 @@ def same_bytes(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return (got.view(integer) == want.view(integer)) | (got.float().isnan() & want.float().isnan())
 
 
-def run_kernel(built, spec, tensors: dict, count: int) -> None:
+def run_kernel(built, spec, tensors: dict, count: int, per_thread: int | None = None) -> None:
+    """Every thread of the launcher's grid over ``count`` elements, ``per_thread`` a thread (default:
+    the spec's run)."""
     run_grid, names, threads = built
-    blocks = -(-count // (threads * spec.values_per_thread))
+    blocks = -(-count // (threads * (per_thread or spec.values_per_thread)))
     arguments = [ctypes.c_int64(count) if name == "N" else ctypes.c_void_p(tensors[name].data_ptr())
                  for name in names]
     run_grid(*arguments, ctypes.c_int64(blocks))
@@ -178,3 +182,24 @@ def test_a_kernel_that_misplaces_a_field_is_caught(build) -> None:
     result = torch.empty(COUNT, dtype=torch.float8_e4m3fn)
     run_kernel(built, spec, {"x": x, "result": result, "seed": torch.tensor([0]), "offset": torch.tensor([0])}, COUNT)
     assert int((~same_bytes(result, want)).sum()) > COUNT // 10
+
+
+@pytest.mark.parametrize("vectorize", [True, False], ids=["v128", "scalar"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_fill_rand_kernel_source_gives_the_references_values(build, dtype, vectorize) -> None:
+    """The uniform draw's kernel (Philox4x32-10 in TileLang integer arithmetic, ``(r >> 8) · 2^-24``)
+    against the reference's stream, element for element, for three seeds and offsets."""
+    from tileplug.backend_cuda.random.spec import RandomKernelSpec
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    spec = RandomKernelSpec("fill_rand", dtype, vectorize)
+    built = build(spec)
+    per_thread = spec.run_bytes // torch_dtype.itemsize
+    for seed, offset in SEEDS:
+        state = {"seed": torch.tensor([seed - 2**64 if seed >= 2**63 else seed]), "offset": torch.tensor([offset])}
+        want = torch.empty(COUNT, dtype=torch_dtype)
+        fill_rand(want, state["seed"].clone(), state["offset"].clone())
+        values = torch.full((COUNT,), float("nan"), dtype=torch_dtype)
+        run_kernel(built, spec, {"values": values, **state}, COUNT, per_thread)
+        same = same_bytes(values, want)
+        assert bool(same.all()), f"seed {seed:#x}, offset {offset}: " + first_difference(values, values, want, same)
