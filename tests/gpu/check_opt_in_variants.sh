@@ -170,6 +170,18 @@ backward_module_at_32() {
   tail -3 $OUT/$1
 }
 BENCH="python3 -m tileplug.core.cli bench --device cuda --backends cuda --no-compile --no-dispatch --verbose"
+# old_new_bench LABEL OPS TOKENS FILE: the bench cases OPS at TOKENS with OLD's CUDA backend first on PYTHONPATH,
+# then with this tree's, index off, each under the time left; the tables appended to $OUT/FILE, their rows shown.
+old_new_bench() {
+  for form in old new; do
+    [ $(left) -gt 40 ] || break
+    path=$([ $form = old ] && echo "$PWD/$OLD:" || echo "")
+    echo "== $1 $form, $(left) s left" | tee -a $OUT/$4
+    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
+      $BENCH --ops $2 --tokens $3 2>> $OUT/stderr.log | tee -a $OUT/$4 \
+      | grep -E "^[a-z_]+(/[a-z0-9-]+)? +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
+  done
+}
 # 1. the split path: bytes first, then time (a variable setting a process)
 if want 1; then
   timeout 150 python3 tests/gpu/probe_norm_backward_split.py > $OUT/split.txt 2>&1
@@ -382,15 +394,8 @@ if want 23 && [ -n "${OLD:-}" ] && [ $(left) -gt 60 ]; then
     env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
       python3 tests/gpu/probe_fused_qk.py 2>> $OUT/stderr.log | tee -a $OUT/old_new.txt
   done
-  for form in old new; do
-    [ $(left) -gt 40 ] || break
-    path=$([ $form = old ] && echo "$PWD/$OLD:" || echo "")
-    echo "== norms $form, $(left) s left" | tee -a $OUT/old_new.txt
-    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
-      $BENCH --ops rms_norm,rms_norm/residual,rms_norm_per_token_cast/g32,rms_norm_rope,rms_norm_rope_per_token_cast \
-      --tokens 4096,16384,65536 2>> $OUT/stderr.log | tee -a $OUT/old_new.txt \
-      | grep -E "^[a-z_]+(/[a-z0-9-]+)? +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
-  done
+  old_new_bench norms rms_norm,rms_norm/residual,rms_norm_per_token_cast/g32,rms_norm_rope,rms_norm_rope_per_token_cast \
+    4096,16384,65536 old_new.txt
 fi
 if want 24 && [ $(left) -gt 60 ]; then
   TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_NORM_ROPE_VALUES=64 TILEPLUG_GPU_PRECOMPILE=0 \
@@ -406,13 +411,6 @@ if want 25 && [ $(left) -gt 60 ]; then
     | tee $OUT/stochastic_fields_probe.txt | grep -E '"tokens": 65536' | grep -v tile_kernels | cut -c1-200
 fi
 if want 26 && [ -n "${OLD:-}" ] && [ $(left) -gt 60 ]; then
-  for form in old new; do
-    [ $(left) -gt 40 ] || break
-    path=$([ $form = old ] && echo "$PWD/$OLD:" || echo "")
-    echo "== packed sf $form, $(left) s left" | tee -a $OUT/packed_sf_old_new.txt
-    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
-      $BENCH --ops per_token_cast,per_token_cast/ue8m0-col --tokens 1,4096,16384,65536 2>> $OUT/stderr.log \
-      | tee -a $OUT/packed_sf_old_new.txt | grep -E "^[a-z_]+(/[a-z0-9-]+)? +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
-  done
+  old_new_bench "packed sf" per_token_cast,per_token_cast/ue8m0-col 1,4096,16384,65536 packed_sf_old_new.txt
 fi
 echo "all done, $(left) s left"
