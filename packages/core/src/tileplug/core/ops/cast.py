@@ -35,7 +35,7 @@ def stochastic_cast(result: torch.Tensor, x: torch.Tensor, seed: torch.Tensor, o
     contiguous, x's shape. Element ``i`` (row-major) of ``a = |x|`` (``min(a, 448)`` for e4m3)
     between the neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
     ``floor((a − lo) / (hi − lo) · 2^w) + f_i ≥ 2^w``, with ``f_i`` element ``i``'s ``w``-bit
-    field of the Philox draw under ``(seed, offset)``: ``w`` = 16 (fp32 → bf16), 24 (fp32 →
+    field of the Philox draw under ``(seed, offset)``: ``w`` = 16 (fp32 → bf16 and fp32 →
     e4m3), 8 (bf16 → e4m3), field ``i mod k`` of word ``i // k``, ``k = 32 // w``, the first at
     the word's top (``contracts.cast.RANDOM_FIELD_BITS``); the sign is kept, NaN stays NaN.
     """
