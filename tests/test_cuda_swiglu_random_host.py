@@ -14,6 +14,7 @@ from tileplug.backend_cuda import jit
 from tileplug.backend_cuda.plugin import _KERNELS
 from tileplug.core import ops
 from tileplug.core.lowering import describe_call
+from tileplug.core.testing import assert_bytes_equal
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -416,11 +417,6 @@ def _carry_rounding_model(value: torch.Tensor, field: torch.Tensor, width: int) 
     return torch.where(value.isnan(), value, result.clamp(-448.0, 448.0)).to(torch.float8_e4m3fn)
 
 
-def _same_bytes(result: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
-    """Bytewise equal, any NaN equal to any NaN."""
-    return (result.view(torch.uint8) == want.view(torch.uint8)) | (result.float().isnan() & want.float().isnan())
-
-
 def test_the_bf16_to_e4m3_rounding_equals_the_reference_on_every_bf16() -> None:
     """``element_kernels.carry_round_to_e4m3``'s arithmetic at 8 bits (a carry at bits 12–19),
     modelled on the CPU, against the reference's rule for all 65536 bf16 patterns and a spread of
@@ -432,9 +428,9 @@ def test_the_bf16_to_e4m3_rounding_equals_the_reference_on_every_bf16() -> None:
     generator = torch.Generator().manual_seed(5)
     fields = [torch.full_like(patterns, f, dtype=torch.int64) for f in (0, 1, 127, 128, 255)]
     fields += [torch.randint(0, 256, patterns.shape, generator=generator) for _ in range(3)]
-    for field in fields:
-        same = _same_bytes(_carry_rounding_model(value, field, 8), round_to_e4m3(value, field << 16))
-        assert bool(same.all()), f"first difference at bf16 {int(patterns[~same][0]) & 0xFFFF:#06x}"
+    for index, field in enumerate(fields):
+        assert_bytes_equal(_carry_rounding_model(value, field, 8), round_to_e4m3(value, field << 16),
+                           f"every bf16 pattern (element = pattern), fields {index}", nan_equal=True)
 
 
 def test_the_fp32_to_e4m3_rounding_equals_the_reference() -> None:
@@ -454,9 +450,9 @@ def test_the_fp32_to_e4m3_rounding_equals_the_reference() -> None:
                        torch.tensor([0.0, -0.0, 448.0, 464.0, 480.0, 3.4e38, math.inf, -math.inf, math.nan])])
     fields = [torch.full(value.shape, f, dtype=torch.int64) for f in (0, 1, 1 << 15, (1 << 16) - 1)]
     fields += [torch.randint(0, 1 << 16, value.shape, generator=generator) for _ in range(2)]
-    for field in fields:
-        same = _same_bytes(_carry_rounding_model(value, field, 16), round_to_e4m3(value, field << 8))
-        assert bool(same.all()), f"first difference at fp32 {float(value[~same][0])!r}"
+    for index, field in enumerate(fields):
+        assert_bytes_equal(_carry_rounding_model(value, field, 16), round_to_e4m3(value, field << 8),
+                           f"fp32 values, fields {index}", nan_equal=True)
     # Below 2^-6, where a nearest-even sum would carry into the field's bits: a = k · 2^-25 plus
     # 15.75 units of 2^-29 (k ones-complemented in the field) sits one short of the threshold; added
     # toward zero it rounds down, as the reference does (a nearest-even sum would round it up).
@@ -466,4 +462,5 @@ def test_the_fp32_to_e4m3_rounding_equals_the_reference() -> None:
     value, field = value.float(), (1 << 16) - 1 - k
     expected = (k.double() * 2.0**-25 / 2.0**-9).floor() * 2.0**-9  # the step below: p truncated is k · 2^-16
     assert torch.equal(round_to_e4m3(value, field << 8).double(), expected)
-    assert bool(_same_bytes(_carry_rounding_model(value, field, 16), round_to_e4m3(value, field << 8)).all())
+    assert_bytes_equal(_carry_rounding_model(value, field, 16), round_to_e4m3(value, field << 8),
+                       "the crafted values", nan_equal=True)
