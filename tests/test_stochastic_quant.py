@@ -18,7 +18,7 @@ from tileplug.core import ContractError
 from tileplug.core.ops import per_block_cast, per_token_cast
 from tileplug.core.quant import formats
 from tileplug.core.random import Generator
-from test_stochastic_cast import E4M3_VALUES, _model_words
+from test_stochastic_cast import E4M3_VALUES, _model_fields
 
 E2M1_VALUES = [Fraction(v) for v in (0, 1, 2, 3, 4, 6, 8, 12)]
 E2M1_VALUES = [v / 2 for v in E2M1_VALUES]  # 0, 0.5, 1, 1.5, 2, 3, 4, 6
@@ -26,8 +26,14 @@ LARGEST = {"e4m3": Fraction(448), "e2m1": Fraction(6)}
 TABLES = {"e4m3": E4M3_VALUES, "e2m1": E2M1_VALUES}
 
 
-def _model_narrowing(value: float, random_bits: int, fmt: str) -> float:
-    """The spec's rule on exact fractions onto ``fmt``'s grid (saturating at its largest value)."""
+FIELD_BITS = 16
+"""The random bits an element of a stochastic per-token / per-block cast takes (the spec's ``w``,
+written out here): two fields a word, the first at its top."""
+
+
+def _model_narrowing(value: float, field: int, fmt: str) -> float:
+    """The spec's rule on exact fractions onto ``fmt``'s grid (saturating at its largest value):
+    ``hi`` iff ``floor(p · 2^w) + f ≥ 2^w``."""
     table = TABLES[fmt]
     sign = -1.0 if math.copysign(1.0, value) < 0 else 1.0
     magnitude = min(Fraction(abs(value)), LARGEST[fmt])
@@ -36,7 +42,7 @@ def _model_narrowing(value: float, random_bits: int, fmt: str) -> float:
     if index + 1 == len(table):
         return sign * float(low)
     high = table[index + 1]
-    if math.floor((magnitude - low) / (high - low) * 2**24) + random_bits >= 2**24:
+    if math.floor((magnitude - low) / (high - low) * 2**FIELD_BITS) + field >= 2**FIELD_BITS:
         return sign * float(high)
     return sign * float(low)
 
@@ -81,12 +87,12 @@ def test_equals_an_independent_model(op, kwargs, block, seed) -> None:
     assert torch.equal(sf, deterministic_sf), "the rounding never changes the scales"
     fmt = kwargs["fmt"]
     values = _plain_values(x, block, fmt).flatten().tolist()
-    bits = [word >> 8 for word in _model_words(seed, 3, len(values))]
+    bits = _model_fields(seed, 3, len(values), FIELD_BITS)
     got = _decoded(q, fmt)
     for index, (have, value, r) in enumerate(zip(got, values, bits)):
         want = _model_narrowing(value, r, fmt)
         assert have == want and math.copysign(1, have) == math.copysign(1, want), (
-            f"element {index} (x·inv = {value!r}, r = {r}): {have} != {want}")
+            f"element {index} (x·inv = {value!r}, f = {r}): {have} != {want}")
     assert not torch.equal(q.view(torch.uint8), deterministic_q.view(torch.uint8))
 
 

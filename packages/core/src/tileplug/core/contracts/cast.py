@@ -41,8 +41,14 @@ up to a whole field and capped at 16 (fp32 → e4m3 takes the top 16 of its 20: 
 2^-16 of a step, for a Philox block per 8 elements instead of 4 — at 24 bits the cast ran at 69 % of
 the deterministic one on an H200). A 32-bit word of the draw holds ``32 // w`` fields, the first at its
 top (one at ``w = 24``: the word's top 24 bits), so element ``i`` takes field ``i mod (32 // w)`` of
-word ``i // (32 // w)``. The stochastic per-token / per-block casts narrow fp32 values with a whole
-word an element: ``w = 24``."""
+word ``i // (32 // w)``. The stochastic per-token / per-block casts narrow fp32 values ``x·inv``:
+:data:`QUANT_RANDOM_FIELD_BITS`."""
+QUANT_RANDOM_FIELD_BITS = 16
+"""``w`` of the stochastic per-token / per-block casts (docs/spec.md §10.2): the narrowing of the fp32
+``x·inv`` to e4m3 or e2m1 takes a 16-bit field, two a word, as fp32 → e4m3 does (its normal steps
+drop 20 and 22 bits: a bias toward zero under 2^-16 of a step, for a Philox block per 8 elements
+instead of 4 — with a whole word an element the per-token cast ran at about 40 % of its deterministic
+form on an H200)."""
 
 
 class StochasticCastInputs(NamedTuple):

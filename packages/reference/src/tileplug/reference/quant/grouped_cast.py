@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from tileplug.core.contracts.cast import QUANT_RANDOM_FIELD_BITS
 from tileplug.core.contracts.quant import MODE_PRECOMPUTED_SF, MODE_SF_ONLY, QuantCall, QuantInputs, QuantOutputs
 from tileplug.core.quant import formats, layouts
 from tileplug.core.quant.sf_math import (
@@ -55,8 +56,9 @@ def grouped_cast(call: QuantCall, inputs: QuantInputs, outputs: QuantOutputs) ->
         scaled = scale_groups(data, inverse, cast.block)
     else:
         scaled = data * (input_scale * expand_groups(inverse, cast.block, tokens, hidden))
-    if cast.stochastic:  # element (t, h) rounds with word t·H + h of the generator's draw
-        scaled = round_on_grid(scaled, element_random_bits(inputs.seed, inputs.offset, tuple(scaled.shape)), cast.fmt)
+    if cast.stochastic:  # element i = t·H + h rounds with field i mod 2 of word i // 2 of the generator's draw
+        random_bits = element_random_bits(inputs.seed, inputs.offset, tuple(scaled.shape), QUANT_RANDOM_FIELD_BITS)
+        scaled = round_on_grid(scaled, random_bits, cast.fmt)
     outputs.q.copy_(formats.encode(scaled, cast.fmt))
 
 
