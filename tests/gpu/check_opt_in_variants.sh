@@ -124,6 +124,11 @@
 #      in the ninth session) and its host time fell below per_token's; this separates the two.
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
+#  27. (thirty-sixth session) the stochastic per-token / per-block casts on 16-bit fields (two a word, a Philox block
+#      per 8 elements; e4m3 by the element casts' carry rounding, the split product): their GPU tests (every op-table
+#      case of stochastic_rounding=True at six token counts, bytewise against the reference), then
+#      tests/gpu/probe_stochastic_quant.py old / new (OLD = the src folder of a copy of the CUDA backend before the
+#      change, as step 23; the old kernel takes a word an element, so only its time means anything).
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -412,5 +417,16 @@ if want 25 && [ $(left) -gt 60 ]; then
 fi
 if want 26 && [ -n "${OLD:-}" ] && [ $(left) -gt 60 ]; then
   old_new_bench "packed sf" per_token_cast,per_token_cast/ue8m0-col 1,4096,16384,65536 packed_sf_old_new.txt
+fi
+if want 27 && [ $(left) -gt 60 ]; then
+  timeout $(( $(left) > 130 ? 120 : $(left) - 10 )) $P -n 8 tests/gpu/test_cuda_quant.py -k stochastic \
+    > $OUT/stochastic_quant_tests.txt 2>&1; tail -2 $OUT/stochastic_quant_tests.txt
+  for form in ${OLD:+old} new; do
+    [ $(left) -gt 40 ] || break
+    path=$([ $form = old ] && echo "$PWD/$OLD:" || echo "")
+    echo "== stochastic quant $form, $(left) s left" | tee -a $OUT/stochastic_quant.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
+      python3 tests/gpu/probe_stochastic_quant.py 2>> $OUT/stderr.log | tee -a $OUT/stochastic_quant.txt | cut -c1-400
+  done
 fi
 echo "all done, $(left) s left"

@@ -37,8 +37,14 @@ import tilelang.language as T
 
 from tileplug.backend_cuda.quant import sf_math
 from tileplug.backend_cuda.quant.spec import KernelSpec
-from tileplug.backend_cuda.quant.element_kernels import MANTISSA_SHIFT, grid_rounding
-from tileplug.backend_cuda.random.philox import DEVICE_HELPERS, philox_block, state_buffers
+from tileplug.backend_cuda.quant.element_kernels import (
+    carry_round_to_e4m3,
+    e4m3_field_position,
+    grid_rounding,
+    random_field,
+)
+from tileplug.backend_cuda.random.philox import philox_block, state_buffers
+from tileplug.core.contracts.cast import QUANT_RANDOM_FIELD_BITS
 from tileplug.core.call import QuantMode
 from tileplug.core.quant.formats import QUANT_FORMATS
 
@@ -112,10 +118,19 @@ def build_kernel(spec: KernelSpec):
     LOSSLESS = spec.lossless  # the group scale from the input scales' exponents (SPEC §11)
     assert not LOSSLESS or (QUANTIZED and MODE is QuantMode.CAST and not spec.stochastic)
     STOCHASTIC = spec.stochastic
-    PRELUDE = DEVICE_HELPERS if STOCHASTIC else None  # the Philox product's helper
     if STOCHASTIC:
-        assert MODE is QuantMode.CAST and VEC % 4 == 0, "a stochastic slot is whole Philox blocks"
-        round_to_grid = grid_rounding(spec.fmt)
+        # element i = r·H + c + j takes field i mod FIELDS of word i // FIELDS: a Philox block
+        # serves BLOCK_VALUES elements, a slot's VEC columns are whole blocks or (fp32 input,
+        # VEC = 4) one half of a block
+        FIELDS = 32 // QUANT_RANDOM_FIELD_BITS
+        BLOCK_VALUES = 4 * FIELDS
+        assert MODE is QuantMode.CAST and (VEC % BLOCK_VALUES == 0 or 2 * VEC == BLOCK_VALUES)
+        # e4m3: the carry rounding of the element casts (its field at bits 20 − w … 19); e2m1:
+        # the grid's fixed point (its field moved up to 24 bits)
+        if spec.fmt == "e4m3":
+            round_value, FIELD_POSITION = carry_round_to_e4m3, e4m3_field_position(QUANT_RANDOM_FIELD_BITS)
+        else:
+            round_value, FIELD_POSITION = grid_rounding(spec.fmt), 24 - QUANT_RANDOM_FIELD_BITS
 
     IN_SF = spec.in_sf
     if IN_SF is not None:
@@ -425,11 +440,21 @@ def build_kernel(spec: KernelSpec):
                             yv[j] = decoded(xv, i, j) * (input_scale(sin, i, j) * factor)
                         else:
                             yv[j] = decoded(xv, i, j) * factor
-                    if STOCHASTIC:  # element (r, c + j) rounds with word r·H + c + j of the draw
-                        for k in T.unroll(VEC // 4):
-                            philox_block(seed[0], offset[0], (T.cast(r, "int64") * H + c) // 4 + k, words)
-                            for e in T.unroll(4):
-                                round_to_grid(yv[4 * k + e], T.shift_right(words[e], MANTISSA_SHIFT), yv, 4 * k + e)
+                    if STOCHASTIC:  # element i = r·H + c + j: field i mod FIELDS of word i // FIELDS
+                        first = T.cast(r, "int64") * H + c
+                        for k in T.unroll(max(VEC // BLOCK_VALUES, 1)):
+                            # the split product: as the element casts, faster than mul.wide
+                            philox_block(seed[0], offset[0], first // BLOCK_VALUES + k, words, False)
+                            for j in T.unroll(min(VEC, BLOCK_VALUES)):
+                                word_index = j // FIELDS
+                                if VEC < BLOCK_VALUES:  # the half of the block that holds column c
+                                    upper = (first % BLOCK_VALUES) >= VEC
+                                    word = T.if_then_else(upper, words[word_index + VEC // FIELDS], words[word_index])
+                                else:
+                                    word = words[word_index]
+                                value_index = k * BLOCK_VALUES + j
+                                round_value(yv[value_index], random_field(word, j % FIELDS, QUANT_RANDOM_FIELD_BITS,
+                                                                          FIELD_POSITION), yv, value_index)
                     if spec.fmt == "e4m3":
                         for j in T.vectorized(VEC):
                             qv[j] = T.cast(yv[j], "float8_e4m3fn")
@@ -458,7 +483,7 @@ def build_kernel(spec: KernelSpec):
     @T.macro
     def build(x, sf_in, given, q, sf, seed=None, offset=None):
         if spec.grid_cols:  # column tiles of a row tile adjacent in launch order
-            with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT, prelude=PRELUDE) as bid:
+            with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT) as bid:
                 if spec.inline_coords:
                     # the coordinates inlined: every offset re-derives them with a 64-bit
                     # floor division (see KernelSpec.inline_coords)
@@ -473,7 +498,7 @@ def build_kernel(spec: KernelSpec):
                     col_tile = T.truncmod(bid, T.ceildiv(H, TC))
                     tile(x, sf_in, given, q, sf, seed, offset, row_tile, col_tile)
         else:
-            with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT, prelude=PRELUDE) as (bx, by):
+            with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT) as (bx, by):
                 tile(x, sf_in, given, q, sf, seed, offset, bx, by)
 
 
