@@ -144,12 +144,15 @@ def carry_round_to_e4m3(value, field, run, j):
     e4m3, ``w = 16``); the per-token / per-block casts keep it (24 bits)."""
     magnitude = T.alloc_var("float32")
     offset = T.alloc_var("float32")
+    shifted = T.alloc_var("uint32")
     magnitude = T.abs(value)  # NaN: replaced below
     offset = T.if_then_else(magnitude < T.float32(E4M3_SMALLEST_NORMAL), T.float32(E4M3_SMALLEST_NORMAL),
                             T.float32(0.0))
-    rounded = (T.reinterpret(T.ieee_add(magnitude, offset, "rz"), "uint32") + field) & T.uint32(E4M3_KEPT_BITS)
+    shifted = T.reinterpret(T.ieee_add(magnitude, offset, "rz"), "uint32")
+    rounded = (shifted + field) & T.uint32(E4M3_KEPT_BITS)
     result = T.ieee_sub(T.reinterpret(rounded, "float32"), offset)
-    run[j] = T.if_then_else(is_nan(value), value, with_sign_of(result, value))
+    # |value| + offset is a NaN (its sign clear) exactly when value is: one comparison, no mask
+    run[j] = T.if_then_else(shifted > T.uint32(FP32_INFINITY), value, with_sign_of(result, value))
 
 
 def build_nearest(spec):
