@@ -129,6 +129,9 @@
 #      case of stochastic_rounding=True at six token counts, bytewise against the reference), then
 #      tests/gpu/probe_stochastic_quant.py old / new (OLD = the src folder of a copy of the CUDA backend before the
 #      change, as step 23; the old kernel takes a word an element, so only its time means anything).
+#  28. (thirty-sixth session) #9's per_channel_cast (0.87-0.95 of TileKernels from T = 1024 on the H200, 95.3 % of
+#      copy at T = 65536 against 100.8 %): the tile swept through TILEPLUG_CUDA_TILE_PER_CHANNEL (warps, rows a thread,
+#      CTAs an SM; today 8,16,1) at T = 4096, 16384, 65536, index off, TileKernels beside the last value.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -428,5 +431,12 @@ if want 27 && [ $(left) -gt 60 ]; then
     env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
       python3 tests/gpu/probe_stochastic_quant.py 2>> $OUT/stderr.log | tee -a $OUT/stochastic_quant.txt | cut -c1-400
   done
+fi
+if want 28 && [ $(left) -gt 60 ]; then
+  variant_runs TILEPLUG_CUDA_TILE_PER_CHANNEL "32,4,1 16,8,1 16,8,2 4,32,1 8,16,1" per_channel_tiles.txt 60 \
+    $BENCH --ops per_channel_cast --tokens 4096,16384,65536 > /dev/null
+  grep -E "^== |^per_channel_cast +[0-9]+ +[0-9]+ +cuda" $OUT/per_channel_tiles.txt
+  [ $(left) -gt 60 ] && timeout 60 $BENCH --peer tile_kernels --ops per_channel_cast --tokens 4096,16384,65536 2>> $OUT/stderr.log \
+    | tee -a $OUT/per_channel_tiles.txt | grep -E "^per_channel_cast +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
 fi
 echo "all done, $(left) s left"
