@@ -4,16 +4,18 @@ docs/spec.md §10.2): LOWERING tests and a CPU emulation of the narrowing. Nothi
 * Every ``stochastic_cases()`` case of the op table lowers to Ascend C (disk-cached, in a process
   pool of 2, as tests/test_ascend_lowering.py) and passes the checks the quant grid applies, or is
   declined with a reason the backend states (e4m3-stored sf). Its source holds the Philox rounds of
-  ``fill_rand`` once per traced tile, the state DMA'd GM -> UB before the tile loop and never
-  written, and the integer grid rounding; the same specialisation without stochastic rounding holds
-  none of it.
+  ``fill_rand`` once per draw a traced tile row makes (its whole groups of 512 elements, a last
+  partial one), the words split into 16-bit fields, the state DMA'd GM -> UB before the tile loop
+  and never written, and the integer grid rounding; the same specialisation without stochastic
+  rounding holds none of it.
 * The emulation runs the very functions the kernel is traced from on numpy (the rounding of
   ``quant/stochastic_cast.py``'s ``grid_codes`` on the format's ``CodeGrid``; the tile kernel's
-  ``first_block_of`` / ``group_random_bits`` over the tiles as the kernel walks them) and compares
-  bytes with the reference: edge values and exact thresholds of both formats, the random words of
-  every element of tiled calls against the reference's ``element_random_bits``, and whole casts
-  against the reference's ``q``. What it cannot show: that the hardware instructions behave as
-  ``random/vector_ops.py`` assumes.
+  ``row_draw`` / ``first_block_of`` / ``group_random_bits`` over the tiles as the kernel walks them)
+  and compares bytes with the reference: edge values and exact thresholds of both formats, the
+  random fields of every element of tiled calls (docs/spec.md §10.2: element ``i = t·H + h`` takes
+  the 16-bit field ``i mod 2`` of word ``i // 2``, core's ``QUANT_RANDOM_FIELD_BITS``) against the
+  reference's ``element_random_bits``, and whole casts against the reference's ``q``. What it
+  cannot show: that the hardware instructions behave as ``random/vector_ops.py`` assumes.
 
 No ``from __future__ import annotations``: TileLang parses macro sources in the modules imported.
 """
@@ -34,6 +36,7 @@ import torch
 from test_ascend_rng_lowering import MASK
 from test_ascend_stochastic_cast_lowering import EDGE_RANDOM_BITS, CastNumpyOps, edge_inputs
 from tileplug import core
+from tileplug.core.contracts.cast import QUANT_RANDOM_FIELD_BITS
 from tileplug.core.ops.quant import stochastic_cases
 from tileplug.core.ops.random import as_int64_word
 from tileplug.core.random import Generator
@@ -43,6 +46,25 @@ pytestmark = pytest.mark.ascend_lower
 META = "meta"
 TOKENS = 5
 FORMATS = ("e4m3", "e2m1")
+ROUNDING_BITS = 24
+"""The fixed point of the kernel's rounding: a field ``f`` of ``w`` bits enters it as ``f << (24 − w)``."""
+FIELDS_PER_WORD = 32 // QUANT_RANDOM_FIELD_BITS
+GROUP_ELEMENTS = 64 * 4 * FIELDS_PER_WORD
+"""Elements of one draw over the 64 lanes: 64 Philox blocks of 4 words of 2 fields (512)."""
+
+
+def expected_row_draws(widths) -> list[int]:
+    """The draws the source should hold for tile rows of ``widths`` columns, as the 64-lane
+    registers of fields each stores: per width a loop over whole groups of 512 elements (traced
+    once, all 8 registers) when the row has one, and a last partial group storing only the
+    registers up to the width."""
+    draws = []
+    for width in widths:
+        if width >= GROUP_ELEMENTS:
+            draws.append(GROUP_ELEMENTS // 64)
+        if width % GROUP_ELEMENTS:
+            draws.append(math.ceil(width % GROUP_ELEMENTS / 64))
+    return draws
 
 
 def _describe(case, tokens=TOKENS, device=META):
@@ -93,7 +115,7 @@ def lower_and_check(entry) -> dict:
         "source": lowered.source,
         "deterministic": deterministic.source,
         "fmt": spec.fmt,
-        "tile_kinds": int(tiling.full > 0) + int(tiling.tail > 0),
+        "widths": [tiling.width] * (tiling.full > 0) + [tiling.tail] * (tiling.tail > 0),  # the traced tile widths
         "checks": {
             "ub": checks.check_ub(lowered.compiler_ub_bytes, lowered.primfunc_ub_bytes, lowering.plan_bytes,
                                   lowering.budget),
@@ -136,19 +158,34 @@ def _f32_bits(value: float) -> int:
 @pytest.mark.parametrize("case", CASES, ids=[name for name, _ in CASES])
 def test_philox_and_state_only_in_the_stochastic_specialisation(lowered, case):
     """The stochastic source: the Philox multipliers, nine key increments and 20 ``vmull`` per
-    traced tile width (full and last tile), the seed and offset DMA'd GM -> UB once, before the
-    tile loop, and never written; the rounding's carry out of bit 24 and the grid's saturation and
-    smallest-normal exponent as integers; e4m3 codes stored without an fp8 conversion. The same
-    specialisation without stochastic rounding: none of it."""
+    draw of a traced tile row (full and last tile: a loop over whole groups of 512 elements, a last
+    partial group), each word split into two 16-bit fields moved to bits ``[8, 24)`` (``(w >> 8) &
+    0xFFFF00`` and ``(w << 8) & 0xFFFF00``), one store into ``bits_ub`` per register of fields up to
+    the tile width, the seed and offset DMA'd GM -> UB once, before the tile loop, and never
+    written; the rounding's carry out of bit 24 and the grid's saturation and smallest-normal
+    exponent as integers; e4m3 codes stored without an fp8 conversion. The same specialisation
+    without stochastic rounding: none of it."""
     from tileplug.backend_ascend.random import philox
 
     result = lowered[case[0]]
-    source, plain, kinds = result["source"], result["deterministic"], result["tile_kinds"]
+    source, plain = result["source"], result["deterministic"]
+    draws = expected_row_draws(result["widths"])
     for constant in philox.MULTIPLIERS:
         assert f"(uint32_t){constant}" in source, hex(constant)
     for constant in philox.WEYL_CONSTANTS:
-        assert source.count(f"(uint32_t){constant}") == 9 * kinds, hex(constant)
-    assert source.count("simd_inst::vmull(") == 2 * philox.ROUNDS * kinds
+        assert source.count(f"(uint32_t){constant}") == 9 * len(draws), hex(constant)
+    assert source.count("simd_inst::vmull(") == 2 * philox.ROUNDS * len(draws)
+    # each word register a stored register needs, split once: field 0 (the top 16 bits) shifted
+    # right by 32 − 16 − 8, field 1 left by 8, both masked to bits [8, 24)
+    words_split = sum(math.ceil(registers / FIELDS_PER_WORD) for registers in draws)
+    field_mask = ((1 << QUANT_RANDOM_FIELD_BITS) - 1) << (ROUNDING_BITS - QUANT_RANDOM_FIELD_BITS)
+    for field, shift in ((0, "vshrs"), (1, "vshls")):
+        moved = re.findall(rf"field{field}_moved\w* = simd_inst::{shift}\(\w+, \(uint32_t\)8,", source)
+        masked = re.findall(rf"field{field}\w* = simd_inst::vand\(field{field}_moved\w*, "
+                            rf"simd_inst::vdup<uint32_t>\(\(uint32_t\){field_mask},", source)
+        assert len(moved) == len(masked) == words_split, (field, len(moved), len(masked), words_split)
+    stores = re.findall(r"simd_inst::vsts\w*\(\(\*\(vector_s32 \*\)\(&\(drawn_bits\w*\)\)\)", source)
+    assert len(stores) == sum(draws), (len(stores), draws)
     loop = source.index("for (int32_t it = 0;")
     for state in ("SEED", "OFFSET"):
         (line,) = [line for line in source.splitlines() if f"(&({state}[" in line]  # one access: the copy in
@@ -160,7 +197,7 @@ def test_philox_and_state_only_in_the_stochastic_specialisation(lowered, case):
     if result["fmt"] == "e4m3":
         assert "vcvt<float8" not in source
     for marker in [f"(uint32_t){c}" for c in philox.MULTIPLIERS + philox.WEYL_CONSTANTS] + [
-            "simd_inst::vmull(", "SEED", "OFFSET", "fraction_sum", "random_bits"]:
+            "simd_inst::vmull(", "SEED", "OFFSET", "fraction_sum", "random_bits", "field0", "drawn_bits"]:
         assert marker not in plain, marker
 
 
@@ -297,28 +334,36 @@ def narrowing_edges(fmt: str) -> torch.Tensor:
     return values
 
 
-def _threshold_bits(values: torch.Tensor, fmt: str) -> list[np.ndarray]:
-    """Per value, the words at its rounding threshold: ``2^24 − floor(p·2^24)`` (rounds up) and one
-    less (rounds down), clipped to 24 bits; computed here in fp64 on the grid table."""
+def _threshold_bits(values: torch.Tensor, fmt: str, field_bits: int) -> list[np.ndarray]:
+    """Per value, the ``w``-bit fields at its rounding threshold (``w = field_bits``), as the 24-bit
+    ``r = f << (24 − w)`` the rounding adds: ``f = 2^w − floor(p·2^w)`` (rounds up) and one less
+    (rounds down), clipped to ``w`` bits; computed here in fp64 on the grid table. ``w = 24``: every
+    bit of ``r``; ``w = 16``: the fields the casts' draw gives (docs/spec.md §10.2)."""
     grid = GRID_VALUES[fmt].double()
     magnitude = values.double().abs().nan_to_num(0.0).clamp(max=grid[-1].item())
     low_index = (torch.searchsorted(grid, magnitude, right=True) - 1).clamp(max=grid.numel() - 2)
     low, high = grid[low_index], grid[low_index + 1]
-    fraction = torch.floor((magnitude - low) / (high - low) * 2**24).to(torch.int64).clamp(0, 2**24)
-    up = (2**24 - fraction).clamp(0, 2**24 - 1).numpy().astype(np.uint32)
-    return [up, np.where(up > 0, up - 1, 0).astype(np.uint32)]
+    fraction = torch.floor((magnitude - low) / (high - low) * 2**field_bits).to(torch.int64).clamp(0, 2**field_bits)
+    up = (2**field_bits - fraction).clamp(0, 2**field_bits - 1).numpy().astype(np.uint32)
+    shift = ROUNDING_BITS - field_bits
+    return [up << shift, np.where(up > 0, up - 1, 0).astype(np.uint32) << shift]
 
 
 @pytest.mark.parametrize("flush_denormals", [False, True], ids=["denormals-kept", "denormals-flushed"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_emulated_narrowing_of_the_edge_values_is_the_reference(fmt, flush_denormals):
-    """Each edge value with words at the fixed boundaries (0, 1, 2^23, 2^24 − 1, ...), at its own
-    threshold and one below, and random words: the kernel's codes are the reference's bytes."""
+    """Each edge value with 24-bit ``r`` at the fixed boundaries (0, 1, 2^23, 2^24 − 1, ...), at its
+    own threshold and one below (to the last of the 24 bits, and as 16-bit fields ``f << 8``, what
+    the casts' draw gives), and random ones (24-bit and ``f << 8``): the kernel's codes are the
+    reference's bytes."""
     values = narrowing_edges(fmt)
     chooser = np.random.default_rng(11)
+    field_shift = ROUNDING_BITS - QUANT_RANDOM_FIELD_BITS
     words = [np.full(values.numel(), r, dtype=np.uint32) for r in EDGE_RANDOM_BITS]
-    words += _threshold_bits(values, fmt)
+    words += _threshold_bits(values, fmt, ROUNDING_BITS) + _threshold_bits(values, fmt, QUANT_RANDOM_FIELD_BITS)
     words += [chooser.integers(0, 1 << 24, values.numel(), dtype=np.uint32) for _ in range(3)]
+    words += [chooser.integers(0, 1 << QUANT_RANDOM_FIELD_BITS, values.numel(), dtype=np.uint32) << field_shift
+              for _ in range(3)]
     ops = CastNumpyOps(flush_denormals)
     for index, random_bits in enumerate(words):
         _assert_codes_equal(_kernel_codes(ops, values, random_bits, fmt), _reference_codes(values, random_bits, fmt),
@@ -327,17 +372,19 @@ def test_emulated_narrowing_of_the_edge_values_is_the_reference(fmt, flush_denor
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_emulated_thresholds_round_up_exactly_there(fmt):
-    """Between two grid neighbours, a value rounds up exactly when ``floor(p·2^24) + r ≥ 2^24``: at
-    the threshold word the result is the upper neighbour, one below it the lower one (the codes
-    differ by one); the expected value over every residue of a coarse word grid is the value."""
+    """Between two grid neighbours, a value rounds up exactly when ``floor(p·2^16) + f ≥ 2^16`` for
+    its 16-bit field ``f`` (docs/spec.md §10.2; the kernel adds ``r = f << 8`` to ``floor(p·2^24)``):
+    at the threshold field the result is the upper neighbour, one below it the lower one (the codes
+    differ by one); the expected value over every residue of a coarse field grid is the value."""
     grid = GRID_VALUES[fmt]
     values = (grid[:-1] + (grid[1:] - grid[:-1]) * 0.3125).float()
-    up, down = _threshold_bits(values, fmt)
+    up, down = _threshold_bits(values, fmt, QUANT_RANDOM_FIELD_BITS)
     ops = CastNumpyOps()
     high = _kernel_codes(ops, values, up, fmt).astype(np.int64)
     low = _kernel_codes(ops, values, down, fmt).astype(np.int64)
     assert (high - low == 1).all() and (low == np.arange(values.numel())).all()
-    residues = np.arange(0, 1 << 24, 1 << 12, dtype=np.uint32)
+    field_shift = ROUNDING_BITS - QUANT_RANDOM_FIELD_BITS
+    residues = np.arange(0, 1 << QUANT_RANDOM_FIELD_BITS, 1 << 4, dtype=np.uint32) << field_shift
     for value in values.tolist():
         codes = _kernel_codes(ops, torch.full((residues.size,), value), residues, fmt)
         mean = GRID_VALUES[fmt][torch.from_numpy(codes.astype(np.int64))].double().mean().item()
@@ -361,16 +408,22 @@ def test_emulation_catches_a_wrong_grid():
             _assert_codes_equal(got, want, fmt, constant)
 
 
-# ---------------------------------------------------------------------- CPU emulation: which words
+# ---------------------------------------------------------------------- CPU emulation: which fields
+
+UNSTORED = 0xFFFFFFFF
+"""What a column of ``bits_ub`` no draw stored holds in the emulation: no ``f << 8`` of a 16-bit field."""
 
 
 def emulated_tile_bits(spec, tiling, tokens: int, seed: int, offset: int) -> np.ndarray:
-    """The random words the kernel rounds element ``(t, h)`` with, ``[T, H]`` uint32: the kernel's
-    walk over its (row tile, column tile) items -- row tiles of ``spec.rows`` rows, column tiles of
-    ``tiling.width`` and the last of ``tiling.tail`` --, per valid row of a tile ``ceil(w / 256)``
-    Philox groups from ``first_block_of(row, col0, H)``, through ``group_random_bits`` (element
-    order), each element of the tile taking the word at its column of ``bits_ub``."""
-    from tileplug.backend_ascend.quant.tile_kernel import first_block_of, group_random_bits
+    """The random bits the kernel rounds element ``(t, h)`` with (its field ``f`` as ``f << 8``),
+    ``[T, H]`` uint32: the kernel's walk over its (row tile, column tile) items -- row tiles of
+    ``spec.rows`` rows, column tiles of ``tiling.width`` and the last of ``tiling.tail`` --, per
+    valid row of a tile the draws of ``row_draw(w)`` (whole groups of 512 elements, then the first
+    registers of a last one) from ``first_block_of(row, col0, H)``, through ``group_random_bits``
+    (element order) into that row of ``bits_ub`` as the plan sizes it (a store past its end fails),
+    each element of the tile taking the bits at its column. The rows of a row tile are drawn
+    together (numpy lanes ``[rows, 64]``); the kernel draws them one after the other."""
+    from tileplug.backend_ascend.quant import tile_kernel
     from tileplug.backend_ascend.random import philox
 
     ops = CastNumpyOps()
@@ -378,19 +431,27 @@ def emulated_tile_bits(spec, tiling, tokens: int, seed: int, offset: int) -> np.
     key = (np.uint32(seed & MASK), np.uint32(seed >> 32))
     counter = (np.uint32(offset & MASK), np.uint32(offset >> 32))
     multipliers = philox.multiplier_registers(ops)
+    (_, row_length), _, _ = spec.plan(tiling.width)["bits_ub"]
     tiles = [(index * tiling.width, tiling.width) for index in range(tiling.full)]
     if tiling.tail:
         tiles.append((tiling.full * tiling.width, tiling.tail))
     result = np.zeros((tokens, hidden), dtype=np.uint32)
     for row0 in range(0, tokens, rows):
+        tile_rows = np.arange(row0, min(row0 + rows, tokens), dtype=np.uint32)
         for col0, width in tiles:
-            groups = math.ceil(width / philox.ELEMENTS_PER_GROUP)
-            for row in range(row0, min(row0 + rows, tokens)):
-                block = first_block_of(np.uint32(row), np.uint32(col0), hidden)
-                firsts = (block + np.arange(groups, dtype=np.uint32) * philox.BLOCKS_PER_GROUP).astype(np.uint32)
-                registers = group_random_bits(ops, multipliers, key, counter, firsts)  # 4 x [groups, 64]
-                bits_ub = np.stack([np.broadcast_to(r, (groups, 64)) for r in registers], axis=1).reshape(-1)
-                result[row, col0:col0 + width] = bits_ub[:width]
+            whole_groups, last_registers = tile_kernel.row_draw(width)
+            draws = [(group, tile_kernel.RANDOM_GROUP_REGISTERS) for group in range(whole_groups)]
+            draws += [(whole_groups, last_registers)] if last_registers else []
+            bits_ub = np.full((tile_rows.size, row_length), UNSTORED, dtype=np.uint32)
+            blocks = tile_kernel.first_block_of(tile_rows, np.uint32(col0), hidden)
+            for group, registers in draws:
+                firsts = (blocks + np.uint32(group * philox.BLOCKS_PER_GROUP)).astype(np.uint32)
+                fields = tile_kernel.group_random_bits(ops, multipliers, key, counter, firsts, registers)
+                for index, register in enumerate(fields):  # [rows, 64] each
+                    at = group * tile_kernel.RANDOM_GROUP_ELEMENTS + index * 64
+                    assert at + 64 <= row_length, f"a store at {at} past the {row_length} columns of bits_ub"
+                    bits_ub[:, at:at + 64] = register
+            result[row0:row0 + tile_rows.size, col0:col0 + width] = bits_ub[:, :width]
     return result
 
 
@@ -403,41 +464,72 @@ def _spec_and_tiling(case, width=None):
     return spec, Tiling(spec, width)
 
 
-LAYOUTS = [(1, None, 3), (4, None, 9), (4, 256, 9), (7, 192, 3), (6, None, 300), (8, None, 131), (8, 512, 131),
-           (9, 128, 70)]
-"""(stochastic case index, forced tile width or None, tokens): whole rows, a 592-wide row with its
-16-column tail group, narrow tiles with a last partial tile (64- and 128-row tiles), partial row
-tiles at the end."""
+LAYOUTS = [(1, None, 3), (4, None, 9), (4, 256, 9), (7, 192, 3), (7, None, 40), (5, None, 2), (6, None, 300),
+           (8, None, 131), (8, 512, 131), (9, 128, 70)]
+"""(stochastic case index, forced tile width or None, tokens): whole rows of 576 (a whole group and
+one register of a second) and 592 (a last group of two registers, the second half padding), rows of
+7168 (14 whole groups), a 32-row tile of 576-wide rows, narrow tiles with a last partial tile (64-
+and 128-row tiles; tiles of exactly one group), partial row tiles at the end."""
 
 
 @pytest.mark.parametrize("index, width, tokens", LAYOUTS,
                          ids=[f"case{i}-w{w or 'budget'}-T{t}" for i, w, t in LAYOUTS])
-def test_emulated_words_of_every_element_are_the_draw(index, width, tokens):
-    """Element ``(t, h)`` gets word ``t·H + h`` of the draw under (seed, offset): the kernel's tile
-    walk (budget tiling or a forced narrower one) against the reference's ``element_random_bits``."""
+def test_emulated_fields_of_every_element_are_the_draw(index, width, tokens):
+    """Element ``i = t·H + h`` gets field ``i mod 2`` of word ``i // 2`` of the draw under (seed,
+    offset), its 16 bits as ``f << 8`` (docs/spec.md §10.2, core's ``QUANT_RANDOM_FIELD_BITS``):
+    the kernel's tile walk (budget tiling or a forced narrower one) against the reference's
+    ``element_random_bits(seed, offset, [T, H], QUANT_RANDOM_FIELD_BITS)``."""
     from tileplug.reference.quant.stochastic_cast import element_random_bits
 
     spec, tiling = _spec_and_tiling(stochastic_cases()[index], width)
     seed, offset = 0xA4093822299F31D0, 2**32 + 7
     got = emulated_tile_bits(spec, tiling, tokens, seed, offset)
     state = [torch.tensor([as_int64_word(v)], dtype=torch.int64) for v in (seed, offset)]
-    want = element_random_bits(*state, (tokens, spec.hidden)).numpy()
+    want = element_random_bits(*state, (tokens, spec.hidden), QUANT_RANDOM_FIELD_BITS).numpy()
     assert np.array_equal(got.astype(np.int64), want)
 
 
-def test_emulation_catches_a_wrong_word_layout():
-    """The comparison can fail: a first block one too far, or rows numbered by the padded stride,
-    give other words."""
-    from tileplug.backend_ascend.quant import tile_kernel
+def test_emulation_catches_a_wrong_field_layout():
+    """The comparison can fail: the layout before docs/spec.md §10.2 took 16-bit fields (a word's
+    top 24 bits an element, a block per 4 elements), a first block one too far, rows numbered by a
+    padded stride, a word's two fields in the other order, or a last partial group one register
+    short give other bits."""
+    from tileplug.backend_ascend.quant import stochastic_cast, tile_kernel
     from tileplug.reference.quant.stochastic_cast import element_random_bits
 
-    spec, tiling = _spec_and_tiling(stochastic_cases()[4], 256)
-    want = element_random_bits(torch.tensor([5]), torch.tensor([0]), (3, spec.hidden)).numpy()
-    for wrong in (lambda row, column, hidden: row * (hidden // 4) + column // 4 + 1,
-                  lambda row, column, hidden: row * ((hidden + 3) // 4 + 1) + column // 4):
-        with mock.patch.object(tile_kernel, "first_block_of", wrong):
+    spec, tiling = _spec_and_tiling(stochastic_cases()[4], 256)  # tiles of 256, 256 and 80 columns
+    state = (torch.tensor([5]), torch.tensor([0]))
+    want = element_random_bits(*state, (3, spec.hidden), QUANT_RANDOM_FIELD_BITS).numpy()
+    assert np.array_equal(emulated_tile_bits(spec, tiling, 3, 5, 0).astype(np.int64), want)
+    first_block_of, row_draw = tile_kernel.first_block_of, tile_kernel.row_draw
+    field_order = stochastic_cast.field_order
+
+    def block_too_far(row, column, hidden):
+        return first_block_of(row, column, hidden) + 1
+
+    def padded_stride(row, column, hidden):
+        return first_block_of(row, column, hidden + 16)
+
+    def bottom_field_first(ops, fields):
+        return field_order(ops, fields[::-1])
+
+    def last_group_short(width):
+        whole_groups, last_registers = row_draw(width)
+        return whole_groups, last_registers - 1
+
+    word_per_element = dict(QUANT_RANDOM_FIELD_BITS=24, RANDOM_FIELDS_PER_WORD=1, RANDOM_BLOCK_ELEMENTS=4,
+                            RANDOM_GROUP_ELEMENTS=256, RANDOM_GROUP_REGISTERS=4)
+    wrongs = [
+        mock.patch.multiple(tile_kernel, **word_per_element),
+        mock.patch.object(tile_kernel, "first_block_of", block_too_far),
+        mock.patch.object(tile_kernel, "first_block_of", padded_stride),
+        mock.patch.object(stochastic_cast, "field_order", bottom_field_first),
+        mock.patch.object(tile_kernel, "row_draw", last_group_short),
+    ]
+    for index, wrong in enumerate(wrongs):
+        with wrong:
             got = emulated_tile_bits(spec, tiling, 3, 5, 0)
-        assert not np.array_equal(got.astype(np.int64), want)
+        assert not np.array_equal(got.astype(np.int64), want), index
 
 
 WHOLE_CASTS = [0, 1, 4, 6, 7, 8]

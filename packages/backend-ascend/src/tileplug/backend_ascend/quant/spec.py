@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 
 from tileplug.backend_ascend.device import UB_BYTES_SIMD, UB_BYTES_SIMT, UBBudgetError, check_budget
-from tileplug.backend_ascend.random.philox import ELEMENTS_PER_GROUP
 from tileplug.backend_ascend.ub import ITEMSIZE, LANES, UB_ALIGN, VERSIONS, footprint  # noqa: F401 - re-exported
 from tileplug.core.call import QuantMode
 from tileplug.core.quant.sf_math import align, ceil_div
@@ -32,7 +31,8 @@ class TileSpec:
     ``qin``: (fmt, ibm, ibn, sf kind "fp32"|"ue8m0", col_major) of a quantized input.
     ``given``: (sf kind, col_major) of precomputed scales. ``out_dtype``: cast_back result.
     ``stochastic``: the narrowing of ``x·inv`` rounds stochastically (docs/spec.md §10.2), element
-    ``(t, h)`` with word ``t·H + h`` of the Philox draw under the generator's (seed, offset).
+    ``i = t·H + h`` with the 16-bit field ``i mod 2`` of word ``i // 2`` of the Philox draw under
+    the generator's (seed, offset).
     ``e4m3_sf``: scales rounded to e4m3 (fake quant only: the rounded value multiplies back,
     nothing is stored). Fake quant (mode ``CAST_AND_CAST_BACK``): ``out_dtype`` is x's dtype.
     ``lossless``: ``per_block_cast_lossless`` (docs/spec.md §11), a mode of the re-quantization of
@@ -168,11 +168,12 @@ class TileSpec:
                 p["code_ub"] = ((R, wp), "uint8", 1)
                 p["q_ub"] = ((R, wp // 2), "int8", V)
         if self.stochastic:
-            # the generator's state words (read once) and the tile's random bits, row by row in
-            # whole Philox groups of 256 elements (the last group's surplus words are dropped)
+            # the generator's state words (read once) and the tile's random bits (each element's
+            # field f as f << 8, uint32 held as int32), one per column of each row: the draw
+            # stores whole registers and none past the row (tile_kernel.row_draw)
             p["seed_ub"] = ((STATE_SLOT,), "int32", 1)
             p["offset_ub"] = ((STATE_SLOT,), "int32", 1)
-            p["bits_ub"] = ((R, align(width, ELEMENTS_PER_GROUP)), "int32", 1)  # uint32 words, stored as int32
+            p["bits_ub"] = ((R, wp), "int32", 1)
         if self.writes_sf:
             if bn == 1:
                 if self.packed:

@@ -43,7 +43,8 @@ conversion instruction decides a rounding, a saturation or a NaN:
   The same integer rounding is :func:`grid_codes` over a :class:`CodeGrid` (the format's largest
   value, smallest normal exponent, mantissa bits, NaN code, sign bit): e4m3 here, and e2m1 too for
   the stochastic per-token / per-block casts of the quant tile kernel (``E = max(a >> 23, 127)``,
-  ``s = a · 2^(128 − E)``, code ``(E − 127) · 2 + n + up``, NaN → 7, the sign as bit 3).
+  ``s = a · 2^(128 − E)``, code ``(E − 127) · 2 + n + up``, NaN → 7, the sign as bit 3), which take
+  their fields from :func:`element_bits` too (``w = 16``, core's ``QUANT_RANDOM_FIELD_BITS``).
 
 No ``from __future__ import annotations`` here: TileLang parses the macros' source.
 
@@ -110,15 +111,6 @@ PAIRS = tuple(FIELD_BITS)
 """``(source, target)`` dtype names the kernel serves."""
 
 
-def random_bits(ops, words) -> tuple:
-    """The Philox words ``(r0, r1, r2, r3)`` of a group → their top 24 bits, in element order (four
-    ``uint32`` registers: elements ``0..63``, ``64..127``, ``128..191``, ``192..255`` of the group):
-    one word per element, ``w = 24`` (every stochastic per-token / per-block cast of the quant tile
-    kernel)."""
-    return philox.element_order(ops, tuple(ops.shift_right(word, MANTISSA_SHIFT, f"r{index}")
-                                           for index, word in enumerate(words)))
-
-
 def word_fields(ops, words, field_bits: int) -> tuple:
     """A register of words (lane ``j``: word ``j``) → its ``k = 32 / field_bits`` field registers:
     register ``s`` holds, in lane ``j``, field ``s`` of word ``j`` (counted from the top: bits
@@ -154,11 +146,9 @@ def element_bits(ops, words, field_bits: int):
     """The Philox words ``(r0, r1, r2, r3)`` of a group → the 24-bit ``r`` of its ``256·k``
     elements (``k = 32 / field_bits``), in element order: ``4k`` ``uint32`` registers of 64
     consecutive elements, yielded in order (a generator, so that the kernel emits each word
-    register's fields just before the loads and roundings that use them). ``field_bits = 24``:
-    :func:`random_bits`."""
-    if field_bits == RANDOM_BITS:
-        yield from random_bits(ops, words)
-        return
+    register's fields just before the loads and roundings that use them). Serves this kernel's
+    pairs and the stochastic per-token / per-block casts of the quant tile kernel (``field_bits``
+    16: core's ``QUANT_RANDOM_FIELD_BITS``; ``quant/tile_kernel.py``'s ``group_random_bits``)."""
     for ordered in philox.element_order(ops, words):  # words 64m .. 64m + 63
         yield from field_order(ops, word_fields(ops, ordered, field_bits))
 

@@ -43,29 +43,47 @@ so keys and products are those of the per-element buffers.
 Stochastic rounding (``spec.stochastic``, docs/spec.md §10.2; the main casts only): the generator's
 seed and offset words are DMA'd into UB once per core (read only: the public op advances the
 offset after the kernel); per tile, one more ``T.SimdVF`` region (:func:`draw_bits`, before the
-compute region) runs the Philox rounds of ``fill_rand`` for each valid row of the tile, in whole
-groups of 64 blocks = 256 elements from the block holding the tile's first element of the row
-(:func:`first_block_of`: element ``(t, h)`` is word ``(t·H + h) % 4`` of block ``(t·H + h) / 4``;
-a tile starts on a multiple of 64 columns and H is a multiple of 16, so every row of a tile starts
-on a block), and stores the words' top 24 bits in element order into ``bits_ub``; the compute
-region then narrows each ``x·inv`` register with the bits of the same columns
-(:func:`~.sf_macros.stochastic_store`, the integer rounding of ``stochastic_cast``). The scales are
-computed exactly as without it. The block index is uint32 arithmetic and counter word 1 (``b >> 32``)
-is 0, as in the draw kernels: exact while ``T·H < 2^34`` elements (a 32 GiB bf16 input); the
-GM offsets are int64.
+compute region) runs the Philox rounds of ``fill_rand`` for each valid row of the tile, in groups
+of 64 blocks = 512 elements from the block holding the tile's first element of the row. Element
+``i = t·H + h`` takes a 16-bit field (core's ``QUANT_RANDOM_FIELD_BITS``, two a word): field
+``i mod 2`` of word ``(i // 2) mod 4`` of block ``i // 8``, the first field at the word's top
+(:func:`first_block_of`; a tile starts on a multiple of 64 columns and H is a multiple of 16, so
+every row of a tile starts on a block). Each group's words are split into their fields in element
+order (:func:`group_random_bits`, ``stochastic_cast``'s ``element_bits``) and stored as
+``f << 8`` into ``bits_ub``: the row's whole groups, then of a last partial group only the
+registers the row reaches (:func:`row_draw`), so a row of ``bits_ub`` is the tile width rounded
+up to whole registers. The compute region then narrows each ``x·inv`` register with the bits of
+the same columns (:func:`~.sf_macros.stochastic_store`, the integer rounding of
+``stochastic_cast`` in its 24-bit fixed point: up when ``floor(p·2^24) + (f << 8) ≥ 2^24``, i.e.
+``floor(p·2^16) + f ≥ 2^16``). The scales are computed exactly as without it. The block index is
+uint32 arithmetic and counter word 1 (``b >> 32``) is 0, as in the draw kernels: exact while
+``T·H < 2^35`` elements (2^32 blocks, a 64 GiB bf16 input); the GM offsets are int64.
 """
+
+import itertools
 
 import tilelang.ascend.language as T
 from tvm import tirx
 
 from tileplug.backend_ascend.device import check_budget
 from tileplug.backend_ascend.quant.sf_macros import lane_mask, pack_macro, sf_macros, stochastic_store
-from tileplug.backend_ascend.quant.stochastic_cast import random_bits
+from tileplug.backend_ascend.quant.stochastic_cast import WORD_BITS, element_bits
 from tileplug.backend_ascend.random import philox
 from tileplug.backend_ascend.random.draw import state_word
 from tileplug.backend_ascend.random.vector_ops import VECTOR
 from tileplug.backend_ascend.quant.spec import LANES, TileSpec, Tiling
+from tileplug.core.contracts.cast import QUANT_RANDOM_FIELD_BITS
 from tileplug.core.quant.sf_math import ceil_div
+
+RANDOM_FIELDS_PER_WORD = WORD_BITS // QUANT_RANDOM_FIELD_BITS
+"""Elements one Philox word serves in the stochastic casts: 2 (docs/spec.md §10.2: a
+``QUANT_RANDOM_FIELD_BITS``-bit field each, the first at the word's top)."""
+RANDOM_BLOCK_ELEMENTS = philox.WORDS_PER_BLOCK * RANDOM_FIELDS_PER_WORD
+"""Elements one Philox block serves: 8 (element ``i = t·H + h`` is in block ``i // 8``)."""
+RANDOM_GROUP_ELEMENTS = philox.BLOCKS_PER_GROUP * RANDOM_BLOCK_ELEMENTS
+"""Elements one group of 64 Philox blocks (one block per lane) serves: 512."""
+RANDOM_GROUP_REGISTERS = RANDOM_GROUP_ELEMENTS // LANES
+"""64-lane registers of one group's fields, in element order: 8."""
 
 
 def _rest(items):
@@ -78,16 +96,32 @@ def _subgroups(lanes: int, bn: int):
 
 
 def first_block_of(row, column, hidden: int):
-    """The Philox block whose word 0 is element ``(row, column)`` of the ``[T, hidden]`` values
-    (``column`` a multiple of 4, ``hidden`` of 16): ``(row·hidden + column) / 4``."""
-    return row * (hidden // philox.WORDS_PER_BLOCK) + column // philox.WORDS_PER_BLOCK
+    """The Philox block whose first field is element ``(row, column)`` of the ``[T, hidden]``
+    values (``column`` a multiple of 8, ``hidden`` of 16, so that every row starts on a block):
+    ``(row·hidden + column) / 8``."""
+    assert hidden % RANDOM_BLOCK_ELEMENTS == 0, f"H = {hidden}: rows must start on a Philox block"
+    return row * (hidden // RANDOM_BLOCK_ELEMENTS) + column // RANDOM_BLOCK_ELEMENTS
 
 
-def group_random_bits(ops, multipliers, key, offset, first_block) -> tuple:
-    """The 24-bit random words of the 256 elements of Philox blocks ``first_block .. + 63`` under
-    ``key`` / ``offset`` (register pairs), in element order: four ``uint32`` registers (plain Python
-    over ``ops``, as :mod:`~tileplug.backend_ascend.random.philox`)."""
-    return random_bits(ops, philox.block_words(ops, multipliers, first_block, key, offset))
+def group_random_bits(ops, multipliers, key, offset, first_block, registers: int = RANDOM_GROUP_REGISTERS) -> tuple:
+    """The random bits of the first ``64·registers`` of the 512 elements of Philox blocks
+    ``first_block .. + 63`` under ``key`` / ``offset`` (register pairs), in element order:
+    ``registers`` ``uint32`` registers of 64 consecutive elements (at most 8). Element ``e`` of the
+    group takes field ``e mod 2`` of the group's word ``e // 2`` (word ``j`` is word ``j mod 4`` of
+    block ``first_block + j // 4``), its 16 bits ``f`` as ``f << 8``, the rounding's 24-bit fixed
+    point (:func:`~.stochastic_cast.element_bits`, which splits only the registers taken). Plain
+    Python over ``ops``, as :mod:`~tileplug.backend_ascend.random.philox`."""
+    words = philox.block_words(ops, multipliers, first_block, key, offset)
+    return tuple(itertools.islice(element_bits(ops, words, QUANT_RANDOM_FIELD_BITS), registers))
+
+
+def row_draw(width: int) -> tuple[int, int]:
+    """How the draw covers one row of a tile ``width`` columns wide: ``(whole_groups,
+    last_registers)``, ``whole_groups`` groups of 512 elements stored whole, then (when 512 does
+    not divide ``width``) one more group of which only the first ``last_registers`` registers are
+    stored. A row's bits so end at ``width`` rounded up to whole registers: ``bits_ub``'s row
+    (:meth:`~.spec.TileSpec.plan`)."""
+    return width // RANDOM_GROUP_ELEMENTS, ceil_div(width % RANDOM_GROUP_ELEMENTS, LANES)
 
 
 def row_loop(extent, num_stages: int, versions: dict):
@@ -103,7 +137,7 @@ def row_loop(extent, num_stages: int, versions: dict):
 def tile_compute(spec: TileSpec, width: int, simd_tile):
     """The compute step of one tile ``width`` columns wide: a macro that runs ``simd_tile``
     (group amax, scale math, quantize or dequantize on whole registers) in one ``T.SimdVF``
-    region. ``bits_ub`` (stochastic rounding only, else not passed) holds the tile's random words.
+    region. ``bits_ub`` (stochastic rounding only, else not passed) holds the tile's random bits.
     Looked up by :func:`build` at trace time; tests/ascend_bad_kernels.py swaps it for
     per-element scalar code to show the vector check failing."""
 
@@ -437,25 +471,32 @@ def build(spec: TileSpec, tiling: Tiling):
 
         simt_pack = pack_macro(R, w, ng, writes_q and fmt == "e2m1", writes_sf and spec.packed, bn == 1)
 
-        bit_groups = ceil_div(w, philox.ELEMENTS_PER_GROUP)  # Philox groups per tile row
+        whole_groups, last_registers = row_draw(w)  # the Philox groups of a tile row
 
         @T.macro
-        def store_bits(bits_ub, r, at, registers):
-            for index in list(range(philox.WORDS_PER_BLOCK)):
-                T.simd.vsts(bits_ub[r, at + index * LANES], tirx.reinterpret("int32x64", registers[index]))
+        def store_bits(bits_ub, r, at, drawn_bits):
+            T.simd.vsts(bits_ub[r, at], tirx.reinterpret("int32x64", drawn_bits))
+
+        def draw_group(bits_ub, key, offset, multipliers, r, row, col0, g, registers):
+            # group g of tile row r (plain Python, traced inside the draw region): its first
+            # `registers` registers of fields at bits_ub[r, 512·g ..]; the block index is uint32
+            # arithmetic (exact below 2^32 blocks), handed to the int32 ramp as its bit pattern
+            block = first_block_of(T.Cast("uint32", row), T.Cast("uint32", col0), H)
+            first = T.Cast("int32", block + T.Cast("uint32", g * philox.BLOCKS_PER_GROUP))
+            for index, bits in enumerate(group_random_bits(VECTOR, multipliers, key, offset, first, registers)):
+                store_bits(bits_ub, r, g * RANDOM_GROUP_ELEMENTS + index * LANES, bits)
 
         @T.macro
         def draw_row_bits(bits_ub, key, offset, multipliers, r, row, col0):
-            for g in T.serial(bit_groups):
-                # uint32 arithmetic (exact below 2^32 blocks), handed to the int32 ramp as its bit pattern
-                block = first_block_of(T.Cast("uint32", row), T.Cast("uint32", col0), H)
-                first = T.Cast("int32", block + T.Cast("uint32", g * philox.BLOCKS_PER_GROUP))
-                registers = group_random_bits(VECTOR, multipliers, key, offset, first)
-                store_bits(bits_ub, r, g * philox.ELEMENTS_PER_GROUP, registers)
+            if whole_groups > 0:
+                for g in T.serial(whole_groups):
+                    draw_group(bits_ub, key, offset, multipliers, r, row, col0, g, RANDOM_GROUP_REGISTERS)
+            if last_registers > 0:
+                draw_group(bits_ub, key, offset, multipliers, r, row, col0, whole_groups, last_registers)
 
         @T.macro
         def draw_bits(seed_ub, offset_ub, bits_ub, row0, nv, col0):
-            # the random words of the tile's valid rows, columns col0 .. col0 + w (rounded up to whole groups)
+            # the random bits of the tile's valid rows, columns col0 .. col0 + w (rounded up to whole registers)
             with T.SimdVF():
                 key = (state_word(seed_ub, 0), state_word(seed_ub, 1))
                 offset = (state_word(offset_ub, 0), state_word(offset_ub, 1))
