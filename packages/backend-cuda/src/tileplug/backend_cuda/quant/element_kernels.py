@@ -12,16 +12,16 @@ between its neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
 - fp32 → bf16 (``w = 16``): the fraction is the 16 dropped bits ``m``, and ``m + f ≥ 2^16`` is a
   carry out of them: add ``f`` to the fp32 pattern and clear its low 16 bits (a carry is the step
   up, past the largest finite: inf).
-- bf16 → e4m3 (``w = 8``) and fp32 → e4m3 (``w = 16``): a carry out of bits ``20 − w`` … 19 of the
-  pattern of ``a`` (or of ``a + 2^-6`` below e4m3's normal range), :func:`carry_round_to_e4m3`.
-- the quantized values of the stochastic per-token / per-block casts (e4m3 or e2m1, ``w = 24``:
-  :func:`grid_rounding`): ``a = min(a, 448)``, ``e`` its binade clamped
-  below at −6 (e4m3's smallest normal exponent; its subnormals share that step),
-  ``s = a · 2^(3 − e)`` in [0, 16); ``fixed = floor(s · 2^24)`` is exact (a power-of-two
-  scaling below 2^28, then one floor) and ``(fixed + r) >> 24``, ``r = f · 2^(24 − w)``, is
-  ``floor(s)`` plus the step (``r``'s low bits are zero, so the test is the ``w``-bit one);
-  times ``2^(e − 3)`` it is an e4m3 value, which the store converts exactly. e2m1: 6, 1
-  mantissa bit, smallest exponent 0.
+- bf16 → e4m3 (``w = 8``), fp32 → e4m3 (``w = 16``) and the e4m3 values of the stochastic per-token /
+  per-block casts (``w = 16``): a carry out of bits ``20 − w`` … 19 of the pattern of ``a`` (or of
+  ``a + 2^-6`` below e4m3's normal range), :func:`carry_round_to_e4m3`.
+- the e2m1 values of the stochastic per-token / per-block casts (``w = 16``, the field moved up to
+  24 bits: :func:`grid_rounding`): ``a = min(a, 6)``, ``e`` its binade clamped below at 0 (e2m1's
+  smallest normal exponent; its subnormal 0.5 shares that step), ``s = a · 2^(1 − e)`` in [0, 4);
+  ``fixed = floor(s · 2^24)`` is exact (a power-of-two scaling below 2^26, then one floor) and
+  ``(fixed + r) >> 24``, ``r = f · 2^(24 − w)``, is ``floor(s)`` plus the step (``r``'s low bits
+  are zero, so the test is the ``w``-bit one); times ``2^(e − 1)`` it is an e2m1 value, which
+  the encoder converts exactly.
 
 The sign is the input's (−0 stays −0), NaN stays NaN (found from its bits: TVM folds
 ``x != x`` to false). ``ieee_*`` arithmetic: no contraction into FMAs, no fast-math rewrites.
@@ -33,15 +33,13 @@ import tilelang.language as T
 
 from tileplug.backend_cuda.random.philox import RunLayout, philox_block, state_buffers
 
-MANTISSA_SHIFT = 8
-"""``word >> 8``: the 24 random bits of a word (those of ``fill_rand``)."""
 FRACTION_BITS = 24
 """The fixed point of ``floor(p · 2^24)``: one unit of the target's last place is ``2^24``."""
 WORD_BITS = 32
 SIGN_BIT = 0x80000000
 MAGNITUDE_BITS = 0x7FFFFFFF
 BF16_KEPT_BITS = 0xFFFF0000
-GRIDS = {"e4m3": (448.0, 3, -6), "e2m1": (6.0, 1, 0)}
+GRIDS = {"e2m1": (6.0, 1, 0)}
 """Grid → (largest value, mantissa bits, smallest normal exponent): the binades a stochastic
 rounding steps through (a subnormal range shares the smallest normal exponent's step)."""
 FP32_BIAS = 127
@@ -88,10 +86,11 @@ def round_to_bf16(value, field, run, j):
 
 
 def grid_rounding(grid: str):
-    """The stochastic rounding macro ``round(value, random, run, j)`` onto ``grid`` ("e4m3" or
-    "e2m1", :data:`GRIDS`): ``run[j]`` = fp32 ``value`` saturated to the grid's largest value
-    and rounded with ``random`` (uint32: the element's field moved up to 24 bits, ``f · 2^(24 − w)``;
-    a whole word's ``word >> 8``), an exact grid value held in fp32 (the caller's deterministic
+    """The stochastic rounding macro ``round(value, random, run, j)`` onto ``grid`` (a name of
+    :data:`GRIDS`: e2m1; e4m3 rounds by :func:`carry_round_to_e4m3`): ``run[j]`` = fp32 ``value``
+    saturated to the grid's largest value
+    and rounded with ``random`` (uint32: the element's field moved up to 24 bits, ``f · 2^(24 − w)``),
+    an exact grid value held in fp32 (the caller's deterministic
     conversion then encodes it). ``fixed = floor(s · 2^24)`` is exact (``s · 2^24`` is a
     power-of-two scaling below 2^(mantissa + 25)), and ``(fixed + random) >> 24`` is ``floor(s)``
     plus the rounding's step."""
@@ -141,7 +140,7 @@ def carry_round_to_e4m3(value, field, run, j):
     carry on ``a + 2^-6`` added toward zero (its bits ``20 − w`` … 19 are then ``floor(p · 2^w)``
     exactly, the truncations composing), then minus 2^-6, exact. Replaces :func:`grid_rounding`'s
     fixed point and its two powers of two for the element casts (bf16 → e4m3, ``w = 8``, and fp32 →
-    e4m3, ``w = 16``); the per-token / per-block casts keep it (24 bits)."""
+    e4m3, ``w = 16``) and the e4m3 values of the per-token / per-block casts (``w = 16``)."""
     magnitude = T.alloc_var("float32")
     offset = T.alloc_var("float32")
     shifted = T.alloc_var("uint32")

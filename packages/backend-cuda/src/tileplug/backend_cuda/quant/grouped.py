@@ -38,6 +38,7 @@ import tilelang.language as T
 from tileplug.backend_cuda.quant import sf_math
 from tileplug.backend_cuda.quant.spec import KernelSpec
 from tileplug.backend_cuda.quant.element_kernels import (
+    FRACTION_BITS,
     carry_round_to_e4m3,
     e4m3_field_position,
     grid_rounding,
@@ -130,7 +131,7 @@ def build_kernel(spec: KernelSpec):
         if spec.fmt == "e4m3":
             round_value, FIELD_POSITION = carry_round_to_e4m3, e4m3_field_position(QUANT_RANDOM_FIELD_BITS)
         else:
-            round_value, FIELD_POSITION = grid_rounding(spec.fmt), 24 - QUANT_RANDOM_FIELD_BITS
+            round_value, FIELD_POSITION = grid_rounding(spec.fmt), FRACTION_BITS - QUANT_RANDOM_FIELD_BITS
 
     IN_SF = spec.in_sf
     if IN_SF is not None:

@@ -78,8 +78,9 @@ class KernelSpec:
     tile is half as wide (128 bf16 columns) and twice as many CTAs cover a small T.
 
     ``stochastic`` (cast mode): the narrowing of ``x · inv`` rounds stochastically with the
-    Philox words of the generator's ``seed`` / ``offset`` buffers (element ``(r, c)`` with word
-    ``r·H + c``: a slot's ``VEC`` columns are whole Philox blocks, H being a multiple of 16).
+    Philox words of the generator's ``seed`` / ``offset`` buffers (element ``i = r·H + c`` with
+    16-bit field ``i mod 2`` of word ``i // 2``: a slot's ``VEC`` columns are whole Philox blocks of
+    8 elements, or half of one for an fp32 input, H being a multiple of 16).
 
     ``lossless`` (``per_block_cast_lossless``, cast mode of an e2m1 input): a group's scale is
     read off its input scales' exponents (the largest, less the e4m3 headroom) instead of the
