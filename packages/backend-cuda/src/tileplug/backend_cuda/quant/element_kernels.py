@@ -1,5 +1,5 @@
 """The TileLang kernels of the CUDA element-wise casts (``element_cast``) and the stochastic
-rounding macros the quant tile kernel shares (``grid_rounding``).
+rounding macros the quant tile kernel shares (``carry_round_to_e4m3``, ``grid_rounding``).
 
 ``nearest_cast``: a thread's run of ``x`` widened to fp32 (exact) and converted to the target by
 the store (round to nearest even; e4m3 with ``satfinite``). ``stochastic_cast``: element ``i``
@@ -88,10 +88,9 @@ def round_to_bf16(value, field, run, j):
 def grid_rounding(grid: str):
     """The stochastic rounding macro ``round(value, random, run, j)`` onto ``grid`` (a name of
     :data:`GRIDS`: e2m1; e4m3 rounds by :func:`carry_round_to_e4m3`): ``run[j]`` = fp32 ``value``
-    saturated to the grid's largest value
-    and rounded with ``random`` (uint32: the element's field moved up to 24 bits, ``f · 2^(24 − w)``),
-    an exact grid value held in fp32 (the caller's deterministic
-    conversion then encodes it). ``fixed = floor(s · 2^24)`` is exact (``s · 2^24`` is a
+    saturated to the grid's largest value and rounded with ``random`` (uint32: the element's field
+    moved up to 24 bits, ``f · 2^(24 − w)``), an exact grid value held in fp32 (the caller's
+    deterministic conversion then encodes it). ``fixed = floor(s · 2^24)`` is exact (``s · 2^24`` is a
     power-of-two scaling below 2^(mantissa + 25)), and ``(fixed + random) >> 24`` is ``floor(s)``
     plus the rounding's step."""
     largest, mantissa_bits, min_exponent = GRIDS[grid]
