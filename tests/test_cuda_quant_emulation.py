@@ -1,0 +1,176 @@
+"""The CUDA quant tile kernel's generated source, run on the CPU CTA by CTA: each specialisation of
+the stochastic per-token / per-block casts in the op table (``stochastic_cases``) is lowered for
+sm_90 as the backend lowers it, compiled with g++ against ``tests/fixtures/cuda-host/cta_emulation.h``
+(every thread of a CTA a host thread: ``__syncthreads`` a barrier, warp shuffles an exchange,
+``__shared__`` one array of the CTA) and launched over the grid the launcher uses, with the
+arguments the launcher passes (``quant.kernels.make_launcher`` itself hands them over, the
+kernel's scalar shapes and strides read off its buffers); ``q`` and ``sf`` must equal the
+reference's bytewise (SPEC §4: ``sf`` on every byte that holds a group).
+
+Marker ``nvcc``: the CUDA headers come with nvcc (skipped without nvcc, g++ or those headers). What
+this does not see: the device's memory model beyond the barriers, the 128-bit access instructions
+(the compile test checks those), the device's NaN canonicalisation; what it does see is every
+index, shift, mask, shuffle and rounding of the kernel, bytewise, on a GPU-less machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from test_cuda_element_cast_emulation import EMULATION_HEADER, cuda_include_dir
+from tileplug.core import describe_call, opdefs
+from tileplug.core.contracts.quant import QuantOutputs
+from tileplug.core.ops.quant import stochastic_cases
+from tileplug.core.registry import use_backend
+from tileplug.core.testing import assert_bytes_equal, assert_sf_equal
+
+pytestmark = pytest.mark.nvcc
+
+TOKENS = (1, 37, 130)  # a single row, a partial tile, more than one 128-row group
+
+
+def host_harness(source: str) -> tuple[str, list[str], list[str], int]:
+    """The kernel definition of a generated source (its includes dropped) wrapped in
+    ``run_grid(<kernel parameters>, blocks_x, blocks_y)`` → (C++ source, parameter names, their C
+    types, threads a CTA)."""
+    definition = source[source.index('extern "C" __global__ void __launch_bounds__'):]
+    # dynamic shared memory: one static array of the CTA (the 228 KB an H100 / H200 SM has at most)
+    definition = re.sub(r"extern __shared__ __align__\((\d+)\) (\w+) (\w+)\[\];",
+                        lambda found: f"alignas({found.group(1)}) static {found.group(2)} {found.group(3)}"
+                                      f"[233472 / sizeof({found.group(2)})];", definition)
+    match = re.match(r'extern "C" __global__ void __launch_bounds__\((\d+)(?:, \d+)?\) (\w+)\(([^)]*)\)', definition)
+    assert match is not None, definition[:300]
+    threads, name, parameters = int(match.group(1)), match.group(2), match.group(3)
+    declared = [parameter.strip() for parameter in parameters.split(",")]
+    names = [parameter.split()[-1] for parameter in declared]
+    types = [parameter.rsplit(" ", 1)[0] for parameter in declared]
+    harness = (f'#include "cta_emulation.h"\n{definition}\n'
+               f'extern "C" void run_grid({parameters}, unsigned blocks_x, unsigned blocks_y) {{\n'
+               f'  emulated_launch(blocks_x, blocks_y, {threads}, [=] {{ {name}({", ".join(names)}); }});\n'
+               f'}}\n')
+    return harness, names, types, threads
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """``build(spec, source=None)`` → ``(run_grid, names, types)`` of ``spec``'s kernel (or of
+    ``source``, an edited copy of it) compiled for the host."""
+    include = cuda_include_dir()
+    if shutil.which("g++") is None or include is None:
+        pytest.skip("g++ or the CUDA headers (cuda_fp8.h) are missing")
+    from tileplug.backend_cuda import jit
+
+    folder = tmp_path_factory.mktemp("cuda-cta")
+
+    def compile_spec(spec, source: str | None = None):
+        harness, names, types, _ = host_harness(jit.lower_source(spec) if source is None else source)
+        stem = spec.name if source is None else f"{spec.name}_edited"
+        path = folder / f"{stem}.cpp"
+        path.write_text(harness)
+        library = folder / f"{stem}.so"
+        done = subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-shared", "-fPIC", "-frounding-math", "-w",
+                               f"-I{include}", f"-I{EMULATION_HEADER}", str(path), "-o", str(library)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return ctypes.CDLL(str(library)).run_grid, names, types
+
+    return compile_spec
+
+
+def launch_arguments(spec, tensors: list[torch.Tensor], names: list[str], types: list[str]) -> list:
+    """The kernel's C arguments: each buffer parameter's data pointer, each scalar (a dynamic
+    shape or stride of some buffer) read off the tensor bound to that buffer."""
+    from tileplug.backend_cuda import jit
+
+    func = jit.prim_func(spec)
+    buffers = [func.buffer_map[parameter] for parameter in func.params if parameter in func.buffer_map]
+    assert len(buffers) == len(tensors), (len(buffers), len(tensors))
+    pointers, scalars = {}, {}
+    for buffer, tensor in zip(buffers, tensors):
+        pointers[buffer.name] = pointers[buffer.data.name] = tensor.data_ptr()
+        for extent, size in zip(buffer.shape, tensor.shape):
+            if hasattr(extent, "name"):
+                scalars.setdefault(extent.name, size)
+        for stride, size in zip(buffer.strides, tensor.stride()):
+            if hasattr(stride, "name"):
+                scalars.setdefault(stride.name, size)
+    arguments = []
+    for name, kind in zip(names, types):
+        if "*" in kind:
+            arguments.append(ctypes.c_void_p(pointers[name]))
+        else:
+            assert name in scalars, f"{spec.name}: no buffer gives {name}"
+            arguments.append(ctypes.c_int64(scalars[name]) if "int64" in kind else ctypes.c_int(scalars[name]))
+    return arguments
+
+
+def grid(spec, tokens: int, hidden: int) -> tuple[int, int]:
+    """The launcher's grid: row tiles × column tiles, one dimension when column tiles are adjacent
+    (``grid_cols``)."""
+    rows, cols = -(-tokens // spec.tile_rows), -(-hidden // spec.tile_cols)
+    return (rows * cols, 1) if spec.grid_cols else (rows, cols)
+
+
+def run_case(built, spec, case, tokens: int) -> None:
+    """``case`` at ``tokens`` rows on the reference and through the emulated kernel; bytes compared."""
+    from tileplug.backend_cuda.quant.kernels import make_launcher
+
+    args, kwargs = case.arguments(tokens, "cpu")
+    with use_backend("reference"):
+        want_q, want_sf = opdefs.get(case.op).function(*args, **kwargs)
+    args, kwargs = case.arguments(tokens, "cpu")  # the same inputs, the generator at its first offset
+    call, inputs = describe_call(case.op, *args, **kwargs)
+    outputs = QuantOutputs(torch.zeros_like(want_q),
+                           torch.empty_strided(want_sf.shape, want_sf.stride(), dtype=want_sf.dtype).zero_())
+    captured: list[torch.Tensor] = []
+    make_launcher(spec, lambda *tensors: captured.extend(tensors))(inputs, outputs)
+    run_grid, names, types = built
+    run_grid(*launch_arguments(spec, captured, names, types), *map(ctypes.c_uint, grid(spec, tokens, call.hidden)))
+    assert_bytes_equal(outputs.q, want_q, f"{spec.name}, {case.id}, T = {tokens}: q", nan_equal=True)
+    assert_sf_equal(outputs.sf, want_sf, call.cast.block, tokens, call.hidden,
+                    f"{spec.name}, {case.id}, T = {tokens}: sf", nan_equal=True)
+
+
+def _stochastic_specs() -> list[tuple[str, object, object]]:
+    """(spec name, spec, first op-table case it serves) of every stochastic quant specialisation."""
+    from tileplug.backend_cuda.plugin import _KERNELS
+
+    found: dict[str, tuple] = {}
+    for case in stochastic_cases():
+        args, kwargs = case.arguments(3, "meta")
+        call, _ = describe_call(case.op, *args, **kwargs)
+        kernel = _KERNELS[call.op]
+        if kernel.supports(call) is not None:
+            continue
+        for spec in kernel.specs(call):
+            found.setdefault(spec.name, (spec, case))
+    return [(name, spec, case) for name, (spec, case) in found.items()]
+
+
+SPECS = _stochastic_specs()
+
+
+@pytest.mark.parametrize("name, spec, case", SPECS, ids=[name for name, _, _ in SPECS])
+def test_stochastic_tile_kernel_source_gives_the_references_bytes(build, name, spec, case) -> None:
+    built = build(spec)
+    for tokens in TOKENS:
+        run_case(built, spec, case, tokens)
+
+
+def test_a_tile_kernel_that_misplaces_a_field_is_caught(build) -> None:
+    """The check can fail: the per-token 1 × 128 e4m3 kernel with its random field moved one bit
+    down (``>> 13`` for ``>> 12``: half the field's weight) gives other bytes than the reference."""
+    from tileplug.backend_cuda import jit
+
+    name, spec, case = next(entry for entry in SPECS if "bfloat16_g1x128_e4m3" in entry[0])
+    source = jit.lower_source(spec)
+    edited = source.replace(">> (uint)12) & (uint)1048560)", ">> (uint)13) & (uint)1048560)")
+    assert edited != source, "the field's shift is where this test expects it"
+    with pytest.raises(AssertionError, match="differ"):
+        run_case(build(spec, edited), spec, case, 37)
