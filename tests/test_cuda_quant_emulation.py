@@ -1,5 +1,6 @@
 """The CUDA quant tile kernel's generated source, run on the CPU CTA by CTA: each specialisation of
-the stochastic per-token / per-block casts in the op table (``stochastic_cases``) is lowered for
+the stochastic per-token / per-block casts in the op table (``stochastic_cases``), and of the
+deterministic casts of :data:`DETERMINISTIC_CASES` (the bench's main cases), is lowered for
 sm_90 as the backend lowers it, compiled with g++ against ``tests/fixtures/cuda-host/cta_emulation.h``
 (every thread of a CTA a host thread: ``__syncthreads`` a barrier, warp shuffles an exchange,
 ``__shared__`` one array of the CTA) and launched over the grid the launcher uses, with the
@@ -25,6 +26,7 @@ import torch
 
 from test_cuda_element_cast_emulation import EMULATION_HEADER, cuda_include_dir
 from tileplug.core import describe_call, opdefs
+from tileplug.core.opdefs import Case
 from tileplug.core.contracts.quant import QuantOutputs
 from tileplug.core.ops.quant import stochastic_cases
 from tileplug.core.registry import use_backend
@@ -137,12 +139,24 @@ def run_case(built, spec, case, tokens: int) -> None:
                     f"{spec.name}, {case.id}, T = {tokens}: sf", nan_equal=True)
 
 
-def _stochastic_specs() -> list[tuple[str, object, object]]:
-    """(spec name, spec, first op-table case it serves) of every stochastic quant specialisation."""
+DETERMINISTIC_CASES = [
+    Case.of("per_token_cast", 576),
+    Case.of("per_token_cast", 576, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True),
+    Case.of("per_token_cast", 576, fmt="e2m1", num_per_channels=16),
+    Case.of("per_block_cast", 576),
+    Case.of("per_channel_cast", 576, num_per_tokens=128),
+]
+"""The deterministic casts run here too: the bench's per-token (1 × 128 e4m3, packed UE8M0
+column-major, e2m1 1 × 16), per-block 128 × 128 and per-channel 128 × 1 cases."""
+
+
+def _tile_specs() -> list[tuple[str, object, object]]:
+    """(spec name, spec, first case it serves) of every specialisation (small-T tiers included) of
+    the stochastic casts of the op table and of :data:`DETERMINISTIC_CASES`."""
     from tileplug.backend_cuda.plugin import _KERNELS
 
     found: dict[str, tuple] = {}
-    for case in stochastic_cases():
+    for case in stochastic_cases() + DETERMINISTIC_CASES:
         args, kwargs = case.arguments(3, "meta")
         call, _ = describe_call(case.op, *args, **kwargs)
         kernel = _KERNELS[call.op]
@@ -153,11 +167,11 @@ def _stochastic_specs() -> list[tuple[str, object, object]]:
     return [(name, spec, case) for name, (spec, case) in found.items()]
 
 
-SPECS = _stochastic_specs()
+SPECS = _tile_specs()
 
 
 @pytest.mark.parametrize("name, spec, case", SPECS, ids=[name for name, _, _ in SPECS])
-def test_stochastic_tile_kernel_source_gives_the_references_bytes(build, name, spec, case) -> None:
+def test_tile_kernel_source_gives_the_references_bytes(build, name, spec, case) -> None:
     built = build(spec)
     for tokens in TOKENS:
         run_case(built, spec, case, tokens)
