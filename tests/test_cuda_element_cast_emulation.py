@@ -69,28 +69,38 @@ def host_harness(source: str) -> tuple[str, list[str], int]:
     return harness, names, threads
 
 
+def host_compiler(tmp_path_factory, folder_name: str, flags: tuple[str, ...] = ("-std=c++17",)):
+    """``compile(stem, harness)`` → the ``run_grid`` of a host harness (C++ source) built with g++ against
+    the CUDA headers and ``tests/fixtures/cuda-host``; skips the calling test without g++ or the headers."""
+    include = cuda_include_dir()
+    if shutil.which("g++") is None or include is None:
+        pytest.skip("g++ or the CUDA headers (cuda_fp8.h) are missing")
+    folder = tmp_path_factory.mktemp(folder_name)
+
+    def compile_harness(stem: str, harness: str):
+        path = folder / f"{stem}.cpp"
+        path.write_text(harness)
+        library = folder / f"{stem}.so"
+        done = subprocess.run(["g++", "-O1", *flags, "-shared", "-fPIC", "-frounding-math", "-w",
+                               f"-I{include}", f"-I{EMULATION_HEADER}", str(path), "-o", str(library)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return ctypes.CDLL(str(library)).run_grid
+
+    return compile_harness
+
+
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     """``build(spec, source=None)`` → ``(run_grid, parameter names, threads)`` of ``spec``'s kernel (or of
     ``source``, an edited copy of it) compiled for the host."""
-    include = cuda_include_dir()
-    if shutil.which("g++") is None or include is None:
-        pytest.skip("g++ or the CUDA headers (cuda_fp8.h) are missing")
+    compile_harness = host_compiler(tmp_path_factory, "cuda-host")
     from tileplug.backend_cuda import jit
-
-    folder = tmp_path_factory.mktemp("cuda-host")
 
     def compile_spec(spec, source: str | None = None):
         harness, names, threads = host_harness(jit.lower_source(spec) if source is None else source)
         stem = spec.name if source is None else f"{spec.name}_edited"
-        path = folder / f"{stem}.cpp"
-        path.write_text(harness)
-        library = folder / f"{stem}.so"
-        done = subprocess.run(["g++", "-O1", "-std=c++17", "-shared", "-fPIC", "-frounding-math", "-w",
-                               f"-I{include}", f"-I{EMULATION_HEADER}", str(path), "-o", str(library)],
-                              capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return ctypes.CDLL(str(library)).run_grid, names, threads
+        return compile_harness(stem, harness), names, threads
 
     return compile_spec
 

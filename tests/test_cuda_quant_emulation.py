@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import ctypes
 import re
-import shutil
-import subprocess
 
 import pytest
 import torch
 
-from test_cuda_element_cast_emulation import EMULATION_HEADER, cuda_include_dir
+from test_cuda_element_cast_emulation import host_compiler
 from tileplug.core import describe_call, opdefs
 from tileplug.core.opdefs import Case
 from tileplug.core.contracts.quant import QuantOutputs
@@ -63,24 +61,13 @@ def host_harness(source: str) -> tuple[str, list[str], list[str], int]:
 def build(tmp_path_factory):
     """``build(spec, source=None)`` → ``(run_grid, names, types)`` of ``spec``'s kernel (or of
     ``source``, an edited copy of it) compiled for the host."""
-    include = cuda_include_dir()
-    if shutil.which("g++") is None or include is None:
-        pytest.skip("g++ or the CUDA headers (cuda_fp8.h) are missing")
+    compile_harness = host_compiler(tmp_path_factory, "cuda-cta", ("-std=c++20", "-pthread"))
     from tileplug.backend_cuda import jit
-
-    folder = tmp_path_factory.mktemp("cuda-cta")
 
     def compile_spec(spec, source: str | None = None):
         harness, names, types, _ = host_harness(jit.lower_source(spec) if source is None else source)
         stem = spec.name if source is None else f"{spec.name}_edited"
-        path = folder / f"{stem}.cpp"
-        path.write_text(harness)
-        library = folder / f"{stem}.so"
-        done = subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-shared", "-fPIC", "-frounding-math", "-w",
-                               f"-I{include}", f"-I{EMULATION_HEADER}", str(path), "-o", str(library)],
-                              capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return ctypes.CDLL(str(library)).run_grid, names, types
+        return compile_harness(stem, harness), names, types
 
     return compile_spec
 
