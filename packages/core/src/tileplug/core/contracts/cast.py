@@ -47,7 +47,7 @@ QUANT_RANDOM_FIELD_BITS = 16
 """``w`` of the stochastic per-token / per-block casts (docs/spec.md §10.2): the narrowing of the fp32
 ``x·inv`` to e4m3 or e2m1 takes a 16-bit field, two a word, as fp32 → e4m3 does (its normal steps
 drop 20 and 22 bits: a bias toward zero under 2^-16 of a step, for a Philox block per 8 elements
-instead of 4 — with a whole word an element the per-token cast ran at about 40 % of its deterministic
+instead of 4 — with a whole word an element the per-token cast ran at 38 % of its deterministic
 form on an H200)."""
 
 
