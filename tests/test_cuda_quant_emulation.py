@@ -107,23 +107,29 @@ def grid(spec, tokens: int, hidden: int) -> tuple[int, int]:
 
 
 def run_case(built, spec, case, tokens: int) -> None:
-    """``case`` at ``tokens`` rows on the reference and through the emulated kernel; bytes compared."""
+    """``case`` at ``tokens`` rows on the reference and through the emulated kernel; bytes compared:
+    ``q`` and ``sf`` of a cast, the result of ``cast_back``, ``x`` itself after fake quant."""
     from tileplug.backend_cuda.quant.kernels import make_launcher
 
-    args, kwargs = case.arguments(tokens, "cpu")
+    want_args, kwargs = case.arguments(tokens, "cpu")
     with use_backend("reference"):
-        want_q, want_sf = opdefs.get(case.op).function(*args, **kwargs)
+        want = opdefs.get(case.op).function(*want_args, **kwargs)
     args, kwargs = case.arguments(tokens, "cpu")  # the same inputs, the generator at its first offset
     call, inputs = describe_call(case.op, *args, **kwargs)
-    outputs = QuantOutputs(torch.zeros_like(want_q),
+    in_place = case.op == "per_token_cast_and_cast_back"  # x is the result (the op returns None)
+    if in_place:
+        want = want_args[0]
+    want_q, want_sf = (want, None) if isinstance(want, torch.Tensor) else want
+    outputs = QuantOutputs(None if in_place else torch.zeros_like(want_q), None if want_sf is None else
                            torch.empty_strided(want_sf.shape, want_sf.stride(), dtype=want_sf.dtype).zero_())
     captured: list[torch.Tensor] = []
     make_launcher(spec, lambda *tensors: captured.extend(tensors))(inputs, outputs)
     run_grid, names, types = built
     run_grid(*launch_arguments(spec, captured, names, types), *map(ctypes.c_uint, grid(spec, tokens, call.hidden)))
-    assert_bytes_equal(outputs.q, want_q, f"{spec.name}, {case.id}, T = {tokens}: q", nan_equal=True)
-    assert_sf_equal(outputs.sf, want_sf, call.cast.block, tokens, call.hidden,
-                    f"{spec.name}, {case.id}, T = {tokens}: sf", nan_equal=True)
+    what = f"{spec.name}, {case.id}, T = {tokens}"
+    assert_bytes_equal(inputs.x if in_place else outputs.q, want_q, f"{what}: q", nan_equal=True)
+    if want_sf is not None:
+        assert_sf_equal(outputs.sf, want_sf, call.cast.block, tokens, call.hidden, f"{what}: sf", nan_equal=True)
 
 
 DETERMINISTIC_CASES = [
@@ -132,9 +138,12 @@ DETERMINISTIC_CASES = [
     Case.of("per_token_cast", 576, fmt="e2m1", num_per_channels=16),
     Case.of("per_block_cast", 576),
     Case.of("per_channel_cast", 576, num_per_tokens=128),
+    Case.of("cast_back", 7168, fmt="bf16", x_block_size=(1, 128)),
+    Case.of("per_token_cast_and_cast_back", 576, fmt="e2m1", num_per_channels=16, use_e4m3_sf=True),
 ]
-"""The deterministic casts run here too: the bench's per-token (1 × 128 e4m3, packed UE8M0
-column-major, e2m1 1 × 16), per-block 128 × 128 and per-channel 128 × 1 cases."""
+"""The deterministic modes run here too: the bench's per-token (1 × 128 e4m3, packed UE8M0
+column-major, e2m1 1 × 16), per-block 128 × 128, per-channel 128 × 1 and ``cast_back`` cases, and
+fake quant (in place, e2m1 with e4m3-rounded scales)."""
 
 
 def _tile_specs() -> list[tuple[str, object, object]]:
