@@ -443,13 +443,13 @@ def build_kernel(spec: KernelSpec):
                             yv[j] = decoded(xv, i, j) * factor
                     if STOCHASTIC:  # element i = r·H + c + j: field i mod FIELDS of word i // FIELDS
                         first = T.cast(r, "int64") * H + c
+                        upper = (first % BLOCK_VALUES) >= VEC  # a half block: c starts its upper half
                         for k in T.unroll(max(VEC // BLOCK_VALUES, 1)):
                             # the split product: as the element casts, faster than mul.wide
                             philox_block(seed[0], offset[0], first // BLOCK_VALUES + k, words, False)
                             for j in T.unroll(min(VEC, BLOCK_VALUES)):
                                 word_index = j // FIELDS
                                 if VEC < BLOCK_VALUES:  # the half of the block that holds column c
-                                    upper = (first % BLOCK_VALUES) >= VEC
                                     word = T.if_then_else(upper, words[word_index + VEC // FIELDS], words[word_index])
                                 else:
                                     word = words[word_index]

@@ -40,8 +40,7 @@ RANDOM_FIELD_BITS: dict[tuple[torch.dtype, torch.dtype], int] = {
 up to a whole field and capped at 16 (fp32 → e4m3 takes the top 16 of its 20: a bias toward zero under
 2^-16 of a step, for a Philox block per 8 elements instead of 4 — at 24 bits the cast ran at 69 % of
 the deterministic one on an H200). A 32-bit word of the draw holds ``32 // w`` fields, the first at its
-top (one at ``w = 24``: the word's top 24 bits), so element ``i`` takes field ``i mod (32 // w)`` of
-word ``i // (32 // w)``. The stochastic per-token / per-block casts narrow fp32 values ``x·inv``:
+top, so element ``i`` takes field ``i mod (32 // w)`` of word ``i // (32 // w)``. The stochastic per-token / per-block casts narrow fp32 values ``x·inv``:
 :data:`QUANT_RANDOM_FIELD_BITS`."""
 QUANT_RANDOM_FIELD_BITS = 16
 """``w`` of the stochastic per-token / per-block casts (docs/spec.md §10.2): the narrowing of the fp32

@@ -81,11 +81,12 @@ def round_to_e4m3(x: torch.Tensor, random_bits: torch.Tensor) -> torch.Tensor:
 
 
 def element_random_bits(seed: torch.Tensor, offset: torch.Tensor, shape: tuple[int, ...],
-                        field_bits: int = RANDOM_BITS) -> torch.Tensor:
+                        field_bits: int) -> torch.Tensor:
     """The random bits of each element of ``shape`` (row-major) under ``(seed, offset)``, int64 of
     that shape, as 24-bit integers: element ``i``'s ``field_bits``-wide field ``f_i`` of the draw
     (field ``i mod k`` of word ``i // k``, ``k = 32 // field_bits``, the first field at the word's
-    top) shifted up to 24 bits, ``f_i · 2^(24 − field_bits)``. At 24 bits that is ``word_i >> 8``."""
+    top) shifted up to 24 bits, ``f_i · 2^(24 − field_bits)`` (``field_bits``: core's
+    ``RANDOM_FIELD_BITS`` of the pair, or ``QUANT_RANDOM_FIELD_BITS``)."""
     count = 1
     for size in shape:
         count *= size
