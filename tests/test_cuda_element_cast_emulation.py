@@ -50,15 +50,22 @@ def cuda_include_dir() -> str | None:
     return next((folder for folder in candidates if os.path.exists(os.path.join(folder, "cuda_fp8.h"))), None)
 
 
+def kernel_definition(source: str) -> tuple[str, int, str, str, list[str]]:
+    """The kernel definition of a generated source, its includes dropped → (definition, threads a
+    block, the kernel's name, its parameter list as written, the parameter names in order)."""
+    definition = source[source.index('extern "C" __global__ void __launch_bounds__'):]
+    match = re.match(r'extern "C" __global__ void __launch_bounds__\((\d+)(?:, \d+)?\) (\w+)\(([^)]*)\)', definition)
+    assert match is not None, definition[:300]
+    parameters = match.group(3)
+    names = [parameter.split()[-1] for parameter in parameters.split(",")]
+    return definition, int(match.group(1)), match.group(2), parameters, names
+
+
 def host_harness(source: str) -> tuple[str, list[str], int]:
     """The kernel definition of a generated source (its includes dropped), wrapped in
     ``run_grid(<kernel parameters>, blocks)`` that runs every thread of every block in turn →
     (C++ source, the kernel's parameter names in order, threads a block)."""
-    definition = source[source.index('extern "C" __global__ void __launch_bounds__'):]
-    match = re.match(r'extern "C" __global__ void __launch_bounds__\((\d+), \d+\) (\w+)\(([^)]*)\)', definition)
-    assert match is not None, definition[:300]
-    threads, name, parameters = int(match.group(1)), match.group(2), match.group(3)
-    names = [parameter.split()[-1] for parameter in parameters.split(",")]
+    definition, threads, name, parameters, names = kernel_definition(source)
     harness = (f'#include "emulation.h"\n{definition}\n'
                f'extern "C" void run_grid({parameters}, int64_t blocks) {{\n'
                f'  for (int64_t block = 0; block < blocks; ++block)\n'

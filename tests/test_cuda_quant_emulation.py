@@ -22,7 +22,7 @@ import re
 import pytest
 import torch
 
-from test_cuda_element_cast_emulation import host_compiler
+from test_cuda_element_cast_emulation import host_compiler, kernel_definition
 from tileplug.core import describe_call, opdefs
 from tileplug.core.opdefs import Case
 from tileplug.core.contracts.quant import QuantOutputs
@@ -39,17 +39,12 @@ def host_harness(source: str) -> tuple[str, list[str], list[str], int]:
     """The kernel definition of a generated source (its includes dropped) wrapped in
     ``run_grid(<kernel parameters>, blocks_x, blocks_y)`` → (C++ source, parameter names, their C
     types, threads a CTA)."""
-    definition = source[source.index('extern "C" __global__ void __launch_bounds__'):]
+    definition, threads, name, parameters, names = kernel_definition(source)
     # dynamic shared memory: one static array of the CTA (the 228 KB an H100 / H200 SM has at most)
     definition = re.sub(r"extern __shared__ __align__\((\d+)\) (\w+) (\w+)\[\];",
                         lambda found: f"alignas({found.group(1)}) static {found.group(2)} {found.group(3)}"
                                       f"[233472 / sizeof({found.group(2)})];", definition)
-    match = re.match(r'extern "C" __global__ void __launch_bounds__\((\d+)(?:, \d+)?\) (\w+)\(([^)]*)\)', definition)
-    assert match is not None, definition[:300]
-    threads, name, parameters = int(match.group(1)), match.group(2), match.group(3)
-    declared = [parameter.strip() for parameter in parameters.split(",")]
-    names = [parameter.split()[-1] for parameter in declared]
-    types = [parameter.rsplit(" ", 1)[0] for parameter in declared]
+    types = [parameter.strip().rsplit(" ", 1)[0] for parameter in parameters.split(",")]
     harness = (f'#include "cta_emulation.h"\n{definition}\n'
                f'extern "C" void run_grid({parameters}, unsigned blocks_x, unsigned blocks_y) {{\n'
                f'  emulated_launch(blocks_x, blocks_y, {threads}, [=] {{ {name}({", ".join(names)}); }});\n'
