@@ -102,7 +102,8 @@ def _ends(counts: list[int], alignment: int) -> list[int]:
 
 
 def searched_padding(ends: list[int], alignment: int, rows: int) -> set[int]:
-    """The default ``zero_padding``: row ``r`` is padding when no expert's ``[start, end)`` holds it."""
+    """The searched padding (the walk form of ``permute_rows``' padding job): row ``r`` is padding when no
+    expert's ``[start, end)`` holds it."""
     padding = set()
     for r in range(rows):
         expert = next((e for e, end in enumerate(ends) if end > r), len(ends))  # the lower bound it searches
@@ -155,8 +156,8 @@ def test_the_variable_picks_the_batched_kernels(monkeypatch) -> None:
     monkeypatch.setenv(BATCHED_LAYOUT_VARIABLE, "1")
     chosen = {spec.kernel: spec for spec in _KERNELS["moe_permute"].specs(permute_call) if hasattr(spec, "batched")}
     assert chosen["chunk_counts"].batched and chosen["permute_index"].batched and chosen["expert_scan"].batched
-    padding = [spec for spec in _KERNELS["moe_permute"].specs(permute_call) if spec.kernel == "zero_padding"]
-    assert padding[0].batched and padding[0].name.endswith("_batched")
+    rows = [spec for spec in _KERNELS["moe_permute"].specs(permute_call) if spec.kernel == "permute_rows"]
+    assert rows[0].batched and rows[0].name.endswith("_batched")  # its padding job
     assert chosen["permute_index"].name.endswith("_batched")
     assert all(spec.batched for spec in _KERNELS["moe_expert_counts"].specs(counts_call))
     monkeypatch.setenv(BATCHED_LAYOUT_VARIABLE, "on")
@@ -165,7 +166,9 @@ def test_the_variable_picks_the_batched_kernels(monkeypatch) -> None:
 
 
 @pytest.mark.nvcc
-def test_the_batched_padding_kernel_compiles_without_spills() -> None:
+def test_the_row_copy_with_the_batched_padding_compiles_without_spills() -> None:
+    """``permute_rows`` holds the padding job (its CTAs after the T copying ones): it compiles without spills, and a
+    copying thread loads its group of slots' rows before its first store (one load latency a group)."""
     pytest.importorskip("tilelang")
     import sys
     from pathlib import Path
@@ -178,10 +181,14 @@ def test_the_batched_padding_kernel_compiles_without_spills() -> None:
 
     for dtype, width, vec, alignment, sf in (("bfloat16", 7168, 8, 1, None), ("float8_e4m3fn", 7168, 16, 128, "int32"),
                                                ("float32", 100, 1, 16, None)):
-        spec = RowCopySpec("zero_padding", dtype, width, vec, experts=33, alignment=alignment, sf_dtype=sf,
+        spec = RowCopySpec("permute_rows", dtype, width, vec, slots=6, experts=33, alignment=alignment, sf_dtype=sf,
                            sf_width=56 if sf else 0, batched=True)
         source = jit.lower_source(spec)
         assert "expert_ends[32]" in source, spec.name  # the tail starts at the last expert's end
+        body = source[source.index("__launch_bounds__"):]
+        body = body[body.index("{"):]  # past the signature
+        assert body.count("permutation[") == 1 and "for (int j = 0; j < 6; ++j)" in body, spec.name
+        assert body.index("permutation[") < body.index("x_expanded"), spec.name
         error, _, report = nvcc(source)
         assert error is None, error
         assert spill_bytes(report) == {spec.name + "_kernel": 0}, report[-2000:]

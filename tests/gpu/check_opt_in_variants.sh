@@ -132,6 +132,13 @@
 #  28. (thirty-sixth session) #9's per_channel_cast (0.87-0.95 of TileKernels from T = 1024 on the H200, 95.3 % of
 #      copy at T = 65536 against 100.8 %): the tile swept through TILEPLUG_CUDA_TILE_PER_CHANNEL (warps, rows a thread,
 #      CTAs an SM; today 8,16,1) at T = 4096, 16384, 65536, index off, TileKernels beside the last value.
+#      Ran on an H100 (2026-12-07, thirty-seventh session): 8,16,1 the best of the five at every T (93.7 / 98.0 /
+#      97.8 % of copy; TileKernels 106.5 / 102.7 / 101.6 %); the next best 16,8,2 (85.9 / 96.1 / 97.4 %).
+#  29. (thirty-seventh session) moe_permute's row kernel: the padding rows' zeros in the copy's launch (the CTAs
+#      after the T copying ones: one launch fewer) and a group of 8 slots' expanded rows loaded together with the
+#      row, before the first store (a slot at a time waited for each): the MoE GPU tests of the layout ops (bytes
+#      against the reference, padding rows included), then old / new twice (OLD = the src folder of a copy of the
+#      CUDA backend before the change, as step 23) at T = 1024, 4096, 16384, 65536.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -421,8 +428,8 @@ fi
 if want 26 && [ -n "${OLD:-}" ] && [ $(left) -gt 60 ]; then
   old_new_bench "packed sf" per_token_cast,per_token_cast/ue8m0-col 1,4096,16384,65536 packed_sf_old_new.txt
 fi
-if want 27 && [ $(left) -gt 60 ]; then
-  timeout $(( $(left) > 130 ? 120 : $(left) - 10 )) $P -n 8 tests/gpu/test_cuda_quant.py -k stochastic \
+if want 27 && [ $(left) -gt 60 ]; then  # (precompiling the whole quant grid took more than 120 s on an H100)
+  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 250 ? 240 : $(left) - 10 )) $P -n 12 tests/gpu/test_cuda_quant.py -k stochastic \
     > $OUT/stochastic_quant_tests.txt 2>&1; tail -2 $OUT/stochastic_quant_tests.txt
   for form in ${OLD:+old} new; do
     [ $(left) -gt 40 ] || break
@@ -438,5 +445,15 @@ if want 28 && [ $(left) -gt 60 ]; then
   grep -E "^== |^per_channel_cast +[0-9]+ +[0-9]+ +cuda" $OUT/per_channel_tiles.txt
   [ $(left) -gt 60 ] && timeout 60 $BENCH --peer tile_kernels --ops per_channel_cast --tokens 4096,16384,65536 2>> $OUT/stderr.log \
     | tee -a $OUT/per_channel_tiles.txt | grep -E "^per_channel_cast +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
+fi
+if want 29 && [ $(left) -gt 60 ]; then
+  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $P -n 12 \
+    -k "moe_permute or moe_expert_counts or layout" tests/gpu/test_cuda_moe.py > $OUT/permute_tests.txt 2>&1
+  tail -2 $OUT/permute_tests.txt
+  if [ -n "${OLD:-}" ]; then
+    for round in 1 2; do
+      old_new_bench "permute round $round" moe_permute/e256-k8 1024,4096,16384,65536 permute_old_new.txt
+    done
+  fi
 fi
 echo "all done, $(left) s left"

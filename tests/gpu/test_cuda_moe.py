@@ -155,7 +155,7 @@ def precompiled(gate_forced_on):
             and dict(case.kwargs).get("num_groups", 1) > 1 for spec in _specs(case)
             if lane_groups_fit(spec.experts, spec.groups, spec.vec) for lanes in (False, True)]
     matched = [dataclasses.replace(spec, batched=batched) for case in GRID if case.op in (COUNTS, PERMUTE)
-               for spec in _specs(case) if spec.kernel in ("chunk_counts", "expert_scan", "permute_index", "zero_padding")
+               for spec in _specs(case) if spec.kernel in ("chunk_counts", "expert_scan", "permute_index", "permute_rows")
                for batched in (False, True)]
     tables = [dataclasses.replace(spec, table_math=tables) for case in GRID if case.op == FULL for spec in _specs(case)
               for tables in (False, True)]

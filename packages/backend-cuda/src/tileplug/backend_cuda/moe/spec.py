@@ -95,7 +95,7 @@ BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
 expert, their places among them by the lanes below, then the counts of the earlier warps of the batch and of the
 earlier batches, in shared memory), about ``CHUNK_PAIRS / 256`` steps a thread; ``expert_scan`` reads its column of
 chunk counts ``SCAN_BATCH`` chunks at a time (independent loads in flight, where one chunk at a time waited for
-each); ``zero_padding`` finds the padding rows from the experts' ends instead of searching for each row.
+each); the padding job of ``permute_rows`` finds the padding rows from the experts' ends instead of searching for each row.
 ``0``: thread ``e`` walks the chunk's ``CHUNK_PAIRS`` pairs for expert ``e``, and the scan reads one chunk at a
 time. The same counts and rows (integer sums, and each pair's row is the number of earlier pairs of the chunk
 routed to its expert, whichever way it is counted): on an H100 the same bytes (``tests/gpu/test_cuda_moe.py -k
@@ -380,12 +380,12 @@ class LayoutSpec:
 
 @dataclass(frozen=True)
 class RowCopySpec:
-    """A kernel moving whole rows (``rows``): ``kernel`` permute_rows / zero_padding /
+    """A kernel moving whole rows (``rows``): ``kernel`` permute_rows (with the padding rows' zeros) /
     unpermute, the rows' TileLang ``dtype`` and ``width`` (elements), ``vec`` elements per
     piece (16 bytes on the vector path, 1 otherwise), ``slots`` K, ``index_dtype`` (of the
-    permutation, unpermute), ``experts`` / ``alignment`` (zero_padding), the scale rows'
-    ``sf_dtype`` / ``sf_width`` (permute_rows, zero_padding of quantized rows), ``batched``
-    (zero_padding: :data:`BATCHED_LAYOUT_VARIABLE`)."""
+    permutation, unpermute), ``experts`` / ``alignment`` (the padding), the scale rows'
+    ``sf_dtype`` / ``sf_width`` (quantized rows of permute_rows), ``batched`` (the padding job:
+    :data:`BATCHED_LAYOUT_VARIABLE`)."""
 
     kernel: str
     dtype: str
@@ -403,10 +403,9 @@ class RowCopySpec:
     def name(self) -> str:
         parts = ["moe", self.kernel, self.dtype.replace("float8_e4m3fn", "e4m3").replace("float8_e4m3", "e4m3"),
                  f"h{self.width}", "v128" if self.vec > 1 else "scalar"]
-        if self.kernel == "zero_padding":
+        parts += [f"k{self.slots}", self.index_dtype]
+        if self.kernel == "permute_rows":
             parts += [f"e{self.experts}", f"a{self.alignment}"]
-        else:
-            parts += [f"k{self.slots}", self.index_dtype]
         if self.sf_dtype is not None:
             parts += ["sf" + self.sf_dtype.replace("float8_e4m3fn", "e4m3").replace("float8_e4m3", "e4m3"),
                       f"f{self.sf_width}"]

@@ -297,7 +297,7 @@ def _pieces_reason(width: int, vec: int) -> str | None:
 
 
 class Permute(_Kernel):
-    """``moe_permute``: the layout kernels, the row copy and the padding zeros (``routing.py``, ``rows.py``)."""
+    """``moe_permute``: the layout kernels, then the row copy with the padding zeros (``routing.py``, ``rows.py``)."""
 
     op = "moe_permute"
 
@@ -313,18 +313,17 @@ class Permute(_Kernel):
         sf = None if call.sf_dtype is None else TL_NAMES[call.sf_dtype]
         width = call.sf_width or 0
         batched = batched_layout()
-        return [RowCopySpec("permute_rows", dtype, call.row_width, vec, slots=call.num_slots, sf_dtype=sf,
-                            sf_width=width),
+        return [RowCopySpec("permute_rows", dtype, call.row_width, vec, slots=call.num_slots,
+                            experts=call.num_experts, alignment=call.alignment, sf_dtype=sf, sf_width=width,
+                            batched=batched),
                 LayoutSpec("chunk_counts", call.num_experts, call.num_slots, index, batched=batched),
                 LayoutSpec("expert_scan", call.num_experts, alignment=call.alignment, bases=True, batched=batched),
-                LayoutSpec("permute_index", call.num_experts, call.num_slots, index, batched=batched),
-                RowCopySpec("zero_padding", dtype, call.row_width, vec, experts=call.num_experts,
-                            alignment=call.alignment, sf_dtype=sf, sf_width=width, batched=batched)]
+                LayoutSpec("permute_index", call.num_experts, call.num_slots, index, batched=batched)]
 
     def prepare(self, call: Any) -> Launcher:
-        rows_spec, counts_spec, scan_spec, index_spec, padding_spec = self.specs(call)
+        rows_spec, counts_spec, scan_spec, index_spec = self.specs(call)
         copy, count, scan = jit.entry(rows_spec), jit.entry(counts_spec), jit.entry(scan_spec)
-        place, zero = jit.entry(index_spec), jit.entry(padding_spec)
+        place = jit.entry(index_spec)
         per_chunk, experts, vec = chunk_tokens(call.num_slots), call.num_experts, rows_spec.vec
         scaled = call.sf_dtype is not None
 
@@ -336,11 +335,9 @@ class Permute(_Kernel):
             count(topk_idx, partial)
             scan(partial, counts, outputs.expert_ends)
             place(topk_idx, partial, outputs.permutation)
-            expanded = outputs.x_expanded
-            copy(x, inputs.x_sf if scaled else x, outputs.permutation, expanded,
+            expanded = outputs.x_expanded  # its copies and its padding rows' zeros: one launch
+            copy(outputs.expert_ends, x, inputs.x_sf if scaled else x, outputs.permutation, expanded,
                  outputs.x_sf_expanded if scaled else expanded)
-            if expanded.shape[0]:
-                zero(outputs.expert_ends, expanded, outputs.x_sf_expanded if scaled else expanded)
 
         return launch
 
