@@ -101,15 +101,20 @@ def grid(spec, tokens: int, hidden: int) -> tuple[int, int]:
     return (rows * cols, 1) if spec.grid_cols else (rows, cols)
 
 
-def run_case(built, spec, case, tokens: int) -> None:
+def run_case(built, spec, case, tokens: int, x: torch.Tensor | None = None) -> None:
     """``case`` at ``tokens`` rows on the reference and through the emulated kernel; bytes compared:
-    ``q`` and ``sf`` of a cast, the result of ``cast_back``, ``x`` itself after fake quant."""
+    ``q`` and ``sf`` of a cast, the result of ``cast_back``, ``x`` itself after fake quant. ``x``: the
+    input instead of the case's."""
     from tileplug.backend_cuda.quant.kernels import make_launcher
 
-    want_args, kwargs = case.arguments(tokens, "cpu")
+    def arguments():
+        args, kwargs = case.arguments(tokens, "cpu")
+        return ((x.clone(), *args[1:]) if x is not None else args), kwargs
+
+    want_args, kwargs = arguments()
     with use_backend("reference"):
         want = opdefs.get(case.op).function(*want_args, **kwargs)
-    args, kwargs = case.arguments(tokens, "cpu")  # the same inputs, the generator at its first offset
+    args, kwargs = arguments()  # the same inputs, the generator at its first offset
     call, inputs = describe_call(case.op, *args, **kwargs)
     in_place = case.op == "per_token_cast_and_cast_back"  # x is the result (the op returns None)
     if in_place:
@@ -179,3 +184,24 @@ def test_a_tile_kernel_that_misplaces_a_field_is_caught(build) -> None:
     assert edited != source, "the field's shift is where this test expects it"
     with pytest.raises(AssertionError, match="differ"):
         run_case(build(spec, edited), spec, case, 37)
+
+
+@pytest.mark.parametrize("kind", ["per_token_cast_bfloat16_g1x128_e4m3", "per_block_cast_bfloat16_g128x128_e4m3"])
+def test_stochastic_e4m3_blocks_off_the_normal_steps_take_the_general_carry(build, kind) -> None:
+    """A Philox block's 8 values all at ``|x · inv| ≥ 2^-6`` take the short carry, any other block (a value
+    scaled below 2^-6, ±0, NaN, ±inf) the general one: rows mixing both, the special values at every
+    place of a block, give the reference's bytes."""
+    name, spec, case = next(entry for entry in SPECS if entry[0].startswith(kind) and entry[0].endswith("_sr")
+                            and "h16" not in entry[0])
+    tokens = 37
+    hidden = case.arguments(tokens, "meta")[0][0].shape[1]
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(tokens, hidden, generator=generator)
+    small = [3e-6, -3e-6, 0.0, -0.0, 1e-30]  # scaled below 2^-6 (their groups' scales stay finite)
+    for row in range(tokens):
+        for place in range(0, hidden - 64, 8 * 5):  # every fifth block of a row holds one of them
+            x[row, place + (row + place // 40) % 8] = small[(row + place) % len(small)]
+    for row in range(0, tokens, 3):  # the last group of columns: NaN and ±inf (that group's values NaN)
+        x[row, hidden - 64 + row % 64] = (float("nan"), float("inf"), -float("inf"))[row % 3]
+    x[3, 128:256] = 1e-7 * torch.randn(128, generator=generator)  # a whole group near zero: its own scale
+    run_case(build(spec), spec, case, tokens, x.to(torch.bfloat16))

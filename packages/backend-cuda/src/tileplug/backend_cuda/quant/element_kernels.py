@@ -29,6 +29,8 @@ The sign is the input's (−0 stays −0), NaN stays NaN (found from its bits: T
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
 
+import functools
+
 import tilelang.language as T
 
 from tileplug.backend_cuda.random.philox import RunLayout, philox_block, state_buffers
@@ -153,6 +155,22 @@ def carry_round_to_e4m3(value, field, run, j):
     run[j] = T.if_then_else(shifted > T.uint32(FP32_INFINITY), value, with_sign_of(result, value))
 
 
+
+def on_normal_e4m3_steps(values, indices):
+    """Whether every ``values[j]`` (``j`` in ``indices``) has ``|value| ≥ 2^-6``: e4m3's normal steps, no NaN
+    (a NaN compares false), where :func:`carry_round_normal_to_e4m3` gives :func:`carry_round_to_e4m3`'s value."""
+    tests = [T.abs(values[j]) >= T.float32(E4M3_SMALLEST_NORMAL) for j in indices]
+    return functools.reduce(T.And, tests)
+
+
+@T.macro
+def carry_round_normal_to_e4m3(value, field, run, j):
+    """:func:`carry_round_to_e4m3` for a ``value`` with ``|value| ≥ 2^-6`` (±inf included): its offset is 0
+    and it is no NaN, so the field goes onto the signed pattern (the carry stops below the sign: the
+    pattern of ``|value|`` is at most inf's, the field under 2^20) and the cut keeps the sign — 3
+    instructions where the general form takes 10."""
+    run[j] = T.reinterpret((T.reinterpret(value, "uint32") + field) & T.uint32(E4M3_KEPT_BITS), "float32")
+
 def build_nearest(spec):
     """The ``T.prim_func`` of a ``nearest_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``):
     buffers ``(result [N], x [N])``."""
@@ -202,6 +220,14 @@ def build_stochastic(spec):
         round_value, POSITION = carry_round_to_e4m3, e4m3_field_position(WIDTH)
     seed_t, offset_t = state_buffers()
 
+    @T.macro
+    def round_block(source, words, k, run, rounding):
+        """The values of Philox block ``k`` (``source``'s, as fp32) rounded by ``rounding`` into ``run``."""
+        for i in T.unroll(4):
+            for field in T.unroll(FIELDS):
+                index = (4 * k + i) * FIELDS + field
+                rounding(T.cast(source[index], "float32"), random_field(words[i], field, WIDTH, POSITION), run, index)
+
     @T.prim_func
     def kernel(result: T.Tensor((N,), TARGET), x: T.Tensor((N,), SOURCE), seed: seed_t, offset: offset_t):
         with T.Kernel(layout.grid(N), threads=THREADS) as bx:
@@ -215,10 +241,15 @@ def build_stochastic(spec):
             layout.load_run(x, thread * RUN, values)
             for k in T.unroll(BLOCKS):
                 philox_block(seed[0], offset[0], thread * BLOCKS + k, words, False)  # the split product (docstring)
-                for i in T.unroll(4):
-                    for field in T.unroll(FIELDS):
-                        round_value(T.cast(values[(4 * k + i) * FIELDS + field], "float32"),
-                                    random_field(words[i], field, WIDTH, POSITION), run, (4 * k + i) * FIELDS + field)
+                if TO_BF16:
+                    round_block(values, words, k, run, round_value)
+                else:  # an e4m3 target: the block's values all on normal steps take the short carry
+                    for j in T.unroll(4 * FIELDS):
+                        run[4 * k * FIELDS + j] = T.cast(values[4 * k * FIELDS + j], "float32")
+                    if on_normal_e4m3_steps(run, [4 * k * FIELDS + j for j in range(4 * FIELDS)]):
+                        round_block(run, words, k, run, carry_round_normal_to_e4m3)
+                    else:
+                        round_block(run, words, k, run, round_value)
             layout.store_run(result, thread * RUN, run)
 
     return kernel.with_attr("global_symbol", spec.name)

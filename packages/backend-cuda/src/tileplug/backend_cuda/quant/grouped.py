@@ -39,9 +39,11 @@ from tileplug.backend_cuda.quant import sf_math
 from tileplug.backend_cuda.quant.spec import KernelSpec
 from tileplug.backend_cuda.quant.element_kernels import (
     FRACTION_BITS,
+    carry_round_normal_to_e4m3,
     carry_round_to_e4m3,
     e4m3_field_position,
     grid_rounding,
+    on_normal_e4m3_steps,
     random_field,
 )
 from tileplug.backend_cuda.random.philox import philox_block, state_buffers
@@ -219,6 +221,20 @@ def build_kernel(spec: KernelSpec):
         if LOSSLESS:
             return sf_math.lossless_scale(key, packed)
         return sf_math.group_scale(key, CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, packed)
+
+    if STOCHASTIC:
+        @T.macro
+        def round_block(words, upper, k, yv, rounding):
+            """``yv``'s values of Philox block ``k`` of the slot rounded by ``rounding`` with their fields."""
+            for j in T.unroll(min(VEC, BLOCK_VALUES)):
+                word_index = j // FIELDS
+                if VEC < BLOCK_VALUES:  # the half of the block that holds column c
+                    word = T.if_then_else(upper, words[word_index + VEC // FIELDS], words[word_index])
+                else:
+                    word = words[word_index]
+                value_index = k * BLOCK_VALUES + j
+                rounding(yv[value_index], random_field(word, j % FIELDS, QUANT_RANDOM_FIELD_BITS, FIELD_POSITION),
+                         yv, value_index)
 
     @T.macro
     def tile(x, sf_in, given, q, sf, seed, offset, bx, by):
@@ -447,15 +463,14 @@ def build_kernel(spec: KernelSpec):
                         for k in T.unroll(max(VEC // BLOCK_VALUES, 1)):
                             # the split product: as the element casts, faster than mul.wide
                             philox_block(seed[0], offset[0], first // BLOCK_VALUES + k, words, False)
-                            for j in T.unroll(min(VEC, BLOCK_VALUES)):
-                                word_index = j // FIELDS
-                                if VEC < BLOCK_VALUES:  # the half of the block that holds column c
-                                    word = T.if_then_else(upper, words[word_index + VEC // FIELDS], words[word_index])
+                            block_values = [k * BLOCK_VALUES + j for j in range(min(VEC, BLOCK_VALUES))]
+                            if spec.fmt == "e4m3":  # the block's values all on normal steps: the short carry
+                                if on_normal_e4m3_steps(yv, block_values):
+                                    round_block(words, upper, k, yv, carry_round_normal_to_e4m3)
                                 else:
-                                    word = words[word_index]
-                                value_index = k * BLOCK_VALUES + j
-                                round_value(yv[value_index], random_field(word, j % FIELDS, QUANT_RANDOM_FIELD_BITS,
-                                                                          FIELD_POSITION), yv, value_index)
+                                    round_block(words, upper, k, yv, round_value)
+                            else:
+                                round_block(words, upper, k, yv, round_value)
                     if spec.fmt == "e4m3":
                         for j in T.vectorized(VEC):
                             qv[j] = T.cast(yv[j], "float8_e4m3fn")
