@@ -139,6 +139,12 @@
 #      row, before the first store (a slot at a time waited for each): the MoE GPU tests of the layout ops (bytes
 #      against the reference, padding rows included), then old / new twice (OLD = the src folder of a copy of the
 #      CUDA backend before the change, as step 23) at T = 1024, 4096, 16384, 65536.
+#      Ran on an H100 the same day (87 tests passed; 4096: 206.4-207.2 -> 206.3 us, 1024: 62.6-62.9 -> 61.7-61.8,
+#      the same from 16384 on).
+#  30. (thirty-seventh session) the short carry of the stochastic e4m3 rounding (a Philox block whose values all lie
+#      on e4m3's normal steps skips the offset and the NaN test: 3 instructions a value for 10): the stochastic
+#      per-token / per-block and element-cast GPU tests, then tests/gpu/probe_stochastic_quant.py and
+#      tests/gpu/probe_cast.py old / new (OLD = the src folder of a copy of the CUDA backend before the change).
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -455,5 +461,20 @@ if want 29 && [ $(left) -gt 60 ]; then
       old_new_bench "permute round $round" moe_permute/e256-k8 1024,4096,16384,65536 permute_old_new.txt
     done
   fi
+fi
+if want 30 && [ $(left) -gt 60 ]; then
+  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 250 ? 240 : $(left) - 10 )) $P -n 12 tests/gpu/test_cuda_quant.py \
+    tests/gpu/test_cuda_stochastic_cast.py -k "stochastic" > $OUT/short_carry_tests.txt 2>&1
+  tail -2 $OUT/short_carry_tests.txt
+  for form in ${OLD:+old} new; do
+    [ $(left) -gt 40 ] || break
+    path=$([ $form = old ] && echo "$PWD/$OLD:" || echo "")
+    echo "== short carry $form, $(left) s left" | tee -a $OUT/short_carry.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
+      python3 tests/gpu/probe_stochastic_quant.py 2>> $OUT/stderr.log | tee -a $OUT/short_carry.txt | cut -c1-300
+    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 130 ? 120 : $(left) - 10 )) \
+      python3 tests/gpu/probe_cast.py 2>> $OUT/stderr.log | tee -a $OUT/short_carry.txt | grep -v tile_kernels \
+      | grep -E '"runner": "stochastic_cast"' | cut -c1-200
+  done
 fi
 echo "all done, $(left) s left"
