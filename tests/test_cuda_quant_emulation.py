@@ -205,3 +205,23 @@ def test_stochastic_e4m3_blocks_off_the_normal_steps_take_the_general_carry(buil
         x[row, hidden - 64 + row % 64] = (float("nan"), float("inf"), -float("inf"))[row % 3]
     x[3, 128:256] = 1e-7 * torch.randn(128, generator=generator)  # a whole group near zero: its own scale
     run_case(build(spec), spec, case, tokens, x.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("kind", ["per_token_cast_bfloat16_g1x16_e2m1", "per_token_cast_float32_g1x16_e2m1",
+                                  "per_block_cast_bfloat16_g32x32_e2m1"])
+def test_stochastic_e2m1_carry_at_every_binade(build, kind) -> None:
+    """e2m1's carry rounding (``a + 1`` below 1, the result clamped to 6): groups whose values fill every binade
+    of the grid — subnormal, [1, 2), [2, 4), [4, 6] and the largest itself — beside ±0 and tiny values, give
+    the reference's bytes (an e4m3 scale may leave ``x · inv`` a little past 6). No NaN or inf here: a group
+    holding one makes NaNs by invalid operations, which the host makes negative (x86's default NaN) and the GPU
+    positive, and e2m1 keeps a NaN's sign (the GPU tests cover them)."""
+    name, spec, case = next(entry for entry in SPECS if entry[0].startswith(kind) and entry[0].endswith("_sr"))
+    tokens = 37
+    hidden = case.arguments(tokens, "meta")[0][0].shape[1]
+    generator = torch.Generator().manual_seed(7)
+    magnitude = torch.exp2(torch.empty(tokens, hidden).uniform_(-12, 3, generator=generator))  # 2^-12 … 8
+    x = torch.where(torch.rand(tokens, hidden, generator=generator) < 0.5, -magnitude, magnitude)
+    x[:, ::16] = 6.0  # each group's largest, on the grid once scaled
+    x[1, 5], x[2, 6], x[4, 7], x[5, 9] = 0.0, -0.0, 1e-30, -3e-7
+    dtype = case.arguments(tokens, "meta")[0][0].dtype
+    run_case(build(spec), spec, case, tokens, x.to(dtype))

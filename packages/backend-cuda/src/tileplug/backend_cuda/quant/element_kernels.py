@@ -1,5 +1,5 @@
 """The TileLang kernels of the CUDA element-wise casts (``element_cast``) and the stochastic
-rounding macros the quant tile kernel shares (``carry_round_to_e4m3``, ``grid_rounding``).
+rounding macros the quant tile kernel shares (``carry_round_to_e4m3``, ``carry_round_to_e2m1``).
 
 ``nearest_cast``: a thread's run of ``x`` widened to fp32 (exact) and converted to the target by
 the store (round to nearest even; e4m3 with ``satfinite``). ``stochastic_cast``: element ``i``
@@ -15,13 +15,9 @@ between its neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
 - bf16 → e4m3 (``w = 8``), fp32 → e4m3 (``w = 16``) and the e4m3 values of the stochastic per-token /
   per-block casts (``w = 16``): a carry out of bits ``20 − w`` … 19 of the pattern of ``a`` (or of
   ``a + 2^-6`` below e4m3's normal range), :func:`carry_round_to_e4m3`.
-- the e2m1 values of the stochastic per-token / per-block casts (``w = 16``, the field moved up to
-  24 bits: :func:`grid_rounding`): ``a = min(a, 6)``, ``e`` its binade clamped below at 0 (e2m1's
-  smallest normal exponent; its subnormal 0.5 shares that step), ``s = a · 2^(1 − e)`` in [0, 4);
-  ``fixed = floor(s · 2^24)`` is exact (a power-of-two scaling below 2^26, then one floor) and
-  ``(fixed + r) >> 24``, ``r = f · 2^(24 − w)``, is ``floor(s)`` plus the step (``r``'s low bits
-  are zero, so the test is the ``w``-bit one); times ``2^(e − 1)`` it is an e2m1 value, which
-  the encoder converts exactly.
+- the e2m1 values of the stochastic per-token / per-block casts (``w = 16``): the same carry out of
+  bits ``22 − w`` … 21 of ``a = min(a, 6)`` (1 mantissa bit; ``a + 1`` below 1, the subnormal 0.5 sharing
+  [1, 2)'s step), :data:`carry_round_to_e2m1`.
 
 The sign is the input's (−0 stays −0), NaN stays NaN (found from its bits: TVM folds
 ``x != x`` to false). ``ieee_*`` arithmetic: no contraction into FMAs, no fast-math rewrites.
@@ -35,23 +31,11 @@ import tilelang.language as T
 
 from tileplug.backend_cuda.random.philox import RunLayout, philox_block, state_buffers
 
-FRACTION_BITS = 24
-"""The fixed point of ``floor(p · 2^24)``: one unit of the target's last place is ``2^24``."""
 WORD_BITS = 32
 SIGN_BIT = 0x80000000
 MAGNITUDE_BITS = 0x7FFFFFFF
 BF16_KEPT_BITS = 0xFFFF0000
-GRIDS = {"e2m1": (6.0, 1, 0)}
-"""Grid → (largest value, mantissa bits, smallest normal exponent): the binades a stochastic
-rounding steps through (a subnormal range shares the smallest normal exponent's step)."""
-FP32_BIAS = 127
-FP32_MANTISSA_BITS = 23
 FP32_INFINITY = 0x7F800000
-
-
-def power_of_two(exponent):
-    """``2^exponent`` (an int32 expression in [−126, 127]) as an fp32 built from its bits."""
-    return T.reinterpret(T.cast(T.shift_left(exponent + FP32_BIAS, FP32_MANTISSA_BITS), "uint32"), "float32")
 
 
 def is_nan(value):
@@ -87,35 +71,14 @@ def round_to_bf16(value, field, run, j):
     run[j] = T.if_then_else(is_nan(value), value, T.reinterpret(rounded, "float32"))
 
 
-def grid_rounding(grid: str):
-    """The stochastic rounding macro ``round(value, random, run, j)`` onto ``grid`` (a name of
-    :data:`GRIDS`: e2m1; e4m3 rounds by :func:`carry_round_to_e4m3`): ``run[j]`` = fp32 ``value``
-    saturated to the grid's largest value and rounded with ``random`` (uint32: the element's field
-    moved up to 24 bits, ``f · 2^(24 − w)``), an exact grid value held in fp32 (the caller's
-    deterministic conversion then encodes it). ``fixed = floor(s · 2^24)`` is exact (``s · 2^24`` is a
-    power-of-two scaling below 2^(mantissa + 25)), and ``(fixed + random) >> 24`` is ``floor(s)``
-    plus the rounding's step."""
-    largest, mantissa_bits, min_exponent = GRIDS[grid]
-
-    @T.macro
-    def round_to_grid(value, random, run, j):
-        magnitude = T.alloc_var("float32")
-        exponent = T.alloc_var("int32")
-        fixed = T.alloc_var("int32")
-        magnitude = T.min(T.abs(value), T.float32(largest))  # NaN: replaced below
-        exponent = T.max(T.cast(T.shift_right(T.reinterpret(magnitude, "uint32"), FP32_MANTISSA_BITS), "int32")
-                         - FP32_BIAS, min_exponent)
-        fixed = T.cast(T.floor(T.ieee_mul(magnitude, power_of_two(mantissa_bits + FRACTION_BITS - exponent))), "int32")
-        steps = T.shift_right(fixed + T.cast(random, "int32"), FRACTION_BITS)
-        rounded = T.ieee_mul(T.cast(steps, "float32"), power_of_two(exponent - mantissa_bits))
-        run[j] = T.if_then_else(is_nan(value), value, with_sign_of(rounded, value))
-
-    return round_to_grid
-
-
 E4M3_KEPT_BITS = 0xFFF00000
 """An fp32 pattern cut to e4m3's 3 mantissa bits: its dropped bits are 0–19."""
 E4M3_SMALLEST_NORMAL = 2.0**-6
+E2M1_KEPT_BITS = 0xFFC00000
+"""An fp32 pattern cut to e2m1's 1 mantissa bit."""
+E2M1_DROPPED_BITS = 22
+"""An fp32 pattern's bits below e2m1's last place on a normal step: bits 0–21."""
+E2M1_LARGEST = 6.0
 E4M3_DROPPED_BITS = 20
 """An fp32 pattern's bits below e4m3's last place on a normal step: bits 0–19."""
 
@@ -126,34 +89,56 @@ def e4m3_field_position(width: int) -> int:
     return E4M3_DROPPED_BITS - width
 
 
-@T.macro
-def carry_round_to_e4m3(value, field, run, j):
-    """``run[j]`` = fp32 ``value`` rounded stochastically onto e4m3's grid with its ``w`` random bits
-    ``field`` (uint32, bits ``20 − w`` … 19: :func:`e4m3_field_position`), held in fp32; the store's
-    ``satfinite`` encodes it exactly, and takes whatever lies past 448 (±inf included) to ±448, as
-    saturating first would (a step up from 448 is 480: saturated back; no clamp here, 16
-    instructions and 3 registers fewer a thread for bf16). On a normal step the pattern's bits
-    ``20 − w`` … 19 of ``a`` are ``floor(p · 2^w)`` (the bits below them cannot carry into the sum:
-    the field's are zero there), so ``floor(p · 2^w) + f ≥ 2^w`` is a carry out of them: add the
-    field to the pattern and cut it to e4m3's mantissa (a carry into the exponent is the step up;
-    past the largest finite fp32 it gives inf, 448 once stored; a NaN may carry into the sign, and
-    is replaced by ``value``). Below 2^-6 the step is 2^-9, that of ``a + 2^-6``'s binade: the same
-    carry on ``a + 2^-6`` added toward zero (its bits ``20 − w`` … 19 are then ``floor(p · 2^w)``
-    exactly, the truncations composing), then minus 2^-6, exact. Replaces :func:`grid_rounding`'s
-    fixed point and its two powers of two for the element casts (bf16 → e4m3, ``w = 8``, and fp32 →
-    e4m3, ``w = 16``) and the e4m3 values of the per-token / per-block casts (``w = 16``)."""
-    magnitude = T.alloc_var("float32")
-    offset = T.alloc_var("float32")
-    shifted = T.alloc_var("uint32")
-    magnitude = T.abs(value)  # NaN: replaced below
-    offset = T.if_then_else(magnitude < T.float32(E4M3_SMALLEST_NORMAL), T.float32(E4M3_SMALLEST_NORMAL),
-                            T.float32(0.0))
-    shifted = T.reinterpret(T.ieee_add(magnitude, offset, "rz"), "uint32")
-    rounded = (shifted + field) & T.uint32(E4M3_KEPT_BITS)
-    result = T.ieee_sub(T.reinterpret(rounded, "float32"), offset)
-    # |value| + offset is a NaN (its sign clear) exactly when value is: one comparison, no mask
-    run[j] = T.if_then_else(shifted > T.uint32(FP32_INFINITY), value, with_sign_of(result, value))
+def carry_rounding(smallest_normal: float, kept_bits: int, largest: float | None = None):
+    """The carry rounding macro ``round(value, field, run, j)`` onto a grid whose normal steps keep the fp32
+    pattern's bits ``kept_bits`` and whose subnormal step is that of ``smallest_normal``'s binade
+    (:data:`carry_round_to_e4m3` says how it works). ``largest`` None: a NaN is found and passed on, and what
+    lies past the grid is left to the store (e4m3's ``satfinite``); else ``|value|`` is first clamped to it,
+    a NaN (and ±inf) with it, for a grid whose encoder treats a NaN as its largest value (e2m1's)."""
 
+    @T.macro
+    def carry_round(value, field, run, j):
+        magnitude = T.alloc_var("float32")
+        offset = T.alloc_var("float32")
+        shifted = T.alloc_var("uint32")
+        if largest is None:
+            magnitude = T.abs(value)  # NaN: replaced below
+        else:
+            magnitude = T.min(T.abs(value), T.float32(largest))  # fminf: a NaN gives largest
+        offset = T.if_then_else(magnitude < T.float32(smallest_normal), T.float32(smallest_normal),
+                                T.float32(0.0))
+        shifted = T.reinterpret(T.ieee_add(magnitude, offset, "rz"), "uint32")
+        rounded = (shifted + field) & T.uint32(kept_bits)
+        result = T.ieee_sub(T.reinterpret(rounded, "float32"), offset)
+        if largest is None:
+            # |value| + offset is a NaN (its sign clear) exactly when value is: one comparison, no mask
+            run[j] = T.if_then_else(shifted > T.uint32(FP32_INFINITY), value, with_sign_of(result, value))
+        else:
+            run[j] = with_sign_of(result, value)
+
+    return carry_round
+
+
+carry_round_to_e4m3 = carry_rounding(E4M3_SMALLEST_NORMAL, E4M3_KEPT_BITS)
+"""``run[j]`` = fp32 ``value`` rounded stochastically onto e4m3's grid with its ``w`` random bits
+``field`` (uint32, bits ``20 − w`` … 19: :func:`e4m3_field_position`), held in fp32; the store's
+``satfinite`` encodes it exactly, and takes whatever lies past 448 (±inf included) to ±448, as
+saturating first would (a step up from 448 is 480: saturated back; no clamp here, 16
+instructions and 3 registers fewer a thread for bf16). On a normal step the pattern's bits
+``20 − w`` … 19 of ``a`` are ``floor(p · 2^w)`` (the bits below them cannot carry into the sum:
+the field's are zero there), so ``floor(p · 2^w) + f ≥ 2^w`` is a carry out of them: add the
+field to the pattern and cut it to e4m3's mantissa (a carry into the exponent is the step up;
+past the largest finite fp32 it gives inf, 448 once stored; a NaN may carry into the sign, and
+is replaced by ``value``). Below 2^-6 the step is 2^-9, that of ``a + 2^-6``'s binade: the same
+carry on ``a + 2^-6`` added toward zero (its bits ``20 − w`` … 19 are then ``floor(p · 2^w)``
+exactly, the truncations composing), then minus 2^-6, exact. Serves the element casts (bf16 → e4m3,
+``w = 8``, and fp32 → e4m3, ``w = 16``) and the e4m3 values of the per-token / per-block casts (``w = 16``)."""
+carry_round_to_e2m1 = carry_rounding(1.0, E2M1_KEPT_BITS, E2M1_LARGEST)
+"""e2m1's carry rounding (the stochastic per-token / per-block casts, ``w = 16``, the field at bits 6 … 21):
+``a = min(|x|, 6)`` first (6 lies on the grid, so no field moves it, and a step up from (4, 6) is 6: nothing
+passes 6; a NaN or ±inf becomes 6 with its sign, which is the code ``sf_math.e2m1_rounded`` gives the NaN
+itself), normal steps keep 1 mantissa bit, the subnormal step 0.5 is that of [1, 2) (``a + 1`` added toward
+zero, then minus 1)."""
 
 
 def on_normal_e4m3_steps(values, indices):
@@ -174,6 +159,7 @@ def carry_round_normal_to_e4m3(value, field, run, j):
     pattern of ``|value|`` is at most inf's, the field under 2^20) and the cut keeps the sign — 3
     instructions where the general form takes 10."""
     run[j] = T.reinterpret((T.reinterpret(value, "uint32") + field) & T.uint32(E4M3_KEPT_BITS), "float32")
+
 
 def build_nearest(spec):
     """The ``T.prim_func`` of a ``nearest_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``):
