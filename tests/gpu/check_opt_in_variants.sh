@@ -129,6 +129,10 @@
 #      case of stochastic_rounding=True at six token counts, bytewise against the reference), then
 #      tests/gpu/probe_stochastic_quant.py old / new (OLD = the src folder of a copy of the CUDA backend before the
 #      change, as step 23; the old kernel takes a word an element, so only its time means anything).
+#      Ran on an H100 (2026-12-07, thirty-seventh session): 96 passed (with TILEPLUG_GPU_PRECOMPILE=0; the
+#      up-front compile of the quant grid had taken the first try's 120 s); per-token 1 x 128 e4m3 864 -> 659 us,
+#      per-block 128 x 128 862 -> 634, e2m1 1 x 16 1006 -> 879 at T = 65536 (docs/benchmarks/
+#      h100-stochastic-quant-casts-per-channel-2026-12-07-s37.txt).
 #  28. (thirty-sixth session) #9's per_channel_cast (0.87-0.95 of TileKernels from T = 1024 on the H200, 95.3 % of
 #      copy at T = 65536 against 100.8 %): the tile swept through TILEPLUG_CUDA_TILE_PER_CHANNEL (warps, rows a thread,
 #      CTAs an SM; today 8,16,1) at T = 4096, 16384, 65536, index off, TileKernels beside the last value.
@@ -145,6 +149,10 @@
 #      on e4m3's normal steps skips the offset and the NaN test: 3 instructions a value for 10): the stochastic
 #      per-token / per-block and element-cast GPU tests, then tests/gpu/probe_stochastic_quant.py and
 #      tests/gpu/probe_cast.py old / new (OLD = the src folder of a copy of the CUDA backend before the change).
+#      Ran on an H100 the same day, twice (280 tests passed each time): per-token 1 x 128 e4m3 658 -> 547 us at
+#      T = 65536, per-block 633 -> 564; the element casts slower with it (bf16 -> e4m3 467 -> 520: their inputs
+#      put a value under 2^-6 in nearly every warp), so it left them (0eeb0cb); then e2m1 by the same carry
+#      (4d26ec5): 878 -> 735 us.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -201,6 +209,17 @@ old_new_bench() {
     env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
       $BENCH --ops $2 --tokens $3 2>> $OUT/stderr.log | tee -a $OUT/$4 \
       | grep -E "^[a-z_]+(/[a-z0-9-]+)? +[0-9]+ +[0-9]+ +[a-z_]+ +[0-9]"
+  done
+}
+# old_new_probe LABEL FILE CAP SCRIPT: python3 SCRIPT with OLD's CUDA backend first on PYTHONPATH (when OLD is set),
+# then with this tree's, index off, each capped at CAP s; its output appended to $OUT/FILE and passed on.
+old_new_probe() {
+  for form in ${OLD:+old} new; do
+    [ $(left) -gt 40 ] || break
+    path=$([ $form = old ] && echo "$PWD/$OLD:" || echo "")
+    echo "== $1 $form, $(left) s left" | tee -a $OUT/$2
+    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > $3 + 10 ? $3 : $(left) - 10 )) \
+      python3 $4 2>> $OUT/stderr.log | tee -a $OUT/$2
   done
 }
 # 1. the split path: bytes first, then time (a variable setting a process)
@@ -437,13 +456,7 @@ fi
 if want 27 && [ $(left) -gt 60 ]; then  # (precompiling the whole quant grid took more than 120 s on an H100)
   TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 250 ? 240 : $(left) - 10 )) $P -n 12 tests/gpu/test_cuda_quant.py -k stochastic \
     > $OUT/stochastic_quant_tests.txt 2>&1; tail -2 $OUT/stochastic_quant_tests.txt
-  for form in ${OLD:+old} new; do
-    [ $(left) -gt 40 ] || break
-    path=$([ $form = old ] && echo "$PWD/$OLD:" || echo "")
-    echo "== stochastic quant $form, $(left) s left" | tee -a $OUT/stochastic_quant.txt
-    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
-      python3 tests/gpu/probe_stochastic_quant.py 2>> $OUT/stderr.log | tee -a $OUT/stochastic_quant.txt | cut -c1-400
-  done
+  old_new_probe "stochastic quant" stochastic_quant.txt 90 tests/gpu/probe_stochastic_quant.py | cut -c1-400
 fi
 if want 28 && [ $(left) -gt 60 ]; then
   variant_runs TILEPLUG_CUDA_TILE_PER_CHANNEL "32,4,1 16,8,1 16,8,2 4,32,1 8,16,1" per_channel_tiles.txt 60 \
@@ -466,15 +479,8 @@ if want 30 && [ $(left) -gt 60 ]; then
   TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 250 ? 240 : $(left) - 10 )) $P -n 12 tests/gpu/test_cuda_quant.py \
     tests/gpu/test_cuda_stochastic_cast.py -k "stochastic" > $OUT/short_carry_tests.txt 2>&1
   tail -2 $OUT/short_carry_tests.txt
-  for form in ${OLD:+old} new; do
-    [ $(left) -gt 40 ] || break
-    path=$([ $form = old ] && echo "$PWD/$OLD:" || echo "")
-    echo "== short carry $form, $(left) s left" | tee -a $OUT/short_carry.txt
-    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) \
-      python3 tests/gpu/probe_stochastic_quant.py 2>> $OUT/stderr.log | tee -a $OUT/short_carry.txt | cut -c1-300
-    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 130 ? 120 : $(left) - 10 )) \
-      python3 tests/gpu/probe_cast.py 2>> $OUT/stderr.log | tee -a $OUT/short_carry.txt | grep -v tile_kernels \
-      | grep -E '"runner": "stochastic_cast"' | cut -c1-200
-  done
+  old_new_probe "short carry" short_carry.txt 90 tests/gpu/probe_stochastic_quant.py | cut -c1-300
+  old_new_probe "short carry (element casts)" short_carry.txt 120 tests/gpu/probe_cast.py \
+    | grep -E '"runner": "stochastic_cast"' | cut -c1-200
 fi
 echo "all done, $(left) s left"
