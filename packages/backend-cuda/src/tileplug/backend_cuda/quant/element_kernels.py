@@ -20,7 +20,7 @@ between its neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
   [1, 2)'s step), :data:`carry_round_to_e2m1`.
 
 The sign is the input's (−0 stays −0), NaN stays NaN (found from its bits: TVM folds
-``x != x`` to false). ``ieee_*`` arithmetic: no contraction into FMAs, no fast-math rewrites.
+``x != x`` to false; e2m1 has none, and its encoder gives a NaN the code of ±6, which the e2m1 carry hands it). ``ieee_*`` arithmetic: no contraction into FMAs, no fast-math rewrites.
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
