@@ -122,6 +122,8 @@
 #      the bench's per_token_cast (control) and its UE8M0 column-major form at T = 1, 4096, 16384, 65536, host
 #      column included. On the H200 the same day the column-major form ran at 96.7 % of copy at T = 65536 (99.7 %
 #      in the ninth session) and its host time fell below per_token's; this separates the two.
+#      Ran on an H100 (2026-12-07, thirty-seventh session): the same kernel times old and new (UE8M0 column-major
+#      101.7 / 101.8 % of copy at T = 65536), host time at T = 1 17.4 -> 12.9 us for it (per_token 11.9 / 12.4).
 #  11. (not an opt-in) #11's table where an H200 comes: topk_gate (64, 6) / (256, 8) / (384, 8) and the sqrtsoftplus
 #      router at fp32 logits, T = 1 … 65536, beside TileKernels, one process (the unrolled gates compile ~20 s each).
 #  27. (thirty-sixth session) the stochastic per-token / per-block casts on 16-bit fields (two a word, a Philox block
