@@ -162,6 +162,9 @@
 #      Ran on an H100 the same day: today's tile the best at both T (stochastic 54.5-54.9 / 564.8-566.8 us at
 #      4096 / 65536, twice); 8,16,2 59.9 / 603.4, 8,16,1 60.3 / 604.9, 32,4,1 58.8 / 719.1 (the deterministic form
 #      slower with each too). The gap at 4096 is not the tile's shape.
+#  32. (thirty-seventh session) e2m1's stochastic codes read off the carry's pattern (no fp32 value, no encoder
+#      between; SASS per-token bf16 1 x 16 1496 -> 1328 at 96 -> 125 registers, per-block 32 x 32 1184 -> 1048): the
+#      stochastic quant GPU tests, then tests/gpu/probe_stochastic_quant.py old / new at T = 4096 and 65536.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -495,5 +498,12 @@ fi
 if want 31 && [ $(left) -gt 60 ]; then
   TOKENS=4096,65536 variant_runs TILEPLUG_CUDA_TILE_PER_BLOCK "16,8,2 8,16,2 8,16,1 32,4,1 16,8,2" per_block_tiles.txt 60 \
     python3 tests/gpu/probe_stochastic_quant.py | grep -E '^== |"per_block' | cut -c1-330
+fi
+if want 32 && [ $(left) -gt 60 ]; then
+  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $P -n 12 tests/gpu/test_cuda_quant.py \
+    -k "stochastic" > $OUT/e2m1_codes_tests.txt 2>&1
+  tail -2 $OUT/e2m1_codes_tests.txt
+  TOKENS=4096,65536 old_new_probe "e2m1 codes" e2m1_codes.txt 60 tests/gpu/probe_stochastic_quant.py \
+    | grep -E '^== |"case"' | cut -c1-330
 fi
 echo "all done, $(left) s left"

@@ -140,6 +140,30 @@ passes 6; a NaN or ±inf becomes 6 with its sign, which is the code ``sf_math.e2
 itself), normal steps keep 1 mantissa bit, the subnormal step 0.5 is that of [1, 2) (``a + 1`` added toward
 zero, then minus 1)."""
 
+E2M1_ONE_CODE_BITS = 0xFE
+"""``pattern >> 22`` of 1.0 (biased exponent 127, mantissa bit 0): e2m1's code of a value ``≥ 1`` on its grid is
+``(pattern >> 22) − 0xFE + 2``, of ``a + 1`` for an ``a`` below 1 ``(pattern >> 22) − 0xFE``."""
+
+
+@T.macro
+def carry_code_e2m1(value, field, run, j):
+    """``run[j]`` = the bits of the e2m1 code (a uint32 held in the fp32 slot: the value's own register, read back
+    with ``T.reinterpret``; sign at bit 3) that ``sf_math.e2m1_rounded`` gives
+    :data:`carry_round_to_e2m1`'s value, read off the carry's pattern instead: on a normal step the rounded
+    pattern's bits 22 … 30 are the biased exponent and the mantissa bit (1.0 → 0xFE, code 2; 6 = 1.5 · 4 →
+    0x103, code 7); below 1 those of ``a + 1`` (0xFE, 0xFF or 0x100 for 0, 0.5 and 1: codes 0, 1, 2). No cut:
+    the shift drops the bits below 22. The sign is ``value``'s (``−0`` gives 8), a NaN is ``min(NaN, 6) = 6``
+    with its sign: the encoder's codes, with no fp32 value between."""
+    magnitude = T.alloc_var("float32")
+    magnitude = T.min(T.abs(value), T.float32(E2M1_LARGEST))
+    below = magnitude < T.float32(1.0)
+    shifted = T.reinterpret(T.ieee_add(magnitude, T.if_then_else(below, T.float32(1.0), T.float32(0.0)), "rz"),
+                            "uint32")
+    code = T.shift_right(shifted + field, T.uint32(E2M1_DROPPED_BITS)) - T.if_then_else(
+        below, T.uint32(E2M1_ONE_CODE_BITS), T.uint32(E2M1_ONE_CODE_BITS - 2))
+    run[j] = T.reinterpret(code | (T.shift_right(T.reinterpret(value, "uint32"), T.uint32(28)) & T.uint32(8)),
+                           "float32")
+
 
 def on_normal_e4m3_steps(values, indices):
     """Whether every ``values[j]`` (``j`` in ``indices``) has ``|value| ≥ 2^-6``: e4m3's normal steps, no NaN

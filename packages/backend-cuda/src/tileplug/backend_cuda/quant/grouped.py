@@ -39,6 +39,7 @@ from tileplug.backend_cuda.quant import sf_math
 from tileplug.backend_cuda.quant.spec import KernelSpec
 from tileplug.backend_cuda.quant.element_kernels import (
     E2M1_DROPPED_BITS,
+    carry_code_e2m1,
     carry_round_normal_to_e4m3,
     carry_round_to_e2m1,
     carry_round_to_e4m3,
@@ -470,11 +471,15 @@ def build_kernel(spec: KernelSpec):
                                     round_block(words, upper, k, yv, carry_round_normal_to_e4m3)
                                 else:
                                     round_block(words, upper, k, yv, round_value)
-                            else:
-                                round_block(words, upper, k, yv, round_value)
+                            else:  # e2m1: the carry's codes, no fp32 value and no encoder between
+                                round_block(words, upper, k, yv, carry_code_e2m1)
                     if spec.fmt == "e4m3":
                         for j in T.vectorized(VEC):
                             qv[j] = T.cast(yv[j], "float8_e4m3fn")
+                    elif STOCHASTIC:  # yv holds the codes' bits
+                        for j in T.unroll(VEC // 2):
+                            qv[j] = T.cast(T.reinterpret(yv[2 * j], "uint32") + T.reinterpret(yv[2 * j + 1], "uint32")
+                                           * T.uint32(16), "int8")
                     else:
                         for j in T.unroll(VEC // 2):
                             qv[j] = sf_math.e2m1_pair(yv[2 * j], yv[2 * j + 1])
