@@ -165,6 +165,7 @@
 #  32. (thirty-seventh session) e2m1's stochastic codes read off the carry's pattern (no fp32 value, no encoder
 #      between; SASS per-token bf16 1 x 16 1496 -> 1328 at 96 -> 125 registers, per-block 32 x 32 1184 -> 1048): the
 #      stochastic quant GPU tests, then tests/gpu/probe_stochastic_quant.py old / new at T = 4096 and 65536.
+#      Ran on an H100 the same day: 96 passed; e2m1 1 x 16 734.9 -> 658.9 us at T = 65536, 54.6 -> 49.8 at 4096.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
