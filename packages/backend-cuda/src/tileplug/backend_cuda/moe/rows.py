@@ -170,7 +170,8 @@ def build_permute_rows(spec: RowCopySpec):
                                     if column < F:
                                         x_sf_expanded[targets[j], column] = x_sf[t, column]
             else:
-                padding_job(t - rows, tx, expert_ends, x_expanded, x_sf_expanded, *(() if spec.batched else (low, high)))
+                search = () if spec.batched else (low, high)  # the searched job's two bounds
+                padding_job(t - rows, tx, expert_ends, x_expanded, x_sf_expanded, *search)
 
     return kernel.with_attr("global_symbol", spec.name)
 

@@ -95,7 +95,8 @@ BATCHED_LAYOUT_VARIABLE = "TILEPLUG_CUDA_MOE_BATCHED_LAYOUT"
 expert, their places among them by the lanes below, then the counts of the earlier warps of the batch and of the
 earlier batches, in shared memory), about ``CHUNK_PAIRS / 256`` steps a thread; ``expert_scan`` reads its column of
 chunk counts ``SCAN_BATCH`` chunks at a time (independent loads in flight, where one chunk at a time waited for
-each); the padding job of ``permute_rows`` finds the padding rows from the experts' ends instead of searching for each row.
+each); the padding job of ``permute_rows`` finds the padding rows from the experts' ends instead of searching
+for each row.
 ``0``: thread ``e`` walks the chunk's ``CHUNK_PAIRS`` pairs for expert ``e``, and the scan reads one chunk at a
 time. The same counts and rows (integer sums, and each pair's row is the number of earlier pairs of the chunk
 routed to its expert, whichever way it is counted): on an H100 the same bytes (``tests/gpu/test_cuda_moe.py -k

@@ -20,7 +20,8 @@ between its neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
   [1, 2)'s step), the code read off the rounded pattern, :func:`carry_code_e2m1`.
 
 The sign is the input's (−0 stays −0), NaN stays NaN (found from its bits: TVM folds
-``x != x`` to false; e2m1 has none, and its encoder gives a NaN the code of ±6, which the e2m1 carry hands it). ``ieee_*`` arithmetic: no contraction into FMAs, no fast-math rewrites.
+``x != x`` to false; e2m1 has no NaN: a NaN gets the code of ±6, as from the encoder). ``ieee_*``
+arithmetic: no contraction into FMAs, no fast-math rewrites.
 
 No ``from __future__ import annotations``: TileLang evaluates the prim_func annotations.
 """
@@ -151,7 +152,8 @@ def on_normal_e4m3_steps(values, indices):
     The per-token / per-block tiles branch on it a Philox block at a time: their ``x · inv`` lies below 2^-6 only
     under ``3.5e-5 · amax``, so a warp almost never takes both paths (on an H100, 2026-12-07, per-token 1 × 128
     658 → 547 µs at T = 65536, H = 7168). The element casts do not: a bf16 → e4m3 input of normal values has
-    1.2 % of them under 2^-6, nearly every warp took both paths, and the same branch made it slower (467 → 520 µs)."""
+    1.2 % of them under 2^-6, nearly every warp took both paths, and the same branch made it slower
+    (467 → 520 µs)."""
     tests = [T.abs(values[j]) >= T.float32(E4M3_SMALLEST_NORMAL) for j in indices]
     return functools.reduce(T.And, tests)
 
