@@ -186,15 +186,22 @@ def test_a_tile_kernel_that_misplaces_a_field_is_caught(build) -> None:
         run_case(build(spec, edited), spec, case, 37)
 
 
+def stochastic_entry(kind: str) -> tuple[object, object, int, torch.dtype]:
+    """(spec, case, H, x's dtype) of the first stochastic specialisation whose name starts with ``kind`` (the
+    default tier: not the small-T ``h16`` one)."""
+    _, spec, case = next(entry for entry in SPECS if entry[0].startswith(kind) and entry[0].endswith("_sr")
+                         and "h16" not in entry[0])
+    x = case.arguments(3, "meta")[0][0]
+    return spec, case, x.shape[1], x.dtype
+
+
 @pytest.mark.parametrize("kind", ["per_token_cast_bfloat16_g1x128_e4m3", "per_block_cast_bfloat16_g128x128_e4m3"])
 def test_stochastic_e4m3_blocks_off_the_normal_steps_take_the_general_carry(build, kind) -> None:
     """A Philox block's 8 values all at ``|x · inv| ≥ 2^-6`` take the short carry, any other block (a value
     scaled below 2^-6, ±0, NaN, ±inf) the general one: rows mixing both, the special values at every
     place of a block, give the reference's bytes."""
-    name, spec, case = next(entry for entry in SPECS if entry[0].startswith(kind) and entry[0].endswith("_sr")
-                            and "h16" not in entry[0])
+    spec, case, hidden, _ = stochastic_entry(kind)
     tokens = 37
-    hidden = case.arguments(tokens, "meta")[0][0].shape[1]
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(tokens, hidden, generator=generator)
     small = [3e-6, -3e-6, 0.0, -0.0, 1e-30]  # scaled below 2^-6 (their groups' scales stay finite)
@@ -210,18 +217,16 @@ def test_stochastic_e4m3_blocks_off_the_normal_steps_take_the_general_carry(buil
 @pytest.mark.parametrize("kind", ["per_token_cast_bfloat16_g1x16_e2m1", "per_token_cast_float32_g1x16_e2m1",
                                   "per_block_cast_bfloat16_g32x32_e2m1"])
 def test_stochastic_e2m1_carry_at_every_binade(build, kind) -> None:
-    """e2m1's carry rounding (``a + 1`` below 1, the result clamped to 6): groups whose values fill every binade
-    of the grid — subnormal, [1, 2), [2, 4), [4, 6] and the largest itself — beside ±0 and tiny values, give
-    the reference's bytes (an e4m3 scale may leave ``x · inv`` a little past 6). No NaN or inf here: a group
+    """e2m1's carry codes (``a = min(|x · inv|, 6)``, ``a + 1`` below 1, the code read off the rounded pattern):
+    groups whose values fill every binade of the grid — subnormal, [1, 2), [2, 4), [4, 6] and the largest
+    itself — beside ±0 and tiny values, give the reference's bytes (an e4m3 scale may leave ``x · inv`` a little past 6). No NaN or inf here: a group
     holding one makes NaNs by invalid operations, which the host makes negative (x86's default NaN) and the GPU
     positive, and e2m1 keeps a NaN's sign (the GPU tests cover them)."""
-    name, spec, case = next(entry for entry in SPECS if entry[0].startswith(kind) and entry[0].endswith("_sr"))
+    spec, case, hidden, dtype = stochastic_entry(kind)
     tokens = 37
-    hidden = case.arguments(tokens, "meta")[0][0].shape[1]
     generator = torch.Generator().manual_seed(7)
     magnitude = torch.exp2(torch.empty(tokens, hidden).uniform_(-12, 3, generator=generator))  # 2^-12 … 8
     x = torch.where(torch.rand(tokens, hidden, generator=generator) < 0.5, -magnitude, magnitude)
     x[:, ::16] = 6.0  # each group's largest, on the grid once scaled
     x[1, 5], x[2, 6], x[4, 7], x[5, 9] = 0.0, -0.0, 1e-30, -3e-7
-    dtype = case.arguments(tokens, "meta")[0][0].dtype
     run_case(build(spec), spec, case, tokens, x.to(dtype))

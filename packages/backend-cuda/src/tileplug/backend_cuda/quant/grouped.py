@@ -463,8 +463,8 @@ def build_kernel(spec: KernelSpec):
                         for k in T.unroll(max(VEC // BLOCK_VALUES, 1)):
                             # the split product: as the element casts, faster than mul.wide
                             philox_block(seed[0], offset[0], first // BLOCK_VALUES + k, words, False)
-                            block_values = [k * BLOCK_VALUES + j for j in range(min(VEC, BLOCK_VALUES))]
                             if spec.fmt == "e4m3":  # the block's values all on normal steps: the short carry
+                                block_values = [k * BLOCK_VALUES + j for j in range(min(VEC, BLOCK_VALUES))]
                                 if on_normal_e4m3_steps(yv, block_values):
                                     round_block(words, upper, k, yv, carry_round_normal_to_e4m3)
                                 else:
@@ -476,8 +476,8 @@ def build_kernel(spec: KernelSpec):
                             qv[j] = T.cast(yv[j], "float8_e4m3fn")
                     elif STOCHASTIC:  # yv holds the codes' bits
                         for j in T.unroll(VEC // 2):
-                            qv[j] = T.cast(T.reinterpret(yv[2 * j], "uint32") + T.reinterpret(yv[2 * j + 1], "uint32")
-                                           * T.uint32(16), "int8")
+                            qv[j] = sf_math.e2m1_code_pair(T.reinterpret(yv[2 * j], "uint32"),
+                                                           T.reinterpret(yv[2 * j + 1], "uint32"))
                     else:
                         for j in T.unroll(VEC // 2):
                             qv[j] = sf_math.e2m1_pair(yv[2 * j], yv[2 * j + 1])

@@ -237,8 +237,14 @@ def e2m1_rounded(y):
     return T.min(T.min(twice, once), half) | (T.shift_right(T.reinterpret(y, "int32"), 28) & 8)
 
 
+def e2m1_code_pair(low, high):
+    """The int8 holding e2m1 codes ``low`` (bits 0–3) and ``high`` (bits 4–7), each an int32 / uint32 whose low
+    4 bits are the code (bits above them dropped by the int8)."""
+    # unsigned: the bits above 7 wrap (a signed overflow would be undefined in C++)
+    return T.cast(T.cast(low, "uint32") + T.cast(high, "uint32") * T.uint32(16), "int8")
+
+
 @T.macro
 def e2m1_pair(low, high):
     """The int8 holding the e2m1 codes of fp32 ``low`` (bits 0–3) and ``high`` (bits 4–7)."""
-    # unsigned: the bits above 7 wrap (a signed overflow would be undefined in C++)
-    return T.cast(T.cast(e2m1_rounded(low), "uint32") + T.cast(e2m1_rounded(high), "uint32") * T.uint32(16), "int8")
+    return e2m1_code_pair(e2m1_rounded(low), e2m1_rounded(high))
