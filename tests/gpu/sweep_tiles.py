@@ -62,6 +62,8 @@ S = {"spread": True}
 G = {"grid_cols": True}
 SG = {"spread": True, "grid_cols": True}
 H16 = {"lanes_per_row": 16}  # two rows of 16 lanes per warp: 128-column block / channel tiles
+L8 = {"lanes_per_row": 8}  # four rows of 8 lanes per warp: 64-column channel tiles
+L4 = {"lanes_per_row": 4}  # eight rows of 4 lanes per warp: 32-column channel tiles (one warp: no barrier partner)
 
 # The first candidate of each list is the oracle: the geometry the bytewise GPU tests
 # passed with (no knobs). Per block / per channel: warps × rows == the group height.
@@ -86,9 +88,10 @@ CANDIDATES = {
     ],
     "per_channel": [
         _c(16, 8, 2, bf16_pairs=True), _c(8, 16, 1, bf16_pairs=True, **S), _c(16, 4, 2, bf16_pairs=True, **S, **H16),
-        _c(16, 8, 1, bf16_pairs=True, **S), _c(32, 4, 1, bf16_pairs=True, **S), _c(32, 2, 1, bf16_pairs=True, **S, **H16),
-        _c(8, 8, 2, bf16_pairs=True, **S, **H16), _c(8, 8, 1, bf16_pairs=True, **S, **H16),
-        _c(16, 4, 1, bf16_pairs=True, **S, **H16), _c(4, 16, 2, bf16_pairs=True, **S, **H16),
+        _c(4, 16, 1, bf16_pairs=True, **S, **H16), _c(8, 8, 1, bf16_pairs=True, **S, **H16),
+        _c(1, 32, 1, bf16_pairs=True, **S, **L8), _c(2, 16, 1, bf16_pairs=True, **S, **L8),
+        _c(4, 8, 1, bf16_pairs=True, **S, **L8), _c(1, 16, 1, bf16_pairs=True, **S, **L4),
+        _c(2, 8, 1, bf16_pairs=True, **S, **L4), _c(4, 4, 1, bf16_pairs=True, **S, **L4),
     ],
     "cast_back": [
         _c(4, 4), _c(8, 1, column_chunks=4, inline_coords=True, **G), _c(8, 1, 2, column_chunks=4, inline_coords=True, **G),
@@ -97,6 +100,8 @@ CANDIDATES = {
         _c(8, 1, column_chunks=1, inline_coords=True, **G), _c(2, 1, column_chunks=4, inline_coords=True, **G),
         _c(1, 2, column_chunks=4, inline_coords=True, **G), _c(1, 1, column_chunks=8, inline_coords=True, **G),
         _c(4, 2, column_chunks=2, inline_coords=True, **G), _c(4, 1, column_chunks=4, **G),
+        _c(1, 1, column_chunks=14, inline_coords=True, **G), _c(1, 1, column_chunks=7, inline_coords=True, **G),
+        _c(2, 1, column_chunks=7, inline_coords=True, **G),
     ],
 }
 

@@ -88,6 +88,7 @@ def build_kernel(spec: KernelSpec):
     CPT = spec.column_chunks
     LR = spec.lanes_per_row  # lanes along a row: 32, or 16 (a warp holds two rows per slot)
     RG = 32 // LR  # rows a warp holds per slot
+    assert LR * RG == 32, "a warp's slot is whole rows"
     NSLOT = RPT * CPT  # (row, column chunk) pairs of a thread: slot s = row s // CPT, chunk s % CPT
     if not PER_TOKEN:
         assert TM == BM, "a block/channel tile is exactly one group row"

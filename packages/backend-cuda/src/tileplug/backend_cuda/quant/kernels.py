@@ -45,10 +45,10 @@ def knob_override(op: str, knob: str, default: bool) -> bool:
     return default if not text else text.strip() not in ("0", "false", "False", "")
 
 
-def chunks_override(op: str, default: int) -> int:
-    """``KernelSpec.column_chunks`` of an op's kernels; ``TILEPLUG_CUDA_COLUMN_CHUNKS_<OP>=n``
-    overrides it."""
-    text = os.environ.get(f"TILEPLUG_CUDA_COLUMN_CHUNKS_{op.upper()}")
+def count_override(op: str, knob: str, default: int) -> int:
+    """A counted schedule knob of ``KernelSpec`` (``column_chunks``, ``lanes_per_row``) for an
+    op's kernels; ``TILEPLUG_CUDA_<KNOB>_<OP>=n`` overrides it."""
+    text = os.environ.get(f"TILEPLUG_CUDA_{knob.upper()}_{op.upper()}")
     return int(text) if text else default
 
 
@@ -119,6 +119,11 @@ class QuantKernel:
         """128-bit chunks of each of its rows a thread owns (``KernelSpec.column_chunks``)."""
         return 1
 
+    def lanes_per_row(self, call: QuantCall) -> int:
+        """Lanes of a warp along one row of a block / channel tile (``KernelSpec.lanes_per_row``;
+        default 32: a warp's slot is one row)."""
+        return 32
+
     def grid_columns(self, call: QuantCall) -> bool:
         """``KernelSpec.grid_cols`` of the kernel serving ``call`` (default: the class's)."""
         return self.grid_cols
@@ -135,8 +140,9 @@ class QuantKernel:
             call, self.tile_op, *self.geometry(call),
             spread=knob_override(self.tile_op, "spread", self.spread),
             grid_cols=knob_override(self.tile_op, "grid_cols", self.grid_columns(call)),
-            column_chunks=chunks_override(self.tile_op, self.column_chunks(call)),
+            column_chunks=count_override(self.tile_op, "column_chunks", self.column_chunks(call)),
             inline_coords=knob_override(self.tile_op, "inline_coords", self.inline_coords),
+            lanes_per_row=self.lanes_per_row(call),
         )
 
     def specs(self, call: QuantCall) -> list[KernelSpec]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tileplug.backend_cuda.quant.kernels import QuantKernel, tile_override
+from tileplug.backend_cuda.quant.kernels import QuantKernel, count_override, tile_override
 from tileplug.backend_cuda.quant.spec import KernelSpec, make_spec
 from tileplug.core.contracts.quant import QuantCall
 
@@ -21,6 +21,7 @@ WARPS = 8  # GPU sweep (H200, T=65536, g=128): 8 warps x 16 rows, 1 CTA/SM = 94.
 # need more, so those run one 512-thread tile per SM (ptxas reports checked by
 # tests/test_cuda_compile.py).
 MIN_BLOCKS_PER_SM = 1
+LANES_PER_ROW = 32  # a warp's slot is one row of 32 lanes (4 / 8 / 16: 32 / LANES rows of that many lanes)
 SMALL_T_WARPS = 16  # the small-T tile (two rows of 16 lanes per warp): 16 warps x g / 32 rows, 2 CTAs/SM
 # Tried 2026-12-02 (ninth session, H200, 128 x 1 e4m3, H = 7168): the tile staged in shared memory
 # instead of registers (each 128-bit load folded into the column amax, then written to a 32 KB
@@ -48,10 +49,14 @@ class PerChannelCast(QuantKernel):
     def _lean(call: QuantCall) -> bool:
         return call.quantized_input is None and call.cast.fmt.name == "e4m3" and not call.cast.round_sf
 
+    def lanes_per_row(self, call: QuantCall) -> int:
+        return count_override(self.tile_op, "lanes_per_row", LANES_PER_ROW)
+
     def geometry(self, call: QuantCall) -> tuple[int, int, int, bool]:
         g = call.cast.block[0]
+        rows_per_slot = 32 // self.lanes_per_row(call)
         warps, _, min_blocks = tile_override("per_channel", (WARPS, 0, MIN_BLOCKS_PER_SM))
-        warps = min(warps, g)
+        warps = min(warps, g // rows_per_slot)
         if not self._lean(call):
             min_blocks = 1
-        return warps, g // warps, min_blocks, True
+        return warps, g // (warps * rows_per_slot), min_blocks, True
