@@ -63,14 +63,15 @@ def kernel_definition(source: str) -> tuple[str, int, str, str, list[str]]:
 
 def host_harness(source: str) -> tuple[str, list[str], int]:
     """The kernel definition of a generated source (its includes dropped), wrapped in
-    ``run_grid(<kernel parameters>, blocks)`` that runs every thread of every block in turn →
+    ``run_grid(<kernel parameters>, blocks)`` that runs every thread of every block in turn, a block's
+    thread 0 last (a draw's one barrier, before thread 0 counts the block: ``emulation.h``) →
     (C++ source, the kernel's parameter names in order, threads a block)."""
     definition, threads, name, parameters, names = kernel_definition(source)
     harness = (f'#include "emulation.h"\n{definition}\n'
                f'extern "C" void run_grid({parameters}, int64_t blocks) {{\n'
                f'  for (int64_t block = 0; block < blocks; ++block)\n'
-               f'    for (unsigned thread = 0; thread < {threads}; ++thread) {{\n'
-               f'      emulated_block.x = (unsigned)block; emulated_thread.x = thread;\n'
+               f'    for (unsigned turn = 1; turn <= {threads}; ++turn) {{\n'
+               f'      emulated_block.x = (unsigned)block; emulated_thread.x = turn % {threads};\n'
                f'      {name}({", ".join(names)});\n'
                f'    }}\n}}\n')
     return harness, names, threads
@@ -130,6 +131,19 @@ def edge_values(dtype: torch.dtype) -> torch.Tensor:
     return values.to(dtype)
 
 
+def draw_state(seed: int, offset: int) -> dict:
+    """A generator's device state as a draw's kernel takes it: ``seed`` and ``offset`` (int64 ``[1]``,
+    the seed's bits as signed) and the arrival counter at rest (int32 ``[1]``, 0)."""
+    return {"seed": torch.tensor([seed - 2**64 if seed >= 2**63 else seed]), "offset": torch.tensor([offset]),
+            "arrivals": torch.zeros(1, dtype=torch.int32)}
+
+
+def assert_advanced(state: dict, offset: int, what: str) -> None:
+    """The draw's last block advanced the offset by one and set the arrival counter back to 0."""
+    assert int(state["offset"]) == offset + 1, f"{what}: offset {int(state['offset'])}, want {offset + 1}"
+    assert int(state["arrivals"]) == 0, f"{what}: arrival counter left at {int(state['arrivals'])}"
+
+
 def run_kernel(built, spec, tensors: dict, count: int, per_thread: int | None = None) -> None:
     """Every thread of the launcher's grid over ``count`` elements, ``per_thread`` a thread (default:
     the spec's run)."""
@@ -153,9 +167,10 @@ def test_stochastic_cast_kernel_source_gives_the_references_bytes(build, source,
         generator.offset = offset
         want = cast(x, TORCH[target], stochastic_rounding=True, generator=generator)
         result = torch.empty(COUNT, dtype=TORCH[target])
-        state = {"seed": torch.tensor([seed - 2**64 if seed >= 2**63 else seed]), "offset": torch.tensor([offset])}
+        state = draw_state(seed, offset)
         run_kernel(built, spec, {"x": x, "result": result, **state}, COUNT)
         assert_bytes_equal(result, want, f"{spec.name}, seed {seed:#x}, offset {offset}", nan_equal=True)
+        assert_advanced(state, offset, spec.name)
 
 
 @pytest.mark.parametrize("source, target", NEAREST, ids=[f"{s}-{t}" for s, t in NEAREST])
@@ -186,7 +201,7 @@ def test_a_kernel_that_misplaces_a_field_is_caught(build) -> None:
     x = edge_values(torch.float32)
     want = cast(x, torch.float8_e4m3fn, stochastic_rounding=True, generator=Generator("cpu", 0))
     result = torch.empty(COUNT, dtype=torch.float8_e4m3fn)
-    run_kernel(built, spec, {"x": x, "result": result, "seed": torch.tensor([0]), "offset": torch.tensor([0])}, COUNT)
+    run_kernel(built, spec, {"x": x, "result": result, **draw_state(0, 0)}, COUNT)
     differing = canonical_nans(result).view(torch.uint8) != canonical_nans(want).view(torch.uint8)
     assert int(differing.sum()) > COUNT // 10
 
@@ -203,9 +218,30 @@ def test_fill_rand_kernel_source_gives_the_references_values(build, dtype, vecto
     built = build(spec)
     per_thread = spec.run_bytes // torch_dtype.itemsize
     for seed, offset in SEEDS:
-        state = {"seed": torch.tensor([seed - 2**64 if seed >= 2**63 else seed]), "offset": torch.tensor([offset])}
+        state = draw_state(seed, offset)
         want = torch.empty(COUNT, dtype=torch_dtype)
         fill_rand(want, state["seed"].clone(), state["offset"].clone())
         values = torch.full((COUNT,), float("nan"), dtype=torch_dtype)
         run_kernel(built, spec, {"values": values, **state}, COUNT, per_thread)
         assert_bytes_equal(values, want, f"{spec.name}, seed {seed:#x}, offset {offset}", nan_equal=True)
+        assert_advanced(state, offset, spec.name)
+
+
+def test_a_draw_whose_first_block_advances_the_offset_is_caught(build) -> None:
+    """The check can fail: ``fill_rand`` with the offset advanced by the first block to arrive instead of
+    the last (each block then finds the counter at 0 again, so the blocks after the first draw with later
+    offsets) gives other values than the reference, and another offset."""
+    from tileplug.backend_cuda import jit
+    from tileplug.backend_cuda.random.spec import RandomKernelSpec
+
+    spec = RandomKernelSpec("fill_rand", "float32")
+    source = jit.lower_source(spec)
+    assert source.count("if (arrived == (") == 2, "the last block's test, once for each of its two stores"
+    built = build(spec, source.replace("if (arrived == (", "if (arrived == 0 && ("))
+    state = draw_state(0, 0)
+    want = torch.empty(COUNT)
+    fill_rand(want, state["seed"].clone(), state["offset"].clone())
+    values = torch.full((COUNT,), float("nan"))
+    run_kernel(built, spec, {"values": values, **state}, COUNT, spec.run_bytes // 4)
+    assert int(state["offset"]) > 1
+    assert int((values != want).sum()) > COUNT // 2

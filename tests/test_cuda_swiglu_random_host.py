@@ -122,8 +122,16 @@ def test_specialisations_do_not_depend_on_the_row_count() -> None:
     assert len(names) == 1
 
 
+def assert_arrival_counter(counter: torch.Tensor, offset: torch.Tensor) -> None:
+    """A draw's arrival counter: int32 [1] on the offset's device, the same tensor for every draw of that offset."""
+    from tileplug.backend_cuda.random.arrivals import arrival_counter
+
+    assert counter.dtype == torch.int32 and counter.shape == (1,) and counter.device == offset.device
+    assert arrival_counter(offset) is counter and arrival_counter(torch.zeros(1, dtype=torch.int64)) is not counter
+
+
 @pytest.mark.parametrize("op", ("fill_rand", "fill_randn"))
-def test_a_draw_picks_its_store_form_by_alignment_then_advances_the_offset(recorder, op) -> None:
+def test_a_draw_picks_its_store_form_by_alignment_and_is_one_launch(recorder, op) -> None:
     function = getattr(ops, op)
     seed, offset = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
     storage = torch.empty(4100)
@@ -131,12 +139,12 @@ def test_a_draw_picks_its_store_form_by_alignment_then_advances_the_offset(recor
     for values, form in ((storage[:4097], "v128"), (storage[1:4098], "scalar")):
         call, inputs = describe_call(function, values, seed, offset)
         _KERNELS[op].prepare(call)(inputs, None)
-        (draw, (flat, seed_arg, offset_arg)), (advance, (advanced,)) = recorder.launches[-2:]
+        draw, (flat, seed_arg, offset_arg, counter) = recorder.launches[-1]
         suffix = "_reduced" if op == "fill_randn" else ""  # (the default Box-Muller's kernels are named so)
-        assert draw == f"{op}_fp32_{form}_t256{suffix}" and advance == "advance_offset"
+        assert draw == f"{op}_fp32_{form}_t256{suffix}"
         assert flat.dim() == 1 and flat.data_ptr() == values.data_ptr() and seed_arg is seed and offset_arg is offset
-        assert advanced is offset
-    assert len(recorder.launches) == 4
+        assert_arrival_counter(counter, offset)
+    assert len(recorder.launches) == 2  # the offset advances inside the draw: no second launch
 
 
 @pytest.mark.parametrize("source, target, short", [(FP32, BF16, "fp32_to_bf16"),
@@ -152,14 +160,15 @@ def test_stochastic_cast_takes_the_128_bit_form_only_when_x_and_result_are_align
     for x, result, form in forms:
         call, inputs = describe_call(ops.stochastic_cast, result.view(17, 241), x.view(17, 241), seed, offset)
         _KERNELS["stochastic_cast"].prepare(call)(inputs, None)
-        (cast, (result_arg, x_arg, seed_arg, offset_arg)), (advance, (advanced,)) = recorder.launches[-2:]
-        assert cast == f"stochastic_cast_{short}_{form}_t256" and advance == "advance_offset"
+        cast, (result_arg, x_arg, seed_arg, offset_arg, counter) = recorder.launches[-1]
+        assert cast == f"stochastic_cast_{short}_{form}_t256"
         assert result_arg.shape == x_arg.shape == (4097,)
         assert result_arg.data_ptr() == result.data_ptr() and x_arg.data_ptr() == x.data_ptr()
-        assert seed_arg is seed and offset_arg is offset and advanced is offset
-    assert len(recorder.launches) == 6
+        assert seed_arg is seed and offset_arg is offset
+        assert_arrival_counter(counter, offset)
+    assert len(recorder.launches) == 3  # the offset advances inside the cast's kernel
     assert [spec.name for spec in _KERNELS["stochastic_cast"].specs(call)] == [
-        f"stochastic_cast_{short}_v128_t256", f"stochastic_cast_{short}_scalar_t256", "advance_offset"]
+        f"stochastic_cast_{short}_v128_t256", f"stochastic_cast_{short}_scalar_t256"]
 
 
 def test_nearest_cast_takes_the_128_bit_form_only_when_aligned_and_draws_nothing(recorder) -> None:
@@ -177,11 +186,11 @@ def test_nearest_cast_takes_the_128_bit_form_only_when_aligned_and_draws_nothing
         "nearest_cast_fp32_to_e4m3_v128_t256", "nearest_cast_fp32_to_e4m3_scalar_t256"]
 
 
-def test_a_draw_compiles_three_specialisations() -> None:
+def test_a_draw_compiles_two_specialisations() -> None:
     call = describe_call(ops.fill_randn, torch.empty(3, 5, dtype=BF16), torch.zeros(1, dtype=torch.int64),
                          torch.zeros(1, dtype=torch.int64))[0]
     assert [spec.name for spec in _KERNELS["fill_randn"].specs(call)] == [
-        "fill_randn_bf16_v128_t256_reduced", "fill_randn_bf16_scalar_t256_reduced", "advance_offset"]
+        "fill_randn_bf16_v128_t256_reduced", "fill_randn_bf16_scalar_t256_reduced"]
 
 
 def test_each_draw_runs_its_measured_bytes_a_thread_unless_asked(monkeypatch) -> None:

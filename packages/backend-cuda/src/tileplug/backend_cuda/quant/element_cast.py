@@ -6,7 +6,7 @@ loads and stores are whole 128-bit accesses (``R = 16 / the smaller itemsize``):
 run of ``x``, converts it (``element_kernels`` holds the TileLang kernels) and stores it. The
 stochastic cast draws Philox blocks ``i·R/(4k) …`` for its run (``k`` random fields a word: 2 for
 fp32 → bf16 and fp32 → e4m3, 4 for bf16 → e4m3; element ``j`` rounds with field ``j mod k``
-of word ``j // k``) and advances the offset by the one-thread launch after it (as ``fill_rand``). 128-bit
+of word ``j // k``), its last CTA advancing the offset (as ``fill_rand``: one launch). 128-bit
 loads and stores when ``x`` and ``result`` are both 16-byte aligned (checked per call),
 element by element otherwise. Nothing here imports TileLang.
 """
@@ -20,7 +20,8 @@ import torch
 
 from tileplug.backend_cuda import jit
 from tileplug.core.contracts.cast import RANDOM_FIELD_BITS
-from tileplug.backend_cuda.random.spec import ADVANCE, THREADS, WORDS_PER_BLOCK, RandomKernelSpec
+from tileplug.backend_cuda.random.arrivals import arrival_counter
+from tileplug.backend_cuda.random.spec import THREADS, WORDS_PER_BLOCK
 from tileplug.backend_cuda.random.table import VECTOR_BYTES, AlignedEntry
 
 TL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}
@@ -93,7 +94,7 @@ class ElementCastSpec:
 
 class ElementCast:
     """An element-wise cast on CUDA: ``supports``, ``specs``, ``source``, ``prepare``. ``advances``:
-    the op advances a generator's offset after its kernel (``inputs.offset``)."""
+    the op's kernel advances a generator's offset (``inputs.offset``, with its arrival counter)."""
 
     op = ""
     advances = False
@@ -105,13 +106,11 @@ class ElementCast:
         return ElementCastSpec(self.op, TL_DTYPES[call.source], TL_DTYPES[call.target], vectorize)
 
     def specs(self, call: Any) -> list:
-        """The two load/store forms (and the offset's advance)."""
-        return [self.spec(call), self.spec(call, vectorize=False)] + ([RandomKernelSpec(ADVANCE)] if self.advances
-                                                                      else [])
+        """The two load/store forms."""
+        return [self.spec(call), self.spec(call, vectorize=False)]
 
     def source(self, call: Any, arch: str = jit.DEFAULT_ARCH) -> str:
-        specs = [self.spec(call)] + ([RandomKernelSpec(ADVANCE)] if self.advances else [])
-        return "\n".join(jit.lower_source(spec, arch) for spec in specs)
+        return jit.lower_source(self.spec(call), arch)
 
     def __call__(self, call: Any, inputs: Any, outputs: Any) -> None:
         self.prepare(call)(inputs, outputs)
@@ -125,11 +124,11 @@ class ElementCast:
                 cast((result.data_ptr() | x.data_ptr()) % VECTOR_BYTES == 0, result, x)
 
             return launch
-        advance = jit.entry(RandomKernelSpec(ADVANCE))
 
         def launch_and_advance(inputs: Any, outputs: Any) -> None:
             result, x = inputs.result.view(-1), inputs.x.view(-1)
-            cast((result.data_ptr() | x.data_ptr()) % VECTOR_BYTES == 0, result, x, inputs.seed, inputs.offset)
-            advance(inputs.offset)
+            offset = inputs.offset
+            cast((result.data_ptr() | x.data_ptr()) % VECTOR_BYTES == 0, result, x, inputs.seed, offset,
+                 arrival_counter(offset))
 
         return launch_and_advance

@@ -30,7 +30,13 @@ import functools
 
 import tilelang.language as T
 
-from tileplug.backend_cuda.random.philox import RunLayout, philox_block, state_buffers
+from tileplug.backend_cuda.random.philox import (
+    RunLayout,
+    advance_after_the_last_cta,
+    arrivals_buffer,
+    philox_block,
+    state_buffers,
+)
 
 WORD_BITS = 32
 SIGN_BIT = 0x80000000
@@ -194,8 +200,8 @@ def build_nearest(spec):
 
 def build_stochastic(spec):
     """The ``T.prim_func`` of a ``stochastic_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``): buffers
-    ``(result [N], x [N], seed [1], offset [1])``; it reads the offset, the second launch
-    advances it. A thread's run of ``R`` elements takes ``R / (4k)`` Philox blocks (``k`` fields a
+    ``(result [N], x [N], seed [1], offset [1], arrivals [1])``; it reads the offset and its last CTA
+    advances it (``random.philox.advance_after_the_last_cta``). A thread's run of ``R`` elements takes ``R / (4k)`` Philox blocks (``k`` fields a
     word): word ``i`` of block ``b`` serves elements ``(4b + i)·k … (4b + i)·k + k − 1``. Its Philox
     rounds take the split product (``__umulhi`` and a 32-bit product): with one ``mul.wide.u32`` a
     product the bf16 → e4m3 cast took 836 µs at T = 65536, H = 7168 on an H100 (2026-12-06, a word
@@ -217,7 +223,8 @@ def build_stochastic(spec):
     seed_t, offset_t = state_buffers()
 
     @T.prim_func
-    def kernel(result: T.Tensor((N,), TARGET), x: T.Tensor((N,), SOURCE), seed: seed_t, offset: offset_t):
+    def kernel(result: T.Tensor((N,), TARGET), x: T.Tensor((N,), SOURCE), seed: seed_t, offset: offset_t,
+               arrivals: arrivals_buffer()):
         with T.Kernel(layout.grid(N), threads=THREADS) as bx:
             tx = T.get_thread_binding()
             words = T.alloc_local((4,), "uint32")
@@ -234,6 +241,7 @@ def build_stochastic(spec):
                         round_value(T.cast(values[(4 * k + i) * FIELDS + field], "float32"),
                                     random_field(words[i], field, WIDTH, POSITION), run, (4 * k + i) * FIELDS + field)
             layout.store_run(result, thread * RUN, run)
+            advance_after_the_last_cta(offset, arrivals, tx, T.cast(layout.grid(N), "int32"))
 
     return kernel.with_attr("global_symbol", spec.name)
 

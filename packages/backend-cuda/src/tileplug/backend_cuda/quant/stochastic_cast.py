@@ -1,5 +1,5 @@
 """CUDA ``stochastic_cast`` (docs/spec.md §10.2): fp32 → bf16, fp32 → e4m3, bf16 → e4m3 with the
-words of one Philox draw (``fill_rand``'s), then the one-thread advance of the offset; the
+words of one Philox draw (``fill_rand``'s), its last CTA advancing the offset; the
 shared element-wise pass is ``element_cast``, the TileLang kernel ``element_kernels``."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Philox4x32-10 in TileLang integer arithmetic, and the one-thread kernel advancing a
-generator's offset: what ``fill_rand`` and ``fill_randn`` share (SPEC §9).
+"""Philox4x32-10 in TileLang integer arithmetic, and the advance of a generator's offset at the
+end of a draw: what ``fill_rand`` and ``fill_randn`` share (SPEC §9).
 
 Thread ``i`` of the grid owns the Philox blocks ``b = i · B … i · B + B − 1`` (``B``: the
 spec's ``blocks_per_thread``) and so the values ``4b … 4b + 3`` of each: its run of
@@ -11,9 +11,12 @@ counter words by the round constants as 32 × 32 → 64-bit products (one ``mul.
 or ``__umulhi`` and a 32-bit product: the same words, a kernel's choice by measurement) and
 mixes the halves with the key; the key gains the Weyl constants between rounds.
 
-The offset is advanced by a second launch on the same stream (``build_advance``: one thread,
-``offset += 1``) once every block of the draw has read it: inside one kernel a block
-scheduled late could read the already advanced offset.
+The draw's own kernel advances the offset once every CTA has read it
+(:func:`advance_after_the_last_cta`): each CTA, done with its values, counts itself on the
+generator's arrival counter (``arrivals``, int32 ``[1]``, 0 between draws; ``random.arrivals``);
+the CTA that arrives last adds 1 to the offset and sets the counter back to 0. A CTA scheduled
+late thus still reads the offset of the draw, and a draw is one launch (it was two: the draw,
+then a one-thread kernel adding 1).
 
 No ``from __future__ import annotations``: TileLang evaluates the macro annotations.
 """
@@ -169,11 +172,31 @@ def state_buffers():
     return T.Tensor((1,), "int64"), T.Tensor((1,), "int64")
 
 
+def arrivals_buffer():
+    """``arrivals``: int32 ``[1]``, how many CTAs of the running draw are done with the offset."""
+    return T.Tensor((1,), "int32")
+
+
+@T.macro
+def advance_after_the_last_cta(offset, arrivals, thread, ctas):
+    """The end of a draw's kernel: once every thread of this CTA is past its reads of the offset
+    (the barrier), its thread 0 counts the CTA on ``arrivals``; the CTA that makes the count
+    ``ctas`` (the grid's size) adds 1 to the offset and sets the count back to 0 for the next
+    draw. The count's add is acquire-release: the other CTAs' reads happen before the write."""
+    T.sync_threads()
+    if thread == 0:
+        arrived = T.alloc_var("int32")
+        arrived = T.atomic_add(arrivals[0], 1, return_prev=True, memory_order="acq_rel")
+        if arrived == ctas - 1:
+            offset[0] = offset[0] + T.int64(1)
+            arrivals[0] = 0
+
+
 def build_draw(spec: RandomKernelSpec, transform):
-    """The ``T.prim_func`` of a draw: buffers ``(values [N], seed [1], offset [1])``. Each thread
-    computes its blocks' words and hands each block to ``transform(words, run, k)`` (a macro
-    writing fp32 values ``run[4k … 4k + 3]`` from the block's four uint32 ``words``), then
-    stores its run."""
+    """The ``T.prim_func`` of a draw: buffers ``(values [N], seed [1], offset [1], arrivals [1])``.
+    Each thread computes its blocks' words and hands each block to ``transform(words, run, k)`` (a
+    macro writing fp32 values ``run[4k … 4k + 3]`` from the block's four uint32 ``words``), then
+    stores its run; the last CTA advances the offset."""
     N = T.dynamic("N", "int64")
     layout = RunLayout(spec, N)
     BLOCKS, RUN, THREADS = layout.BLOCKS, layout.RUN, layout.THREADS
@@ -181,7 +204,7 @@ def build_draw(spec: RandomKernelSpec, transform):
     seed_t, offset_t = state_buffers()
 
     @T.prim_func
-    def kernel(values: T.Tensor((N,), spec.dtype), seed: seed_t, offset: offset_t):
+    def kernel(values: T.Tensor((N,), spec.dtype), seed: seed_t, offset: offset_t, arrivals: arrivals_buffer()):
         with T.Kernel(layout.grid(N), threads=THREADS, prelude=DEVICE_HELPERS) as bx:
             tx = T.get_thread_binding()
             words = T.alloc_local((4,), "uint32")
@@ -191,19 +214,6 @@ def build_draw(spec: RandomKernelSpec, transform):
                 philox_block(seed[0], offset[0], thread * BLOCKS + k, words, WIDE)
                 transform(words, run, k)
             layout.store_run(values, thread * RUN, run)
-
-    return kernel.with_attr("global_symbol", spec.name)
-
-
-def build_advance(spec: RandomKernelSpec):
-    """``offset[0] += 1`` by one thread (launched after a draw's kernel, same stream)."""
-    _, offset_t = state_buffers()
-
-    @T.prim_func
-    def kernel(offset: offset_t):
-        with T.Kernel(1, threads=32) as bx:
-            tx = T.get_thread_binding()
-            if tx == 0 and bx == 0:
-                offset[0] = offset[0] + T.int64(1)
+            advance_after_the_last_cta(offset, arrivals, tx, T.cast(layout.grid(N), "int32"))
 
     return kernel.with_attr("global_symbol", spec.name)

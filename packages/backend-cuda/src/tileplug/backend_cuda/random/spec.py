@@ -1,7 +1,6 @@
 """What a CUDA random-number kernel is specialised on, derived from a ``RandomCall``.
 
-A draw's element count is a runtime value; a spec fixes the op (uniform or normal, or the
-offset's advance), the values' dtype and whether every thread's whole run of values is
+A draw's element count is a runtime value; a spec fixes the op (uniform or normal), the values' dtype and whether every thread's whole run of values is
 stored with 128-bit stores (the values' data pointer 16-byte aligned: checked per call).
 """
 
@@ -25,8 +24,6 @@ RUN_BYTES_VARIABLE = "TILEPLUG_CUDA_RANDOM_RUN_BYTES"
 of the op; read when a kernel is prepared; a run other than the op's default is in the kernel's name)."""
 RUN_BYTES_CHOICES = ("32", "64")
 WORDS_PER_BLOCK = 4
-ADVANCE = "advance_offset"
-"""The one-thread kernel that adds 1 to a generator's offset after a draw (see ``philox``)."""
 BOX_MULLER_VARIABLE = "TILEPLUG_CUDA_RANDN_BOX_MULLER"
 """How ``fill_randn`` evaluates Box–Muller in fp64: ``reduced`` (the default:
 ``fill_randn.box_muller_reduced``, a few fp64 FMAs a function, within 2^-43 of the reference's fp64
@@ -53,7 +50,7 @@ def run_bytes(op: str) -> int:
 
 @dataclass(frozen=True)
 class RandomKernelSpec:
-    """``op``: fill_rand / fill_randn / advance_offset; ``dtype``: the values' TileLang dtype;
+    """``op``: fill_rand / fill_randn; ``dtype``: the values' TileLang dtype;
     ``vectorize``: 128-bit stores of whole runs; ``box_muller``: how ``fill_randn`` evaluates
     its transform (:data:`BOX_MULLER_VARIABLE`; None for the other ops, which have none); ``run_bytes``:
     the bytes a thread writes (None: the op's :data:`RUN_BYTES`)."""
@@ -73,10 +70,6 @@ class RandomKernelSpec:
         """The TileLang ``PrimFunc`` (``tileplug.backend_cuda.jit``), built by the op's module."""
         import importlib
 
-        if self.op == ADVANCE:
-            from tileplug.backend_cuda.random.philox import build_advance
-
-            return build_advance(self)
         return importlib.import_module(f"tileplug.backend_cuda.random.{self.op}").build(self)
 
     @property
@@ -106,8 +99,6 @@ class RandomKernelSpec:
 
     @property
     def name(self) -> str:
-        if self.op == ADVANCE:
-            return ADVANCE
         short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[self.dtype]
         name = f"{self.op}_{short}_{'v128' if self.vectorize else 'scalar'}_t{THREADS}"
         if self.run_bytes != RUN_BYTES[self.op]:

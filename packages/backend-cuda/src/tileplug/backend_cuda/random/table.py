@@ -1,6 +1,6 @@
 """The kernel objects of the CUDA random-number ops (``fill_rand``, ``fill_randn``): a draw is
-the op's kernel over the values, then the one-thread ``advance_offset`` kernel on the same
-stream (``philox``). Nothing here imports TileLang.
+one launch of the op's kernel over the values, whose last CTA advances the offset (``philox``,
+with the generator's arrival counter: ``arrivals``). Nothing here imports TileLang.
 
 A launcher is built once per call signature; per call it picks the 128-bit or the scalar
 store specialisation by the values' data pointer (a contiguous view may start anywhere),
@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tileplug.backend_cuda import jit
-from tileplug.backend_cuda.random.spec import ADVANCE, TL_DTYPES, RandomKernelSpec, box_muller, run_bytes
+from tileplug.backend_cuda.random.arrivals import arrival_counter
+from tileplug.backend_cuda.random.spec import TL_DTYPES, RandomKernelSpec, box_muller, run_bytes
 from tileplug.core.contracts.random import FILL_RANDN, RandomCall
 
 Launcher = Callable[[Any, Any], None]
@@ -36,23 +37,22 @@ class RandomKernel:
         return RandomKernelSpec(self.op, TL_DTYPES[call.dtype], vectorize, normal, run_bytes(self.op))
 
     def specs(self, call: RandomCall) -> list:
-        """The draw's two store forms and the offset's advance."""
-        return [self.spec(call), self.spec(call, vectorize=False), RandomKernelSpec(ADVANCE)]
+        """The draw's two store forms."""
+        return [self.spec(call), self.spec(call, vectorize=False)]
 
     def source(self, call: RandomCall, arch: str = jit.DEFAULT_ARCH) -> str:
-        return "\n".join(jit.lower_source(spec, arch) for spec in (self.spec(call), RandomKernelSpec(ADVANCE)))
+        return jit.lower_source(self.spec(call), arch)
 
     def __call__(self, call: RandomCall, inputs: Any, outputs: Any) -> None:
         self.prepare(call)(inputs, outputs)
 
     def prepare(self, call: RandomCall) -> Launcher:
         draw = AlignedEntry(self.spec(call), self.spec(call, vectorize=False))
-        advance = jit.entry(RandomKernelSpec(ADVANCE))
 
         def launch(inputs: Any, outputs: Any) -> None:
             values = inputs.values.view(-1)
-            draw(values.data_ptr() % VECTOR_BYTES == 0, values, inputs.seed, inputs.offset)
-            advance(inputs.offset)
+            offset = inputs.offset
+            draw(values.data_ptr() % VECTOR_BYTES == 0, values, inputs.seed, offset, arrival_counter(offset))
 
         return launch
 
