@@ -46,7 +46,7 @@ from tileplug.backend_cuda.quant.element_kernels import (
     on_normal_e4m3_steps,
     random_field,
 )
-from tileplug.backend_cuda.random.philox import philox_block, state_buffers
+from tileplug.backend_cuda.random.philox import DEVICE_HELPERS, philox_block, state_buffers
 from tileplug.core.contracts.cast import QUANT_RANDOM_FIELD_BITS
 from tileplug.core.call import QuantMode
 from tileplug.core.quant.formats import QUANT_FORMATS
@@ -462,8 +462,8 @@ def build_kernel(spec: KernelSpec):
                         first = T.cast(r, "int64") * H + c
                         upper = (first % BLOCK_VALUES) >= VEC  # a half block: c starts its upper half
                         for k in T.unroll(max(VEC // BLOCK_VALUES, 1)):
-                            # the split product: as the element casts, faster than mul.wide
-                            philox_block(seed[0], offset[0], first // BLOCK_VALUES + k, words, False)
+                            # the split product by default (see KernelSpec.philox_wide)
+                            philox_block(seed[0], offset[0], first // BLOCK_VALUES + k, words, spec.philox_wide)
                             if spec.fmt == "e4m3":  # the block's values all on normal steps: the short carry
                                 block_values = [k * BLOCK_VALUES + j for j in range(min(VEC, BLOCK_VALUES))]
                                 if on_normal_e4m3_steps(yv, block_values):
@@ -501,10 +501,12 @@ def build_kernel(spec: KernelSpec):
                         for j in T.vectorized(VEC // VPB_OUT):
                             q[r, c // VPB_OUT + j] = qv[j]
 
+    PRELUDE = DEVICE_HELPERS if spec.philox_wide else ""  # (tileplug_mul_wide_u32)
+
     @T.macro
     def build(x, sf_in, given, q, sf, seed=None, offset=None):
         if spec.grid_cols:  # column tiles of a row tile adjacent in launch order
-            with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT) as bid:
+            with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT, prelude=PRELUDE) as bid:
                 if spec.inline_coords:
                     # the coordinates inlined: every offset re-derives them with a 64-bit
                     # floor division (see KernelSpec.inline_coords)
@@ -519,7 +521,7 @@ def build_kernel(spec: KernelSpec):
                     col_tile = T.truncmod(bid, T.ceildiv(H, TC))
                     tile(x, sf_in, given, q, sf, seed, offset, row_tile, col_tile)
         else:
-            with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT) as (bx, by):
+            with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT, prelude=PRELUDE) as (bx, by):
                 tile(x, sf_in, given, q, sf, seed, offset, bx, by)
 
 

@@ -143,6 +143,7 @@ class QuantKernel:
             column_chunks=count_override(self.tile_op, "column_chunks", self.column_chunks(call)),
             inline_coords=knob_override(self.tile_op, "inline_coords", self.inline_coords),
             lanes_per_row=self.lanes_per_row(call),
+            philox_wide=knob_override(self.tile_op, "philox_wide", False),
         )
 
     def specs(self, call: QuantCall) -> list[KernelSpec]:
