@@ -166,6 +166,18 @@
 #      between; SASS per-token bf16 1 x 16 1496 -> 1328 at 96 -> 125 registers, per-block 32 x 32 1184 -> 1048): the
 #      stochastic quant GPU tests, then tests/gpu/probe_stochastic_quant.py old / new at T = 4096 and 65536.
 #      Ran on an H100 the same day: 96 passed; e2m1 1 x 16 734.9 -> 658.9 us at T = 65536, 54.6 -> 49.8 at 4096.
+#  33. (thirty-eighth session) per_channel_cast's tile with fewer lanes a row (KernelSpec.lanes_per_row 4 / 8 / 16:
+#      a warp's slot is 8 / 4 / 2 rows of 32 / 64 / 128 columns; a 1- or 2-warp CTA needs no partner at its barrier):
+#      tests/gpu/sweep_tiles.py --cases per_channel,cast_back --peer at T = 128 ... 65536 (every candidate's bytes
+#      against the oracle's at 4001 and at each timed T), then ncu at T = 4096 of the default tile and of
+#      TILEPLUG_CUDA_TILE_PER_CHANNEL=2,0,1 TILEPLUG_CUDA_LANES_PER_ROW_PER_CHANNEL=4, TileKernels' kernel beside each.
+#  34. (thirty-eighth session) the draws' offset advanced by their own last CTA (an arrival counter; fill_rand,
+#      fill_randn, stochastic_cast: one launch instead of two): the random and element-cast GPU tests (graph replay
+#      drawing fresh numbers, the offset's count), then tests/gpu/probe_cast.py old / new (OLD = the src folder of a
+#      copy of the CUDA backend before 17e0c98, as step 23).
+#  35. (thirty-eighth session) the stochastic quant tiles' Philox products as one mul.wide.u32 each
+#      (TILEPLUG_CUDA_PHILOX_WIDE_PER_TOKEN / _PER_BLOCK = 0 / 1, index off; ~5-6 % fewer SASS instructions):
+#      tests/gpu/probe_stochastic_quant.py at T = 4096 and 65536 with each.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -506,5 +518,34 @@ if want 32 && [ $(left) -gt 60 ]; then
   tail -2 $OUT/e2m1_codes_tests.txt
   TOKENS=4096,65536 old_new_probe "e2m1 codes" e2m1_codes.txt 60 tests/gpu/probe_stochastic_quant.py \
     | grep -E '^== |"case"' | cut -c1-330
+fi
+if want 33 && [ $(left) -gt 60 ]; then
+  timeout $(( $(left) > 310 ? 300 : $(left) - 10 )) python3 tests/gpu/sweep_tiles.py --cases per_channel,cast_back \
+    --tokens 128,1024,4096,16384,65536 --peer > $OUT/lanes_sweep.txt 2>> $OUT/stderr.log
+  sed -n '/^== per_channel/,/^best/p' $OUT/lanes_sweep.txt
+  for tile in "8,0,1 32" "2,0,1 4"; do
+    set -- $tile
+    [ $(left) -gt 60 ] || break
+    TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_TILE_PER_CHANNEL=$1 TILEPLUG_CUDA_LANES_PER_ROW_PER_CHANNEL=$2 \
+      timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) ncu --clock-control none --section SpeedOfLight \
+      --section WarpStateStats --section Occupancy -k regex:"per_channel" -c 6 \
+      python3 tests/gpu/probe_ncu_target.py per_channel_cast 4096 > $OUT/ncu_per_channel_$1_$2.txt 2>&1
+    grep -E "per_channel|Duration|DRAM Throughput|Achieved Occupancy" $OUT/ncu_per_channel_$1_$2.txt | head -24
+  done
+fi
+if want 34 && [ $(left) -gt 60 ]; then
+  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 130 ? 120 : $(left) - 10 )) $P -n 8 tests/gpu/test_cuda_random.py \
+    tests/gpu/test_cuda_stochastic_cast.py > $OUT/advance_tests.txt 2>&1
+  tail -2 $OUT/advance_tests.txt
+  old_new_probe "advance in the draw" advance_cast.txt 100 tests/gpu/probe_cast.py | grep -E '^== |stochastic' | cut -c1-200
+fi
+if want 35 && [ $(left) -gt 60 ]; then
+  for wide in 0 1; do
+    [ $(left) -gt 40 ] || break
+    echo "== philox_wide $wide, $(left) s left" | tee -a $OUT/philox_wide.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_PHILOX_WIDE_PER_TOKEN=$wide TILEPLUG_CUDA_PHILOX_WIDE_PER_BLOCK=$wide \
+      TOKENS=4096,65536 timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) python3 tests/gpu/probe_stochastic_quant.py \
+      2>> $OUT/stderr.log | tee -a $OUT/philox_wide.txt | cut -c1-330
+  done
 fi
 echo "all done, $(left) s left"
