@@ -199,14 +199,15 @@ def build_nearest(spec):
 
 
 def build_stochastic(spec):
-    """The ``T.prim_func`` of a ``stochastic_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``): buffers
-    ``(result [N], x [N], seed [1], offset [1], arrivals [1])``; it reads the offset and its last CTA
-    advances it (``random.philox.advance_after_the_last_cta``). A thread's run of ``R`` elements takes ``R / (4k)`` Philox blocks (``k`` fields a
-    word): word ``i`` of block ``b`` serves elements ``(4b + i)·k … (4b + i)·k + k − 1``. Its Philox
-    rounds take the split product (``__umulhi`` and a 32-bit product): with one ``mul.wide.u32`` a
-    product the bf16 → e4m3 cast took 836 µs at T = 65536, H = 7168 on an H100 (2026-12-06, a word
-    an element) against 745 on an H200 with the split one (2026-12-04; the two GPUs time
-    issue-bound kernels alike), as ``fill_rand`` fp32 slowed (``random.spec.RandomKernelSpec.wide_product``)."""
+    """The ``T.prim_func`` of a ``stochastic_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``):
+    buffers ``(result [N], x [N], seed [1], offset [1], arrivals [1])``; it reads the offset and its last
+    CTA advances it (``random.philox.advance_after_the_last_cta``). A thread's run of ``R`` elements
+    takes ``R / (4k)`` Philox blocks (``k`` fields a word): word ``i`` of block ``b`` serves elements
+    ``(4b + i)·k … (4b + i)·k + k − 1``. Its Philox rounds take the split product (``__umulhi`` and a
+    32-bit product): with one ``mul.wide.u32`` a product the bf16 → e4m3 cast took 836 µs at
+    T = 65536, H = 7168 on an H100 (2026-12-06, a word an element) against 745 on an H200 with the
+    split one (2026-12-04; the two GPUs time issue-bound kernels alike), as ``fill_rand`` fp32 slowed
+    (``random.spec.RandomKernelSpec.wide_product``)."""
     N = T.dynamic("N", "int64")
     FIELDS, WIDTH = spec.fields_per_word, spec.field_bits
     layout = RunLayout(spec, N, spec.values_per_thread)

@@ -1,7 +1,8 @@
 """What a CUDA random-number kernel is specialised on, derived from a ``RandomCall``.
 
-A draw's element count is a runtime value; a spec fixes the op (uniform or normal), the values' dtype and whether every thread's whole run of values is
-stored with 128-bit stores (the values' data pointer 16-byte aligned: checked per call).
+A draw's element count is a runtime value; a spec fixes the op (uniform or normal), the values'
+dtype and whether every thread's whole run of values is stored with 128-bit stores (the values'
+data pointer 16-byte aligned: checked per call).
 """
 
 from __future__ import annotations
