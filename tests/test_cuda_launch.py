@@ -309,3 +309,22 @@ def test_transpose_weight_sf_launches_once_per_64_weights(monkeypatch) -> None:
     assert [(spec.capacity, count) for spec, _, _, count, _ in launches] == [(64, 64), (8, 6)]
     assert launches[1][1] is weights[64]  # the second launch's anchor: its first weight
     _assert_reference_weight_scales(outputs, weights, 32, False)
+
+
+def test_tuning_variables_reshape_the_per_channel_tile_and_the_philox_products(monkeypatch) -> None:
+    """``TILEPLUG_CUDA_TILE_PER_CHANNEL`` (warps, -, CTAs an SM) with ``TILEPLUG_CUDA_LANES_PER_ROW_PER_CHANNEL``: the
+    rows a thread follow so that the tile stays one 128-row group; ``TILEPLUG_CUDA_PHILOX_WIDE_PER_TOKEN`` names a
+    stochastic cast's wide-product kernel and leaves a deterministic one alone."""
+    x = torch.randn(3, 7168).to(torch.bfloat16)
+    call, _ = describe_call(ops.per_channel_cast, x, num_per_tokens=128)
+    default = _KERNELS["per_channel_cast"].spec(call)
+    assert (default.warps, default.rows_per_thread, default.lanes_per_row, default.tile_cols) == (8, 16, 32, 256)
+    monkeypatch.setenv("TILEPLUG_CUDA_TILE_PER_CHANNEL", "2,0,1")
+    monkeypatch.setenv("TILEPLUG_CUDA_LANES_PER_ROW_PER_CHANNEL", "4")
+    narrow = _KERNELS["per_channel_cast"].spec(call)
+    assert (narrow.warps, narrow.rows_per_thread, narrow.lanes_per_row) == (2, 8, 4)
+    assert narrow.tile_rows == 128 and narrow.tile_cols == 32 and narrow.name.endswith("_h4")
+    monkeypatch.setenv("TILEPLUG_CUDA_PHILOX_WIDE_PER_TOKEN", "1")
+    stochastic = describe_call(ops.per_token_cast, x, stochastic_rounding=True)[0]
+    assert _KERNELS["per_token_cast"].spec(stochastic).name.endswith("_wide")
+    assert not _KERNELS["per_token_cast"].spec(describe_call(ops.per_token_cast, x)[0]).philox_wide

@@ -230,3 +230,29 @@ def test_stochastic_e2m1_carry_at_every_binade(build, kind) -> None:
     x[:, ::16] = 6.0  # each group's largest, on the grid once scaled
     x[1, 5], x[2, 6], x[4, 7], x[5, 9] = 0.0, -0.0, 1e-30, -3e-7
     run_case(build(spec), spec, case, tokens, x.to(dtype))
+
+
+CHANNEL_GEOMETRIES = [(1, 16, 4), (2, 8, 4), (2, 16, 8), (4, 8, 8)]
+"""(warps, rows a thread, lanes a row) of the per-channel tiles narrower than a warp's row: 8 rows of 4 lanes
+(32 columns) or 4 rows of 8 lanes (64 columns) a warp, one or more warps stacked to the 128-row group."""
+
+
+@pytest.mark.parametrize("sf", ["fp32", "ue8m0"])
+@pytest.mark.parametrize("geometry", CHANNEL_GEOMETRIES, ids=[f"w{w}r{r}h{h}" for w, r, h in CHANNEL_GEOMETRIES])
+def test_per_channel_tiles_of_fewer_lanes_a_row(build, geometry, sf) -> None:
+    """A per-channel 128 × 1 tile whose warp holds several rows (``lanes_per_row`` 4 or 8: the rows of a slot
+    reduced by shuffles, then the warps in shared memory) gives the reference's bytes, fp32 and packed UE8M0
+    scales, at T = 1, 37, 130 and 300 (a partial group, more than two groups)."""
+    import dataclasses
+
+    from tileplug.backend_cuda.plugin import _KERNELS
+
+    extra = {} if sf == "fp32" else {"round_sf": True, "use_packed_ue8m0": True}
+    case = Case.of("per_channel_cast", 576, num_per_tokens=128, **extra)
+    call, _ = describe_call(case.op, *case.arguments(3, "meta")[0], **case.arguments(3, "meta")[1])
+    warps, rows, lanes = geometry
+    spec = dataclasses.replace(_KERNELS[call.op].spec(call), warps=warps, rows_per_thread=rows, lanes_per_row=lanes)
+    assert spec.tile_rows == 128 and spec.tile_cols == lanes * spec.vec
+    built = build(spec)
+    for tokens in (1, 37, 130, 300):
+        run_case(built, spec, case, tokens)
