@@ -519,6 +519,13 @@ if want 32 && [ $(left) -gt 60 ]; then
   TOKENS=4096,65536 old_new_probe "e2m1 codes" e2m1_codes.txt 60 tests/gpu/probe_stochastic_quant.py \
     | grep -E '^== |"case"' | cut -c1-330
 fi
+# (step 34 before 33: its tests check a default)
+if want 34 && [ $(left) -gt 60 ]; then
+  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 130 ? 120 : $(left) - 10 )) $P -n 8 tests/gpu/test_cuda_random.py \
+    tests/gpu/test_cuda_stochastic_cast.py > $OUT/advance_tests.txt 2>&1
+  tail -2 $OUT/advance_tests.txt
+  old_new_probe "advance in the draw" advance_cast.txt 100 tests/gpu/probe_cast.py | grep -E '^== |stochastic' | cut -c1-200
+fi
 if want 33 && [ $(left) -gt 60 ]; then
   timeout $(( $(left) > 310 ? 300 : $(left) - 10 )) python3 tests/gpu/sweep_tiles.py --cases per_channel,cast_back \
     --tokens 128,1024,4096,16384,65536 --peer > $OUT/lanes_sweep.txt 2>> $OUT/stderr.log
@@ -532,12 +539,6 @@ if want 33 && [ $(left) -gt 60 ]; then
       python3 tests/gpu/probe_ncu_target.py per_channel_cast 4096 > $OUT/ncu_per_channel_$1_$2.txt 2>&1
     grep -E "per_channel|Duration|DRAM Throughput|Achieved Occupancy" $OUT/ncu_per_channel_$1_$2.txt | head -24
   done
-fi
-if want 34 && [ $(left) -gt 60 ]; then
-  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 130 ? 120 : $(left) - 10 )) $P -n 8 tests/gpu/test_cuda_random.py \
-    tests/gpu/test_cuda_stochastic_cast.py > $OUT/advance_tests.txt 2>&1
-  tail -2 $OUT/advance_tests.txt
-  old_new_probe "advance in the draw" advance_cast.txt 100 tests/gpu/probe_cast.py | grep -E '^== |stochastic' | cut -c1-200
 fi
 if want 35 && [ $(left) -gt 60 ]; then
   for wide in 0 1; do
