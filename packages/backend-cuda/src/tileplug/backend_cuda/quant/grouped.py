@@ -8,7 +8,8 @@ of a bf16/fp32 row, 16 values of a quantized row) for lane ``l``; block and chan
 have one chunk, so a slot is a row. With ``lanes_per_row = 16`` (block and channel tiles) a
 slot is two rows, lanes 0–15 on the first and 16–31 on the second, each 16 × ``VEC`` columns
 wide: the tile is half as wide and twice as tall per warp, and the group reductions add a
-shuffle across the half warps. All loads of a thread are issued before any math (bytes
+shuffle across the half warps (channel tiles also take 8 or 4 lanes a row: 4 or 8 rows a slot,
+reduced by 2 or 3 such shuffles). All loads of a thread are issued before any math (bytes
 in flight), data stays in registers between the amax pass and the quantize pass (one read
 of ``x`` from DRAM). Rows run along ``blockIdx.x`` (no 65535 limit).
 
@@ -86,7 +87,7 @@ def build_kernel(spec: KernelSpec):
     PER_TOKEN = BM == 1
     PER_CHANNEL = BN == 1
     CPT = spec.column_chunks
-    LR = spec.lanes_per_row  # lanes along a row: 32, or 16 (a warp holds two rows per slot)
+    LR = spec.lanes_per_row  # lanes along a row: 32, or 16 / 8 / 4 (a warp holds 2 / 4 / 8 rows per slot)
     RG = 32 // LR  # rows a warp holds per slot
     assert LR * RG == 32, "a warp's slot is whole rows"
     NSLOT = RPT * CPT  # (row, column chunk) pairs of a thread: slot s = row s // CPT, chunk s % CPT

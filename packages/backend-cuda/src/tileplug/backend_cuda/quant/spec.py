@@ -75,7 +75,8 @@ class KernelSpec:
     (with ``grid_cols``): the tile coordinates are re-derived from the block index in every
     offset (64-bit floor divisions) instead of divided once into 32-bit registers.
     ``lanes_per_row`` (block and channel tiles): 16 puts two rows in each warp's slot, so a
-    tile is half as wide (128 bf16 columns) and twice as many CTAs cover a small T.
+    tile is half as wide (128 bf16 columns) and twice as many CTAs cover a small T; a channel tile
+    also takes 8 or 4 (four or eight rows a slot, 64 or 32 bf16 columns: CTAs of a few warps).
 
     ``stochastic`` (cast mode): the narrowing of ``x · inv`` rounds stochastically with the
     Philox words of the generator's ``seed`` / ``offset`` buffers (element ``i = r·H + c`` with
