@@ -249,7 +249,8 @@ def test_per_channel_tiles_of_fewer_lanes_a_row(build, geometry, sf) -> None:
 
     extra = {} if sf == "fp32" else {"round_sf": True, "use_packed_ue8m0": True}
     case = Case.of("per_channel_cast", 576, num_per_tokens=128, **extra)
-    call, _ = describe_call(case.op, *case.arguments(3, "meta")[0], **case.arguments(3, "meta")[1])
+    args, kwargs = case.arguments(3, "meta")
+    call, _ = describe_call(case.op, *args, **kwargs)
     warps, rows, lanes = geometry
     spec = dataclasses.replace(_KERNELS[call.op].spec(call), warps=warps, rows_per_thread=rows, lanes_per_row=lanes)
     assert spec.tile_rows == 128 and spec.tile_cols == lanes * spec.vec
