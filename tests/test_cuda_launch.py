@@ -328,3 +328,23 @@ def test_tuning_variables_reshape_the_per_channel_tile_and_the_philox_products(m
     stochastic = describe_call(ops.per_token_cast, x, stochastic_rounding=True)[0]
     assert _KERNELS["per_token_cast"].spec(stochastic).name.endswith("_wide")
     assert not _KERNELS["per_token_cast"].spec(describe_call(ops.per_token_cast, x)[0]).philox_wide
+
+
+@pytest.mark.parametrize(("variable", "value", "expected"), [
+    ("TILEPLUG_CUDA_LANES_PER_ROW_PER_CHANNEL", "6", "expected one of 4, 8, 16, 32"),
+    ("TILEPLUG_CUDA_LANES_PER_ROW_PER_CHANNEL", "wide", "expected an integer"),
+    ("TILEPLUG_CUDA_TILE_PER_CHANNEL", "4,0,1,2", "expected up to 3 comma-separated integers"),
+    ("TILEPLUG_CUDA_TILE_PER_CHANNEL", "4,x", "expected up to 3 comma-separated integers"),
+    ("TILEPLUG_CUDA_SPREAD_PER_CHANNEL", "yes", "expected 0 or 1"),
+])
+def test_a_tuning_variable_the_knob_cannot_take_is_an_error_naming_it(monkeypatch, variable, value, expected) -> None:
+    """A tuning variable holding what its knob cannot take stops the kernel's choice with a ValueError naming the
+    variable, its value and what it takes (no assert deep in a kernel build); unset, the defaults hold."""
+    x = torch.randn(3, 7168).to(torch.bfloat16)
+    call, _ = describe_call(ops.per_channel_cast, x, num_per_tokens=128)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError) as raised:
+        _KERNELS["per_channel_cast"].spec(call)
+    assert str(raised.value) == f"{variable}={value!r}: {expected}"
+    monkeypatch.delenv(variable)
+    assert _KERNELS["per_channel_cast"].spec(call).lanes_per_row == 32

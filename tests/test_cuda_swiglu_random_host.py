@@ -359,15 +359,19 @@ def test_the_default_tile_asks_for_two_ctas_only_where_their_registers_fit(monke
         assert ("_b2" in spec.name.split(spec.tile.name)[1]) == (want[2] == 2)
 
 
-def test_a_tuning_variable_that_is_not_an_integer_is_named(monkeypatch) -> None:
-    """A tuning variable holding something other than an integer fails with the variable's name
-    and value, not a bare ``int()`` message."""
-    from tileplug.backend_cuda.swiglu.spec import SIGMOID_TABLE_VARIABLE
+@pytest.mark.parametrize("name, value, expected", [("CTAS_PER_SM_VARIABLE", "yes", "expected an integer"),
+                                                    ("SIGMOID_TABLE_VARIABLE", "2", "expected 0 or 1")])
+def test_a_tuning_variable_the_knob_cannot_take_is_named(monkeypatch, name, value, expected) -> None:
+    """A tuning variable holding something its knob cannot take (a count that is not an integer, a
+    switch that is not 0 or 1) fails with the variable's name and value, not a bare ``int()`` message."""
+    from tileplug.backend_cuda.swiglu import spec
 
-    monkeypatch.setenv(SIGMOID_TABLE_VARIABLE, "yes")
+    variable = getattr(spec, name)
+    monkeypatch.setenv(variable, value)
     x = torch.randn(2, 2 * 7168, dtype=BF16)
-    with pytest.raises(ValueError, match=f"{SIGMOID_TABLE_VARIABLE}='yes': expected an integer"):
+    with pytest.raises(ValueError) as raised:
         _KERNELS["swiglu_per_token_cast"].spec(describe_call(ops.swiglu_per_token_cast, x)[0])
+    assert str(raised.value) == f"{variable}={value!r}: {expected}"
 
 
 @pytest.mark.parametrize("source, target, fields, blocks, run", [(FP32, BF16, 2, 1, 8),

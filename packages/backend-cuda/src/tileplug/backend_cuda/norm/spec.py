@@ -28,12 +28,12 @@ are rows above 12288 values that no tile covers exactly (their reduction buffer 
 from __future__ import annotations
 
 import math
-import os
 import struct
 from dataclasses import dataclass
 
 import torch
 
+from tileplug.backend_cuda.tuning import tuning_choice, tuning_flag, tuning_override
 from tileplug.core.contracts.norm import NormCall
 
 TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -60,28 +60,6 @@ threads: 80 registers, 24 bytes spilled, where 103 registers left room for 2: 73
 T = 65536 on the H200). Rows with a residual keep ptxas' choice (the cap spilled 284 bytes).
 ``TILEPLUG_CUDA_LAYER_NORM_THREADS_PER_SM`` overrides, for tuning, with the kernel index off or
 one of its own (the index key does not see the variable)."""
-
-
-def tuning_override(variable: str, default: int) -> int:
-    """``default``, or the integer the environment variable ``variable`` holds (a tuning knob of
-    the CUDA kernels' geometry; unset or empty: ``default``); anything else is a ValueError naming
-    the variable."""
-    text = os.environ.get(variable)
-    if not text:
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{variable}={text!r}: expected an integer") from None
-
-
-def tuning_choice(variable: str, default: str, allowed: tuple[str, ...]) -> str:
-    """``default``, or the one of ``allowed`` the environment variable ``variable`` names (a tuning
-    knob choosing a CUDA kernel's form); anything else is a ValueError naming the variable."""
-    chosen = os.environ.get(variable, default)
-    if chosen not in allowed:
-        raise ValueError(f"{variable}={chosen!r}: expected one of {', '.join(allowed)}")
-    return chosen
 
 
 def layer_norm_threads_per_sm() -> int:
@@ -249,7 +227,7 @@ def backward_half_path() -> bool:
 def backward_prefetch() -> bool:
     """Whether the backward row loops prefetch (``TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH``: 1 by
     default, 0 for the direct loads; a tuning knob, seen by the spec name)."""
-    return bool(tuning_override("TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH", 1))
+    return tuning_flag("TILEPLUG_CUDA_NORM_BACKWARD_PREFETCH", True)
 
 
 BACKWARD_SUBTREES_VARIABLE = "TILEPLUG_CUDA_NORM_BACKWARD_SUBTREES"

@@ -8,7 +8,6 @@ tvm_ffi launch.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 
 from tileplug.backend_cuda import jit
 from tileplug.backend_cuda.quant.spec import KernelSpec, common_reason, make_spec
+from tileplug.backend_cuda.tuning import tuning_flag, tuning_override, tuning_tuple
 from tileplug.core.call import QuantMode
 from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
 
@@ -29,27 +29,21 @@ and lose at T = 16384)."""
 
 def tile_override(op: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
     """``(warps, rows_per_thread, min_blocks_per_sm)`` of an op's tile; the variable
-    ``TILEPLUG_CUDA_TILE_<OP>=warps,rows,min_blocks`` overrides it (tuning on a GPU host
-    without editing code; read when a call signature is first seen)."""
-    text = os.environ.get(f"TILEPLUG_CUDA_TILE_{op.upper()}")
-    if not text:
-        return default
-    values = tuple(int(v) for v in text.split(","))
-    return values + default[len(values):]
+    ``TILEPLUG_CUDA_TILE_<OP>=warps,rows,min_blocks`` (its leading entries) overrides it (tuning
+    on a GPU host without editing code; read when a call signature is first seen)."""
+    return tuning_tuple(f"TILEPLUG_CUDA_TILE_{op.upper()}", default)
 
 
 def knob_override(op: str, knob: str, default: bool) -> bool:
     """A schedule knob of ``KernelSpec`` (``spread``, ``grid_cols``) for an op's kernels;
     ``TILEPLUG_CUDA_<KNOB>_<OP>=0|1`` overrides it."""
-    text = os.environ.get(f"TILEPLUG_CUDA_{knob.upper()}_{op.upper()}")
-    return default if not text else text.strip() not in ("0", "false", "False", "")
+    return tuning_flag(f"TILEPLUG_CUDA_{knob.upper()}_{op.upper()}", default)
 
 
-def count_override(op: str, knob: str, default: int) -> int:
+def count_override(op: str, knob: str, default: int, allowed: tuple[int, ...] = ()) -> int:
     """A counted schedule knob of ``KernelSpec`` (``column_chunks``, ``lanes_per_row``) for an
-    op's kernels; ``TILEPLUG_CUDA_<KNOB>_<OP>=n`` overrides it."""
-    text = os.environ.get(f"TILEPLUG_CUDA_{knob.upper()}_{op.upper()}")
-    return int(text) if text else default
+    op's kernels; ``TILEPLUG_CUDA_<KNOB>_<OP>=n`` (one of ``allowed`` where given) overrides it."""
+    return tuning_override(f"TILEPLUG_CUDA_{knob.upper()}_{op.upper()}", default, allowed)
 
 
 class QuantKernel:

@@ -50,7 +50,7 @@ class PerChannelCast(QuantKernel):
         return call.quantized_input is None and call.cast.fmt.name == "e4m3" and not call.cast.round_sf
 
     def lanes_per_row(self, call: QuantCall) -> int:
-        return count_override(self.tile_op, "lanes_per_row", LANES_PER_ROW)
+        return count_override(self.tile_op, "lanes_per_row", LANES_PER_ROW, allowed=(4, 8, 16, 32))
 
     def geometry(self, call: QuantCall) -> tuple[int, int, int, bool]:
         g = call.cast.block[0]

@@ -37,14 +37,14 @@ BOX_MULLER = "reduced"
 def box_muller() -> str:
     """:data:`BOX_MULLER`, or what :data:`BOX_MULLER_VARIABLE` names (read when a kernel is prepared:
     the norm package imports the random one through its kernel tables, so not at import)."""
-    from tileplug.backend_cuda.norm.spec import tuning_choice
+    from tileplug.backend_cuda.tuning import tuning_choice
 
     return tuning_choice(BOX_MULLER_VARIABLE, BOX_MULLER, BOX_MULLERS)
 
 
 def run_bytes(op: str) -> int:
     """:data:`RUN_BYTES` of ``op``, or what :data:`RUN_BYTES_VARIABLE` names."""
-    from tileplug.backend_cuda.norm.spec import tuning_choice
+    from tileplug.backend_cuda.tuning import tuning_choice
 
     return int(tuning_choice(RUN_BYTES_VARIABLE, str(RUN_BYTES[op]), RUN_BYTES_CHOICES))
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from tileplug.backend_cuda import jit
-from tileplug.backend_cuda.norm.spec import tuning_override
+from tileplug.backend_cuda.tuning import tuning_override
 from tileplug.backend_cuda.rope.spec import (
     MAX_THREADS,
     TL_DTYPES,

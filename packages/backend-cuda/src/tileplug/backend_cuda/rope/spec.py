@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from tileplug.backend_cuda.norm.spec import tuning_override
+from tileplug.backend_cuda.tuning import tuning_override
 
 TL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 TL_POSITIONS = {None: None, torch.int32: "int32", torch.int64: "int64"}

@@ -28,10 +28,9 @@ from tileplug.backend_cuda.norm.spec import (
     _hex,
     reduction_plan,
     row_tile,
-    tuning_choice,
-    tuning_override,
     vector_width,
 )
+from tileplug.backend_cuda.tuning import tuning_choice, tuning_flag, tuning_override
 from tileplug.core.contracts.swiglu import SWIGLU_BACKWARD, SwigluCall
 from tileplug.core.quant.layouts import CUDA_LAYOUT
 
@@ -229,7 +228,7 @@ def make_spec(call: SwigluCall) -> SwigluKernelSpec:
         bf16_sigmoid=bf16_sigmoid(),
         fp64_sigmoid=tuning_choice(FP64_SIGMOID_VARIABLE, FP64_SIGMOID, FP64_SIGMOIDS),
         ctas_per_sm=tuning_override(CTAS_PER_SM_VARIABLE, ctas_per_sm(tile)),
-        table=bool(tuning_override(SIGMOID_TABLE_VARIABLE, 1)),
+        table=tuning_flag(SIGMOID_TABLE_VARIABLE, True),
     )
 
 
