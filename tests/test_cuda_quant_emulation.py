@@ -6,7 +6,8 @@ sm_90 as the backend lowers it, compiled with g++ against ``tests/fixtures/cuda-
 ``__shared__`` one array of the CTA) and launched over the grid the launcher uses, with the
 arguments the launcher passes (``quant.kernels.make_launcher`` itself hands them over, the
 kernel's scalar shapes and strides read off its buffers); ``q`` and ``sf`` must equal the
-reference's bytewise (SPEC §4: ``sf`` on every byte that holds a group).
+reference's bytewise (SPEC §4: ``sf`` on every byte that holds a group); a stochastic cast's last CTA
+must have advanced the generator's offset by one and left its arrival counter at 0.
 
 Marker ``nvcc``: the CUDA headers come with nvcc (skipped without nvcc, g++ or those headers). What
 this does not see: the device's memory model beyond the barriers, the 128-bit access instructions
@@ -124,9 +125,14 @@ def run_case(built, spec, case, tokens: int, x: torch.Tensor | None = None) -> N
                            torch.empty_strided(want_sf.shape, want_sf.stride(), dtype=want_sf.dtype).zero_())
     captured: list[torch.Tensor] = []
     make_launcher(spec, lambda *tensors: captured.extend(tensors))(inputs, outputs)
+    offset = None if inputs.offset is None else int(inputs.offset)
     run_grid, names, types = built
     run_grid(*launch_arguments(spec, captured, names, types), *map(ctypes.c_uint, grid(spec, tokens, call.hidden)))
     what = f"{spec.name}, {case.id}, T = {tokens}"
+    if offset is not None:  # a stochastic cast: its last CTA advanced the offset and put the counter back
+        assert captured[-2] is inputs.offset and captured[-1].dtype == torch.int32
+        assert int(inputs.offset) == offset + 1, f"{what}: offset {int(inputs.offset)}, want {offset + 1}"
+        assert int(captured[-1]) == 0, f"{what}: arrival counter left at {int(captured[-1])}"
     assert_bytes_equal(inputs.x if in_place else outputs.q, want_q, f"{what}: q", nan_equal=True)
     if want_sf is not None:
         assert_sf_equal(outputs.sf, want_sf, call.cast.block, tokens, call.hidden, f"{what}: sf", nan_equal=True)

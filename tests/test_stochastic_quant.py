@@ -131,6 +131,26 @@ def test_the_offset_advances_and_the_default_generator_serves() -> None:
     assert default.offset == before + 1
 
 
+def test_the_conformance_suite_sees_the_advanced_offset() -> None:
+    """A stochastic cast produces ``(q, sf, offset)``: the conformance suite compares the generator's
+    offset after the call with the reference's, so a backend that leaves it where it was (or advances
+    it twice) fails, while one that advances it once, as the reference does, passes."""
+    from tileplug.core import opdefs
+    from tileplug.reference.conformance import check_case
+
+    case = next(c for c in core.ops.quant.stochastic_cases() if c.op == "per_token_cast")
+    check_case(case, 5, "reference", "cpu")
+    opdef = opdefs.get("per_token_cast")
+    x, generator = torch.randn(4, case.hidden), Generator("cpu", 3)
+    produced = opdef.produced(per_token_cast(x, stochastic_rounding=True, generator=generator), x,
+                              stochastic_rounding=True, generator=generator)
+    assert len(produced) == 3 and produced[2] is generator.offset_state and generator.offset == 1
+    assert len(opdef.produced(per_token_cast(x), x)) == 2, "no generator: (q, sf) only"
+    for stale in (0, 2):
+        with pytest.raises(AssertionError, match="output 2"):
+            opdef.compare(case, 4, [*produced[:2], torch.tensor([stale])], produced)
+
+
 def test_a_quantized_input_and_out_take_the_same_bits() -> None:
     x = torch.randn(5, 512)
     pair = per_token_cast(x, num_per_channels=32)

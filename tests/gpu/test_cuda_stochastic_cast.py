@@ -6,7 +6,8 @@ reference backend, bytewise.
 The op-table cases run in tests/gpu/test_cuda_quant.py's grid; here: both load/store forms
 (aligned and misaligned views of x and of result) at element counts that end inside a
 thread's run, every non-finite and boundary input, graph replays drawing fresh bits (the
-offset advanced on the device), ``cast`` with a generator, and the mean of a constant's
+offset advanced on the device), the stochastic per-token / per-block casts' advance in their own
+launch (eager and replayed), ``cast`` with a generator, and the mean of a constant's
 stochastic casts on the GPU; for ``nearest_cast`` every pair in both forms.
 """
 
@@ -91,6 +92,42 @@ def test_graph_replays_draw_fresh_bits(source, target) -> None:
         want, _ = _run("reference", torch.empty_like(result), x, seed=99, offset=offset)
         assert_bytes_equal(replayed, cpu_copy(want), what=f"replay {offset}", nan_equal=True)
     assert not torch.equal(replays[0].view(torch.uint8), replays[1].view(torch.uint8))
+
+
+@pytest.mark.parametrize("op, kwargs", [(ops.per_token_cast, {}), (ops.per_token_cast, {"fmt": "e2m1", "num_per_channels": 16}),
+                                        (ops.per_block_cast, {})], ids=["per_token", "per_token-e2m1", "per_block"])
+@pytest.mark.parametrize("tokens", [1, 128, 4099])
+def test_a_stochastic_quant_cast_advances_in_its_own_launch(op, kwargs, tokens) -> None:
+    """A stochastic per-token / per-block cast is one launch whose last CTA advances the offset:
+    eager calls leave it at 2 after two calls, and a captured call's replays round with offsets
+    0, 1, 2 (each replay's bytes the reference's at that offset) and leave it at 3."""
+    x = _inputs(tokens * 7168, torch.bfloat16, seed=tokens).view(tokens, 7168)
+    generator = Generator(DEVICE, 2**63 + 5)
+    with use_backend("cuda"):
+        op(x, stochastic_rounding=True, generator=generator, **kwargs)
+        op(x, stochastic_rounding=True, generator=generator, **kwargs)
+        assert int(generator.offset_state.item()) == 2
+        generator.offset_state.zero_()
+        q, sf = op(x, stochastic_rounding=True, generator=generator, **kwargs)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            op(x, stochastic_rounding=True, generator=generator, out=(q, sf), **kwargs)
+    generator.offset_state.zero_()
+    replays = []
+    for _ in range(3):
+        graph.replay()
+        replays.append((cpu_copy(q), cpu_copy(sf)))
+    assert int(generator.offset_state.item()) == 3
+    for offset, (replayed, replayed_sf) in enumerate(replays):
+        reference = Generator(DEVICE, 2**63 + 5)
+        reference.offset_state.fill_(offset)
+        with use_backend("reference"):
+            want, want_sf = op(x, stochastic_rounding=True, generator=reference, **kwargs)
+        assert int(reference.offset_state.item()) == offset + 1
+        assert_bytes_equal(replayed, cpu_copy(want), what=f"replay {offset} q", nan_equal=True)
+        assert torch.equal(replayed_sf, cpu_copy(want_sf)), f"replay {offset} sf"
+    assert not torch.equal(replays[0][0].view(torch.uint8), replays[1][0].view(torch.uint8))
 
 
 def test_cast_with_a_generator_matches_the_reference_and_advances_it() -> None:

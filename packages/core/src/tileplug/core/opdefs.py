@@ -17,7 +17,6 @@ launch. Under ``torch.compiler.is_compiling()`` the public function calls
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 import threading
 import types
@@ -155,6 +154,12 @@ class OpDef:
       inputs hold under the same names); the custom op declares them mutated
       (``Tensor(a!)`` in the schema), so ``torch.compile`` functionalizes them.
       :meth:`produced` gives them back as the call's outputs.
+    - ``advances``: the generator parameter (``Generator | None``) whose offset the op's
+      kernels advance by one when they draw (a stochastic quant cast; not for an empty
+      input): the backend advances it, on the device, in the draw's own launch where it can.
+      The schema marks that generator's offset tensor mutated (``Tensor(a!)?``), so
+      ``torch.compile`` functionalizes the advance; :meth:`produced` appends the offset
+      tensor to the outputs when a generator is given (the conformance suite compares it).
     - ``unfused(call, traits)`` → ``[(step, Ledger)]``: the op's bytes without fusion (its
       eager PyTorch decomposition, or the chain of this library's ops a fused op replaces;
       ``tileplug.core.unfused``); None: the op has no unfused form.
@@ -177,6 +182,7 @@ class OpDef:
     autograd: tuple[Callable[..., None], Callable[..., Any]] | None = None
     unfused: Callable[[Any, Any], Sequence[tuple[str, Any]]] | None = None
     mutates: tuple[str, ...] = ()
+    advances: str = ""
     schema: str = field(default="", init=False)
     _flatten: Callable[..., list] | None = field(default=None, init=False, repr=False)
     _library_op: Any = field(default=None, init=False, repr=False)
@@ -210,12 +216,17 @@ class OpDef:
     def produced(self, result: Any, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
         """The tensors a call ``function(*args, **kwargs)`` that returned ``result`` produced:
         the returned tensors, or for an in-place op the mutated arguments it was given, in
-        order; an absent optional one is None. What tests and the conformance suite compare."""
-        if not self.mutates:
+        order; an absent optional one is None; then the offset tensor of the generator an op
+        that ``advances`` one was given. What tests and the conformance suite compare."""
+        if not self.mutates and not self.advances:
             return list(result) if isinstance(result, (tuple, list)) else [result]
         bound = inspect.signature(self.function).bind(*args, **kwargs)
         bound.apply_defaults()
-        return [bound.arguments[name] for name in self.mutates]
+        if self.mutates:
+            return [bound.arguments[name] for name in self.mutates]
+        produced = list(result) if isinstance(result, (tuple, list)) else [result]
+        generator = bound.arguments[self.advances]
+        return produced if generator is None else [*produced, generator.offset_state]
 
 
 _table: dict[str, OpDef] = {}
@@ -523,6 +534,18 @@ def _mutated_schema(slots: list[tuple[str, list[tuple[str, str]], Any]], mutates
         expanded[0] = (argument, kind.replace("Tensor", f"Tensor({chr(ord('a') + index)}!)", 1))
 
 
+def _advanced_schema(slots: list[tuple[str, list[tuple[str, str]], Any]], name: str, index: int) -> str:
+    """Mark the offset tensor of the generator parameter ``name`` mutated (``Tensor(x!)?``, the
+    ``index``-th alias set) in ``slots``; its schema name."""
+    known = {slot: expanded for slot, expanded, _ in slots}
+    expanded = known.get(name)
+    if expanded is None or [argument for argument, _ in expanded] != [f"{name}_seed", f"{name}_offset"]:
+        raise TypeError(f"advanced parameter '{name}': not a Generator parameter of the function")
+    argument, kind = expanded[1]
+    expanded[1] = (argument, kind.replace("Tensor", f"Tensor({chr(ord('a') + index)}!)", 1))
+    return argument
+
+
 def _register_library_op(opdef: OpDef) -> None:
     function = opdef.function
     hints = typing.get_type_hints(function)
@@ -532,10 +555,13 @@ def _register_library_op(opdef: OpDef) -> None:
     for parameter in parameters:
         slots.append((parameter.name, _schema_type(hints[parameter.name], parameter.name), parameter.default))
     returns = _return_type(hints["return"])
+    mutated = opdef.mutates
     if opdef.mutates:
         if returns != "()":
             raise TypeError(f"op '{opdef.name}' mutates {opdef.mutates}: its function must return None")
         _mutated_schema(slots, opdef.mutates)
+    if opdef.advances:
+        mutated = (*mutated, _advanced_schema(slots, opdef.advances, len(mutated)))
     arguments = ", ".join(f"{kind} {arg}" for _, expanded, _ in slots for arg, kind in expanded)
     opdef.schema = f"({arguments}) -> {returns}"
     names = [parameter.name for parameter in parameters]
@@ -599,17 +625,13 @@ def _register_library_op(opdef: OpDef) -> None:
         return result
 
     def implementation(*flat: Any) -> Any:
-        token = _in_library_op.set(True)
-        try:
-            if opdef.mutates:
-                opdef.function(**unflatten(flat))
-                return None
-            if opdef.autograd is None:
-                return as_schema_result(_owned(opdef.function(**unflatten(flat)), flat))
-            with torch.no_grad():  # the eager path: autograd is the custom op's registration
-                return as_schema_result(_owned(opdef.function(**unflatten(flat)), flat))
-        finally:
-            _in_library_op.reset(token)
+        if opdef.mutates:
+            opdef.function(**unflatten(flat))
+            return None
+        if opdef.autograd is None:
+            return as_schema_result(_owned(opdef.function(**unflatten(flat)), flat))
+        with torch.no_grad():  # the eager path: autograd is the custom op's registration
+            return as_schema_result(_owned(opdef.function(**unflatten(flat)), flat))
 
     def fake(*flat: Any) -> Any:
         call, _ = opdef.contract(**unflatten(flat))
@@ -619,7 +641,7 @@ def _register_library_op(opdef: OpDef) -> None:
         return as_schema_result(route.result(call, route.plan.allocate(call.tokens, call.device)))
 
     library_op = torch.library.custom_op(
-        f"{LIBRARY_NAMESPACE}::{opdef.name}", implementation, mutates_args=opdef.mutates, schema=opdef.schema
+        f"{LIBRARY_NAMESPACE}::{opdef.name}", implementation, mutates_args=mutated, schema=opdef.schema
     )
     library_op.register_fake(fake)
     if opdef.autograd is not None:
@@ -628,16 +650,6 @@ def _register_library_op(opdef: OpDef) -> None:
     opdef._flatten = flatten
     opdef._library_op = library_op
     opdef._list_result = list_result
-
-
-_in_library_op: contextvars.ContextVar[bool] = contextvars.ContextVar("tileplug_in_library_op", default=False)
-
-
-def in_library_op() -> bool:
-    """True while a public function runs as the implementation of its custom op (the compiled
-    path): what the function does beside the op itself — a stochastic cast advancing its
-    generator — the caller of the custom op does instead, outside the op's schema."""
-    return _in_library_op.get()
 
 
 def _detached(value: Any) -> Any:

@@ -211,6 +211,8 @@ class GroupedKernel:
             args.append(outputs.q)
         if spec.writes_sf:
             args.append(_sf_arg(outputs.sf, spec.col_major))
-        if spec.stochastic:  # the generator's state as int32 words, read only (the public op advances the offset)
+        if spec.stochastic:  # the generator's state as int32 words, read only by the kernel
             args += [inputs.seed.view(torch.int32), inputs.offset.view(torch.int32)]
         kernel(*args)
+        if spec.stochastic:  # same stream, after every block of the draw read the offset
+            inputs.offset.add_(1)

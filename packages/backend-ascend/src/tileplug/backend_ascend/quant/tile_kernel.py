@@ -41,8 +41,8 @@ loads ``s`` broadcast (``BRC_B32``, one load per input group of the register, la
 so keys and products are those of the per-element buffers.
 
 Stochastic rounding (``spec.stochastic``, docs/spec.md §10.2; the main casts only): the generator's
-seed and offset words are DMA'd into UB once per core (read only: the public op advances the
-offset after the kernel); per tile, one more ``T.SimdVF`` region (:func:`draw_bits`, before the
+seed and offset words are DMA'd into UB once per core (read only: the kernel object queues the
+offset's advance after the launch, on the same stream); per tile, one more ``T.SimdVF`` region (:func:`draw_bits`, before the
 compute region) runs the Philox rounds of ``fill_rand`` for each valid row of the tile, in groups
 of 64 blocks = 512 elements from the block holding the tile's first element of the row. Element
 ``i = t·H + h`` takes a 16-bit field (core's ``QUANT_RANDOM_FIELD_BITS``, two a word): field

@@ -47,7 +47,13 @@ from tileplug.backend_cuda.quant.element_kernels import (
     on_normal_e4m3_steps,
     random_field,
 )
-from tileplug.backend_cuda.random.philox import DEVICE_HELPERS, philox_block, state_buffers
+from tileplug.backend_cuda.random.philox import (
+    DEVICE_HELPERS,
+    advance_after_the_last_cta,
+    arrivals_buffer,
+    philox_block,
+    state_buffers,
+)
 from tileplug.core.contracts.cast import QUANT_RANDOM_FIELD_BITS
 from tileplug.core.call import QuantMode
 from tileplug.core.quant.formats import QUANT_FORMATS
@@ -503,9 +509,10 @@ def build_kernel(spec: KernelSpec):
                             q[r, c // VPB_OUT + j] = qv[j]
 
     PRELUDE = DEVICE_HELPERS if spec.philox_wide else ""  # (tileplug_mul_wide_u32)
+    CTAS = T.cast(T.ceildiv(M, TM) * T.ceildiv(H, TC), "int32")  # the grid's size: a draw's arrival count
 
     @T.macro
-    def build(x, sf_in, given, q, sf, seed=None, offset=None):
+    def build(x, sf_in, given, q, sf, seed=None, offset=None, arrivals=None):
         if spec.grid_cols:  # column tiles of a row tile adjacent in launch order
             with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT, prelude=PRELUDE) as bid:
                 if spec.inline_coords:
@@ -521,10 +528,13 @@ def build_kernel(spec: KernelSpec):
                     row_tile = T.truncdiv(bid, T.ceildiv(H, TC))
                     col_tile = T.truncmod(bid, T.ceildiv(H, TC))
                     tile(x, sf_in, given, q, sf, seed, offset, row_tile, col_tile)
+                if STOCHASTIC:
+                    advance_after_the_last_cta(offset, arrivals, T.get_thread_binding(), CTAS)
         else:
             with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT, prelude=PRELUDE) as (bx, by):
                 tile(x, sf_in, given, q, sf, seed, offset, bx, by)
-
+                if STOCHASTIC:
+                    advance_after_the_last_cta(offset, arrivals, T.get_thread_binding(), CTAS)
 
     # ------------------------------------------------------------ signatures per mode
     x_t = T.StridedTensor((M, XW), (S, 1), X_DT)
@@ -544,19 +554,20 @@ def build_kernel(spec: KernelSpec):
         def kernel(x: x_t):
             build(x, None, None, None, None)
 
-    elif STOCHASTIC:  # cast mode with the generator's state (read only: core advances the offset)
+    elif STOCHASTIC:  # cast mode with the generator's state; the draw's last CTA advances the offset
         seed_t, offset_t = state_buffers()
         if IN_SF is None:
 
             @T.prim_func
-            def kernel(x: x_t, q: q_t, sf: sf_t, seed: seed_t, offset: offset_t):
-                build(x, None, None, q, sf, seed, offset)
+            def kernel(x: x_t, q: q_t, sf: sf_t, seed: seed_t, offset: offset_t, arrivals: arrivals_buffer()):
+                build(x, None, None, q, sf, seed, offset, arrivals)
 
         else:
 
             @T.prim_func
-            def kernel(x: x_t, sf_in: sf_in_t, q: q_t, sf: sf_t, seed: seed_t, offset: offset_t):
-                build(x, sf_in, None, q, sf, seed, offset)
+            def kernel(x: x_t, sf_in: sf_in_t, q: q_t, sf: sf_t, seed: seed_t, offset: offset_t,
+                       arrivals: arrivals_buffer()):
+                build(x, sf_in, None, q, sf, seed, offset, arrivals)
 
     elif IN_SF is None:
         if MODE is QuantMode.CAST:

@@ -15,6 +15,7 @@ import torch
 
 from tileplug.backend_cuda import jit
 from tileplug.backend_cuda.quant.spec import KernelSpec, common_reason, make_spec
+from tileplug.backend_cuda.random.arrivals import arrival_counter
 from tileplug.backend_cuda.tuning import tuning_flag, tuning_override, tuning_tuple
 from tileplug.core.call import QuantMode
 from tileplug.core.contracts.quant import QuantCall, QuantInputs, QuantOutputs
@@ -167,14 +168,15 @@ def make_launcher(spec: KernelSpec, kernel: Any) -> Launcher:
             x = x.as_strided(x.shape, (-(-x.shape[1] // vec) * vec, 1))
         return x.view(torch.int32) if pairs else x
 
-    if mode is QuantMode.CAST and spec.stochastic:  # the generator's state read by the kernel (core advances it)
+    if mode is QuantMode.CAST and spec.stochastic:  # the generator's state; the kernel's last CTA advances it
 
         def launch(inputs: QuantInputs, outputs: QuantOutputs) -> None:
+            offset = inputs.offset
             if quantized:
-                kernel(row_stride_fixed(inputs.x), inputs.input_sf, outputs.q, outputs.sf, inputs.seed,
-                       inputs.offset)
+                kernel(row_stride_fixed(inputs.x), inputs.input_sf, outputs.q, outputs.sf, inputs.seed, offset,
+                       arrival_counter(offset))
             else:
-                kernel(row_stride_fixed(inputs.x), outputs.q, outputs.sf, inputs.seed, inputs.offset)
+                kernel(row_stride_fixed(inputs.x), outputs.q, outputs.sf, inputs.seed, offset, arrival_counter(offset))
 
     elif mode is QuantMode.CAST:
 

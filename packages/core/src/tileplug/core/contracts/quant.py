@@ -52,8 +52,8 @@ MODE_CAST_AND_CAST_BACK = QuantMode.CAST_AND_CAST_BACK
 class QuantInputs(NamedTuple):
     """Tensors a quant kernel reads: ``x`` [T, H] (or quantized ``xq``), the input's own
     scales ``input_sf`` when ``x`` is quantized, the caller's ``given_sf`` in cast-only mode,
-    and for a stochastic cast the generator's ``seed`` / ``offset`` (int64 ``[1]``, read only:
-    the public op advances the offset after the kernel)."""
+    and for a stochastic cast the generator's ``seed`` / ``offset`` (int64 ``[1]``; the
+    backend advances the offset by one once its kernels are done reading it)."""
 
     x: torch.Tensor
     input_sf: torch.Tensor | None = None

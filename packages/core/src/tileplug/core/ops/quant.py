@@ -29,7 +29,6 @@ from tileplug.core.opdefs import (
     allocate_without_backend,
     bound_contract,
     declare,
-    in_library_op,
     run,
 )
 from tileplug.core.opdefs import get as get_opdef
@@ -66,18 +65,14 @@ def per_token_cast(
     sf: [T, ceil(H/num_per_channels)] (packed: last dim / pack factor).
     """
     if is_compiling():
-        result = PER_TOKEN_CAST.traced(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
-                                       round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_rounding,
-                                       _traced_generator(stochastic_rounding, generator, x), out=out)
-        return _advanced(result, stochastic_rounding, generator, x)
+        return PER_TOKEN_CAST.traced(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                                     round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_rounding,
+                                     _traced_generator(stochastic_rounding, generator, x), out=out)
     call, inputs = contracts.per_token_cast(
         x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
         stochastic_rounding=stochastic_rounding, generator=generator,
     )
-    result = run(call, inputs, out)
-    if inputs.offset is not None and not call.empty and not in_library_op():  # (compiled: the caller advances)
-        inputs.offset.add_(1)
-    return result
+    return run(call, inputs, out)  # (a stochastic cast's kernels advance the generator's offset)
 
 
 def per_token_cast_with_sf_only(
@@ -137,18 +132,14 @@ def per_block_cast(
     with sf [ceil(T/bm), ceil(H/bn)]. Flags (``stochastic_rounding`` and ``generator``
     included) as in :func:`per_token_cast`."""
     if is_compiling():
-        result = PER_BLOCK_CAST.traced(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                                       x_block_size, stochastic_rounding,
-                                       _traced_generator(stochastic_rounding, generator, x), out=out)
-        return _advanced(result, stochastic_rounding, generator, x)
+        return PER_BLOCK_CAST.traced(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                                     x_block_size, stochastic_rounding,
+                                     _traced_generator(stochastic_rounding, generator, x), out=out)
     call, inputs = contracts.per_block_cast(
         x, fmt, block_size, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
         stochastic_rounding=stochastic_rounding, generator=generator,
     )
-    result = run(call, inputs, out)
-    if inputs.offset is not None and not call.empty and not in_library_op():  # (compiled: the caller advances)
-        inputs.offset.add_(1)
-    return result
+    return run(call, inputs, out)  # (a stochastic cast's kernels advance the generator's offset)
 
 
 def _traced_generator(stochastic_rounding: Any, generator: Any, x: Any) -> Any:
@@ -159,16 +150,6 @@ def _traced_generator(stochastic_rounding: Any, generator: Any, x: Any) -> Any:
 
     data = x[0] if isinstance(x, (tuple, list)) else x
     return default_generator(data.device)
-
-
-def _advanced(result: Any, stochastic_rounding: Any, generator: Any, x: Any) -> Any:
-    """A compiled stochastic cast's result, after its generator's offset advanced by one (as
-    the eager op does: not for an empty ``x``)."""
-    if stochastic_rounding is True:
-        data = x[0] if isinstance(x, (tuple, list)) else x
-        if data.numel():
-            _traced_generator(True, generator, x).offset_state.add_(1)
-    return result
 
 
 def per_block_cast_with_sf_only(
@@ -575,7 +556,7 @@ def _bench(name: str) -> list[BenchCase]:
     }.get(name, [])
 
 
-def _declare(function: Any, kernel: str, contract: Any) -> OpDef:
+def _declare(function: Any, kernel: str, contract: Any, advances: str = "") -> OpDef:
     name = function.__name__
     return declare(OpDef(
         name=name,
@@ -591,6 +572,7 @@ def _declare(function: Any, kernel: str, contract: Any) -> OpDef:
         arguments=lambda *args: quant_arguments(name, *args),
         compare=compare_quant,
         input_options=INPUT_OPTIONS,
+        advances=advances,
     ))
 
 
@@ -610,7 +592,8 @@ _BLOCK = ("x", "fmt", "block_size", "x_block_size", "use_tma_aligned_col_major_s
 _ROUNDING = ("stochastic_rounding", "generator")  # the main casts' rounding option
 
 PER_TOKEN_CAST = _declare(per_token_cast, "per_token_cast",
-                          bound_contract(per_token_cast, contracts.per_token_cast, _TOKEN + _ROUNDING, by_name=True))
+                          bound_contract(per_token_cast, contracts.per_token_cast, _TOKEN + _ROUNDING, by_name=True),
+                          advances="generator")
 PER_TOKEN_CAST_WITH_SF_ONLY = _declare(
     per_token_cast_with_sf_only, "per_token_cast",
     bound_contract(per_token_cast_with_sf_only, contracts.per_token_cast, _TOKEN, mode=QuantMode.SF_ONLY,
@@ -620,7 +603,8 @@ PER_TOKEN_CAST_WITH_PRECOMPUTED_SF = _declare(
     bound_contract(per_token_cast_with_precomputed_sf, _precomputed_token,
                    ("x", "fmt", "num_per_channels", "x_block_size", "sf")))
 PER_BLOCK_CAST = _declare(per_block_cast, "per_block_cast",
-                          bound_contract(per_block_cast, contracts.per_block_cast, _BLOCK + _ROUNDING, by_name=True))
+                          bound_contract(per_block_cast, contracts.per_block_cast, _BLOCK + _ROUNDING, by_name=True),
+                          advances="generator")
 PER_BLOCK_CAST_WITH_SF_ONLY = _declare(
     per_block_cast_with_sf_only, "per_block_cast",
     bound_contract(per_block_cast_with_sf_only, contracts.per_block_cast, _BLOCK, mode=QuantMode.SF_ONLY,

@@ -59,6 +59,7 @@ def grouped_cast(call: QuantCall, inputs: QuantInputs, outputs: QuantOutputs) ->
     if cast.stochastic:  # element i = t·H + h rounds with field i mod 2 of word i // 2 of the generator's draw
         random_bits = element_random_bits(inputs.seed, inputs.offset, tuple(scaled.shape), QUANT_RANDOM_FIELD_BITS)
         scaled = round_on_grid(scaled, random_bits, cast.fmt)
+        inputs.offset.add_(1)  # the draw is done: the next one takes fresh words (a tensor op: no host sync)
     outputs.q.copy_(formats.encode(scaled, cast.fmt))
 
 
