@@ -19,7 +19,7 @@ import torch
 from tileplug.core import ops
 from tileplug.core.random import Generator
 from tileplug.core.registry import use_backend
-from tileplug.core.testing import assert_bytes_equal, cpu_copy
+from tileplug.core.testing import assert_bytes_equal, assert_sf_equal, cpu_copy
 
 pytestmark = pytest.mark.gpu
 
@@ -94,14 +94,18 @@ def test_graph_replays_draw_fresh_bits(source, target) -> None:
     assert not torch.equal(replays[0].view(torch.uint8), replays[1].view(torch.uint8))
 
 
-@pytest.mark.parametrize("op, kwargs", [(ops.per_token_cast, {}), (ops.per_token_cast, {"fmt": "e2m1", "num_per_channels": 16}),
-                                        (ops.per_block_cast, {})], ids=["per_token", "per_token-e2m1", "per_block"])
+QUANT_CASTS = [(ops.per_token_cast, {}), (ops.per_token_cast, {"fmt": "e2m1", "num_per_channels": 16}),
+               (ops.per_block_cast, {})]
+
+
+@pytest.mark.parametrize("op, kwargs", QUANT_CASTS, ids=["per_token", "per_token-e2m1", "per_block"])
 @pytest.mark.parametrize("tokens", [1, 128, 4099])
 def test_a_stochastic_quant_cast_advances_in_its_own_launch(op, kwargs, tokens) -> None:
     """A stochastic per-token / per-block cast is one launch whose last CTA advances the offset:
     eager calls leave it at 2 after two calls, and a captured call's replays round with offsets
     0, 1, 2 (each replay's bytes the reference's at that offset) and leave it at 3."""
     x = _inputs(tokens * 7168, torch.bfloat16, seed=tokens).view(tokens, 7168)
+    block = (1, kwargs.get("num_per_channels", 128)) if op is ops.per_token_cast else (128, 128)
     generator = Generator(DEVICE, 2**63 + 5)
     with use_backend("cuda"):
         op(x, stochastic_rounding=True, generator=generator, **kwargs)
@@ -126,7 +130,8 @@ def test_a_stochastic_quant_cast_advances_in_its_own_launch(op, kwargs, tokens) 
             want, want_sf = op(x, stochastic_rounding=True, generator=reference, **kwargs)
         assert int(reference.offset_state.item()) == offset + 1
         assert_bytes_equal(replayed, cpu_copy(want), what=f"replay {offset} q", nan_equal=True)
-        assert torch.equal(replayed_sf, cpu_copy(want_sf)), f"replay {offset} sf"
+        assert_sf_equal(replayed_sf, cpu_copy(want_sf), block, tokens, 7168, what=f"replay {offset} sf",
+                        nan_equal=True)
     assert not torch.equal(replays[0][0].view(torch.uint8), replays[1][0].view(torch.uint8))
 
 
