@@ -230,10 +230,11 @@ def test_declines_carry_reasons():
 
 
 @pytest.mark.parametrize("index", [0, 3], ids=["plain", "requantized"])
-def test_launch_passes_the_state_words_last_and_leaves_the_offset(index):
+def test_launch_passes_the_state_words_last_then_advances_the_offset(index):
     """``__call__`` (CPU tensors, the compiled kernel replaced by a recorder): x, [input sf,] q, sf,
-    then the int32 word views of seed and offset in the prim_func's order; the offset is not
-    advanced (the public op does it)."""
+    then the int32 word views of seed and offset in the prim_func's order, the offset as the kernel
+    reads it; after the launch the kernel object advances the offset by one (a carry into its upper
+    word here), the seed untouched."""
     from tileplug.backend_ascend.quant import common
 
     case = stochastic_cases()[index]
@@ -258,7 +259,7 @@ def test_launch_passes_the_state_words_last_and_leaves_the_offset(index):
     assert seed_words[0] == inputs.seed.data_ptr() and seed_words[2].tolist() == [-1, -1]
     assert offset_words[0] == inputs.offset.data_ptr() and offset_words[2].tolist() == [-1, 0]
     assert {seed_words[1], offset_words[1]} == {torch.int32}
-    assert inputs.offset.tolist() == [2**32 - 1] and inputs.seed.tolist() == [-1]
+    assert inputs.offset.tolist() == [2**32] and inputs.seed.tolist() == [-1]
 
 
 def test_core_lower_names_the_stochastic_specialisation():
