@@ -151,6 +151,19 @@ def test_the_conformance_suite_sees_the_advanced_offset() -> None:
             opdef.compare(case, 4, [*produced[:2], torch.tensor([stale])], produced)
 
 
+def test_the_custom_ops_mark_the_generators_offset_mutated() -> None:
+    """``advances="generator"``: the schema carries the generator as its two state tensors, the offset
+    written (``Tensor(a!)?``), so ``torch.compile`` functionalizes the backend's advance; a parameter
+    that is not a generator cannot be declared advanced."""
+    from tileplug.core import opdefs
+
+    for name in ("per_token_cast", "per_block_cast"):
+        assert opdefs.get(name).schema.endswith(
+            "bool stochastic_rounding, Tensor? generator_seed, Tensor(a!)? generator_offset) -> (Tensor, Tensor)")
+    with pytest.raises(TypeError, match="advanced parameter 'x': not a Generator parameter"):
+        opdefs._advanced_schema([("x", [("x", "Tensor")], None)], "x", 0)
+
+
 def test_a_quantized_input_and_out_take_the_same_bits() -> None:
     x = torch.randn(5, 512)
     pair = per_token_cast(x, num_per_channels=32)
