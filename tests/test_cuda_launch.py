@@ -313,8 +313,8 @@ def test_transpose_weight_sf_launches_once_per_64_weights(monkeypatch) -> None:
 
 def test_tuning_variables_reshape_the_per_channel_tile_and_the_philox_products(monkeypatch) -> None:
     """``TILEPLUG_CUDA_TILE_PER_CHANNEL`` (warps, -, CTAs an SM) with ``TILEPLUG_CUDA_LANES_PER_ROW_PER_CHANNEL``: the
-    rows a thread follow so that the tile stays one 128-row group; ``TILEPLUG_CUDA_PHILOX_WIDE_PER_TOKEN`` names a
-    stochastic cast's wide-product kernel and leaves a deterministic one alone."""
+    rows a thread follow so that the tile stays one 128-row group; a stochastic cast's kernel takes the wide Philox
+    products by default (a deterministic one has none), ``TILEPLUG_CUDA_PHILOX_WIDE_PER_TOKEN=0`` the split ones."""
     x = torch.randn(3, 7168).to(torch.bfloat16)
     call, _ = describe_call(ops.per_channel_cast, x, num_per_tokens=128)
     default = _KERNELS["per_channel_cast"].spec(call)
@@ -324,10 +324,12 @@ def test_tuning_variables_reshape_the_per_channel_tile_and_the_philox_products(m
     narrow = _KERNELS["per_channel_cast"].spec(call)
     assert (narrow.warps, narrow.rows_per_thread, narrow.lanes_per_row) == (2, 8, 4)
     assert narrow.tile_rows == 128 and narrow.tile_cols == 32 and narrow.name.endswith("_h4")
-    monkeypatch.setenv("TILEPLUG_CUDA_PHILOX_WIDE_PER_TOKEN", "1")
     stochastic = describe_call(ops.per_token_cast, x, stochastic_rounding=True)[0]
-    assert _KERNELS["per_token_cast"].spec(stochastic).name.endswith("_wide")
+    assert _KERNELS["per_token_cast"].spec(stochastic).name.endswith("_sr_wide")  # the default
     assert not _KERNELS["per_token_cast"].spec(describe_call(ops.per_token_cast, x)[0]).philox_wide
+    monkeypatch.setenv("TILEPLUG_CUDA_PHILOX_WIDE_PER_TOKEN", "0")
+    split = _KERNELS["per_token_cast"].spec(stochastic)
+    assert not split.philox_wide and split.name.endswith("_sr")
 
 
 @pytest.mark.parametrize(("variable", "value", "expected"), [

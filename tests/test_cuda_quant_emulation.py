@@ -18,6 +18,7 @@ index, shift, mask, shuffle and rounding of the kernel, bytewise, on a GPU-less 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import re
 
 import pytest
@@ -154,7 +155,8 @@ fake quant (in place, e2m1 with e4m3-rounded scales)."""
 
 def _tile_specs() -> list[tuple[str, object, object]]:
     """(spec name, spec, first case it serves) of every specialisation (small-T tiers included) of
-    the stochastic casts of the op table and of :data:`DETERMINISTIC_CASES`."""
+    the stochastic casts of the op table and of :data:`DETERMINISTIC_CASES`; a stochastic one also
+    with its Philox products split (``philox_wide`` off)."""
     from tileplug.backend_cuda.plugin import _KERNELS
 
     found: dict[str, tuple] = {}
@@ -166,6 +168,9 @@ def _tile_specs() -> list[tuple[str, object, object]]:
             continue
         for spec in kernel.specs(call):
             found.setdefault(spec.name, (spec, case))
+            if spec.philox_wide:  # the split products as well (TILEPLUG_CUDA_PHILOX_WIDE_<OP>=0)
+                split = dataclasses.replace(spec, philox_wide=False)
+                found.setdefault(split.name, (split, case))
     return [(name, spec, case) for name, (spec, case) in found.items()]
 
 
@@ -195,7 +200,7 @@ def test_a_tile_kernel_that_misplaces_a_field_is_caught(build) -> None:
 def stochastic_entry(kind: str) -> tuple[object, object, int, torch.dtype]:
     """(spec, case, H, x's dtype) of the first stochastic specialisation whose name starts with ``kind`` (the
     default tier: not the small-T ``h16`` one)."""
-    _, spec, case = next(entry for entry in SPECS if entry[0].startswith(kind) and entry[0].endswith("_sr")
+    _, spec, case = next(entry for entry in SPECS if entry[0].startswith(kind) and "_sr" in entry[0]
                          and "h16" not in entry[0])
     x = case.arguments(3, "meta")[0][0]
     return spec, case, x.shape[1], x.dtype

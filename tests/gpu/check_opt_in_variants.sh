@@ -183,10 +183,11 @@
 #      graph replay lost (4.58 -> 5.09) and large calls lost 5-10 % (bf16 -> e4m3 466.8 -> 514.9 us at 65536): the
 #      add compiled to MEMBAR.ALL.GPU + CCTL.IVALL at every CTA's end. philox_wide: 2-6 % faster at 4096 and 65536
 #      in all three quant cases (e2m1 859.9 -> 823.5 us at 65536), not yet through the GPU tests.
-#  36. (thirty-ninth session) the count relaxed (b915176: no fence) and the stochastic per-token / per-block casts
-#      advancing in their own launch too (42649b9): the random, element-cast and stochastic quant GPU tests, the wide
-#      Philox products' quant GPU tests (TILEPLUG_CUDA_PHILOX_WIDE_*=1, index off: before it can be the default), then
-#      tests/gpu/probe_stochastic_quant.py (T = 128, 4096, 65536) and tests/gpu/probe_cast.py, each old / new / wide;
+#  36. (thirty-ninth session) the count relaxed (b915176: no fence), the stochastic per-token / per-block casts
+#      advancing in their own launch too (42649b9) and taking the wide Philox products by default (quant.kernels.
+#      PHILOX_WIDE; the same mul.wide.u32 helper the draws run): the random, element-cast and stochastic quant GPU
+#      tests, the same quant tests with the split products (TILEPLUG_CUDA_PHILOX_WIDE_*=0, index off), then
+#      tests/gpu/probe_stochastic_quant.py (T = 128, 4096, 65536) old / new / split and tests/gpu/probe_cast.py old / new;
 #      OLD_QUANT = colon-separated absolute src folders of core, reference and backend-cuda before 42649b9 (the
 #      two-launch quant casts), OLD = the CUDA backend before 17e0c98 (the two-launch element casts), as step 34.
 #
@@ -564,14 +565,14 @@ if want 36 && [ $(left) -gt 60 ]; then
   TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 130 ? 120 : $(left) - 10 )) $P -n 12 tests/gpu/test_cuda_random.py \
     tests/gpu/test_cuda_stochastic_cast.py tests/gpu/test_cuda_quant.py -k "stochastic or random" > $OUT/relaxed_tests.txt 2>&1
   tail -2 $OUT/relaxed_tests.txt
-  env TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_PHILOX_WIDE_PER_TOKEN=1 TILEPLUG_CUDA_PHILOX_WIDE_PER_BLOCK=1 \
+  env TILEPLUG_CUDA_KERNEL_INDEX=off TILEPLUG_CUDA_PHILOX_WIDE_PER_TOKEN=0 TILEPLUG_CUDA_PHILOX_WIDE_PER_BLOCK=0 \
     TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 100 ? 90 : $(left) - 10 )) $P -n 12 tests/gpu/test_cuda_quant.py \
-    -k stochastic > $OUT/wide_tests.txt 2>&1
-  tail -2 $OUT/wide_tests.txt
-  for form in ${OLD_QUANT:+old} new wide; do
+    -k stochastic > $OUT/split_tests.txt 2>&1
+  tail -2 $OUT/split_tests.txt
+  for form in ${OLD_QUANT:+old} new split; do
     [ $(left) -gt 40 ] || break
     path=$([ $form = old ] && echo "$OLD_QUANT:" || echo "")
-    wide=$([ $form = wide ] && echo 1 || echo 0)
+    wide=$([ $form = split ] && echo 0 || echo 1)
     echo "== quant casts' advance $form, $(left) s left" | tee -a $OUT/relaxed_quant.txt
     env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" TILEPLUG_CUDA_PHILOX_WIDE_PER_TOKEN=$wide \
       TILEPLUG_CUDA_PHILOX_WIDE_PER_BLOCK=$wide TOKENS=128,4096,65536 timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) \

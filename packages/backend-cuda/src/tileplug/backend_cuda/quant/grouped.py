@@ -469,7 +469,7 @@ def build_kernel(spec: KernelSpec):
                         first = T.cast(r, "int64") * H + c
                         upper = (first % BLOCK_VALUES) >= VEC  # a half block: c starts its upper half
                         for k in T.unroll(max(VEC // BLOCK_VALUES, 1)):
-                            # the split product by default (see KernelSpec.philox_wide)
+                            # one mul.wide.u32 a product by default (see KernelSpec.philox_wide)
                             philox_block(seed[0], offset[0], first // BLOCK_VALUES + k, words, spec.philox_wide)
                             if spec.fmt == "e4m3":  # the block's values all on normal steps: the short carry
                                 block_values = [k * BLOCK_VALUES + j for j in range(min(VEC, BLOCK_VALUES))]

@@ -28,6 +28,13 @@ SMALL_TOKENS = 2048
 and lose at T = 16384)."""
 
 
+PHILOX_WIDE = True
+"""Default of ``KernelSpec.philox_wide`` for the stochastic per-token / per-block tiles (H100, 2026-12-07,
+docs/benchmarks/h100-in-kernel-advance-2026-12-07-s39.txt, the same run: 2-6 % faster at T = 4096 and 65536 in
+each case, e.g. e2m1 1 x 16 per-token 859.9 -> 823.5 us, per-block 128 x 128 600.3 -> 575.4 us at T = 65536; the
+``mul.wide.u32`` helper is the one the draws and the element casts already run on the GPU)."""
+
+
 def tile_override(op: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
     """``(warps, rows_per_thread, min_blocks_per_sm)`` of an op's tile; the variable
     ``TILEPLUG_CUDA_TILE_<OP>=warps,rows,min_blocks`` (its leading entries) overrides it (tuning
@@ -138,7 +145,7 @@ class QuantKernel:
             column_chunks=count_override(self.tile_op, "column_chunks", self.column_chunks(call)),
             inline_coords=knob_override(self.tile_op, "inline_coords", self.inline_coords),
             lanes_per_row=self.lanes_per_row(call),
-            philox_wide=knob_override(self.tile_op, "philox_wide", False),
+            philox_wide=knob_override(self.tile_op, "philox_wide", PHILOX_WIDE),
         )
 
     def specs(self, call: QuantCall) -> list[KernelSpec]:

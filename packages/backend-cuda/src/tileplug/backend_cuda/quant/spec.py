@@ -86,7 +86,7 @@ class KernelSpec:
     ``philox_wide`` (with ``stochastic``): the Philox rounds take each 32 × 32 → 64-bit product as one
     ``mul.wide.u32`` instead of ``__umulhi`` and a 32-bit product (the same words; nvcc 13.0, sm_90: per-token
     bf16 1 × 128 e4m3 1336 → 1272 SASS instructions, per-block 128 × 128 2608 → 2448, e2m1 1 × 16 1200 →
-    1128; ``TILEPLUG_CUDA_PHILOX_WIDE_<OP>=1``).
+    1128; the default: ``quant.kernels.PHILOX_WIDE``, ``TILEPLUG_CUDA_PHILOX_WIDE_<OP>=0`` the split form).
 
     ``lossless`` (``per_block_cast_lossless``, cast mode of an e2m1 input): a group's scale is
     read off its input scales' exponents (the largest, less the e4m3 headroom) instead of the
