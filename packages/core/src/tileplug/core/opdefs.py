@@ -523,6 +523,12 @@ def _return_type(annotation: Any) -> str:
     raise TypeError(f"return type {annotation!r}: an op returns a tensor, a tuple of tensors or (in place) None")
 
 
+def _written_alias(kind: str, index: int) -> str:
+    """The schema type ``kind`` (``Tensor`` or ``Tensor?``) written in place, as alias set ``index``
+    (0: ``Tensor(a!)``, 1: ``Tensor(b!)``, ...)."""
+    return kind.replace("Tensor", f"Tensor({chr(ord('a') + index)}!)", 1)
+
+
 def _mutated_schema(slots: list[tuple[str, list[tuple[str, str]], Any]], mutates: tuple[str, ...]) -> None:
     """Mark the mutated tensor parameters of ``slots`` with alias annotations ``Tensor(a!)``."""
     known = {name: expanded for name, expanded, _ in slots}
@@ -531,7 +537,7 @@ def _mutated_schema(slots: list[tuple[str, list[tuple[str, str]], Any]], mutates
         if expanded is None or len(expanded) != 1 or not expanded[0][1].startswith("Tensor"):
             raise TypeError(f"mutated parameter '{name}': not a tensor parameter of the function")
         argument, kind = expanded[0]
-        expanded[0] = (argument, kind.replace("Tensor", f"Tensor({chr(ord('a') + index)}!)", 1))
+        expanded[0] = (argument, _written_alias(kind, index))
 
 
 def _advanced_schema(slots: list[tuple[str, list[tuple[str, str]], Any]], name: str, index: int) -> str:
@@ -542,7 +548,7 @@ def _advanced_schema(slots: list[tuple[str, list[tuple[str, str]], Any]], name: 
     if expanded is None or [argument for argument, _ in expanded] != [f"{name}_seed", f"{name}_offset"]:
         raise TypeError(f"advanced parameter '{name}': not a Generator parameter of the function")
     argument, kind = expanded[1]
-    expanded[1] = (argument, kind.replace("Tensor", f"Tensor({chr(ord('a') + index)}!)", 1))
+    expanded[1] = (argument, _written_alias(kind, index))
     return argument
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tileplug.backend_cuda.tuning import tuning_choice
+
 WARP = 32
 VECTOR_BYTES = 16
 MAX_EXPERTS = 1024
@@ -129,15 +131,11 @@ def lane_groups_fit(experts: int, groups: int, vec: int) -> bool:
 
 def lane_groups(experts: int, groups: int, vec: int) -> bool:
     """Whether a ``moe_topk_gate`` kernel takes the lane-by-lane group scores (:data:`LANE_GROUPS_VARIABLE`)."""
-    from tileplug.backend_cuda.tuning import tuning_choice
-
     return tuning_choice(LANE_GROUPS_VARIABLE, "1", LANE_GROUPS_CHOICES) == "1" and lane_groups_fit(experts, groups, vec)
 
 
 def lane_heads() -> bool:
     """Whether the gates choose from the lanes' heads (:data:`LANE_HEADS_VARIABLE`)."""
-    from tileplug.backend_cuda.tuning import tuning_choice
-
     return tuning_choice(LANE_HEADS_VARIABLE, "1", LANE_HEADS_CHOICES) == "1"
 
 
@@ -155,8 +153,6 @@ up to 1380) and keep no bound."""
 def gate_ctas_per_sm(experts: int, vec: int) -> int:
     """The least CTAs per SM of a gate over ``experts`` columns read ``vec`` at a time
     (:data:`GATE_CTAS_PER_SM_VARIABLE`; 0: no bound, also for rows past :data:`BOUNDED_GATE_VALUES`)."""
-    from tileplug.backend_cuda.tuning import tuning_choice
-
     bound = int(tuning_choice(GATE_CTAS_PER_SM_VARIABLE, "10", GATE_CTAS_PER_SM_CHOICES))
     return bound if lane_chunks(experts, vec) * vec <= BOUNDED_GATE_VALUES else 0
 
@@ -166,8 +162,6 @@ def gate_vec(experts: int, dtype: str, alignment: int) -> int:
     ``alignment``-byte aligned: 16 bytes, or 1 where ``E`` or the rows do not allow it; for a row shorter than a
     warp of 16-byte pieces (:data:`GATE_FULL_WARP_VARIABLE`), of the widths ``E`` and the rows allow, the one
     giving a lane the fewest values (the widest among equals)."""
-    from tileplug.backend_cuda.tuning import tuning_choice
-
     widest = values_per_vector(dtype)
     size = VECTOR_BYTES // widest
     full_warp = tuning_choice(GATE_FULL_WARP_VARIABLE, "1", GATE_FULL_WARP_CHOICES) == "1"
@@ -186,30 +180,22 @@ own copy of the refill: ``k = 32`` over 32 values a lane would be tens of thousa
 def gate_unrolled(topk: int) -> bool:
     """Whether the gates' ``topk`` selection rounds are unrolled (:data:`GATE_UNROLLED_VARIABLE`, up to
     :data:`MAX_UNROLLED_ROUNDS`)."""
-    from tileplug.backend_cuda.tuning import tuning_choice
-
     return tuning_choice(GATE_UNROLLED_VARIABLE, "1", GATE_UNROLLED_CHOICES) == "1" and topk <= MAX_UNROLLED_ROUNDS
 
 
 def gate_fixed_heads() -> bool:
     """Whether the lanes' heads stay in place through the rounds (:data:`GATE_FIXED_HEADS_VARIABLE`)."""
-    from tileplug.backend_cuda.tuning import tuning_choice
-
     return tuning_choice(GATE_FIXED_HEADS_VARIABLE, "1", GATE_FIXED_HEADS_CHOICES) == "1"
 
 
 def batched_layout() -> bool:
     """Whether the layout kernels work in batches (:data:`BATCHED_LAYOUT_VARIABLE`)."""
-    from tileplug.backend_cuda.tuning import tuning_choice
-
     return tuning_choice(BATCHED_LAYOUT_VARIABLE, "1", BATCHED_LAYOUT_CHOICES) == "1"
 
 
 def table_math(scoring: str) -> bool:
     """Whether a ``moe_topk_gate`` kernel scoring by ``scoring`` takes its ``exp`` / ``log1p`` from ``fp32_math``
     (:data:`SCORE_MATH_VARIABLE`)."""
-    from tileplug.backend_cuda.tuning import tuning_choice
-
     choice = tuning_choice(SCORE_MATH_VARIABLE, "auto", SCORE_MATHS)
     return choice == "tables" or (choice == "auto" and scoring == "sqrtsoftplus")
 

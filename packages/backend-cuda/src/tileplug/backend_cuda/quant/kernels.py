@@ -126,6 +126,11 @@ class QuantKernel:
         default 32: a warp's slot is one row)."""
         return 32
 
+    def philox_wide(self) -> bool:
+        """``KernelSpec.philox_wide`` of the op's stochastic tiles: :data:`PHILOX_WIDE`, or
+        ``TILEPLUG_CUDA_PHILOX_WIDE_<OP>=0|1``."""
+        return knob_override(self.tile_op, "philox_wide", PHILOX_WIDE)
+
     def grid_columns(self, call: QuantCall) -> bool:
         """``KernelSpec.grid_cols`` of the kernel serving ``call`` (default: the class's)."""
         return self.grid_cols
@@ -145,7 +150,7 @@ class QuantKernel:
             column_chunks=count_override(self.tile_op, "column_chunks", self.column_chunks(call)),
             inline_coords=knob_override(self.tile_op, "inline_coords", self.inline_coords),
             lanes_per_row=self.lanes_per_row(call),
-            philox_wide=knob_override(self.tile_op, "philox_wide", PHILOX_WIDE),
+            philox_wide=self.philox_wide(),
         )
 
     def specs(self, call: QuantCall) -> list[KernelSpec]:

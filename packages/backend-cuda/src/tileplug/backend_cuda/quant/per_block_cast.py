@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from tileplug.backend_cuda.quant.kernels import PHILOX_WIDE, QuantKernel, knob_override, tile_override
+from tileplug.backend_cuda.quant.kernels import QuantKernel, tile_override
 from tileplug.backend_cuda.quant.spec import KernelSpec, make_spec
 from tileplug.core.contracts.quant import QuantCall
 
@@ -46,8 +46,7 @@ class PerBlockCast(QuantKernel):
         bm = call.cast.block[0]
         warps = min(SMALL_T_WARPS, bm // 2)
         return make_spec(call, self.tile_op, warps, bm // (2 * warps), MIN_BLOCKS_PER_SM, True,
-                         grid_cols=True, lanes_per_row=16,
-                         philox_wide=knob_override(self.tile_op, "philox_wide", PHILOX_WIDE))
+                         grid_cols=True, lanes_per_row=16, philox_wide=self.philox_wide())
 
     def geometry(self, call: QuantCall) -> tuple[int, int, int, bool]:
         bm = call.cast.block[0]

@@ -178,13 +178,13 @@ def arrivals_buffer():
 
 
 @T.macro
-def advance_after_the_last_cta(offset, arrivals, thread, ctas, memory_order="relaxed"):
+def advance_after_the_last_cta(offset, arrivals, thread, ctas):
     """The end of a draw's kernel: once every thread of this CTA is past its reads of the offset
     (the barrier), its thread 0 counts the CTA on ``arrivals``; the CTA that makes the count
     ``ctas`` (the grid's size) adds 1 to the offset and sets the count back to 0 for the next
     draw (the next kernel on the stream sees both: a kernel boundary).
 
-    The count's add is relaxed (``memory_order``): what has to come before the last CTA's write
+    The count's add is relaxed: what has to come before the last CTA's write
     is every CTA's *load* of the offset, and each of those has returned before its CTA counts
     itself, its value feeding the stores the thread issued before the barrier (no load of the
     offset is left in flight). An acquire-release add made each CTA's thread 0 drain the CTA's
@@ -194,7 +194,7 @@ def advance_after_the_last_cta(offset, arrivals, thread, ctas, memory_order="rel
     T.sync_threads()
     if thread == 0:
         arrived = T.alloc_var("int32")
-        arrived = T.atomic_add(arrivals[0], 1, return_prev=True, memory_order=memory_order)
+        arrived = T.atomic_add(arrivals[0], 1, return_prev=True, memory_order="relaxed")
         if arrived == ctas - 1:
             offset[0] = offset[0] + T.int64(1)
             arrivals[0] = 0

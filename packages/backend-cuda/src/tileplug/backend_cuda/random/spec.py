@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tileplug.backend_cuda.tuning import tuning_choice
+
 TL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 THREADS = 256
 RUN_BYTES = {"fill_rand": 32, "fill_randn": 64}
@@ -35,17 +37,12 @@ BOX_MULLER = "reduced"
 
 
 def box_muller() -> str:
-    """:data:`BOX_MULLER`, or what :data:`BOX_MULLER_VARIABLE` names (read when a kernel is prepared:
-    the norm package imports the random one through its kernel tables, so not at import)."""
-    from tileplug.backend_cuda.tuning import tuning_choice
-
+    """:data:`BOX_MULLER`, or what :data:`BOX_MULLER_VARIABLE` names (read when a kernel is prepared)."""
     return tuning_choice(BOX_MULLER_VARIABLE, BOX_MULLER, BOX_MULLERS)
 
 
 def run_bytes(op: str) -> int:
     """:data:`RUN_BYTES` of ``op``, or what :data:`RUN_BYTES_VARIABLE` names."""
-    from tileplug.backend_cuda.tuning import tuning_choice
-
     return int(tuning_choice(RUN_BYTES_VARIABLE, str(RUN_BYTES[op]), RUN_BYTES_CHOICES))
 
 
