@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -128,6 +130,23 @@ def assert_arrival_counter(counter: torch.Tensor, offset: torch.Tensor) -> None:
 
     assert counter.dtype == torch.int32 and counter.shape == (1,) and counter.device == offset.device
     assert arrival_counter(offset) is counter and arrival_counter(torch.zeros(1, dtype=torch.int64)) is not counter
+
+
+def test_a_first_draw_during_a_graph_capture_is_refused(monkeypatch) -> None:
+    """A generator's counter is made at its first draw; during a capture its zero fill would be a node of the
+    graph (eager draws before the first replay would count from an unset word): refused by name, and nothing is
+    recorded for the offset. A counter made before the capture is found as before."""
+    from tileplug.backend_cuda.random import arrivals
+
+    monkeypatch.setattr(arrivals, "_COUNTERS", {})
+    made = torch.zeros(1, dtype=torch.int64)
+    counter = arrivals.arrival_counter(made)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert arrivals.arrival_counter(made) is counter
+    capturing_offset = SimpleNamespace(data_ptr=lambda: 4096, device=torch.device("cuda", 0))
+    with pytest.raises(RuntimeError, match="make one draw with this generator before capturing a CUDA graph"):
+        arrivals.arrival_counter(capturing_offset)
+    assert list(arrivals._COUNTERS) == [made.data_ptr()]
 
 
 @pytest.mark.parametrize("op", ("fill_rand", "fill_randn"))

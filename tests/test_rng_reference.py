@@ -139,6 +139,19 @@ def test_default_generators_and_manual_seed() -> None:
     manual_seed(0)
 
 
+def test_a_cuda_generator_is_refused_during_a_graph_capture(monkeypatch) -> None:
+    """Its state's fills would be nodes of the captured graph, unset until the first replay: a generator (the
+    default one too, made by a first draw) is made before the capture; outside one it is made as before."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
+        Generator("cuda:0", 5)
+    monkeypatch.setattr(core.random, "_defaults", {})
+    with pytest.raises(RuntimeError, match="make the generator .the default one: by a first draw."):
+        core.random.default_generator(torch.device("cuda", 0))
+    assert core.random._defaults == {}
+    assert Generator("cpu", 5).seed == 5  # the check reads the capture state of CUDA devices only
+
+
 def test_like_draws_take_shape_device_and_dtype() -> None:
     generator = Generator("cpu", 5)
     template = torch.zeros(4, 3, dtype=torch.float16)

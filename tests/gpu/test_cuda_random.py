@@ -17,7 +17,9 @@ What is checked:
   is printed).
 - **distributions** of the CUDA values (mean, variance, Kolmogorov–Smirnov on 10^6 draws).
 - **the offset lives on the device**: each draw adds 1; a CUDA graph capturing a draw gives
-  new values on every replay — those of offsets 0, 1, 2 — and leaves the offset at 3.
+  new values on every replay — those of offsets 0, 1, 2 — and leaves the offset at 3; a generator
+  made, or first drawn from, during a capture is refused (its state's fills would be graph nodes)
+  and draws as a fresh one after it.
 - **the library Box–Muller** (``TILEPLUG_CUDA_RANDN_BOX_MULLER=library``; the default is the reduced
   one) within 2 ulp of the reference; running the module with the variable set puts every ``randn``
   test on it.
@@ -229,3 +231,22 @@ def test_graph_replay_draws_new_numbers_and_advances_the_offset() -> None:
         expected = _fill(fill_randn, torch.empty(4097, device=DEVICE), 77, offset, "reference")
         assert_within_ulps(drawn.cpu(), expected.cpu(), 2, what=f"replay {offset}")
     assert not torch.equal(replays[0], replays[1]) and not torch.equal(replays[1], replays[2])
+
+
+def test_a_generator_made_or_first_drawn_during_a_capture_is_refused() -> None:
+    values = torch.empty(4097, device=DEVICE)
+    fresh = Generator(DEVICE, 91)
+    with use_backend("cuda"):
+        warm = Generator(DEVICE, 1)
+        fill_rand(values, warm.seed_state, warm.offset_state)  # compiled, loaded, its counter made
+        torch.cuda.synchronize()
+        with pytest.raises(RuntimeError, match="make one draw with this generator before capturing"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                fill_rand(values, fresh.seed_state, fresh.offset_state)
+        with pytest.raises(RuntimeError, match="make the generator"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                Generator(DEVICE, 2)
+        fill_rand(values, fresh.seed_state, fresh.offset_state)
+    assert fresh.offset == 1
+    expected = _fill(fill_rand, torch.empty(4097, device=DEVICE), 91, 0, "reference")
+    assert_bytes_equal(values, expected, what="a fresh generator after a refused capture")

@@ -44,11 +44,16 @@ class Generator:
     ``offset`` (the counter's high half: how many draws it has made since seeding).
 
     ``seed_state`` / ``offset_state`` are the int64 ``[1]`` device tensors the kernels read
-    (two's complement: a value of 2^63 or more is negative as int64)."""
+    (two's complement: a value of 2^63 or more is negative as int64). Made on a CUDA device only
+    outside a CUDA-graph capture (RuntimeError): their fills would be nodes of the graph, unset
+    until its first replay."""
 
     def __init__(self, device: str | torch.device = "cpu", seed: int = 0) -> None:
         self.device = _device("Generator", device)
         self._seed = check_seed("Generator", seed)
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("a generator's state is made by tensor fills: make the generator (the default one: "
+                               "by a first draw) before capturing a CUDA graph")
         self.seed_state = torch.tensor([as_int64_word(seed)], dtype=torch.int64, device=self.device)
         self.offset_state = torch.zeros(1, dtype=torch.int64, device=self.device)
 
