@@ -190,6 +190,10 @@
 #      tests/gpu/probe_stochastic_quant.py (T = 128, 4096, 65536) old / new / split and tests/gpu/probe_cast.py old / new;
 #      OLD_QUANT = colon-separated absolute src folders of core, reference and backend-cuda before 42649b9 (the
 #      two-launch quant casts), OLD = the CUDA backend before 17e0c98 (the two-launch element casts), as step 34.
+#  37. (fortieth session, not an opt-in) compute-sanitizer --tool memcheck over tests/gpu/sanitize_tails.py (every
+#      norm / RoPE op-table case at T = 3 and 37 through the conformance check; its kernels precompiled first, in
+#      parallel, outside the sanitizer): the last clean memcheck (112 case runs) predates the norms' register tree,
+#      the two-stage column sums, the split / half paths and the packed-bf16 RoPE.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -579,5 +583,13 @@ if want 36 && [ $(left) -gt 60 ]; then
       python3 tests/gpu/probe_stochastic_quant.py 2>> $OUT/stderr.log | tee -a $OUT/relaxed_quant.txt | cut -c1-330
   done
   old_new_probe "relaxed advance in the draw" relaxed_cast.txt 100 tests/gpu/probe_cast.py | grep -E '^== |stochastic' | cut -c1-200
+fi
+if want 37 && [ $(left) -gt 120 ]; then
+  timeout $(( $(left) - 90 )) python3 -m tileplug.core.cli precompile --device cuda \
+    --ops $(python3 tests/gpu/sanitize_tails.py --ops) > $OUT/sanitize_precompile.txt 2>&1
+  tail -2 $OUT/sanitize_precompile.txt
+  timeout $(( $(left) - 10 )) compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_tails.py \
+    > $OUT/memcheck.txt 2>&1
+  echo "memcheck exit $?"; grep -E "ERROR SUMMARY|checked|declined" $OUT/memcheck.txt | tail -4
 fi
 echo "all done, $(left) s left"
