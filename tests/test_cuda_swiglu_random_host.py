@@ -132,21 +132,38 @@ def assert_arrival_counter(counter: torch.Tensor, offset: torch.Tensor) -> None:
     assert arrival_counter(offset) is counter and arrival_counter(torch.zeros(1, dtype=torch.int64)) is not counter
 
 
-def test_a_first_draw_during_a_graph_capture_is_refused(monkeypatch) -> None:
-    """A generator's counter is made at its first draw; during a capture its zero fill would be a node of the
-    graph (eager draws before the first replay would count from an unset word): refused by name, and nothing is
-    recorded for the offset. A counter made before the capture is found as before."""
+def test_counters_come_from_a_zeroed_slab_made_outside_a_graph_capture(monkeypatch) -> None:
+    """A generator's counter is handed out at its first draw from its device's slab of zeroed counters, so a
+    first draw during a capture takes one whose zero fill happened before it; a slab to make during a capture
+    (the device's first draw, or its counters run out) is refused by name, and nothing is recorded for the
+    offset."""
     from tileplug.backend_cuda.random import arrivals
 
     monkeypatch.setattr(arrivals, "_COUNTERS", {})
-    made = torch.zeros(1, dtype=torch.int64)
-    counter = arrivals.arrival_counter(made)
+    monkeypatch.setattr(arrivals, "_SLABS", {})
+    monkeypatch.setattr(arrivals, "SLAB_COUNTERS", 3)
+    offsets = [torch.zeros(1, dtype=torch.int64) for _ in range(4)]
+    with torch.inference_mode():
+        counters = [arrivals.arrival_counter(offset) for offset in offsets[:3]]
+    slab = counters[0]._base
+    assert slab is not None and not slab.is_inference() and slab.shape == (3,) and slab.dtype == torch.int32
+    assert [counter.data_ptr() - slab.data_ptr() for counter in counters] == [0, 4, 8]
+    assert all(int(counter) == 0 and counter.shape == (1,) for counter in counters)
+    fourth = arrivals.arrival_counter(offsets[3])  # a second slab
+    assert fourth._base is not slab and int(fourth) == 0
+
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert arrivals.arrival_counter(made) is counter
-    capturing_offset = SimpleNamespace(data_ptr=lambda: 4096, device=torch.device("cuda", 0))
-    with pytest.raises(RuntimeError, match="make one draw with this generator before capturing a CUDA graph"):
-        arrivals.arrival_counter(capturing_offset)
-    assert list(arrivals._COUNTERS) == [made.data_ptr()]
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(arrivals, "SLAB_COUNTERS", 2)
+    made_before = torch.zeros(2, dtype=torch.int32)
+    arrivals._SLABS[cuda] = (made_before, 0)  # a CUDA device's slab made before the capture (a CPU stand-in)
+    offset = SimpleNamespace(data_ptr=lambda: 4096, device=cuda)
+    counter = arrivals.arrival_counter(offset)
+    assert counter.data_ptr() == made_before.data_ptr() and arrivals.arrival_counter(offset) is counter
+    assert arrivals.arrival_counter(SimpleNamespace(data_ptr=lambda: 8192, device=cuda))._base is made_before
+    with pytest.raises(RuntimeError, match="make one draw on this device before capturing a CUDA graph"):
+        arrivals.arrival_counter(SimpleNamespace(data_ptr=lambda: 12288, device=cuda))
+    assert 12288 not in arrivals._COUNTERS and arrivals._SLABS[cuda] == (made_before, 2)
 
 
 @pytest.mark.parametrize("op", ("fill_rand", "fill_randn"))

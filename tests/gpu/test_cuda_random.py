@@ -18,8 +18,8 @@ What is checked:
 - **distributions** of the CUDA values (mean, variance, Kolmogorov–Smirnov on 10^6 draws).
 - **the offset lives on the device**: each draw adds 1; a CUDA graph capturing a draw gives
   new values on every replay — those of offsets 0, 1, 2 — and leaves the offset at 3; a generator
-  made, or first drawn from, during a capture is refused (its state's fills would be graph nodes)
-  and draws as a fresh one after it.
+  first drawn from during a capture counts from zero in an eager draw before the first replay; one
+  made during a capture is refused (its state's fills would be graph nodes).
 - **the library Box–Muller** (``TILEPLUG_CUDA_RANDN_BOX_MULLER=library``; the default is the reduced
   one) within 2 ulp of the reference; running the module with the variable set puts every ``randn``
   test on it.
@@ -233,20 +233,28 @@ def test_graph_replay_draws_new_numbers_and_advances_the_offset() -> None:
     assert not torch.equal(replays[0], replays[1]) and not torch.equal(replays[1], replays[2])
 
 
-def test_a_generator_made_or_first_drawn_during_a_capture_is_refused() -> None:
+def test_a_first_draw_captured_in_a_graph_counts_from_zero_and_a_generator_made_there_is_refused() -> None:
+    """A generator whose first draw is captured takes a counter of the device's slab, zeroed before the
+    capture: an eager draw before the first replay advances the offset once, and the replay draws the next
+    offset's values. A generator made during a capture is refused (its state's fills would be graph nodes)."""
     values = torch.empty(4097, device=DEVICE)
     fresh = Generator(DEVICE, 91)
     with use_backend("cuda"):
         warm = Generator(DEVICE, 1)
-        fill_rand(values, warm.seed_state, warm.offset_state)  # compiled, loaded, its counter made
+        fill_rand(values, warm.seed_state, warm.offset_state)  # compiled, loaded, the device's counters made
         torch.cuda.synchronize()
-        with pytest.raises(RuntimeError, match="make one draw with this generator before capturing"):
-            with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                fill_rand(values, fresh.seed_state, fresh.offset_state)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fill_rand(values, fresh.seed_state, fresh.offset_state)
         with pytest.raises(RuntimeError, match="make the generator"):
             with torch.cuda.graph(torch.cuda.CUDAGraph()):
                 Generator(DEVICE, 2)
-        fill_rand(values, fresh.seed_state, fresh.offset_state)
+        eager = torch.empty(4097, device=DEVICE)
+        fill_rand(eager, fresh.seed_state, fresh.offset_state)
     assert fresh.offset == 1
-    expected = _fill(fill_rand, torch.empty(4097, device=DEVICE), 91, 0, "reference")
-    assert_bytes_equal(values, expected, what="a fresh generator after a refused capture")
+    assert_bytes_equal(eager, _fill(fill_rand, torch.empty(4097, device=DEVICE), 91, 0, "reference"),
+                       what="an eager draw before the first replay")
+    graph.replay()
+    assert fresh.offset == 2
+    assert_bytes_equal(values, _fill(fill_rand, torch.empty(4097, device=DEVICE), 91, 1, "reference"),
+                       what="the first replay")
