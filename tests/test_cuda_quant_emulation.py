@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import re
 
 import pytest
 import torch
@@ -41,11 +40,7 @@ def host_harness(source: str) -> tuple[str, list[str], list[str], int]:
     """The kernel definition of a generated source (its includes dropped) wrapped in
     ``run_grid(<kernel parameters>, blocks_x, blocks_y)`` → (C++ source, parameter names, their C
     types, threads a CTA)."""
-    definition, threads, name, parameters, names = kernel_definition(source)
-    # dynamic shared memory: one static array of the CTA (the 228 KB an H100 / H200 SM has at most)
-    definition = re.sub(r"extern __shared__ __align__\((\d+)\) (\w+) (\w+)\[\];",
-                        lambda found: f"alignas({found.group(1)}) static {found.group(2)} {found.group(3)}"
-                                      f"[233472 / sizeof({found.group(2)})];", definition)
+    definition, threads, name, parameters, names = kernel_definition(source)  # its shared memory static
     types = [parameter.strip().rsplit(" ", 1)[0] for parameter in parameters.split(",")]
     harness = (f'#include "cta_emulation.h"\n{definition}\n'
                f'extern "C" void run_grid({parameters}, unsigned blocks_x, unsigned blocks_y) {{\n'
@@ -195,6 +190,19 @@ def test_a_tile_kernel_that_misplaces_a_field_is_caught(build) -> None:
     assert edited != source, "the field's shift is where this test expects it"
     with pytest.raises(AssertionError, match="differ"):
         run_case(build(spec, edited), spec, case, 37)
+
+
+def test_a_tile_kernel_whose_first_cta_to_count_advances_is_caught(build) -> None:
+    """The check can fail: the stochastic per-token 1 × 128 e4m3 kernel with the offset advanced by the first CTA
+    to count itself instead of the last (each CTA then finds the counter at 0 again, so every CTA after the first
+    draws with a later offset) gives other bytes than the reference, or another offset."""
+    from tileplug.backend_cuda import jit
+
+    name, spec, case = next(entry for entry in SPECS if "bfloat16_g1x128_e4m3" in entry[0] and "_sr" in entry[0])
+    source = jit.lower_source(spec)
+    assert source.count("if (arrived[0] == (") == 2, "the last CTA's test, once for each of its two stores"
+    with pytest.raises(AssertionError, match="offset|differ"):
+        run_case(build(spec, source.replace("if (arrived[0] == (", "if (arrived[0] == 0 && (")), spec, case, 37)
 
 
 def stochastic_entry(kind: str) -> tuple[object, object, int, torch.dtype]:

@@ -32,7 +32,8 @@ import tilelang.language as T
 
 from tileplug.backend_cuda.random.philox import (
     RunLayout,
-    advance_after_the_last_cta,
+    advance_if_the_last_cta,
+    count_the_cta_at_its_start,
     arrivals_buffer,
     philox_block,
     state_buffers,
@@ -201,7 +202,7 @@ def build_nearest(spec):
 def build_stochastic(spec):
     """The ``T.prim_func`` of a ``stochastic_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``):
     buffers ``(result [N], x [N], seed [1], offset [1], arrivals [1])``; it reads the offset and its last
-    CTA advances it (``random.philox.advance_after_the_last_cta``). A thread's run of ``R`` elements
+    CTA advances it (``random.philox.count_the_cta_at_its_start``). A thread's run of ``R`` elements
     takes ``R / (4k)`` Philox blocks (``k`` fields a word): word ``i`` of block ``b`` serves elements
     ``(4b + i)·k … (4b + i)·k + k − 1``. Its Philox rounds take the split product (``__umulhi`` and a
     32-bit product): with one ``mul.wide.u32`` a product the bf16 → e4m3 cast took 836 µs at
@@ -235,14 +236,17 @@ def build_stochastic(spec):
             for j in T.unroll(RUN):
                 values[j] = T.cast(0, SOURCE)
             layout.load_run(x, thread * RUN, values)
+            drawn_offset = T.alloc_local((1,), "int64")
+            arrived = T.alloc_local((1,), "int32")
+            count_the_cta_at_its_start(offset, arrivals, tx, drawn_offset, arrived)
             for k in T.unroll(BLOCKS):
-                philox_block(seed[0], offset[0], thread * BLOCKS + k, words, False)  # the split product (docstring)
+                philox_block(seed[0], drawn_offset[0], thread * BLOCKS + k, words, False)  # the split product
                 for i in T.unroll(4):
                     for field in T.unroll(FIELDS):
                         round_value(T.cast(values[(4 * k + i) * FIELDS + field], "float32"),
                                     random_field(words[i], field, WIDTH, POSITION), run, (4 * k + i) * FIELDS + field)
             layout.store_run(result, thread * RUN, run)
-            advance_after_the_last_cta(offset, arrivals, tx, T.cast(layout.grid(N), "int32"))
+            advance_if_the_last_cta(offset, arrivals, tx, arrived, T.cast(layout.grid(N), "int32"))
 
     return kernel.with_attr("global_symbol", spec.name)
 

@@ -49,7 +49,8 @@ from tileplug.backend_cuda.quant.element_kernels import (
 )
 from tileplug.backend_cuda.random.philox import (
     DEVICE_HELPERS,
-    advance_after_the_last_cta,
+    advance_if_the_last_cta,
+    count_the_cta_at_its_start,
     arrivals_buffer,
     philox_block,
     state_buffers,
@@ -470,7 +471,7 @@ def build_kernel(spec: KernelSpec):
                         upper = (first % BLOCK_VALUES) >= VEC  # a half block: c starts its upper half
                         for k in T.unroll(max(VEC // BLOCK_VALUES, 1)):
                             # one mul.wide.u32 a product by default (see KernelSpec.philox_wide)
-                            philox_block(seed[0], offset[0], first // BLOCK_VALUES + k, words, spec.philox_wide)
+                            philox_block(seed[0], offset, first // BLOCK_VALUES + k, words, spec.philox_wide)
                             if spec.fmt == "e4m3":  # the block's values all on normal steps: the short carry
                                 block_values = [k * BLOCK_VALUES + j for j in range(min(VEC, BLOCK_VALUES))]
                                 if on_normal_e4m3_steps(yv, block_values):
@@ -512,13 +513,28 @@ def build_kernel(spec: KernelSpec):
     CTAS = T.cast(T.ceildiv(M, TM) * T.ceildiv(H, TC), "int32")  # the grid's size: a draw's arrival count
 
     @T.macro
+    def draw_and_tile(x, sf_in, given, q, sf, seed, offset, arrivals, row_tile, col_tile):
+        """``tile``; a stochastic one with the offset read and the CTA counted at its start, the
+        offset advanced at its end by the last CTA to count (``philox.count_the_cta_at_its_start``)."""
+        if STOCHASTIC:
+            thread = T.get_thread_binding()
+            drawn_offset = T.alloc_local((1,), "int64")
+            arrived = T.alloc_local((1,), "int32")
+            count_the_cta_at_its_start(offset, arrivals, thread, drawn_offset, arrived)
+            tile(x, sf_in, given, q, sf, seed, drawn_offset[0], row_tile, col_tile)
+            advance_if_the_last_cta(offset, arrivals, thread, arrived, CTAS)
+        else:
+            tile(x, sf_in, given, q, sf, seed, None, row_tile, col_tile)
+
+    @T.macro
     def build(x, sf_in, given, q, sf, seed=None, offset=None, arrivals=None):
         if spec.grid_cols:  # column tiles of a row tile adjacent in launch order
             with T.Kernel(T.ceildiv(M, TM) * T.ceildiv(H, TC), threads=NT, prelude=PRELUDE) as bid:
                 if spec.inline_coords:
                     # the coordinates inlined: every offset re-derives them with a 64-bit
                     # floor division (see KernelSpec.inline_coords)
-                    tile(x, sf_in, given, q, sf, seed, offset, bid // T.ceildiv(H, TC), bid % T.ceildiv(H, TC))
+                    draw_and_tile(x, sf_in, given, q, sf, seed, offset, arrivals, bid // T.ceildiv(H, TC),
+                                  bid % T.ceildiv(H, TC))
                 else:
                     # The tile coordinates, divided once in 32-bit registers: inlined, every
                     # offset re-derived them with a 64-bit floor division by the runtime
@@ -527,14 +543,10 @@ def build_kernel(spec: KernelSpec):
                     col_tile = T.alloc_var("int32")
                     row_tile = T.truncdiv(bid, T.ceildiv(H, TC))
                     col_tile = T.truncmod(bid, T.ceildiv(H, TC))
-                    tile(x, sf_in, given, q, sf, seed, offset, row_tile, col_tile)
-                if STOCHASTIC:
-                    advance_after_the_last_cta(offset, arrivals, T.get_thread_binding(), CTAS)
+                    draw_and_tile(x, sf_in, given, q, sf, seed, offset, arrivals, row_tile, col_tile)
         else:
             with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT, prelude=PRELUDE) as (bx, by):
-                tile(x, sf_in, given, q, sf, seed, offset, bx, by)
-                if STOCHASTIC:
-                    advance_after_the_last_cta(offset, arrivals, T.get_thread_binding(), CTAS)
+                draw_and_tile(x, sf_in, given, q, sf, seed, offset, arrivals, bx, by)
 
     # ------------------------------------------------------------ signatures per mode
     x_t = T.StridedTensor((M, XW), (S, 1), X_DT)

@@ -1,7 +1,7 @@
-"""The arrival counter of a generator's draws on CUDA (see ``philox.advance_after_the_last_cta``).
+"""The arrival counter of a generator's draws on CUDA (see ``philox.count_the_cta_at_its_start``).
 
-A draw's kernel counts its CTAs on an int32 ``[1]`` device tensor and the last one sets it back to
-0, so between draws every counter holds 0. A generator's counter is found by its offset tensor's
+A draw's kernel counts its CTAs on an int32 ``[1]`` device tensor and the last one to count sets it
+back to 0, so between draws every counter holds 0. A generator's counter is found by its offset tensor's
 data pointer and handed out at the generator's first draw on this backend from a slab of zeroed
 counters of the offset's device. The slab is made (zero filled) at a device's first draw and
 again when its counters run out, so a generator whose first draw is captured in a CUDA graph (the

@@ -12,11 +12,12 @@ or ``__umulhi`` and a 32-bit product: the same words, a kernel's choice by measu
 mixes the halves with the key; the key gains the Weyl constants between rounds.
 
 The draw's own kernel advances the offset once every CTA has read it
-(:func:`advance_after_the_last_cta`): each CTA, done with its values, counts itself on the
-generator's arrival counter (``arrivals``, int32 ``[1]``, 0 between draws; ``random.arrivals``);
-the CTA that arrives last adds 1 to the offset and sets the counter back to 0. A CTA scheduled
-late thus still reads the offset of the draw, and a draw is one launch (it was two: the draw,
-then a one-thread kernel adding 1).
+(:func:`count_the_cta_at_its_start`): each CTA's thread 0 reads the offset into shared memory
+and counts the CTA on the generator's arrival counter (``arrivals``, int32 ``[1]``, 0 between
+draws; ``random.arrivals``) before the CTA's work; the CTA whose count is the last adds 1 to the
+offset at its end and sets the counter back to 0. A CTA scheduled late thus still reads the
+offset of the draw, and a draw is one launch (it was two: the draw, then a one-thread kernel
+adding 1).
 
 No ``from __future__ import annotations``: TileLang evaluates the macro annotations.
 """
@@ -178,24 +179,35 @@ def arrivals_buffer():
 
 
 @T.macro
-def advance_after_the_last_cta(offset, arrivals, thread, ctas):
-    """The end of a draw's kernel: once every thread of this CTA is past its reads of the offset
-    (the barrier), its thread 0 counts the CTA on ``arrivals``; the CTA that makes the count
-    ``ctas`` (the grid's size) adds 1 to the offset and sets the count back to 0 for the next
-    draw (the next kernel on the stream sees both: a kernel boundary).
-
-    The count's add is relaxed: what has to come before the last CTA's write
-    is every CTA's *load* of the offset, and each of those has returned before its CTA counts
-    itself, its value feeding the stores the thread issued before the barrier (no load of the
-    offset is left in flight). An acquire-release add made each CTA's thread 0 drain the CTA's
-    stores first (a gpu-scope fence at every CTA's end): bf16 → e4m3 ``stochastic_cast`` at
-    T = 65536, H = 7168 took 514.8 µs against 466.8 µs for the two-launch form, the stochastic
-    e2m1 per-token cast 860 µs against 660 µs (H100, 2026-12-07)."""
-    T.sync_threads()
+def count_the_cta_at_its_start(offset, arrivals, thread, drawn_offset, arrived):
+    """The start of a draw's kernel: thread 0 reads the offset
+    into shared memory, the CTA's threads take it from there into ``drawn_offset[0]`` (int64 local
+    ``[1]``) after the barrier, and thread 0 then counts the CTA on ``arrivals`` (relaxed, into
+    ``arrived[0]``, int32 local ``[1]``):
+    the CTA is done with the offset's tensor before its work begins. The count's result is read at
+    the end (:func:`advance_if_the_last_cta`), so the atomic's round trip overlaps the CTA's work
+    and no barrier ends the CTA. The add is relaxed: what has to come before the last CTA's write is
+    every CTA's *load* of the offset, and thread 0's has returned before its CTA counts itself (its
+    value fed the shared store before the barrier); an acquire-release add made every CTA drain its
+    stores first (MEMBAR.ALL.GPU, CCTL.IVALL). With the count at the CTA's end, behind a barrier, the
+    stochastic per-token / per-block casts at T = 65536, H = 7168 took 567.7 / 768.8 / 542.6 µs
+    (e4m3 1 × 128, e2m1 1 × 16, 128 × 128) against 520.4 / 643.3 / 529.2 µs with a second launch
+    for the advance (H100, 2026-12-07): the loss grew with the CTAs' count and their registers."""
+    held = T.alloc_shared((1,), "int64")
     if thread == 0:
-        arrived = T.alloc_var("int32")
-        arrived = T.atomic_add(arrivals[0], 1, return_prev=True, memory_order="relaxed")
-        if arrived == ctas - 1:
+        held[0] = offset[0]
+    T.sync_threads()
+    drawn_offset[0] = held[0]
+    if thread == 0:
+        arrived[0] = T.atomic_add(arrivals[0], 1, return_prev=True, memory_order="relaxed")
+
+
+@T.macro
+def advance_if_the_last_cta(offset, arrivals, thread, arrived, ctas):
+    """The end of a draw's kernel begun by :func:`count_the_cta_at_its_start`: the CTA whose count
+    made ``ctas`` (every CTA has read the offset) adds 1 to it and sets the count back to 0."""
+    if thread == 0:
+        if arrived[0] == ctas - 1:
             offset[0] = offset[0] + T.int64(1)
             arrivals[0] = 0
 
@@ -218,10 +230,13 @@ def build_draw(spec: RandomKernelSpec, transform):
             words = T.alloc_local((4,), "uint32")
             run = T.alloc_local((RUN,), "float32")
             thread = T.cast(bx, "int64") * THREADS + tx
+            drawn_offset = T.alloc_local((1,), "int64")
+            arrived = T.alloc_local((1,), "int32")
+            count_the_cta_at_its_start(offset, arrivals, tx, drawn_offset, arrived)
             for k in T.unroll(BLOCKS):
-                philox_block(seed[0], offset[0], thread * BLOCKS + k, words, WIDE)
+                philox_block(seed[0], drawn_offset[0], thread * BLOCKS + k, words, WIDE)
                 transform(words, run, k)
             layout.store_run(values, thread * RUN, run)
-            advance_after_the_last_cta(offset, arrivals, tx, T.cast(layout.grid(N), "int32"))
+            advance_if_the_last_cta(offset, arrivals, tx, arrived, T.cast(layout.grid(N), "int32"))
 
     return kernel.with_attr("global_symbol", spec.name)
