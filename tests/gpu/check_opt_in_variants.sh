@@ -194,6 +194,13 @@
 #      norm / RoPE op-table case at T = 3 and 37 through the conformance check; its kernels precompiled first, in
 #      parallel, outside the sanitizer): the last clean memcheck (112 case runs) predates the norms' register tree,
 #      the two-stage column sums, the split / half paths and the packed-bf16 RoPE.
+#      Steps 36, 37 and 33 ran in the fortieth session (H100, docs/benchmarks/h100-relaxed-count-lanes-memcheck-
+#      2026-12-07-s40.txt): the tests passed, memcheck 0 errors; the relaxed count at the CTA's end won at T = 128 and
+#      lost at T = 65536 (e2m1 643.3 -> 768.8 us); the 4 / 8 lanes per-channel tiles were slower than the default.
+#  38. (fortieth session) the draws' CTAs counted at their start (f6f622e: thread 0 reads the offset into shared memory
+#      and counts the CTA before the work; the last CTA to count advances at its end; no barrier ends a CTA): the
+#      random, element-cast and stochastic quant GPU tests, then tests/gpu/probe_stochastic_quant.py (T = 128, 4096,
+#      65536) new / two launches (OLD_QUANT as step 36) and tests/gpu/probe_cast.py new / two launches (OLD as 34).
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -591,5 +598,19 @@ if want 37 && [ $(left) -gt 120 ]; then
   timeout $(( $(left) - 10 )) compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_tails.py \
     > $OUT/memcheck.txt 2>&1
   echo "memcheck exit $?"; grep -E "ERROR SUMMARY|checked|declined" $OUT/memcheck.txt | tail -4
+fi
+if want 38 && [ $(left) -gt 60 ]; then
+  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 110 ? 100 : $(left) - 10 )) $P -n 14 tests/gpu/test_cuda_random.py \
+    tests/gpu/test_cuda_stochastic_cast.py tests/gpu/test_cuda_quant.py -k "stochastic or random" > $OUT/start_count_tests.txt 2>&1
+  tail -2 $OUT/start_count_tests.txt
+  for form in new ${OLD_QUANT:+old}; do
+    [ $(left) -gt 40 ] || break
+    path=$([ $form = old ] && echo "$OLD_QUANT:" || echo "")
+    echo "== quant casts' count at the start: $form, $(left) s left" | tee -a $OUT/start_count_quant.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" TOKENS=128,4096,65536 \
+      timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) python3 tests/gpu/probe_stochastic_quant.py 2>> $OUT/stderr.log \
+      | tee -a $OUT/start_count_quant.txt | cut -c1-330
+  done
+  old_new_probe "count at the start in the draw" start_count_cast.txt 100 tests/gpu/probe_cast.py | grep -E '^== |stochastic' | cut -c1-200
 fi
 echo "all done, $(left) s left"
