@@ -151,6 +151,27 @@ def test_prepare_binds_the_compiled_kernel_once_per_specialisation(monkeypatch) 
     launch(inputs, call.allocate(CUDA_LAYOUT))
 
 
+@pytest.mark.parametrize(("op", "kwargs", "bound"), [
+    (ops.per_channel_cast, {"num_per_tokens": 128}, 4096),  # the half-width channel tile wins to 4096 (H100)
+    (ops.per_block_cast, {}, 2048),
+])
+def test_a_call_runs_the_small_tile_up_to_its_ops_bound(monkeypatch, op, kwargs, bound: int) -> None:
+    """A call of ``bound`` rows runs the op's small-T specialisation (16 lanes a row), one of ``bound + 1`` the default
+    one; the launcher picks by the rows of each call (jit's compile stubbed)."""
+    from tileplug.backend_cuda import jit
+
+    ran: list[str] = []
+    monkeypatch.setattr(jit, "entry", lambda spec: lambda *tensors: ran.append(spec.name))
+    kernel, call, _ = _call(op, torch.empty(3, 7168, dtype=torch.bfloat16), **kwargs)
+    (small_bound, small), (_, default) = kernel.token_tiers(call)
+    assert small_bound == bound and small.lanes_per_row == 16 and default.lanes_per_row == 32
+    launch = kernel.prepare(call)
+    for rows in (bound, bound + 1, 1):
+        _, _, inputs = _call(op, torch.empty(rows, 7168, dtype=torch.bfloat16), **kwargs)
+        launch(inputs, describe_call(op, inputs.x, **kwargs)[0].allocate(CUDA_LAYOUT))
+    assert ran == [small.name, default.name, small.name]
+
+
 def test_concurrent_first_calls_build_one_launcher(monkeypatch) -> None:
     """Eight threads calling a new signature at once compile once (jit.compiled is stubbed)."""
     import threading

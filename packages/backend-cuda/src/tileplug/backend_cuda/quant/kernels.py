@@ -62,6 +62,7 @@ class QuantKernel:
     spread = False  # KernelSpec.spread default (where the op's kernel has a spread schedule)
     grid_cols = False  # KernelSpec.grid_cols default
     inline_coords = False  # KernelSpec.inline_coords default
+    small_tokens = SMALL_TOKENS  # the most rows the small-T specialisation serves, where the op has one
 
     # ------------------------------------------------------------------ protocol
     def supports(self, call: QuantCall) -> str | None:
@@ -104,9 +105,9 @@ class QuantKernel:
     def token_tiers(self, call: QuantCall) -> list[tuple[int | None, KernelSpec]]:
         """``[(most rows, spec), ..., (None, spec)]``, bounds ascending: the specialisation
         serving each range of token counts (default: the op's small-T specialisation up to
-        ``SMALL_TOKENS`` where it has one, then :meth:`spec`)."""
+        :attr:`small_tokens` rows where it has one, then :meth:`spec`)."""
         small = self.small_tokens_spec(call)
-        return ([(SMALL_TOKENS, small)] if small is not None else []) + [(None, self.spec(call))]
+        return ([(self.small_tokens, small)] if small is not None else []) + [(None, self.spec(call))]
 
     # ------------------------------------------------------------------ per op
     def reason(self, call: QuantCall) -> str | None:

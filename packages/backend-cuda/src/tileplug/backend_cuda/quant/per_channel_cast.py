@@ -34,6 +34,10 @@ class PerChannelCast(QuantKernel):
     op = "per_channel_cast"
     tile_op = "per_channel"
     spread = True
+    # H100 sweep 2026-12-07 (fortieth session, 128 x 1 e4m3, H = 7168, GB/s; graph us): the small-T tile
+    # 465 / 1882 / 2986 at T = 128 / 1024 / 4096 against 360 / 1721 / 2906 for the default (graph at 4096
+    # 32.93 against 33.75), 2919 against 2980 at 16384
+    small_tokens = 4096
 
     def small_tokens_spec(self, call: QuantCall) -> KernelSpec | None:
         # GPU sweep 2026-12-01 (H200, 128 x 1 e4m3, H = 7168, % of copy): two rows of 16 lanes per
