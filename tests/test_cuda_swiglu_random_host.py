@@ -6,7 +6,6 @@ with ``jit.entry`` replaced by a recorder."""
 from __future__ import annotations
 
 import math
-
 from types import SimpleNamespace
 
 import pytest
