@@ -167,8 +167,8 @@ def test_a_call_runs_the_small_tile_up_to_its_ops_bound(monkeypatch, op, kwargs,
     assert small_bound == bound and small.lanes_per_row == 16 and default.lanes_per_row == 32
     launch = kernel.prepare(call)
     for rows in (bound, bound + 1, 1):
-        _, _, inputs = _call(op, torch.empty(rows, 7168, dtype=torch.bfloat16), **kwargs)
-        launch(inputs, describe_call(op, inputs.x, **kwargs)[0].allocate(CUDA_LAYOUT))
+        _, rows_call, inputs = _call(op, torch.empty(rows, 7168, dtype=torch.bfloat16), **kwargs)
+        launch(inputs, rows_call.allocate(CUDA_LAYOUT))
     assert ran == [small.name, default.name, small.name]
 
 
