@@ -210,7 +210,11 @@
 #      for e4m3 1 x 128, no spills) and =4,1,8 (e4m3 1 x 128: 63 registers, no spills): the stochastic quant GPU
 #      tests with 4,1,4, then tests/gpu/probe_stochastic_quant.py (T = 4096, 65536) at the default, 4,1,4, 4,1,8
 #      and two launches (OLD_QUANT as step 36). If a cap wins, it becomes the stochastic per-token tiles' rule.
-#
+#  40. (forty-first session) the quant tiles' offset read and count behind the loads and the last CTA's advance
+#      before the draws (no code after the last store: e2m1 1 x 16 164 -> 120 registers, e4m3 1 x 128 85 -> 90,
+#      both wide; nvcc 13.0, sm_90): the stochastic quant GPU tests, then tests/gpu/probe_stochastic_quant.py
+#      (T = 128, 4096, 65536) new, new at TILEPLUG_CUDA_TILE_PER_TOKEN=4,1,6 (e4m3: 80 registers, 6 CTAs an SM),
+#      the count at the start (OLD = the CUDA backend src of 9e72de5) and two launches (OLD_QUANT as step 36).#
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
 set -u
@@ -634,6 +638,20 @@ if want 39 && [ $(left) -gt 60 ]; then
     env $knob TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" TOKENS=4096,65536 \
       timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) python3 tests/gpu/probe_stochastic_quant.py 2>> $OUT/stderr.log \
       | tee -a $OUT/capped_quant.txt | grep per_token | cut -c1-330
+  done
+fi
+if want 40 && [ $(left) -gt 60 ]; then
+  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 110 ? 100 : $(left) - 10 )) $P -n 14 tests/gpu/test_cuda_quant.py \
+    tests/gpu/test_cuda_stochastic_cast.py tests/gpu/test_cuda_random.py -k "stochastic or random" > $OUT/advance_before_draws_tests.txt 2>&1
+  tail -2 $OUT/advance_before_draws_tests.txt
+  for form in new 4,1,6 ${OLD:+start} ${OLD_QUANT:+two}; do
+    [ $(left) -gt 40 ] || break
+    path=$(case $form in start) echo "$OLD:";; two) echo "$OLD_QUANT:";; *) echo "";; esac)
+    knob=$([ $form = 4,1,6 ] && echo "TILEPLUG_CUDA_TILE_PER_TOKEN=$form" || echo "")
+    echo "== stochastic quant casts, $form, $(left) s left" | tee -a $OUT/advance_before_draws.txt
+    env $knob TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" TOKENS=128,4096,65536 \
+      timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) python3 tests/gpu/probe_stochastic_quant.py 2>> $OUT/stderr.log \
+      | tee -a $OUT/advance_before_draws.txt | cut -c1-330
   done
 fi
 echo "all done, $(left) s left"

@@ -33,9 +33,9 @@ import tilelang.language as T
 from tileplug.backend_cuda.random.philox import (
     RunLayout,
     advance_if_the_last_cta,
-    count_the_cta_at_its_start,
     arrivals_buffer,
     philox_block,
+    read_the_offset_and_count_the_cta,
     state_buffers,
 )
 
@@ -202,7 +202,7 @@ def build_nearest(spec):
 def build_stochastic(spec):
     """The ``T.prim_func`` of a ``stochastic_cast`` ``spec`` (a ``quant.element_cast.ElementCastSpec``):
     buffers ``(result [N], x [N], seed [1], offset [1], arrivals [1])``; it reads the offset and its last
-    CTA advances it (``random.philox.count_the_cta_at_its_start``). A thread's run of ``R`` elements
+    CTA advances it (``random.philox.read_the_offset_and_count_the_cta``). A thread's run of ``R`` elements
     takes ``R / (4k)`` Philox blocks (``k`` fields a word): word ``i`` of block ``b`` serves elements
     ``(4b + i)·k … (4b + i)·k + k − 1``. Its Philox rounds take the split product (``__umulhi`` and a
     32-bit product): with one ``mul.wide.u32`` a product the bf16 → e4m3 cast took 836 µs at
@@ -238,7 +238,7 @@ def build_stochastic(spec):
             layout.load_run(x, thread * RUN, values)
             drawn_offset = T.alloc_local((1,), "int64")
             arrived = T.alloc_local((1,), "int32")
-            count_the_cta_at_its_start(offset, arrivals, tx, drawn_offset, arrived)
+            read_the_offset_and_count_the_cta(offset, arrivals, tx, drawn_offset, arrived)
             for k in T.unroll(BLOCKS):
                 philox_block(seed[0], drawn_offset[0], thread * BLOCKS + k, words, False)  # the split product
                 for i in T.unroll(4):

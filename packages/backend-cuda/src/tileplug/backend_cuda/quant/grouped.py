@@ -50,9 +50,9 @@ from tileplug.backend_cuda.quant.element_kernels import (
 from tileplug.backend_cuda.random.philox import (
     DEVICE_HELPERS,
     advance_if_the_last_cta,
-    count_the_cta_at_its_start,
     arrivals_buffer,
     philox_block,
+    read_the_offset_and_count_the_cta,
     state_buffers,
 )
 from tileplug.core.contracts.cast import QUANT_RANDOM_FIELD_BITS
@@ -158,6 +158,7 @@ def build_kernel(spec: KernelSpec):
     IR, IC, IS0, IS1 = T.dynamic("IR"), T.dynamic("IC"), T.dynamic("IS0"), T.dynamic("IS1")
     GR, GC, GS0, GS1 = T.dynamic("GR"), T.dynamic("GC"), T.dynamic("GS0"), T.dynamic("GS1")
     OR, OC, OS0, OS1 = T.dynamic("OR"), T.dynamic("OC"), T.dynamic("OS0"), T.dynamic("OS1")
+    CTAS = T.cast(T.ceildiv(M, TM) * T.ceildiv(H, TC), "int32")  # the grid's size: a draw's arrival count
 
     # ------------------------------------------------------------ trace-time helpers
     def slot_row(bx, w, lane, s):
@@ -246,7 +247,7 @@ def build_kernel(spec: KernelSpec):
                          yv, value_index)
 
     @T.macro
-    def tile(x, sf_in, given, q, sf, seed, offset, bx, by):
+    def tile(x, sf_in, given, q, sf, seed, offset, arrivals, bx, by):
         if True:
             if spec.vectorize:
                 T.assume(S % XVEC == 0)
@@ -268,6 +269,8 @@ def build_kernel(spec: KernelSpec):
                 qv = T.alloc_local((VEC // VPB_OUT,), QDT)
             if STOCHASTIC:
                 words = T.alloc_local((4,), "uint32")
+                drawn_offset = T.alloc_local((1,), "int64")
+                arrived = T.alloc_local((1,), "int32")
             if FAKE_QUANT:
                 scale = T.alloc_local((NSLOT,), "float32")  # each slot's group scale, as cast_back reads it
             if not PER_TOKEN and COMPUTE_SF:
@@ -305,6 +308,9 @@ def build_kernel(spec: KernelSpec):
                                 sin[i * VEC + j] = T.float32(0.0)
                         else:
                             sin[i] = T.float32(0.0)
+
+            if STOCHASTIC:  # the offset's read and the CTA's count behind the loads
+                read_the_offset_and_count_the_cta(offset, arrivals, tx, drawn_offset, arrived)
 
             if CAST_BACK:
                 for i in T.unroll(NSLOT):
@@ -455,6 +461,8 @@ def build_kernel(spec: KernelSpec):
                             inv[i * NSF + e] = T.float32(0.0)
 
             if WRITE_Q and not CAST_BACK:
+                if STOCHASTIC:  # before the draws (see philox.advance_if_the_last_cta)
+                    advance_if_the_last_cta(offset, arrivals, tx, arrived, CTAS)
                 # ---- quantize from registers and store ----
                 for i in T.unroll(NSLOT):
                     r = slot_row(bx, w, lane, i)
@@ -471,7 +479,7 @@ def build_kernel(spec: KernelSpec):
                         upper = (first % BLOCK_VALUES) >= VEC  # a half block: c starts its upper half
                         for k in T.unroll(max(VEC // BLOCK_VALUES, 1)):
                             # one mul.wide.u32 a product by default (see KernelSpec.philox_wide)
-                            philox_block(seed[0], offset, first // BLOCK_VALUES + k, words, spec.philox_wide)
+                            philox_block(seed[0], drawn_offset[0], first // BLOCK_VALUES + k, words, spec.philox_wide)
                             if spec.fmt == "e4m3":  # the block's values all on normal steps: the short carry
                                 block_values = [k * BLOCK_VALUES + j for j in range(min(VEC, BLOCK_VALUES))]
                                 if on_normal_e4m3_steps(yv, block_values):
@@ -510,21 +518,6 @@ def build_kernel(spec: KernelSpec):
                             q[r, c // VPB_OUT + j] = qv[j]
 
     PRELUDE = DEVICE_HELPERS if spec.philox_wide else ""  # (tileplug_mul_wide_u32)
-    CTAS = T.cast(T.ceildiv(M, TM) * T.ceildiv(H, TC), "int32")  # the grid's size: a draw's arrival count
-
-    @T.macro
-    def draw_and_tile(x, sf_in, given, q, sf, seed, offset, arrivals, row_tile, col_tile):
-        """``tile``; a stochastic one with the offset read and the CTA counted at its start, the
-        offset advanced at its end by the last CTA to count (``philox.count_the_cta_at_its_start``)."""
-        if STOCHASTIC:
-            thread = T.get_thread_binding()
-            drawn_offset = T.alloc_local((1,), "int64")
-            arrived = T.alloc_local((1,), "int32")
-            count_the_cta_at_its_start(offset, arrivals, thread, drawn_offset, arrived)
-            tile(x, sf_in, given, q, sf, seed, drawn_offset[0], row_tile, col_tile)
-            advance_if_the_last_cta(offset, arrivals, thread, arrived, CTAS)
-        else:
-            tile(x, sf_in, given, q, sf, seed, None, row_tile, col_tile)
 
     @T.macro
     def build(x, sf_in, given, q, sf, seed=None, offset=None, arrivals=None):
@@ -533,7 +526,7 @@ def build_kernel(spec: KernelSpec):
                 if spec.inline_coords:
                     # the coordinates inlined: every offset re-derives them with a 64-bit
                     # floor division (see KernelSpec.inline_coords)
-                    draw_and_tile(x, sf_in, given, q, sf, seed, offset, arrivals, bid // T.ceildiv(H, TC),
+                    tile(x, sf_in, given, q, sf, seed, offset, arrivals, bid // T.ceildiv(H, TC),
                                   bid % T.ceildiv(H, TC))
                 else:
                     # The tile coordinates, divided once in 32-bit registers: inlined, every
@@ -543,10 +536,10 @@ def build_kernel(spec: KernelSpec):
                     col_tile = T.alloc_var("int32")
                     row_tile = T.truncdiv(bid, T.ceildiv(H, TC))
                     col_tile = T.truncmod(bid, T.ceildiv(H, TC))
-                    draw_and_tile(x, sf_in, given, q, sf, seed, offset, arrivals, row_tile, col_tile)
+                    tile(x, sf_in, given, q, sf, seed, offset, arrivals, row_tile, col_tile)
         else:
             with T.Kernel(T.ceildiv(M, TM), T.ceildiv(H, TC), threads=NT, prelude=PRELUDE) as (bx, by):
-                draw_and_tile(x, sf_in, given, q, sf, seed, offset, arrivals, bx, by)
+                tile(x, sf_in, given, q, sf, seed, offset, arrivals, bx, by)
 
     # ------------------------------------------------------------ signatures per mode
     x_t = T.StridedTensor((M, XW), (S, 1), X_DT)

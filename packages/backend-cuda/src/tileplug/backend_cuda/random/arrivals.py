@@ -1,4 +1,4 @@
-"""The arrival counter of a generator's draws on CUDA (see ``philox.count_the_cta_at_its_start``).
+"""The arrival counter of a generator's draws on CUDA (see ``philox.read_the_offset_and_count_the_cta``).
 
 A draw's kernel counts its CTAs on an int32 ``[1]`` device tensor and the last one to count sets it
 back to 0, so between draws every counter holds 0. A generator's counter is found by its offset tensor's

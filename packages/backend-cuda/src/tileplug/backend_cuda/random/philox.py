@@ -12,12 +12,12 @@ or ``__umulhi`` and a 32-bit product: the same words, a kernel's choice by measu
 mixes the halves with the key; the key gains the Weyl constants between rounds.
 
 The draw's own kernel advances the offset once every CTA has read it
-(:func:`count_the_cta_at_its_start`): each CTA's thread 0 reads the offset into shared memory
-and counts the CTA on the generator's arrival counter (``arrivals``, int32 ``[1]``, 0 between
-draws; ``random.arrivals``) before the CTA's work; the CTA whose count is the last adds 1 to the
-offset at its end and sets the counter back to 0. A CTA scheduled late thus still reads the
-offset of the draw, and a draw is one launch (it was two: the draw, then a one-thread kernel
-adding 1).
+(:func:`read_the_offset_and_count_the_cta`): each CTA's thread 0 reads the offset into shared
+memory and counts the CTA on the generator's arrival counter (``arrivals``, int32 ``[1]``, 0
+between draws; ``random.arrivals``); the CTA whose count is the last adds 1 to the offset and sets
+the counter back to 0 (:func:`advance_if_the_last_cta`), later in its own work. A CTA scheduled
+late thus still reads the offset of the draw, and a draw is one launch (it was two: the draw, then
+a one-thread kernel adding 1).
 
 No ``from __future__ import annotations``: TileLang evaluates the macro annotations.
 """
@@ -179,20 +179,16 @@ def arrivals_buffer():
 
 
 @T.macro
-def count_the_cta_at_its_start(offset, arrivals, thread, drawn_offset, arrived):
-    """The start of a draw's kernel: thread 0 reads the offset
-    into shared memory, the CTA's threads take it from there into ``drawn_offset[0]`` (int64 local
-    ``[1]``) after the barrier, and thread 0 then counts the CTA on ``arrivals`` (relaxed, into
-    ``arrived[0]``, int32 local ``[1]``):
-    the CTA is done with the offset's tensor before its work begins. The count's result is read at
-    the end (:func:`advance_if_the_last_cta`), so the atomic's round trip overlaps the CTA's work
-    and no barrier ends the CTA. The add is relaxed: what has to come before the last CTA's write is
-    every CTA's *load* of the offset, and thread 0's has returned before its CTA counts itself (its
-    value fed the shared store before the barrier); an acquire-release add made every CTA drain its
-    stores first (MEMBAR.ALL.GPU, CCTL.IVALL). With the count at the CTA's end, behind a barrier, the
-    stochastic per-token / per-block casts at T = 65536, H = 7168 took 567.7 / 768.8 / 542.6 µs
-    (e4m3 1 × 128, e2m1 1 × 16, 128 × 128) against 520.4 / 643.3 / 529.2 µs with a second launch
-    for the advance (H100, 2026-12-07): the loss grew with the CTAs' count and their registers."""
+def read_the_offset_and_count_the_cta(offset, arrivals, thread, drawn_offset, arrived):
+    """Thread 0 reads the offset into shared memory, the CTA's threads take it from there into
+    ``drawn_offset[0]`` (int64 local ``[1]``) after the barrier, and thread 0 then counts the CTA on
+    ``arrivals`` (relaxed, the count before it into ``arrived[0]``, int32 local ``[1]``): from here
+    the CTA is done with the offset's tensor. A kernel calls it after issuing its loads (the read
+    and the barrier wait behind them) and reads the count later, in :func:`advance_if_the_last_cta`,
+    so the atomic's round trip overlaps the CTA's work. The add is relaxed: what has to come before
+    the last CTA's write is every CTA's *load* of the offset, and thread 0's has returned before its
+    CTA counts itself (its value fed the shared store before the barrier); an acquire-release add
+    made every CTA drain its stores first (MEMBAR.ALL.GPU, CCTL.IVALL)."""
     held = T.alloc_shared((1,), "int64")
     if thread == 0:
         held[0] = offset[0]
@@ -204,8 +200,12 @@ def count_the_cta_at_its_start(offset, arrivals, thread, drawn_offset, arrived):
 
 @T.macro
 def advance_if_the_last_cta(offset, arrivals, thread, arrived, ctas):
-    """The end of a draw's kernel begun by :func:`count_the_cta_at_its_start`: the CTA whose count
-    made ``ctas`` (every CTA has read the offset) adds 1 to it and sets the count back to 0."""
+    """After :func:`read_the_offset_and_count_the_cta`: the CTA whose count made ``ctas`` (every CTA
+    has read the offset) adds 1 to it and sets the count back to 0. Anywhere after the count, the
+    CTA's own draws use ``drawn_offset``. The quant tiles call it before their draws, not after
+    their last store: code after the last store cost the e2m1 1 × 16 stochastic tile 25 registers
+    (nvcc 13.0, sm_90: 150 against 125 with the split product; 164 with the wide one, 3 CTAs of
+    128 threads an SM instead of 4)."""
     if thread == 0:
         if arrived[0] == ctas - 1:
             offset[0] = offset[0] + T.int64(1)
@@ -232,7 +232,7 @@ def build_draw(spec: RandomKernelSpec, transform):
             thread = T.cast(bx, "int64") * THREADS + tx
             drawn_offset = T.alloc_local((1,), "int64")
             arrived = T.alloc_local((1,), "int32")
-            count_the_cta_at_its_start(offset, arrivals, tx, drawn_offset, arrived)
+            read_the_offset_and_count_the_cta(offset, arrivals, tx, drawn_offset, arrived)
             for k in T.unroll(BLOCKS):
                 philox_block(seed[0], drawn_offset[0], thread * BLOCKS + k, words, WIDE)
                 transform(words, run, k)
