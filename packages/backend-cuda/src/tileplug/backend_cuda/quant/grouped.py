@@ -527,7 +527,7 @@ def build_kernel(spec: KernelSpec):
                     # the coordinates inlined: every offset re-derives them with a 64-bit
                     # floor division (see KernelSpec.inline_coords)
                     tile(x, sf_in, given, q, sf, seed, offset, arrivals, bid // T.ceildiv(H, TC),
-                                  bid % T.ceildiv(H, TC))
+                         bid % T.ceildiv(H, TC))
                 else:
                     # The tile coordinates, divided once in 32-bit registers: inlined, every
                     # offset re-derived them with a 64-bit floor division by the runtime
