@@ -236,9 +236,7 @@ def build_stochastic(spec):
             for j in T.unroll(RUN):
                 values[j] = T.cast(0, SOURCE)
             layout.load_run(x, thread * RUN, values)
-            drawn_offset = T.alloc_local((1,), "int64")
-            arrived = T.alloc_local((1,), "int32")
-            read_the_offset_and_count_the_cta(offset, arrivals, tx, drawn_offset, arrived)
+            drawn_offset, arrived = read_the_offset_and_count_the_cta(offset, arrivals, tx)
             for k in T.unroll(BLOCKS):
                 philox_block(seed[0], drawn_offset[0], thread * BLOCKS + k, words, False)  # the split product
                 for i in T.unroll(4):

@@ -269,8 +269,6 @@ def build_kernel(spec: KernelSpec):
                 qv = T.alloc_local((VEC // VPB_OUT,), QDT)
             if STOCHASTIC:
                 words = T.alloc_local((4,), "uint32")
-                drawn_offset = T.alloc_local((1,), "int64")
-                arrived = T.alloc_local((1,), "int32")
             if FAKE_QUANT:
                 scale = T.alloc_local((NSLOT,), "float32")  # each slot's group scale, as cast_back reads it
             if not PER_TOKEN and COMPUTE_SF:
@@ -310,7 +308,7 @@ def build_kernel(spec: KernelSpec):
                             sin[i] = T.float32(0.0)
 
             if STOCHASTIC:  # the offset's read and the CTA's count behind the loads
-                read_the_offset_and_count_the_cta(offset, arrivals, tx, drawn_offset, arrived)
+                drawn_offset, arrived = read_the_offset_and_count_the_cta(offset, arrivals, tx)
 
             if CAST_BACK:
                 for i in T.unroll(NSLOT):

@@ -179,16 +179,19 @@ def arrivals_buffer():
 
 
 @T.macro
-def read_the_offset_and_count_the_cta(offset, arrivals, thread, drawn_offset, arrived):
-    """Thread 0 reads the offset into shared memory, the CTA's threads take it from there into
-    ``drawn_offset[0]`` (int64 local ``[1]``) after the barrier, and thread 0 then counts the CTA on
-    ``arrivals`` (relaxed, the count before it into ``arrived[0]``, int32 local ``[1]``): from here
-    the CTA is done with the offset's tensor. A kernel calls it after issuing its loads (the read
-    and the barrier wait behind them) and reads the count later, in :func:`advance_if_the_last_cta`,
-    so the atomic's round trip overlaps the CTA's work. The add is relaxed: what has to come before
-    the last CTA's write is every CTA's *load* of the offset, and thread 0's has returned before its
-    CTA counts itself (its value fed the shared store before the barrier); an acquire-release add
-    made every CTA drain its stores first (MEMBAR.ALL.GPU, CCTL.IVALL)."""
+def read_the_offset_and_count_the_cta(offset, arrivals, thread):
+    """``(drawn_offset, arrived)``, int64 and int32 locals ``[1]``: thread 0 reads the offset into
+    shared memory, the CTA's threads take it from there into ``drawn_offset[0]`` after the barrier,
+    and thread 0 then counts the CTA on ``arrivals`` (relaxed, the count before it into
+    ``arrived[0]``): from here the CTA is done with the offset's tensor. A kernel calls it after
+    issuing its loads (the read and the barrier wait behind them) and reads the count later, in
+    :func:`advance_if_the_last_cta`, so the atomic's round trip overlaps the CTA's work. The add is
+    relaxed: what has to come before the last CTA's write is every CTA's *load* of the offset, and
+    thread 0's has returned before its CTA counts itself (its value fed the shared store before the
+    barrier); an acquire-release add made every CTA drain its stores first (MEMBAR.ALL.GPU,
+    CCTL.IVALL)."""
+    drawn_offset = T.alloc_local((1,), "int64")
+    arrived = T.alloc_local((1,), "int32")
     held = T.alloc_shared((1,), "int64")
     if thread == 0:
         held[0] = offset[0]
@@ -196,16 +199,18 @@ def read_the_offset_and_count_the_cta(offset, arrivals, thread, drawn_offset, ar
     drawn_offset[0] = held[0]
     if thread == 0:
         arrived[0] = T.atomic_add(arrivals[0], 1, return_prev=True, memory_order="relaxed")
+    return drawn_offset, arrived
 
 
 @T.macro
 def advance_if_the_last_cta(offset, arrivals, thread, arrived, ctas):
     """After :func:`read_the_offset_and_count_the_cta`: the CTA whose count made ``ctas`` (every CTA
-    has read the offset) adds 1 to it and sets the count back to 0. Anywhere after the count, the
-    CTA's own draws use ``drawn_offset``. The quant tiles call it before their draws, not after
-    their last store: code after the last store cost the e2m1 1 × 16 stochastic tile 25 registers
-    (nvcc 13.0, sm_90: 150 against 125 with the split product; 164 with the wide one, 3 CTAs of
-    128 threads an SM instead of 4)."""
+    has read the offset) adds 1 to it and sets the count back to 0. It may come anywhere after the
+    count (the CTA's own draws use ``drawn_offset``, not the tensor). The quant tiles call it before
+    their draws, not after their last store: code after the last store cost the e2m1 1 × 16
+    stochastic tile 25 registers (nvcc 13.0, sm_90, the count at the CTA's start: 150 against 125
+    with the split product; 164 with the wide one, 3 CTAs of 128 threads an SM instead of 4; 120
+    with the count behind the loads and the advance before the draws)."""
     if thread == 0:
         if arrived[0] == ctas - 1:
             offset[0] = offset[0] + T.int64(1)
@@ -230,9 +235,7 @@ def build_draw(spec: RandomKernelSpec, transform):
             words = T.alloc_local((4,), "uint32")
             run = T.alloc_local((RUN,), "float32")
             thread = T.cast(bx, "int64") * THREADS + tx
-            drawn_offset = T.alloc_local((1,), "int64")
-            arrived = T.alloc_local((1,), "int32")
-            read_the_offset_and_count_the_cta(offset, arrivals, tx, drawn_offset, arrived)
+            drawn_offset, arrived = read_the_offset_and_count_the_cta(offset, arrivals, tx)
             for k in T.unroll(BLOCKS):
                 philox_block(seed[0], drawn_offset[0], thread * BLOCKS + k, words, WIDE)
                 transform(words, run, k)
