@@ -214,8 +214,8 @@
 #      before the draws (no code after the last store: e2m1 1 x 16 164 -> 120 registers, e4m3 1 x 128 85 -> 90,
 #      both wide; nvcc 13.0, sm_90): the stochastic quant GPU tests, then tests/gpu/probe_stochastic_quant.py
 #      (T = 128, 4096, 65536) new, the count at the start (OLD = the CUDA backend src of 9e72de5), new at
-#      TILEPLUG_CUDA_TILE_PER_TOKEN=4,1,6 (e4m3: 80 registers, 6 CTAs an SM) and two launches (OLD_QUANT as step 36).
-#      Its 4,1,6 form caps the e2m1 tile too (spilling): only its e4m3 rows mean anything.
+#      TILEPLUG_CUDA_TILE_PER_TOKEN=4,1,6 (at least 6 CTAs an SM: e4m3 1 x 128 72 registers, e2m1 1 x 16 73, no
+#      spills) and two launches (OLD_QUANT as step 36).
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
