@@ -53,7 +53,7 @@ def _model_words(seed: int, offset: int, count: int) -> list[int]:
     return out[:count]
 
 
-FIELD_BITS = {(torch.float32, torch.bfloat16): 16, (torch.float32, E4M3): 16, (torch.bfloat16, E4M3): 8}
+FIELD_BITS = {(torch.float32, torch.bfloat16): 16, (torch.float32, E4M3): 8, (torch.bfloat16, E4M3): 8}
 """The random bits an element takes, by pair (the spec's table, written out here)."""
 
 
@@ -153,28 +153,29 @@ def test_bf16_to_e4m3_takes_the_four_bytes_of_each_word() -> None:
 
 
 def test_the_threshold_is_inclusive_on_e4m3_subnormals() -> None:
-    """Below 2^-6 an e4m3 step is 2^-9 and ``a = k · 2^-25`` (exact in fp32) has
-    ``floor(p · 2^16) = k``: with ``k = 2^16 − f`` for each element's 16-bit field (word ``i // 2``'s
-    top half for an even ``i``, its bottom half for an odd one) the sum meets 2^16 and rounds up,
-    one less and it rounds down — even with 15 of the 16 units of 2^-29 below ``k`` added (fp32 →
-    e4m3 takes 16 of the 20 bits below the step: those are truncated)."""
-    seed, count = 11, 512
-    fields = _model_fields(seed, 0, count, 16)
-    assert fields[:2] == [_model_words(seed, 0, 1)[0] >> 16, _model_words(seed, 0, 1)[0] & 0xFFFF]
-    at = torch.tensor([(2**16 - f) * 2.0**-25 for f in fields])
-    below = torch.tensor([(2**16 - f - 1) * 2.0**-25 + 15 * 2.0**-29 for f in fields])
+    """Below 2^-6 an e4m3 step is 2^-9 and ``a = k · 2^-17`` (exact in fp32) has
+    ``floor(p · 2^8) = k``: with ``k = 2^8 − f`` for each element's 8-bit field (byte ``i mod 4`` of
+    word ``i // 4``, from the top) the sum meets 2^8 and rounds up, one less and it rounds down —
+    even with the 12 bits below ``k`` all set (``+ (2^12 − 1) · 2^-29``: fp32 → e4m3 takes the top 8
+    of the 20 bits below the step, the rest are truncated)."""
+    seed, count = 11, 514
+    fields = _model_fields(seed, 0, count, 8)
+    word = _model_words(seed, 0, 1)[0]
+    assert fields[:4] == [word >> 24, (word >> 16) & 0xFF, (word >> 8) & 0xFF, word & 0xFF]
+    at = torch.tensor([(2**8 - f) * 2.0**-17 for f in fields])
+    below = torch.tensor([(2**8 - f - 1) * 2.0**-17 + (2**12 - 1) * 2.0**-29 for f in fields])
     assert cast(at, E4M3, True, Generator("cpu", seed)).float().tolist() == [2.0**-9] * count
     assert cast(below, E4M3, True, Generator("cpu", seed)).float().tolist() == [0.0] * count
 
 
-def test_fp32_to_e4m3_takes_the_top_16_of_the_20_bits_below_a_normal_step() -> None:
-    """At 1 an e4m3 step is 2^-3 and ``1 + k · 2^-19`` has ``floor(p · 2^16) = k``: with
-    ``k = 2^16 − f`` every element rounds up to 1.125; with one less, and the 4 lowest bits of the
-    step all set (``+ 15 · 2^-23``), every one rounds down to 1."""
+def test_fp32_to_e4m3_takes_the_top_8_of_the_20_bits_below_a_normal_step() -> None:
+    """At 1 an e4m3 step is 2^-3 and ``1 + k · 2^-11`` has ``floor(p · 2^8) = k``: with
+    ``k = 2^8 − f`` every element rounds up to 1.125; with one less, and the 12 lowest bits of the
+    step all set (``+ (2^12 − 1) · 2^-23``), every one rounds down to 1."""
     seed, count = 13, 514
-    fields = _model_fields(seed, 0, count, 16)
-    at = torch.tensor([1 + (2**16 - f) * 2.0**-19 for f in fields])
-    below = torch.tensor([1 + (2**16 - f - 1) * 2.0**-19 + 15 * 2.0**-23 for f in fields])
+    fields = _model_fields(seed, 0, count, 8)
+    at = torch.tensor([1 + (2**8 - f) * 2.0**-11 for f in fields])
+    below = torch.tensor([1 + (2**8 - f - 1) * 2.0**-11 + (2**12 - 1) * 2.0**-23 for f in fields])
     assert cast(at, E4M3, True, Generator("cpu", seed)).float().tolist() == [1.125] * count
     assert cast(below, E4M3, True, Generator("cpu", seed)).float().tolist() == [1.0] * count
 

@@ -26,9 +26,9 @@ LARGEST = {"e4m3": Fraction(448), "e2m1": Fraction(6)}
 TABLES = {"e4m3": E4M3_VALUES, "e2m1": E2M1_VALUES}
 
 
-FIELD_BITS = 16
+FIELD_BITS = 8
 """The random bits an element of a stochastic per-token / per-block cast takes (the spec's ``w``,
-written out here): two fields a word, the first at its top."""
+written out here): four fields a word, the first at its top."""
 
 
 def _model_narrowing(value: float, field: int, fmt: str) -> float:

@@ -32,22 +32,24 @@ CAST_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn)
 CAST_DTYPE_NAMES = "float32, bfloat16 or float8_e4m3fn"
 RANDOM_FIELD_BITS: dict[tuple[torch.dtype, torch.dtype], int] = {
     (torch.float32, torch.bfloat16): 16,
-    (torch.float32, torch.float8_e4m3fn): 16,
+    (torch.float32, torch.float8_e4m3fn): 8,
     (torch.bfloat16, torch.float8_e4m3fn): 8,
 }
 """(source, target) → the random bits ``w`` each element of a stochastic narrowing takes (docs/spec.md
-§10.2): the bits the source holds below the target's last place on a normal step (16, 20, 4), rounded
-up to a whole field and capped at 16 (fp32 → e4m3 takes the top 16 of its 20: a bias toward zero under
-2^-16 of a step, for a Philox block per 8 elements instead of 4 — at 24 bits the cast ran at 69 % of
-the deterministic one on an H200). A 32-bit word of the draw holds ``32 // w`` fields, the first at its
-top, so element ``i`` takes field ``i mod (32 // w)`` of word ``i // (32 // w)``. The stochastic per-token / per-block casts narrow fp32 values ``x·inv``:
+§10.2): 16 for a bf16 target (the 16 bits an fp32 pattern drops), 8 for an e4m3 target. From bf16
+the 8 cover the 4 dropped bits exactly; from fp32 they are the top 8 of the 20 dropped bits, a bias
+toward zero under 2^-8 of a step — the precision TileKernels' ``cvt.rs`` casts round fp8 with (one
+32-bit word for four values), for a Philox block per 16 elements. A 32-bit word of the draw holds
+``32 // w`` fields, the first at its top, so element ``i`` takes field ``i mod (32 // w)`` of word
+``i // (32 // w)``. The stochastic per-token / per-block casts narrow fp32 values ``x·inv``:
 :data:`QUANT_RANDOM_FIELD_BITS`."""
-QUANT_RANDOM_FIELD_BITS = 16
+QUANT_RANDOM_FIELD_BITS = 8
 """``w`` of the stochastic per-token / per-block casts (docs/spec.md §10.2): the narrowing of the fp32
-``x·inv`` to e4m3 or e2m1 takes a 16-bit field, two a word, as fp32 → e4m3 does (its normal steps
-drop 20 and 22 bits: a bias toward zero under 2^-16 of a step, for a Philox block per 8 elements
-instead of 4 — with a whole word an element the per-token cast ran at 38 % of its deterministic
-form on an H200)."""
+``x·inv`` to e4m3 or e2m1 takes an 8-bit field, four a word, as fp32 → e4m3 does (its normal steps
+drop 20 and 22 bits: a bias toward zero under 2^-8 of a step). The Philox rounds are most of the
+tile's integer work: a block per 16 elements instead of 8 (16 bits, two a word, before the
+forty-second session; with a whole word an element the per-token cast ran at 38 % of its
+deterministic form on an H200, with 16 bits at 80 % on an H100)."""
 
 
 class StochasticCastInputs(NamedTuple):
