@@ -235,12 +235,11 @@ def test_cache_keys_hold_no_paths_of_this_environment() -> None:
 
 def _cache_salt() -> str:
     import hashlib
-    from pathlib import Path
 
-    import tileplug.backend_cuda
+    from tileplug.backend_cuda import jit
 
     digest = hashlib.sha256(_versions_digest().encode())
-    for path in sorted(Path(tileplug.backend_cuda.__file__).parent.rglob("*.py")):
+    for path in jit.kernel_source_files():
         digest.update(path.read_bytes())
     return digest.hexdigest()
 

@@ -186,10 +186,24 @@ def test_a_tile_kernel_that_misplaces_a_field_is_caught(build) -> None:
 
     name, spec, case = next(entry for entry in SPECS if "bfloat16_g1x128_e4m3" in entry[0])
     source = jit.lower_source(spec)
-    edited = source.replace(">> (uint)12) & (uint)1048560)", ">> (uint)13) & (uint)1048560)")
+    edited = source.replace(">> (uint)12) & (uint)1044480)", ">> (uint)13) & (uint)1044480)")
     assert edited != source, "the field's shift is where this test expects it"
     with pytest.raises(AssertionError, match="differ"):
         run_case(build(spec, edited), spec, case, 37)
+
+
+def test_a_tile_kernel_whose_lanes_keep_their_own_words_is_caught(build) -> None:
+    """The check can fail: the stochastic per-token 1 × 128 e4m3 kernel whose lanes skip the exchange of their
+    Philox blocks' parts (each keeps the words it would have sent: the neighbouring lane's part of its own
+    block) gives other bytes than the reference."""
+    from tileplug.backend_cuda import jit
+
+    name, spec, case = next(entry for entry in SPECS if "bfloat16_g1x128_e4m3" in entry[0] and "_sr" in entry[0])
+    source = jit.lower_source(spec)
+    exchange = "__shfl_xor_sync((uint)4294967295, sent, 1, 32)"
+    assert source.count(exchange) == 1, "one exchange of two lanes' parts (a loop over the part's two words)"
+    with pytest.raises(AssertionError, match="differ"):
+        run_case(build(spec, source.replace(exchange, "sent")), spec, case, 37)
 
 
 def test_a_tile_kernel_whose_first_cta_to_count_advances_is_caught(build) -> None:

@@ -216,6 +216,13 @@
 #      (T = 128, 4096, 65536) new, the count at the start (OLD = the CUDA backend src of 9e72de5), new at
 #      TILEPLUG_CUDA_TILE_PER_TOKEN=4,1,6 (at least 6 CTAs an SM: e4m3 1 x 128 72 registers, e2m1 1 x 16 73, no
 #      spills) and two launches (OLD_QUANT as step 36).
+#  41. (forty-second session, not an opt-in: a spec change) 8-bit random fields for every e4m3 / e2m1 target (spec
+#      §10.2: a Philox block per 16 elements; the lanes of a tile sharing a block draw one each and exchange their
+#      parts by shuffles; SASS per-token 1 x 128 1296 -> 1216, e2m1 1 x 16 1288 -> 1224 at 120 -> 94 registers,
+#      per-block 2480 -> 2352, the fp32 -> e4m3 cast 616 -> 520; nvcc 13.0, sm_90): the element-cast and stochastic
+#      quant GPU tests (the new bytes against the reference), then tests/gpu/probe_stochastic_quant.py (T = 128, 4096,
+#      65536) new, with 16-bit fields (OLD_W16 = core, reference and backend-cuda src of f002c8d) and two launches
+#      (OLD_QUANT as step 36), then tests/gpu/probe_cast.py new and with 16-bit fields.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -654,6 +661,27 @@ if want 40 && [ $(left) -gt 60 ]; then
     env $knob TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" TOKENS=128,4096,65536 \
       timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) python3 tests/gpu/probe_stochastic_quant.py 2>> $OUT/stderr.log \
       | tee -a $OUT/advance_before_draws.txt | cut -c1-330
+  done
+fi
+if want 41 && [ $(left) -gt 60 ]; then
+  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $P -n 14 tests/gpu/test_cuda_stochastic_cast.py \
+    tests/gpu/test_cuda_quant.py -k "stochastic" > $OUT/byte_fields_tests.txt 2>&1
+  tail -2 $OUT/byte_fields_tests.txt
+  for form in new ${OLD_W16:+w16} ${OLD_QUANT:+two}; do
+    [ $(left) -gt 40 ] || break
+    path=$(case $form in w16) echo "$OLD_W16:";; two) echo "$OLD_QUANT:";; *) echo "";; esac)
+    echo "== stochastic quant casts, $form, $(left) s left" | tee -a $OUT/byte_fields.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" TOKENS=128,4096,65536 \
+      timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) python3 tests/gpu/probe_stochastic_quant.py 2>> $OUT/stderr.log \
+      | tee -a $OUT/byte_fields.txt | cut -c1-330
+  done
+  for form in new ${OLD_W16:+w16}; do
+    [ $(left) -gt 40 ] || break
+    path=$([ $form = w16 ] && echo "$OLD_W16:" || echo "")
+    echo "== element casts, $form, $(left) s left" | tee -a $OUT/byte_fields_casts.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) \
+      python3 tests/gpu/probe_cast.py 2>> $OUT/stderr.log | tee -a $OUT/byte_fields_casts.txt \
+      | grep -E '"tokens": 65536' | grep -v tile_kernels | cut -c1-200
   done
 fi
 echo "all done, $(left) s left"

@@ -253,20 +253,30 @@ def index_dir() -> Path | None:
 _fingerprint: list[str] = []
 
 
+def kernel_source_files() -> list[Path]:
+    """The files the generated code of a CUDA kernel follows from: every module of this backend, and
+    the core modules whose numbers its kernels are traced with (the formats, the scale math, the cast
+    contract's random field widths, the SwiGLU sigmoid table). The kernel index and the compile
+    grid's cache key on them, so that an edit of any of them misses the cache."""
+    from tileplug.core.contracts import cast
+    from tileplug.core.quant import formats, sf_math
+    from tileplug.core.swiglu import sigmoid_table
+
+    here = Path(__file__).parent
+    return sorted(here.rglob("*.py")) + [Path(module.__file__) for module in (formats, sf_math, cast, sigmoid_table)]
+
+
 def _source_fingerprint() -> str:
     """TileLang's version and a hash of the kernel-defining sources (computed once)."""
     if not _fingerprint:
         from importlib import metadata
-
-        from tileplug.core.quant import formats
 
         digest = hashlib.sha256()
         try:
             digest.update(metadata.version("tilelang").encode())
         except metadata.PackageNotFoundError:
             digest.update(b"tilelang-unknown")
-        here = Path(__file__).parent
-        for path in sorted(here.rglob("*.py")) + [Path(formats.__file__)]:
+        for path in kernel_source_files():
             digest.update(path.name.encode())
             digest.update(path.read_bytes())
         digest.update(repr(sorted(PASS_CONFIGS.items())).encode())

@@ -5,7 +5,7 @@ Thread ``i`` owns elements ``i·R … i·R + R − 1`` of the flat tensors, ``R`
 loads and stores are whole 128-bit accesses (``R = 16 / the smaller itemsize``): it loads its
 run of ``x``, converts it (``element_kernels`` holds the TileLang kernels) and stores it. The
 stochastic cast draws Philox blocks ``i·R/(4k) …`` for its run (``k`` random fields a word: 2 for
-fp32 → bf16 and fp32 → e4m3, 4 for bf16 → e4m3; element ``j`` rounds with field ``j mod k``
+fp32 → bf16, 4 for fp32 → e4m3 and bf16 → e4m3; element ``j`` rounds with field ``j mod k``
 of word ``j // k``), its last CTA advancing the offset (as ``fill_rand``: one launch). 128-bit
 loads and stores when ``x`` and ``result`` are both 16-byte aligned (checked per call),
 element by element otherwise. Nothing here imports TileLang.

@@ -3,8 +3,8 @@ rounding macros the quant tile kernel shares (``carry_round_to_e4m3``, ``carry_c
 
 ``nearest_cast``: a thread's run of ``x`` widened to fp32 (exact) and converted to the target by
 the store (round to nearest even; e4m3 with ``satfinite``). ``stochastic_cast``: element ``i``
-rounds with its ``w``-bit field of the draw (docs/spec.md §10.2: ``w`` = 16 for fp32 → bf16 and fp32
-→ e4m3, 8 for bf16 → e4m3; field ``i mod k`` of word ``i // k``, ``k = 32 // w``, the first
+rounds with its ``w``-bit field of the draw (docs/spec.md §10.2: ``w`` = 16 for fp32 → bf16, 8 for
+fp32 → e4m3 and bf16 → e4m3; field ``i mod k`` of word ``i // k``, ``k = 32 // w``, the first
 at the word's top), so a thread's Philox block serves ``4k`` elements of its run. ``a = |x|``
 between its neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
 ``floor((a − lo) / (hi − lo) · 2^w) + f ≥ 2^w``. Each rounding is a few integer operations:
@@ -12,10 +12,10 @@ between its neighbouring targets ``lo ≤ a < hi`` becomes ``hi`` iff
 - fp32 → bf16 (``w = 16``): the fraction is the 16 dropped bits ``m``, and ``m + f ≥ 2^16`` is a
   carry out of them: add ``f`` to the fp32 pattern and clear its low 16 bits (a carry is the step
   up, past the largest finite: inf).
-- bf16 → e4m3 (``w = 8``), fp32 → e4m3 (``w = 16``) and the e4m3 values of the stochastic per-token /
-  per-block casts (``w = 16``): a carry out of bits ``20 − w`` … 19 of the pattern of ``a`` (or of
-  ``a + 2^-6`` below e4m3's normal range), :func:`carry_round_to_e4m3`.
-- the e2m1 values of the stochastic per-token / per-block casts (``w = 16``): the same carry out of
+- bf16 → e4m3, fp32 → e4m3 and the e4m3 values of the stochastic per-token / per-block casts
+  (``w = 8``): a carry out of bits ``20 − w`` … 19 of the pattern of ``a`` (or of ``a + 2^-6`` below
+  e4m3's normal range), :func:`carry_round_to_e4m3`.
+- the e2m1 values of the stochastic per-token / per-block casts (``w = 8``): the same carry out of
   bits ``22 − w`` … 21 of ``a = min(a, 6)`` (1 mantissa bit; ``a + 1`` below 1, the subnormal 0.5 sharing
   [1, 2)'s step), the code read off the rounded pattern, :func:`carry_code_e2m1`.
 
@@ -90,8 +90,8 @@ E4M3_DROPPED_BITS = 20
 
 
 def e4m3_field_position(width: int) -> int:
-    """Where :func:`carry_round_to_e4m3` wants a ``width``-bit field: its top at bit 19 (12 for a bf16
-    source's 8 bits, 4 for an fp32 source's 16)."""
+    """Where :func:`carry_round_to_e4m3` wants a ``width``-bit field: its top at bit 19 (bit 12 for the
+    8 bits every e4m3 target takes)."""
     return E4M3_DROPPED_BITS - width
 
 
@@ -108,8 +108,8 @@ def carry_round_to_e4m3(value, field, run, j):
     past the largest finite fp32 it gives inf, 448 once stored; a NaN may carry into the sign, and
     is replaced by ``value``). Below 2^-6 the step is 2^-9, that of ``a + 2^-6``'s binade: the same
     carry on ``a + 2^-6`` added toward zero (its bits ``20 − w`` … 19 are then ``floor(p · 2^w)``
-    exactly, the truncations composing), then minus 2^-6, exact. Serves the element casts (bf16 → e4m3,
-    ``w = 8``, and fp32 → e4m3, ``w = 16``) and the e4m3 values of the per-token / per-block casts (``w = 16``);
+    exactly, the truncations composing), then minus 2^-6, exact. Serves the element casts (bf16 → e4m3
+    and fp32 → e4m3) and the e4m3 values of the per-token / per-block casts (``w = 8`` each);
     :func:`carry_code_e2m1` is the same carry on e2m1's grid."""
     magnitude = T.alloc_var("float32")
     offset = T.alloc_var("float32")

@@ -37,7 +37,7 @@ No ``from __future__ import annotations``: TileLang evaluates the prim_func anno
 import tilelang.language as T
 
 from tileplug.backend_cuda.quant import sf_math
-from tileplug.backend_cuda.quant.spec import KernelSpec
+from tileplug.backend_cuda.quant.spec import HIDDEN_MULTIPLE, KernelSpec
 from tileplug.backend_cuda.quant.element_kernels import (
     E2M1_DROPPED_BITS,
     carry_code_e2m1,
@@ -131,12 +131,23 @@ def build_kernel(spec: KernelSpec):
     assert not LOSSLESS or (QUANTIZED and MODE is QuantMode.CAST and not spec.stochastic)
     STOCHASTIC = spec.stochastic
     if STOCHASTIC:
-        # element i = r·H + c + j takes field i mod FIELDS of word i // FIELDS: a Philox block
-        # serves BLOCK_VALUES elements, a slot's VEC columns are whole blocks or (fp32 input,
-        # VEC = 4) one half of a block
+        # element i = r·H + c + j takes field i mod FIELDS of word i // FIELDS: a Philox block serves
+        # BLOCK_VALUES elements. A slot's VEC columns are whole blocks (a quantized input), or one part
+        # of PART_WORDS words of a block the SHARERS adjacent lanes of its row cover together (H and
+        # every slot's first column are multiples of BLOCK_VALUES, so the lanes' parts line up).
+        # Where a thread's slots come in whole SHARERS-tuples (SHARED), each lane of a tuple's lanes
+        # draws the block of one slot and they hand each other their parts with SHARERS - 1 shuffles:
+        # a block per BLOCK_VALUES elements, not per slot.
         FIELDS = 32 // QUANT_RANDOM_FIELD_BITS
         BLOCK_VALUES = 4 * FIELDS
-        assert MODE is QuantMode.CAST and (VEC % BLOCK_VALUES == 0 or 2 * VEC == BLOCK_VALUES)
+        assert MODE is QuantMode.CAST and (VEC % BLOCK_VALUES == 0 or BLOCK_VALUES % VEC == 0)
+        assert VEC % FIELDS == 0, "a slot's values take whole words"
+        assert HIDDEN_MULTIPLE % BLOCK_VALUES == 0, "every row starts on a Philox block"
+        BLOCKS_PER_SLOT = max(VEC // BLOCK_VALUES, 1)
+        SHARERS = max(BLOCK_VALUES // VEC, 1)
+        PART_WORDS = 4 // SHARERS
+        assert LR % SHARERS == 0, "a block's lanes lie in one row"
+        SHARED = SHARERS > 1 and NSLOT % SHARERS == 0
         # the carry rounding: e4m3's of the element casts (its field at bits 20 − w … 19), e2m1's codes read
         # off the same carry (its field at bits 22 − w … 21)
         if spec.fmt == "e4m3":
@@ -233,18 +244,50 @@ def build_kernel(spec: KernelSpec):
         return sf_math.group_scale(key, CMIN_BITS, FMAX, FRCP, ROUND, E4M3_SF, packed)
 
     if STOCHASTIC:
+        def pick(words, index, choices):
+            """``words[index]`` for a runtime ``index`` among ``choices`` (constants): a chain of selects,
+            where indexing would move the thread's words to local memory."""
+            picked = words[choices[-1]]
+            for choice in reversed(choices[:-1]):
+                picked = T.if_then_else(index == choice, words[choice], picked)
+            return picked
+
         @T.macro
-        def round_block(words, upper, k, yv, rounding):
-            """``yv``'s values of Philox block ``k`` of the slot rounded by ``rounding`` with their fields."""
-            for j in T.unroll(min(VEC, BLOCK_VALUES)):
-                word_index = j // FIELDS
-                if VEC < BLOCK_VALUES:  # the half of the block that holds column c
-                    word = T.if_then_else(upper, words[word_index + VEC // FIELDS], words[word_index])
-                else:
-                    word = words[word_index]
-                value_index = k * BLOCK_VALUES + j
-                rounding(yv[value_index], random_field(word, j % FIELDS, QUANT_RANDOM_FIELD_BITS, FIELD_POSITION),
-                         yv, value_index)
+        def round_values(slot_words, base, values, first, yv, rounding):
+            """``yv[first … first + values)``: each value rounded by ``rounding`` with its field of the words
+            ``slot_words[base …]`` (those of its Philox block that serve the slot's values, in order)."""
+            for j in T.unroll(values):
+                rounding(yv[first + j], random_field(slot_words[base + j // FIELDS], j % FIELDS,
+                                                     QUANT_RANDOM_FIELD_BITS, FIELD_POSITION), yv, first + j)
+
+        def tuple_part(words, received, position, q, u):
+            """Word ``u`` of this lane's part of slot ``first_slot + q``'s block: round ``t = p ^ q``
+            brought it (round 0: the lane's own block)."""
+            chosen = pick(words, position * PART_WORDS + u, [part * PART_WORDS + u for part in range(SHARERS)])
+            for t in range(1, SHARERS):
+                chosen = T.if_then_else((position ^ q) == t, received[(t - 1) * PART_WORDS + u], chosen)
+            return chosen
+
+        @T.macro
+        def draw_shared(words, received, tuple_words, first_slot, lane, bx, by, w, seed, drawn_offset):
+            """``tuple_words[q·PART_WORDS + u]`` = word ``u`` of the part of slot ``first_slot + q``'s block
+            that serves this lane (``q < SHARERS``): the lane at position ``p = lane % SHARERS`` draws the
+            block of slot ``first_slot + p`` (its lanes' block in that slot), then in round ``t`` it sends
+            part ``p ^ t`` of it to lane ``lane ^ t`` and receives its own part of slot
+            ``first_slot + (p ^ t)``'s block."""
+            position = lane % SHARERS
+            drawn_slot = first_slot + position
+            row, column = slot_row(bx, w, lane, drawn_slot), slot_col(by, lane, drawn_slot)
+            philox_block(seed[0], drawn_offset[0], (T.cast(row, "int64") * H + column) // BLOCK_VALUES, words,
+                         spec.philox_wide)
+            for t in T.unroll(1, SHARERS):
+                for u in T.unroll(PART_WORDS):
+                    sent = pick(words, (position ^ t) * PART_WORDS + u,
+                                [part * PART_WORDS + u for part in range(SHARERS)])
+                    received[(t - 1) * PART_WORDS + u] = T.shfl_xor(sent, t)
+            for q in T.unroll(SHARERS):
+                for u in T.unroll(PART_WORDS):
+                    tuple_words[q * PART_WORDS + u] = tuple_part(words, received, position, q, u)
 
     @T.macro
     def tile(x, sf_in, given, q, sf, seed, offset, arrivals, bx, by):
@@ -269,6 +312,10 @@ def build_kernel(spec: KernelSpec):
                 qv = T.alloc_local((VEC // VPB_OUT,), QDT)
             if STOCHASTIC:
                 words = T.alloc_local((4,), "uint32")
+                if SHARED:
+                    received = T.alloc_local(((SHARERS - 1) * PART_WORDS,), "uint32")
+                if SHARERS > 1:  # the words serving this lane's slots (SHARED: a tuple of slots; else its slot)
+                    tuple_words = T.alloc_local((4 if SHARED else PART_WORDS,), "uint32")
             if FAKE_QUANT:
                 scale = T.alloc_local((NSLOT,), "float32")  # each slot's group scale, as cast_back reads it
             if not PER_TOKEN and COMPUTE_SF:
@@ -473,19 +520,31 @@ def build_kernel(spec: KernelSpec):
                         else:
                             yv[j] = decoded(xv, i, j) * factor
                     if STOCHASTIC:  # element i = r·H + c + j: field i mod FIELDS of word i // FIELDS
-                        first = T.cast(r, "int64") * H + c
-                        upper = (first % BLOCK_VALUES) >= VEC  # a half block: c starts its upper half
-                        for k in T.unroll(max(VEC // BLOCK_VALUES, 1)):
-                            # one mul.wide.u32 a product by default (see KernelSpec.philox_wide)
-                            philox_block(seed[0], drawn_offset[0], first // BLOCK_VALUES + k, words, spec.philox_wide)
-                            if spec.fmt == "e4m3":  # the block's values all on normal steps: the short carry
-                                block_values = [k * BLOCK_VALUES + j for j in range(min(VEC, BLOCK_VALUES))]
-                                if on_normal_e4m3_steps(yv, block_values):
-                                    round_block(words, upper, k, yv, carry_round_normal_to_e4m3)
+                        for k in T.unroll(BLOCKS_PER_SLOT):
+                            if SHARERS == 1:  # one mul.wide.u32 a product by default (see KernelSpec.philox_wide)
+                                block = (T.cast(r, "int64") * H + c) // BLOCK_VALUES + k
+                                philox_block(seed[0], drawn_offset[0], block, words, spec.philox_wide)
+                                slot_words, base = words, 0
+                            elif SHARED:
+                                if i % SHARERS == 0:
+                                    draw_shared(words, received, tuple_words, i, lane, bx, by, w, seed, drawn_offset)
+                                slot_words, base = tuple_words, (i % SHARERS) * PART_WORDS
+                            else:  # the lane's own part of its slot's block
+                                block = (T.cast(r, "int64") * H + c) // BLOCK_VALUES
+                                philox_block(seed[0], drawn_offset[0], block, words, spec.philox_wide)
+                                for u in T.unroll(PART_WORDS):
+                                    tuple_words[u] = pick(words, (lane % SHARERS) * PART_WORDS + u,
+                                                          [part * PART_WORDS + u for part in range(SHARERS)])
+                                slot_words, base = tuple_words, 0
+                            first = k * BLOCK_VALUES
+                            values = min(VEC, BLOCK_VALUES)
+                            if spec.fmt == "e4m3":  # the slot's values all on normal steps: the short carry
+                                if on_normal_e4m3_steps(yv, [first + j for j in range(values)]):
+                                    round_values(slot_words, base, values, first, yv, carry_round_normal_to_e4m3)
                                 else:
-                                    round_block(words, upper, k, yv, round_value)
+                                    round_values(slot_words, base, values, first, yv, round_value)
                             else:  # e2m1: the carry's codes, no fp32 value and no encoder between
-                                round_block(words, upper, k, yv, round_value)
+                                round_values(slot_words, base, values, first, yv, round_value)
                     if spec.fmt == "e4m3":
                         for j in T.vectorized(VEC):
                             qv[j] = T.cast(yv[j], "float8_e4m3fn")

@@ -80,8 +80,9 @@ class KernelSpec:
 
     ``stochastic`` (cast mode): the narrowing of ``x · inv`` rounds stochastically with the
     Philox words of the generator's ``seed`` / ``offset`` buffers (element ``i = r·H + c`` with
-    16-bit field ``i mod 2`` of word ``i // 2``: a slot's ``VEC`` columns are whole Philox blocks of
-    8 elements, or half of one for an fp32 input, H being a multiple of 16).
+    8-bit field ``i mod 4`` of word ``i // 4``: a Philox block serves 16 elements, a slot's ``VEC``
+    columns are one whole block for a quantized input, half of one for bf16, a quarter for fp32,
+    H being a multiple of 16; the lanes sharing a block draw one each and exchange their parts).
 
     ``philox_wide`` (with ``stochastic``): the Philox rounds take each 32 × 32 → 64-bit product as one
     ``mul.wide.u32`` instead of ``__umulhi`` and a 32-bit product (the same words; nvcc 13.0, sm_90: per-token
