@@ -410,11 +410,11 @@ def test_a_tuning_variable_the_knob_cannot_take_is_named(monkeypatch, name, valu
 
 
 @pytest.mark.parametrize("source, target, fields, blocks, run", [(FP32, BF16, 2, 1, 8),
-                                                                 (FP32, torch.float8_e4m3fn, 2, 2, 16),
+                                                                 (FP32, torch.float8_e4m3fn, 4, 1, 16),
                                                                  (BF16, torch.float8_e4m3fn, 4, 1, 16)])
 def test_a_stochastic_cast_thread_takes_whole_blocks_of_its_pairs_fields(source, target, fields, blocks, run) -> None:
     """A thread's run of one 128-bit access is ``R / (4k)`` Philox blocks of ``k`` fields a word
-    (core's field widths: 16, 16, 8 bits); the nearest cast's run is the same access."""
+    (core's field widths: 16, 8, 8 bits); the nearest cast's run is the same access."""
     from tileplug.backend_cuda.quant.element_cast import ElementCastSpec, TL_DTYPES
     from tileplug.core.contracts.cast import RANDOM_FIELD_BITS
 
