@@ -4,8 +4,8 @@ docs/spec.md §10.2): LOWERING tests and a CPU emulation of the narrowing. Nothi
 * Every ``stochastic_cases()`` case of the op table lowers to Ascend C (disk-cached, in a process
   pool of 2, as tests/test_ascend_lowering.py) and passes the checks the quant grid applies, or is
   declined with a reason the backend states (e4m3-stored sf). Its source holds the Philox rounds of
-  ``fill_rand`` once per draw a traced tile row makes (its whole groups of 512 elements, a last
-  partial one), the words split into 16-bit fields, the state DMA'd GM -> UB before the tile loop
+  ``fill_rand`` once per draw a traced tile row makes (its whole groups of 1024 elements, a last
+  partial one), the words split into 8-bit fields, the state DMA'd GM -> UB before the tile loop
   and never written, and the integer grid rounding; the same specialisation without stochastic
   rounding holds none of it.
 * The emulation runs the very functions the kernel is traced from on numpy (the rounding of
@@ -13,7 +13,7 @@ docs/spec.md §10.2): LOWERING tests and a CPU emulation of the narrowing. Nothi
   ``row_draw`` / ``first_block_of`` / ``group_random_bits`` over the tiles as the kernel walks them)
   and compares bytes with the reference: edge values and exact thresholds of both formats, the
   random fields of every element of tiled calls (docs/spec.md §10.2: element ``i = t·H + h`` takes
-  the 16-bit field ``i mod 2`` of word ``i // 2``, core's ``QUANT_RANDOM_FIELD_BITS``) against the
+  the 8-bit field ``i mod 4`` of word ``i // 4``, core's ``QUANT_RANDOM_FIELD_BITS``) against the
   reference's ``element_random_bits``, and whole casts against the reference's ``q``. What it
   cannot show: that the hardware instructions behave as ``random/vector_ops.py`` assumes.
 
@@ -50,13 +50,13 @@ ROUNDING_BITS = 24
 """The fixed point of the kernel's rounding: a field ``f`` of ``w`` bits enters it as ``f << (24 − w)``."""
 FIELDS_PER_WORD = 32 // QUANT_RANDOM_FIELD_BITS
 GROUP_ELEMENTS = 64 * 4 * FIELDS_PER_WORD
-"""Elements of one draw over the 64 lanes: 64 Philox blocks of 4 words of 2 fields (512)."""
+"""Elements of one draw over the 64 lanes: 64 Philox blocks of 4 words of 4 fields (1024)."""
 
 
 def expected_row_draws(widths) -> list[int]:
     """The draws the source should hold for tile rows of ``widths`` columns, as the 64-lane
-    registers of fields each stores: per width a loop over whole groups of 512 elements (traced
-    once, all 8 registers) when the row has one, and a last partial group storing only the
+    registers of fields each stores: per width a loop over whole groups of 1024 elements (traced
+    once, all 16 registers) when the row has one, and a last partial group storing only the
     registers up to the width."""
     draws = []
     for width in widths:
@@ -158,13 +158,13 @@ def _f32_bits(value: float) -> int:
 @pytest.mark.parametrize("case", CASES, ids=[name for name, _ in CASES])
 def test_philox_and_state_only_in_the_stochastic_specialisation(lowered, case):
     """The stochastic source: the Philox multipliers, nine key increments and 20 ``vmull`` per
-    draw of a traced tile row (full and last tile: a loop over whole groups of 512 elements, a last
-    partial group), each word split into two 16-bit fields moved to bits ``[8, 24)`` (``(w >> 8) &
-    0xFFFF00`` and ``(w << 8) & 0xFFFF00``), one store into ``bits_ub`` per register of fields up to
-    the tile width, the seed and offset DMA'd GM -> UB once, before the tile loop, and never
-    written; the rounding's carry out of bit 24 and the grid's saturation and smallest-normal
-    exponent as integers; e4m3 codes stored without an fp8 conversion. The same specialisation
-    without stochastic rounding: none of it."""
+    draw of a traced tile row (full and last tile: a loop over whole groups of 1024 elements, a last
+    partial group), each word split into four 8-bit fields moved to bits ``[16, 24)`` (``(w >> 8) &
+    0xFF0000``, ``w & 0xFF0000``, ``(w << 8) & 0xFF0000`` and ``(w << 16) & 0xFF0000``), one store
+    into ``bits_ub`` per register of fields up to the tile width, the seed and offset DMA'd GM -> UB
+    once, before the tile loop, and never written; the rounding's carry out of bit 24 and the grid's
+    saturation and smallest-normal exponent as integers; e4m3 codes stored without an fp8
+    conversion. The same specialisation without stochastic rounding: none of it."""
     from tileplug.backend_ascend.random import philox
 
     result = lowered[case[0]]
@@ -175,15 +175,25 @@ def test_philox_and_state_only_in_the_stochastic_specialisation(lowered, case):
     for constant in philox.WEYL_CONSTANTS:
         assert source.count(f"(uint32_t){constant}") == 9 * len(draws), hex(constant)
     assert source.count("simd_inst::vmull(") == 2 * philox.ROUNDS * len(draws)
-    # each word register a stored register needs, split once: field 0 (the top 16 bits) shifted
-    # right by 32 − 16 − 8, field 1 left by 8, both masked to bits [8, 24)
+    # each word register a stored register needs, split once: field s (bits [24 − 8s, 32 − 8s))
+    # shifted right by 8 − 8s (field 0 right by 8, field 1 not at all, fields 2 and 3 left by 8
+    # and 16), each masked to bits [16, 24)
     words_split = sum(math.ceil(registers / FIELDS_PER_WORD) for registers in draws)
     field_mask = ((1 << QUANT_RANDOM_FIELD_BITS) - 1) << (ROUNDING_BITS - QUANT_RANDOM_FIELD_BITS)
-    for field, shift in ((0, "vshrs"), (1, "vshls")):
-        moved = re.findall(rf"field{field}_moved\w* = simd_inst::{shift}\(\w+, \(uint32_t\)8,", source)
-        masked = re.findall(rf"field{field}\w* = simd_inst::vand\(field{field}_moved\w*, "
+    for field in range(FIELDS_PER_WORD):
+        shift = 32 - QUANT_RANDOM_FIELD_BITS * (field + 1) - (ROUNDING_BITS - QUANT_RANDOM_FIELD_BITS)
+        if shift:
+            instruction = "vshrs" if shift > 0 else "vshls"
+            moved = re.findall(rf"field{field}_moved\w* = simd_inst::{instruction}\(elements_\w+, "
+                               rf"\(uint32_t\){abs(shift)},", source)
+            assert len(moved) == words_split, (field, len(moved), words_split)
+            operand = rf"field{field}_moved\w*"
+        else:  # the field is in place: the ordered word itself is masked
+            assert f"field{field}_moved" not in source, field
+            operand = r"elements_\w+"
+        masked = re.findall(rf"field{field}\w* = simd_inst::vand\({operand}, "
                             rf"simd_inst::vdup<uint32_t>\(\(uint32_t\){field_mask},", source)
-        assert len(moved) == len(masked) == words_split, (field, len(moved), len(masked), words_split)
+        assert len(masked) == words_split, (field, len(masked), words_split)
     stores = re.findall(r"simd_inst::vsts\w*\(\(\*\(vector_s32 \*\)\(&\(drawn_bits\w*\)\)\)", source)
     assert len(stores) == sum(draws), (len(stores), draws)
     loop = source.index("for (int32_t it = 0;")
@@ -339,7 +349,7 @@ def _threshold_bits(values: torch.Tensor, fmt: str, field_bits: int) -> list[np.
     """Per value, the ``w``-bit fields at its rounding threshold (``w = field_bits``), as the 24-bit
     ``r = f << (24 − w)`` the rounding adds: ``f = 2^w − floor(p·2^w)`` (rounds up) and one less
     (rounds down), clipped to ``w`` bits; computed here in fp64 on the grid table. ``w = 24``: every
-    bit of ``r``; ``w = 16``: the fields the casts' draw gives (docs/spec.md §10.2)."""
+    bit of ``r``; ``w = 8``: the fields the casts' draw gives (docs/spec.md §10.2)."""
     grid = GRID_VALUES[fmt].double()
     magnitude = values.double().abs().nan_to_num(0.0).clamp(max=grid[-1].item())
     low_index = (torch.searchsorted(grid, magnitude, right=True) - 1).clamp(max=grid.numel() - 2)
@@ -354,8 +364,8 @@ def _threshold_bits(values: torch.Tensor, fmt: str, field_bits: int) -> list[np.
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_emulated_narrowing_of_the_edge_values_is_the_reference(fmt, flush_denormals):
     """Each edge value with 24-bit ``r`` at the fixed boundaries (0, 1, 2^23, 2^24 − 1, ...), at its
-    own threshold and one below (to the last of the 24 bits, and as 16-bit fields ``f << 8``, what
-    the casts' draw gives), and random ones (24-bit and ``f << 8``): the kernel's codes are the
+    own threshold and one below (to the last of the 24 bits, and as 8-bit fields ``f << 16``, what
+    the casts' draw gives), and random ones (24-bit and ``f << 16``): the kernel's codes are the
     reference's bytes."""
     values = narrowing_edges(fmt)
     chooser = np.random.default_rng(11)
@@ -373,10 +383,10 @@ def test_emulated_narrowing_of_the_edge_values_is_the_reference(fmt, flush_denor
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_emulated_thresholds_round_up_exactly_there(fmt):
-    """Between two grid neighbours, a value rounds up exactly when ``floor(p·2^16) + f ≥ 2^16`` for
-    its 16-bit field ``f`` (docs/spec.md §10.2; the kernel adds ``r = f << 8`` to ``floor(p·2^24)``):
+    """Between two grid neighbours, a value rounds up exactly when ``floor(p·2^8) + f ≥ 2^8`` for
+    its 8-bit field ``f`` (docs/spec.md §10.2; the kernel adds ``r = f << 16`` to ``floor(p·2^24)``):
     at the threshold field the result is the upper neighbour, one below it the lower one (the codes
-    differ by one); the expected value over every residue of a coarse field grid is the value."""
+    differ by one); the expected value over every one of the 256 fields is the value."""
     grid = GRID_VALUES[fmt]
     values = (grid[:-1] + (grid[1:] - grid[:-1]) * 0.3125).float()
     up, down = _threshold_bits(values, fmt, QUANT_RANDOM_FIELD_BITS)
@@ -385,7 +395,7 @@ def test_emulated_thresholds_round_up_exactly_there(fmt):
     low = _kernel_codes(ops, values, down, fmt).astype(np.int64)
     assert (high - low == 1).all() and (low == np.arange(values.numel())).all()
     field_shift = ROUNDING_BITS - QUANT_RANDOM_FIELD_BITS
-    residues = np.arange(0, 1 << QUANT_RANDOM_FIELD_BITS, 1 << 4, dtype=np.uint32) << field_shift
+    residues = np.arange(0, 1 << QUANT_RANDOM_FIELD_BITS, dtype=np.uint32) << field_shift
     for value in values.tolist():
         codes = _kernel_codes(ops, torch.full((residues.size,), value), residues, fmt)
         mean = GRID_VALUES[fmt][torch.from_numpy(codes.astype(np.int64))].double().mean().item()
@@ -412,14 +422,14 @@ def test_emulation_catches_a_wrong_grid():
 # ---------------------------------------------------------------------- CPU emulation: which fields
 
 UNSTORED = 0xFFFFFFFF
-"""What a column of ``bits_ub`` no draw stored holds in the emulation: no ``f << 8`` of a 16-bit field."""
+"""What a column of ``bits_ub`` no draw stored holds in the emulation: no ``f << 16`` of an 8-bit field."""
 
 
 def emulated_tile_bits(spec, tiling, tokens: int, seed: int, offset: int) -> np.ndarray:
-    """The random bits the kernel rounds element ``(t, h)`` with (its field ``f`` as ``f << 8``),
+    """The random bits the kernel rounds element ``(t, h)`` with (its field ``f`` as ``f << 16``),
     ``[T, H]`` uint32: the kernel's walk over its (row tile, column tile) items -- row tiles of
     ``spec.rows`` rows, column tiles of ``tiling.width`` and the last of ``tiling.tail`` --, per
-    valid row of a tile the draws of ``row_draw(w)`` (whole groups of 512 elements, then the first
+    valid row of a tile the draws of ``row_draw(w)`` (whole groups of 1024 elements, then the first
     registers of a last one) from ``first_block_of(row, col0, H)``, through ``group_random_bits``
     (element order) into that row of ``bits_ub`` as the plan sizes it (a store past its end fails),
     each element of the tile taking the bits at its column. The rows of a row tile are drawn
@@ -465,19 +475,20 @@ def _spec_and_tiling(case, width=None):
     return spec, Tiling(spec, width)
 
 
-LAYOUTS = [(1, None, 3), (4, None, 9), (4, 256, 9), (7, 192, 3), (7, None, 40), (5, None, 2), (6, None, 300),
-           (8, None, 131), (8, 512, 131), (9, 128, 70)]
-"""(stochastic case index, forced tile width or None, tokens): whole rows of 576 (a whole group and
-one register of a second) and 592 (a last group of two registers, the second half padding), rows of
-7168 (14 whole groups), a 32-row tile of 576-wide rows, narrow tiles with a last partial tile (64-
-and 128-row tiles; tiles of exactly one group), partial row tiles at the end."""
+LAYOUTS = [(1, None, 3), (4, None, 9), (4, 256, 9), (7, 192, 3), (7, None, 40), (5, None, 2), (5, 1152, 2),
+           (6, None, 300), (8, None, 131), (8, 1024, 131), (9, 128, 70)]
+"""(stochastic case index, forced tile width or None, tokens): whole rows of 576 (the first 9 of a
+group's 16 registers) and 592 (10 registers, the last one's 16 columns followed by padding), rows of
+7168 (7 whole groups), tiles of 1152 columns (a whole group and 2 registers of a second) with a last
+tile of 256, a 32-row tile of 576-wide rows, narrow tiles with a last partial tile (64- and 128-row
+tiles; tiles of exactly one group, then one of 16 columns), partial row tiles at the end."""
 
 
 @pytest.mark.parametrize("index, width, tokens", LAYOUTS,
                          ids=[f"case{i}-w{w or 'budget'}-T{t}" for i, w, t in LAYOUTS])
 def test_emulated_fields_of_every_element_are_the_draw(index, width, tokens):
-    """Element ``i = t·H + h`` gets field ``i mod 2`` of word ``i // 2`` of the draw under (seed,
-    offset), its 16 bits as ``f << 8`` (docs/spec.md §10.2, core's ``QUANT_RANDOM_FIELD_BITS``):
+    """Element ``i = t·H + h`` gets field ``i mod 4`` of word ``i // 4`` of the draw under (seed,
+    offset), its 8 bits as ``f << 16`` (docs/spec.md §10.2, core's ``QUANT_RANDOM_FIELD_BITS``):
     the kernel's tile walk (budget tiling or a forced narrower one) against the reference's
     ``element_random_bits(seed, offset, [T, H], QUANT_RANDOM_FIELD_BITS)``."""
     from tileplug.reference.quant.stochastic_cast import element_random_bits
@@ -491,10 +502,10 @@ def test_emulated_fields_of_every_element_are_the_draw(index, width, tokens):
 
 
 def test_emulation_catches_a_wrong_field_layout():
-    """The comparison can fail: the layout before docs/spec.md §10.2 took 16-bit fields (a word's
-    top 24 bits an element, a block per 4 elements), a first block one too far, rows numbered by a
-    padded stride, a word's two fields in the other order, or a last partial group one register
-    short give other bits."""
+    """The comparison can fail: the layouts before docs/spec.md §10.2 took 8-bit fields (16-bit
+    fields, two a word, a block per 8 elements; before that a word's top 24 bits an element, a block
+    per 4 elements), a first block one too far, rows numbered by a padded stride, a word's four
+    fields in the other order, or a last partial group one register short give other bits."""
     from tileplug.backend_ascend.quant import stochastic_cast, tile_kernel
     from tileplug.reference.quant.stochastic_cast import element_random_bits
 
@@ -518,9 +529,12 @@ def test_emulation_catches_a_wrong_field_layout():
         whole_groups, last_registers = row_draw(width)
         return whole_groups, last_registers - 1
 
+    two_fields_a_word = dict(QUANT_RANDOM_FIELD_BITS=16, RANDOM_FIELDS_PER_WORD=2, RANDOM_BLOCK_ELEMENTS=8,
+                             RANDOM_GROUP_ELEMENTS=512, RANDOM_GROUP_REGISTERS=8)
     word_per_element = dict(QUANT_RANDOM_FIELD_BITS=24, RANDOM_FIELDS_PER_WORD=1, RANDOM_BLOCK_ELEMENTS=4,
                             RANDOM_GROUP_ELEMENTS=256, RANDOM_GROUP_REGISTERS=4)
     wrongs = [
+        mock.patch.multiple(tile_kernel, **two_fields_a_word),
         mock.patch.multiple(tile_kernel, **word_per_element),
         mock.patch.object(tile_kernel, "first_block_of", block_too_far),
         mock.patch.object(tile_kernel, "first_block_of", padded_stride),

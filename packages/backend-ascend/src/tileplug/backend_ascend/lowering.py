@@ -8,7 +8,8 @@ disk, and compiling it once per specialisation (shared by every family).
   ``$TILEPLUG_ASCEND_LOWER_CACHE`` (default ``~/.cache/tileplug/ascend-lower``) under two keys:
   the *spec key* (the specialisation's repr, the TileLang and TVM versions and a hash of every
   source file the kernels are built from: all of ``tileplug.backend_ascend`` and the core
-  modules it takes numbers from), whose hit skips tracing and lowering; and the *TIR key* (a
+  modules it takes numbers from -- the formats, the scale math, the cast contract's random field
+  widths, the SwiGLU sigmoid table), whose hit skips tracing and lowering; and the *TIR key* (a
   digest of the traced prim_func's TVMScript, the versions and a hash of the two modules that
   turn a prim_func into a :class:`Lowered`), whose hit skips lowering. An edit of one kernel
   family changes every spec key but only the TIR of the specialisations it really changes, so
@@ -112,10 +113,13 @@ def _versions() -> dict[str, str]:
 def _inputs_fingerprint() -> dict[str, str]:
     """Versions and source hash that, with the specialisation, determine a lowering."""
     import tileplug.backend_ascend as backend
+    from tileplug.core.contracts import cast
     from tileplug.core.quant import formats, sf_math
+    from tileplug.core.swiglu import sigmoid_table
 
     root = Path(backend.__file__).parent
-    files = sorted(root.rglob("*.py")) + [Path(formats.__file__), Path(sf_math.__file__)]
+    numbers = (formats, sf_math, cast, sigmoid_table)  # the core modules whose constants the kernels are traced with
+    files = sorted(root.rglob("*.py")) + [Path(module.__file__) for module in numbers]
     return {**_versions(), "sources": _digest_files(files, root)}
 
 

@@ -240,7 +240,7 @@ def sf_macros(fmt, round_sf: bool, clamp_min: float, packed: bool, writes_sf: bo
 def stochastic_store(fmt: str):
     """The stochastic narrowing of the casts with ``stochastic_rounding=True`` (docs/spec.md §10.2):
     the macro ``store(q_ub, code_ub, at, y, bits_ub)`` rounds ``y = x · inv`` onto ``fmt``'s grid
-    with the random bits at ``bits_ub[at]`` (each element's 16-bit field ``f`` as ``f << 8``, the
+    with the random bits at ``bits_ub[at]`` (each element's 8-bit field ``f`` as ``f << 16``, the
     rounding's 24-bit fixed point, :func:`~.tile_kernel.group_random_bits`; uint32 held as int32)
     -- the integer rounding of ``stochastic_cast`` (:func:`~.stochastic_cast.grid_codes`), saturating, sign kept,
     NaN as the deterministic encoder of :func:`sf_macros` gives it (e4m3 0x7F, e2m1 6's code) --

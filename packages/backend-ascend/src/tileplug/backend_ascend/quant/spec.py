@@ -31,7 +31,7 @@ class TileSpec:
     ``qin``: (fmt, ibm, ibn, sf kind "fp32"|"ue8m0", col_major) of a quantized input.
     ``given``: (sf kind, col_major) of precomputed scales. ``out_dtype``: cast_back result.
     ``stochastic``: the narrowing of ``x·inv`` rounds stochastically (docs/spec.md §10.2), element
-    ``i = t·H + h`` with the 16-bit field ``i mod 2`` of word ``i // 2`` of the Philox draw under
+    ``i = t·H + h`` with the 8-bit field ``i mod 4`` of word ``i // 4`` of the Philox draw under
     the generator's (seed, offset).
     ``e4m3_sf``: scales rounded to e4m3 (fake quant only: the rounded value multiplies back,
     nothing is stored). Fake quant (mode ``CAST_AND_CAST_BACK``): ``out_dtype`` is x's dtype.
@@ -169,7 +169,7 @@ class TileSpec:
                 p["q_ub"] = ((R, wp // 2), "int8", V)
         if self.stochastic:
             # the generator's state words (read once) and the tile's random bits (each element's
-            # field f as f << 8, uint32 held as int32), one per column of each row: the draw
+            # field f as f << 16, uint32 held as int32), one per column of each row: the draw
             # stores whole registers and none past the row (tile_kernel.row_draw)
             p["seed_ub"] = ((STATE_SLOT,), "int32", 1)
             p["offset_ub"] = ((STATE_SLOT,), "int32", 1)

@@ -1,7 +1,7 @@
 """Ascend kernel of ``stochastic_cast`` (docs/spec.md §10.2): ``x`` (fp32 → bf16 or e4m3, bf16 →
 e4m3) narrowed with stochastic rounding under the Philox draw of ``(seed, offset)``; then
 ``offset += 1``. Element ``i`` (row-major) takes a field of ``w`` random bits (:data:`FIELD_BITS`,
-core's ``RANDOM_FIELD_BITS``: 16 for fp32 → bf16 and fp32 → e4m3, 8 for bf16 → e4m3): field
+core's ``RANDOM_FIELD_BITS``: 16 for fp32 → bf16, 8 for fp32 → e4m3 and bf16 → e4m3): field
 ``i mod k`` of word ``i // k`` (``k = 32 / w`` fields a word, counted from its top; word ``j`` of
 the draw is the word ``fill_rand`` gives element ``j``), and rounds with it shifted up to 24 bits,
 ``r_i = f_i · 2^(24 − w)`` (at ``w = 24``: ``word_i >> 8``), so one 24-bit rounding serves every
@@ -15,13 +15,14 @@ blocks (256 words) serves ``256·k`` elements (a tile of 4096 is ``16 / k`` grou
 starting at block ``t · 1024 / k``), and the fields round the tile's values (:func:`round_group`)
 instead of becoming values. Per group (:func:`element_bits`): the four word registers (lane =
 block) are interleaved into word order (``philox.element_order``: register ``m`` holds words
-``64m .. 64m + 63``); each is split into its ``k`` field registers (:func:`word_fields`: one shift
-and one mask each, ``f_s`` of lane ``j`` = field ``s`` of word ``j`` at bits ``[24 − w, 24)``), and
+``64m .. 64m + 63``); each is split into its ``k`` field registers (:func:`word_fields`: a shift,
+none for a field already in place, and a mask each, ``f_s`` of lane ``j`` = field ``s`` of word
+``j`` at bits ``[24 − w, 24)``), and
 those are interleaved (:func:`field_order`: one ``vintlv`` for ``k = 2``, the four of
 ``element_order`` for ``k = 4``) into ``k`` registers of consecutive elements, ``64k·m ..
 64k·m + 64k − 1``, which line up with the loaded registers of ``x`` at the same index. So the
-Philox rounds run once per ``k`` elements: per element 1/8 block for fp32 → bf16 and fp32 → e4m3,
-1/16 for bf16 → e4m3.
+Philox rounds run once per ``k`` elements: per element 1/8 block for fp32 → bf16, 1/16 for fp32 →
+e4m3 and bf16 → e4m3.
 
 The rounding is integer work on the fp32 bit patterns (a bf16 ``x`` widened exactly: its 16 bits
 shifted up), plain Python over ``ops`` (:mod:`~tileplug.backend_ascend.random.vector_ops`; the tests
@@ -44,7 +45,7 @@ conversion instruction decides a rounding, a saturation or a NaN:
   value, smallest normal exponent, mantissa bits, NaN code, sign bit): e4m3 here, and e2m1 too for
   the stochastic per-token / per-block casts of the quant tile kernel (``E = max(a >> 23, 127)``,
   ``s = a · 2^(128 − E)``, code ``(E − 127) · 2 + n + up``, NaN → 7, the sign as bit 3), which take
-  their fields from :func:`element_bits` too (``w = 16``, core's ``QUANT_RANDOM_FIELD_BITS``).
+  their fields from :func:`element_bits` too (``w = 8``, core's ``QUANT_RANDOM_FIELD_BITS``).
 
 No ``from __future__ import annotations`` here: TileLang parses the macros' source.
 
@@ -115,7 +116,8 @@ def word_fields(ops, words, field_bits: int) -> tuple:
     """A register of words (lane ``j``: word ``j``) → its ``k = 32 / field_bits`` field registers:
     register ``s`` holds, in lane ``j``, field ``s`` of word ``j`` (counted from the top: bits
     ``[32 − w·(s + 1), 32 − w·s)``) moved to bits ``[24 − w, 24)``, i.e. ``f · 2^(24 − w)``: a shift
-    by ``8 − w·s`` (right when positive, left when negative) and a mask."""
+    by ``8 − w·s`` (right when positive, left when negative, none at 0: field 1 of ``w = 8``) and a
+    mask."""
     fields = []
     mask = ((1 << field_bits) - 1) << (RANDOM_BITS - field_bits)
     for index in range(WORD_BITS // field_bits):
@@ -148,7 +150,7 @@ def element_bits(ops, words, field_bits: int):
     consecutive elements, yielded in order (a generator, so that the kernel emits each word
     register's fields just before the loads and roundings that use them). Serves this kernel's
     pairs and the stochastic per-token / per-block casts of the quant tile kernel (``field_bits``
-    16: core's ``QUANT_RANDOM_FIELD_BITS``; ``quant/tile_kernel.py``'s ``group_random_bits``)."""
+    8: core's ``QUANT_RANDOM_FIELD_BITS``; ``quant/tile_kernel.py``'s ``group_random_bits``)."""
     for ordered in philox.element_order(ops, words):  # words 64m .. 64m + 63
         yield from field_order(ops, word_fields(ops, ordered, field_bits))
 
@@ -357,7 +359,7 @@ class StochasticCastSpec(ElementCastSpec):
 
     @property
     def elements_per_word(self) -> int:
-        """``k = 32 / w``: 2 for fp32 → bf16 and fp32 → e4m3, 4 for bf16 → e4m3."""
+        """``k = 32 / w``: 2 for fp32 → bf16, 4 for fp32 → e4m3 and bf16 → e4m3."""
         return WORD_BITS // self.field_bits
 
 

@@ -44,20 +44,20 @@ Stochastic rounding (``spec.stochastic``, docs/spec.md §10.2; the main casts on
 seed and offset words are DMA'd into UB once per core (read only: the kernel object queues the
 offset's advance after the launch, on the same stream); per tile, one more ``T.SimdVF`` region (:func:`draw_bits`, before the
 compute region) runs the Philox rounds of ``fill_rand`` for each valid row of the tile, in groups
-of 64 blocks = 512 elements from the block holding the tile's first element of the row. Element
-``i = t·H + h`` takes a 16-bit field (core's ``QUANT_RANDOM_FIELD_BITS``, two a word): field
-``i mod 2`` of word ``(i // 2) mod 4`` of block ``i // 8``, the first field at the word's top
+of 64 blocks = 1024 elements from the block holding the tile's first element of the row. Element
+``i = t·H + h`` takes an 8-bit field (core's ``QUANT_RANDOM_FIELD_BITS``, four a word): field
+``i mod 4`` of word ``(i // 4) mod 4`` of block ``i // 16``, the first field at the word's top
 (:func:`first_block_of`; a tile starts on a multiple of 64 columns and H is a multiple of 16, so
 every row of a tile starts on a block). Each group's words are split into their fields in element
 order (:func:`group_random_bits`, ``stochastic_cast``'s ``element_bits``) and stored as
-``f << 8`` into ``bits_ub``: the row's whole groups, then of a last partial group only the
+``f << 16`` into ``bits_ub``: the row's whole groups, then of a last partial group only the
 registers the row reaches (:func:`row_draw`), so a row of ``bits_ub`` is the tile width rounded
 up to whole registers. The compute region then narrows each ``x·inv`` register with the bits of
 the same columns (:func:`~.sf_macros.stochastic_store`, the integer rounding of
-``stochastic_cast`` in its 24-bit fixed point: up when ``floor(p·2^24) + (f << 8) ≥ 2^24``, i.e.
-``floor(p·2^16) + f ≥ 2^16``). The scales are computed exactly as without it. The block index is
+``stochastic_cast`` in its 24-bit fixed point: up when ``floor(p·2^24) + (f << 16) ≥ 2^24``, i.e.
+``floor(p·2^8) + f ≥ 2^8``). The scales are computed exactly as without it. The block index is
 uint32 arithmetic and counter word 1 (``b >> 32``) is 0, as in the draw kernels: exact while
-``T·H < 2^35`` elements (2^32 blocks, a 64 GiB bf16 input); the GM offsets are int64.
+``T·H < 2^36`` elements (2^32 blocks, a 128 GiB bf16 input); the GM offsets are int64.
 """
 
 import itertools
@@ -76,14 +76,14 @@ from tileplug.core.contracts.cast import QUANT_RANDOM_FIELD_BITS
 from tileplug.core.quant.sf_math import ceil_div
 
 RANDOM_FIELDS_PER_WORD = WORD_BITS // QUANT_RANDOM_FIELD_BITS
-"""Elements one Philox word serves in the stochastic casts: 2 (docs/spec.md §10.2: a
+"""Elements one Philox word serves in the stochastic casts: 4 (docs/spec.md §10.2: a
 ``QUANT_RANDOM_FIELD_BITS``-bit field each, the first at the word's top)."""
 RANDOM_BLOCK_ELEMENTS = philox.WORDS_PER_BLOCK * RANDOM_FIELDS_PER_WORD
-"""Elements one Philox block serves: 8 (element ``i = t·H + h`` is in block ``i // 8``)."""
+"""Elements one Philox block serves: 16 (element ``i = t·H + h`` is in block ``i // 16``)."""
 RANDOM_GROUP_ELEMENTS = philox.BLOCKS_PER_GROUP * RANDOM_BLOCK_ELEMENTS
-"""Elements one group of 64 Philox blocks (one block per lane) serves: 512."""
+"""Elements one group of 64 Philox blocks (one block per lane) serves: 1024."""
 RANDOM_GROUP_REGISTERS = RANDOM_GROUP_ELEMENTS // LANES
-"""64-lane registers of one group's fields, in element order: 8."""
+"""64-lane registers of one group's fields, in element order: 16."""
 
 
 def _rest(items):
@@ -97,19 +97,20 @@ def _subgroups(lanes: int, bn: int):
 
 def first_block_of(row, column, hidden: int):
     """The Philox block whose first field is element ``(row, column)`` of the ``[T, hidden]``
-    values (``column`` a multiple of 8, ``hidden`` of 16, so that every row starts on a block):
-    ``(row·hidden + column) / 8``."""
+    values (``column`` and ``hidden`` multiples of 16, so that every row starts on a block):
+    ``(row·hidden + column) / 16``."""
     assert hidden % RANDOM_BLOCK_ELEMENTS == 0, f"H = {hidden}: rows must start on a Philox block"
     return row * (hidden // RANDOM_BLOCK_ELEMENTS) + column // RANDOM_BLOCK_ELEMENTS
 
 
 def group_random_bits(ops, multipliers, key, offset, first_block, registers: int = RANDOM_GROUP_REGISTERS) -> tuple:
-    """The random bits of the first ``64·registers`` of the 512 elements of Philox blocks
+    """The random bits of the first ``64·registers`` of the 1024 elements of Philox blocks
     ``first_block .. + 63`` under ``key`` / ``offset`` (register pairs), in element order:
-    ``registers`` ``uint32`` registers of 64 consecutive elements (at most 8). Element ``e`` of the
-    group takes field ``e mod 2`` of the group's word ``e // 2`` (word ``j`` is word ``j mod 4`` of
-    block ``first_block + j // 4``), its 16 bits ``f`` as ``f << 8``, the rounding's 24-bit fixed
-    point (:func:`~.stochastic_cast.element_bits`, which splits only the registers taken). Plain
+    ``registers`` ``uint32`` registers of 64 consecutive elements (at most 16). Element ``e`` of the
+    group takes field ``e mod 4`` of the group's word ``e // 4`` (word ``j`` is word ``j mod 4`` of
+    block ``first_block + j // 4``), its 8 bits ``f`` as ``f << 16``, the rounding's 24-bit fixed
+    point (:func:`~.stochastic_cast.element_bits`, which splits only the word registers the taken
+    field registers come from: four field registers each). Plain
     Python over ``ops``, as :mod:`~tileplug.backend_ascend.random.philox`."""
     words = philox.block_words(ops, multipliers, first_block, key, offset)
     return tuple(itertools.islice(element_bits(ops, words, QUANT_RANDOM_FIELD_BITS), registers))
@@ -117,7 +118,7 @@ def group_random_bits(ops, multipliers, key, offset, first_block, registers: int
 
 def row_draw(width: int) -> tuple[int, int]:
     """How the draw covers one row of a tile ``width`` columns wide: ``(whole_groups,
-    last_registers)``, ``whole_groups`` groups of 512 elements stored whole, then (when 512 does
+    last_registers)``, ``whole_groups`` groups of 1024 elements stored whole, then (when 1024 does
     not divide ``width``) one more group of which only the first ``last_registers`` registers are
     stored. A row's bits so end at ``width`` rounded up to whole registers: ``bits_ub``'s row
     (:meth:`~.spec.TileSpec.plan`)."""
@@ -479,7 +480,7 @@ def build(spec: TileSpec, tiling: Tiling):
 
         def draw_group(bits_ub, key, offset, multipliers, r, row, col0, g, registers):
             # group g of tile row r (plain Python, traced inside the draw region): its first
-            # `registers` registers of fields at bits_ub[r, 512·g ..]; the block index is uint32
+            # `registers` registers of fields at bits_ub[r, 1024·g ..]; the block index is uint32
             # arithmetic (exact below 2^32 blocks), handed to the int32 ramp as its bit pattern
             block = first_block_of(T.Cast("uint32", row), T.Cast("uint32", col0), H)
             first = T.Cast("int32", block + T.Cast("uint32", g * philox.BLOCKS_PER_GROUP))
