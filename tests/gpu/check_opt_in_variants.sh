@@ -223,6 +223,10 @@
 #      quant GPU tests (the new bytes against the reference), then tests/gpu/probe_stochastic_quant.py (T = 128, 4096,
 #      65536) new, with 16-bit fields (OLD_W16 = core, reference and backend-cuda src of f002c8d) and two launches
 #      (OLD_QUANT as step 36), then tests/gpu/probe_cast.py new and with 16-bit fields.
+#      Ran on an H100 the same day (docs/benchmarks/h100-stochastic-byte-fields-2026-12-07-s42.txt): 289 passed,
+#      the new form faster in every cell (T = 65536: per-token 530.1 us, e2m1 580.7, per-block 484.1); with it step 24
+#      (64 values a lane: slower everywhere, the default stays 32) and TILEPLUG_CUDA_TILE_PER_TOKEN=4,1,6 (per-token
+#      e4m3 507.7 us, 90.2 %: the stochastic e4m3 per-token rule since 4b3169f).
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
