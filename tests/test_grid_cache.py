@@ -107,3 +107,38 @@ def test_ascend_lowering_cache_hits_by_spec_then_by_tir(tmp_path, monkeypatch) -
     assert lowered_texts == ["tir-1", "tir-2"]
     spec_entry = json.loads(lowering._cache_file(lowering.cache_key("spec-1b")).read_text())
     assert spec_entry["tir_file"] == lowering._cache_file(lowering.tir_key(_Traced("tir-2"))).name
+
+
+def test_both_backends_key_their_caches_on_the_core_constants_kernels_read(monkeypatch, tmp_path) -> None:
+    """The CUDA kernel index / compile grid and the Ascend lowering cache take the core modules their kernels
+    are traced with from one list (``tileplug.core.backend.kernel_constant_sources``): an edited copy of one
+    of them (the cast contract's random field width) changes both keys."""
+    from pathlib import Path
+
+    from tileplug.backend_ascend import lowering
+    from tileplug.backend_cuda import jit
+    from tileplug.core import backend
+    from tileplug.core.contracts import cast
+
+    listed = backend.kernel_constant_sources()
+    contract = Path(cast.__file__)
+    assert contract in listed and len(set(listed)) == len(listed) >= 4
+    assert all(path.is_file() for path in listed)
+    assert jit.kernel_source_files()[-len(listed):] == listed
+    width = f"QUANT_RANDOM_FIELD_BITS = {cast.QUANT_RANDOM_FIELD_BITS}\n"
+    edited = tmp_path / contract.name
+    edited.write_text(contract.read_text().replace(width, f"QUANT_RANDOM_FIELD_BITS = {cast.QUANT_RANDOM_FIELD_BITS + 1}\n"))
+    assert edited.read_text() != contract.read_text()
+
+    lowering._inputs_fingerprint.cache_clear()
+    monkeypatch.setattr(jit, "_fingerprint", [])
+    ascend_before, cuda_before = lowering._inputs_fingerprint()["sources"], jit._source_fingerprint()
+    monkeypatch.setattr(backend, "kernel_constant_sources",
+                        lambda: [edited if path == contract else path for path in listed])
+    lowering._inputs_fingerprint.cache_clear()
+    monkeypatch.setattr(jit, "_fingerprint", [])
+    try:
+        assert lowering._inputs_fingerprint()["sources"] != ascend_before
+        assert jit._source_fingerprint() != cuda_before
+    finally:
+        lowering._inputs_fingerprint.cache_clear()

@@ -113,13 +113,10 @@ def _versions() -> dict[str, str]:
 def _inputs_fingerprint() -> dict[str, str]:
     """Versions and source hash that, with the specialisation, determine a lowering."""
     import tileplug.backend_ascend as backend
-    from tileplug.core.contracts import cast
-    from tileplug.core.quant import formats, sf_math
-    from tileplug.core.swiglu import sigmoid_table
+    from tileplug.core.backend import kernel_constant_sources
 
     root = Path(backend.__file__).parent
-    numbers = (formats, sf_math, cast, sigmoid_table)  # the core modules whose constants the kernels are traced with
-    files = sorted(root.rglob("*.py")) + [Path(module.__file__) for module in numbers]
+    files = sorted(root.rglob("*.py")) + kernel_constant_sources()  # with the core modules the kernels read
     return {**_versions(), "sources": _digest_files(files, root)}
 
 

@@ -255,15 +255,12 @@ _fingerprint: list[str] = []
 
 def kernel_source_files() -> list[Path]:
     """The files the generated code of a CUDA kernel follows from: every module of this backend, and
-    the core modules whose numbers its kernels are traced with (the formats, the scale math, the cast
-    contract's random field widths, the SwiGLU sigmoid table). The kernel index and the compile
-    grid's cache key on them, so that an edit of any of them misses the cache."""
-    from tileplug.core.contracts import cast
-    from tileplug.core.quant import formats, sf_math
-    from tileplug.core.swiglu import sigmoid_table
+    the core modules whose numbers its kernels are traced with
+    (:func:`tileplug.core.backend.kernel_constant_sources`). The kernel index and the compile grid's
+    cache key on them, so that an edit of any of them misses the cache."""
+    from tileplug.core.backend import kernel_constant_sources
 
-    here = Path(__file__).parent
-    return sorted(here.rglob("*.py")) + [Path(module.__file__) for module in (formats, sf_math, cast, sigmoid_table)]
+    return sorted(Path(__file__).parent.rglob("*.py")) + kernel_constant_sources()
 
 
 def _source_fingerprint() -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from tileplug.core.quant.layouts import LayoutTraits
@@ -93,6 +94,22 @@ class Backend:
         if self.layout_for is None:
             return self.traits
         return self.layout_for(device_type)
+
+
+# ---------------------------------------------------------------------- kernel cache keys
+
+
+def kernel_constant_sources() -> list[Path]:
+    """The core modules whose constants a backend's kernels are traced with: the quant formats, the
+    scale math, the cast contract's random field widths and the SwiGLU sigmoid table. A backend that
+    caches generated code keys the cache on these files as well as on its own sources, so that an
+    edit of any of them misses the cache (the CUDA kernel index and compile grid, the Ascend
+    lowerings). Listed here once: a module added to what kernels read is added for every backend."""
+    from tileplug.core.contracts import cast
+    from tileplug.core.quant import formats, sf_math
+    from tileplug.core.swiglu import sigmoid_table
+
+    return [Path(module.__file__) for module in (formats, sf_math, cast, sigmoid_table)]
 
 
 # ---------------------------------------------------------------------- deferred kernels

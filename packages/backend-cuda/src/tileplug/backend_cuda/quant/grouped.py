@@ -252,6 +252,11 @@ def build_kernel(spec: KernelSpec):
                 picked = T.if_then_else(index == choice, words[choice], picked)
             return picked
 
+        def part_word(words, part, u):
+            """Word ``u`` of part ``part`` (a runtime lane position) of a Philox block's ``words``: the part of
+            ``PART_WORDS`` words that serves the lane at that position among the block's ``SHARERS``."""
+            return pick(words, part * PART_WORDS + u, [choice * PART_WORDS + u for choice in range(SHARERS)])
+
         @T.macro
         def round_values(slot_words, base, values, first, yv, rounding):
             """``yv[first … first + values)``: each value rounded by ``rounding`` with its field of the words
@@ -263,7 +268,7 @@ def build_kernel(spec: KernelSpec):
         def tuple_part(words, received, position, q, u):
             """Word ``u`` of this lane's part of slot ``first_slot + q``'s block: round ``t = p ^ q``
             brought it (round 0: the lane's own block)."""
-            chosen = pick(words, position * PART_WORDS + u, [part * PART_WORDS + u for part in range(SHARERS)])
+            chosen = part_word(words, position, u)
             for t in range(1, SHARERS):
                 chosen = T.if_then_else((position ^ q) == t, received[(t - 1) * PART_WORDS + u], chosen)
             return chosen
@@ -282,9 +287,7 @@ def build_kernel(spec: KernelSpec):
                          spec.philox_wide)
             for t in T.unroll(1, SHARERS):
                 for u in T.unroll(PART_WORDS):
-                    sent = pick(words, (position ^ t) * PART_WORDS + u,
-                                [part * PART_WORDS + u for part in range(SHARERS)])
-                    received[(t - 1) * PART_WORDS + u] = T.shfl_xor(sent, t)
+                    received[(t - 1) * PART_WORDS + u] = T.shfl_xor(part_word(words, position ^ t, u), t)
             for q in T.unroll(SHARERS):
                 for u in T.unroll(PART_WORDS):
                     tuple_words[q * PART_WORDS + u] = tuple_part(words, received, position, q, u)
@@ -533,8 +536,7 @@ def build_kernel(spec: KernelSpec):
                                 block = (T.cast(r, "int64") * H + c) // BLOCK_VALUES
                                 philox_block(seed[0], drawn_offset[0], block, words, spec.philox_wide)
                                 for u in T.unroll(PART_WORDS):
-                                    tuple_words[u] = pick(words, (lane % SHARERS) * PART_WORDS + u,
-                                                          [part * PART_WORDS + u for part in range(SHARERS)])
+                                    tuple_words[u] = part_word(words, lane % SHARERS, u)
                                 slot_words, base = tuple_words, 0
                             first = k * BLOCK_VALUES
                             values = min(VEC, BLOCK_VALUES)
