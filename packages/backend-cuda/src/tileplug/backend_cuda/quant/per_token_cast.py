@@ -35,12 +35,12 @@ CHUNKS = 4
 SMALL_T_CHUNKS = 2  # packed UE8M0 column-major sf at T <= kernels.SMALL_TOKENS (sweep below)
 QUANTIZED_INPUT_ROWS = 4
 STOCHASTIC_MIN_CTAS_PER_SM = 6
-"""At least this many CTAs an SM for the stochastic e4m3 tiles of a bf16 input (ptxas caps the 1 × 128 tile at 78
+"""At least this many CTAs an SM for the stochastic tiles of a bf16 input (ptxas caps the 1 × 128 e4m3 tile at 78
 registers, was 90, no spills): H100, 2026-12-07, tests/gpu/probe_stochastic_quant.py, H = 7168, after the 8-bit
 fields: 1 × 128 e4m3 530.3 -> 507.7 us at T = 65536 (86.3 -> 90.2 % of the deterministic cast eager), 37.87 ->
-36.67 us at T = 4096 (docs/benchmarks/h100-stochastic-byte-fields-2026-12-07-s42.txt). e2m1 1 × 16 (fp32 scales)
-gained less there (583.9 -> 572.0 us) and its e4m3-scale form spills 12 bytes under the cap: e2m1 keeps ptxas'
-choice."""
+36.67 us at T = 4096 (docs/benchmarks/h100-stochastic-byte-fields-2026-12-07-s42.txt); e2m1 1 × 16 (fp32 scales)
+583.9 -> 572.0 us. e2m1 took the cap once its carry lost the select on ``a < 1`` (43rd session: 1 × 16 at 77 / 78
+registers under it with fp32 / e4m3 scales, no spills; the e4m3-scale form had spilled 12 bytes before)."""
 
 
 # GPU sweep 2026-12-01 (H200, H = 7168, bf16, T = 128 / 1024 / 16384 / 65536, us and % of copy,
@@ -72,9 +72,9 @@ class PerTokenCast(QuantKernel):
 
     def geometry(self, call: QuantCall) -> tuple[int, int, int]:
         rows = QUANTIZED_INPUT_ROWS if call.quantized_input is not None else 1
-        stochastic_e4m3 = (call.mode is QuantMode.CAST and bool(call.cast.stochastic) and call.cast.fmt.name == "e4m3"
-                           and call.quantized_input is None and call.input_dtype == torch.bfloat16)
-        return tile_override("per_token", (WARPS, rows, STOCHASTIC_MIN_CTAS_PER_SM if stochastic_e4m3 else 1))
+        stochastic = (call.mode is QuantMode.CAST and bool(call.cast.stochastic) and call.quantized_input is None
+                      and call.input_dtype == torch.bfloat16)
+        return tile_override("per_token", (WARPS, rows, STOCHASTIC_MIN_CTAS_PER_SM if stochastic else 1))
 
     def column_chunks(self, call: QuantCall) -> int:
         return 1 if call.quantized_input is not None else CHUNKS
