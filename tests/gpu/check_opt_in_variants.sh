@@ -227,6 +227,12 @@
 #      the new form faster in every cell (T = 65536: per-token 530.1 us, e2m1 580.7, per-block 484.1); with it step 24
 #      (64 values a lane: slower everywhere, the default stays 32) and TILEPLUG_CUDA_TILE_PER_TOKEN=4,1,6 (per-token
 #      e4m3 507.7 us, 90.2 %: the stochastic e4m3 per-token rule since 4b3169f).
+#  42. (forty-third session) e2m1's stochastic code from ``a + max(a, 1)`` rounded toward zero (no select on a < 1:
+#      per-token bf16 1 x 16 1088 -> 1016 SASS with fp32 scales, 1224 -> 1152 with e4m3 ones; nvcc 13.0, sm_90) and
+#      the stochastic per-token e2m1 tiles of a bf16 input at 6 CTAs an SM (77 / 78 registers, no spills): the
+#      stochastic quant GPU tests, then tests/gpu/probe_stochastic_quant.py (T = 128, 4096, 65536) new, new without
+#      the cap (TILEPLUG_CUDA_TILE_PER_TOKEN=4,1,1, which uncaps e4m3 too) and old (OLD_QUANT = colon-separated
+#      absolute src folders of core, reference and backend-cuda of 3b411bd).
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
@@ -686,6 +692,20 @@ if want 41 && [ $(left) -gt 60 ]; then
     env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) \
       python3 tests/gpu/probe_cast.py 2>> $OUT/stderr.log | tee -a $OUT/byte_fields_casts.txt \
       | grep -E '"tokens": 65536' | grep -v tile_kernels | cut -c1-200
+  done
+fi
+if want 42 && [ $(left) -gt 60 ]; then
+  TILEPLUG_GPU_PRECOMPILE=0 timeout $(( $(left) > 160 ? 150 : $(left) - 10 )) $P -n 14 tests/gpu/test_cuda_stochastic_cast.py \
+    tests/gpu/test_cuda_quant.py -k "stochastic" > $OUT/e2m1_carry_tests.txt 2>&1
+  tail -2 $OUT/e2m1_carry_tests.txt
+  for form in new uncapped ${OLD_QUANT:+old}; do
+    [ $(left) -gt 40 ] || break
+    path=$([ $form = old ] && echo "$OLD_QUANT:" || echo "")
+    tile=$([ $form = uncapped ] && echo "4,1,1" || echo "")
+    echo "== stochastic quant casts, $form, $(left) s left" | tee -a $OUT/e2m1_carry.txt
+    env TILEPLUG_CUDA_KERNEL_INDEX=off PYTHONPATH="$path$PYTHONPATH" ${tile:+TILEPLUG_CUDA_TILE_PER_TOKEN=$tile} \
+      TOKENS=128,4096,65536 timeout $(( $(left) > 70 ? 60 : $(left) - 10 )) python3 tests/gpu/probe_stochastic_quant.py \
+      2>> $OUT/stderr.log | tee -a $OUT/e2m1_carry.txt | cut -c1-330
   done
 fi
 echo "all done, $(left) s left"
