@@ -233,6 +233,9 @@
 #      stochastic e2m1 GPU tests (the e4m3 kernels' code did not change), then tests/gpu/probe_stochastic_quant.py (T = 128, 4096, 65536) new, new without
 #      the cap (TILEPLUG_CUDA_TILE_PER_TOKEN=4,1,1, which uncaps e4m3 too) and old (OLD_QUANT = colon-separated
 #      absolute src folders of core, reference and backend-cuda of 3b411bd).
+#      Ran on an H100 (2026-12-08, forty-third session, probes first, docs/benchmarks/h100-e2m1-carry-2026-12-08-s43.txt):
+#      27 e2m1 tests passed; e2m1 1 x 16 at T = 65536 584.2 -> 561.2 us (the carry) -> 550.3 (the cap; 79.1 % of the
+#      deterministic cast), e4m3 unchanged.
 #
 #   . .gpu-bundle/prelude.sh is sourced here; BUDGET (s, default 400) caps the whole command and STEPS (default
 #   "1 2 3 4") picks the steps, so that one machine can take them in two commands.
