@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -199,8 +200,6 @@ def test_a_tile_kernel_whose_lanes_keep_their_own_words_is_caught(build) -> None
     from tileplug.backend_cuda import jit
 
     name, spec, case = next(entry for entry in SPECS if "bfloat16_g1x128_e4m3" in entry[0] and "_sr" in entry[0])
-    import re
-
     source = jit.lower_source(spec)
     exchange = re.compile(r"__shfl_xor_sync\(\(uint\)4294967295, (\w+), 1, 32\)")
     sent = exchange.findall(source)

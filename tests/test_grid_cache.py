@@ -110,9 +110,11 @@ def test_ascend_lowering_cache_hits_by_spec_then_by_tir(tmp_path, monkeypatch) -
 
 
 def test_both_backends_key_their_caches_on_the_core_constants_kernels_read(monkeypatch, tmp_path) -> None:
-    """The CUDA kernel index / compile grid and the Ascend lowering cache take the core modules their kernels
-    are traced with from one list (``tileplug.core.backend.kernel_constant_sources``): an edited copy of one
-    of them (the cast contract's random field width) changes both keys."""
+    """The CUDA kernel index / compile grid and the Ascend lowering cache key on their own sources and on the
+    core modules their kernels are traced with, taken from one list
+    (``tileplug.core.backend.kernel_constant_sources``): an edited copy of one of them (the cast contract with
+    another random field width, the stochastic tiles' ``w``) changes both keys, so those kernels are compiled /
+    lowered again rather than loaded from a cache."""
     from pathlib import Path
 
     from tileplug.backend_ascend import lowering
@@ -124,11 +126,13 @@ def test_both_backends_key_their_caches_on_the_core_constants_kernels_read(monke
     contract = Path(cast.__file__)
     assert contract in listed and len(set(listed)) == len(listed) >= 4
     assert all(path.is_file() for path in listed)
-    assert jit.kernel_source_files()[-len(listed):] == listed
+    cuda_files = jit.kernel_source_files()
+    assert Path(jit.__file__) in cuda_files and cuda_files[-len(listed):] == listed
+    text = contract.read_text()
     width = f"QUANT_RANDOM_FIELD_BITS = {cast.QUANT_RANDOM_FIELD_BITS}\n"
+    assert text.count(width) == 1
     edited = tmp_path / contract.name
-    edited.write_text(contract.read_text().replace(width, f"QUANT_RANDOM_FIELD_BITS = {cast.QUANT_RANDOM_FIELD_BITS + 1}\n"))
-    assert edited.read_text() != contract.read_text()
+    edited.write_text(text.replace(width, f"QUANT_RANDOM_FIELD_BITS = {2 * cast.QUANT_RANDOM_FIELD_BITS}\n"))
 
     lowering._inputs_fingerprint.cache_clear()
     monkeypatch.setattr(jit, "_fingerprint", [])

@@ -207,26 +207,3 @@ def test_eight_processes_starting_at_once_compile_a_specialisation_once(tmp_path
     published = list((tmp_path / "index").rglob("*.so"))
     assert len(published) == 1 and not list((tmp_path / "index").rglob(".staging-*"))
 
-
-def test_the_index_key_follows_the_core_numbers_the_kernels_take(monkeypatch, tmp_path) -> None:
-    """The index's key covers the core modules whose numbers a kernel is traced with, not only this
-    backend's own files: a cast contract with another random field width (the stochastic tiles' ``w``)
-    gives another fingerprint, so its kernels are compiled again rather than loaded from the index."""
-    from pathlib import Path
-
-    from tileplug.backend_cuda import jit
-    from tileplug.core.contracts import cast
-
-    files = jit.kernel_source_files()
-    contract = Path(cast.__file__)
-    assert contract in files and Path(jit.__file__) in files
-    text = contract.read_text()
-    width = f"QUANT_RANDOM_FIELD_BITS = {cast.QUANT_RANDOM_FIELD_BITS}\n"
-    assert text.count(width) == 1
-    edited = tmp_path / contract.name
-    edited.write_text(text.replace(width, f"QUANT_RANDOM_FIELD_BITS = {2 * cast.QUANT_RANDOM_FIELD_BITS}\n"))
-    monkeypatch.setattr(jit, "_fingerprint", [])
-    before = jit._source_fingerprint()
-    monkeypatch.setattr(jit, "_fingerprint", [])
-    monkeypatch.setattr(jit, "kernel_source_files", lambda: [edited if path == contract else path for path in files])
-    assert jit._source_fingerprint() != before
